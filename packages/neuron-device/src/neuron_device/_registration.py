@@ -1,0 +1,94 @@
+"""Start-up of the `neuron` device, in named phases (the table of contents of what `register()` does)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+
+import torch
+
+_registered = False
+_lock = threading.Lock()
+
+# Distributions of AWS's own stack that install modules under the same import names as ours.
+_CONFLICTING_DISTRIBUTIONS = ("torch-neuronx", "neuronx-cc")
+
+
+class _NeuronHooks(torch._C._acc.PrivateUse1Hooks):
+    """What C++ asks of the backend: the simulator is always built and available."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+    def has_primary_context(self, device_index: int) -> bool:
+        return torch.neuron.is_initialized()
+
+
+class _NeuronGuard(torch._C._acc.DeviceGuard):
+    """torch 2.13's Python device guard can only name the device type; the index lives on each tensor."""
+
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _check_no_aws_stack() -> None:
+    for name in _CONFLICTING_DISTRIBUTIONS:
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        raise RuntimeError(
+            f"AWS's {name} {version} is installed next to neuron-device. Both provide the `torch_neuronx` device "
+            "backend under the same names; uninstall one of them (pip uninstall neuron-device or "
+            f"pip uninstall {name})."
+        )
+
+
+def _register_device() -> None:
+    from . import neuron
+
+    torch.utils.rename_privateuse1_backend("neuron")
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+    torch._register_device_module("neuron", neuron)
+    torch._C._acc.register_python_privateuseone_hook(_NeuronHooks())
+    torch._C._acc.register_python_privateuseone_device_guard(_NeuronGuard())
+
+
+def _register_kernels() -> None:
+    from .ops import host_exec, minimal, registry  # noqa: F401  (importing `minimal` registers its kernels)
+
+    registry.register_fallback(host_exec.run_on_host)
+
+
+def _apply_patches() -> None:
+    from . import _patches
+
+    _patches.apply_all()
+
+
+def _load_plugins() -> None:
+    from . import plugins
+    from .ops import registry
+
+    plugins.load_plugins(registry, torch.neuron)
+
+
+def register() -> None:
+    """Register the `neuron` device with torch (idempotent, thread-safe)."""
+    global _registered
+    if _registered:
+        return
+    with _lock:
+        if _registered:
+            return
+        _check_no_aws_stack()
+        _register_device()
+        _register_kernels()
+        _apply_patches()
+        _registered = True
+        _load_plugins()

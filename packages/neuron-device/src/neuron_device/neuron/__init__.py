@@ -1,0 +1,212 @@
+"""`torch.neuron`: the device module, mirroring `torch.cuda` (device management here; RNG in `random`, memory in
+`memory`). Names and semantics follow `torch.cuda` and AWS TorchNeuron's `torch.neuron`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from typing import Any
+
+import torch
+
+from .. import topology as _topology
+from ._lazy import _is_in_bad_fork as _is_in_bad_fork  # torch.random checks it before seeding
+from ._lazy import is_initialized, lazy_init
+from .memory import (
+    empty_cache,
+    max_memory_allocated,
+    memory_allocated,
+    reset_peak_memory_stats,
+)
+from .random import (
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+
+__all__ = [
+    "NeuronDeviceProperties",
+    "current_device",
+    "device",
+    "device_count",
+    "device_of",
+    "empty_cache",
+    "get_amp_supported_dtype",
+    "get_device_name",
+    "get_device_properties",
+    "get_rng_state",
+    "get_rng_state_all",
+    "init",
+    "initial_seed",
+    "is_available",
+    "is_bf16_supported",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "memory_allocated",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_rng_state",
+    "set_rng_state_all",
+    "synchronize",
+]
+
+_Device = int | str | torch.device | None
+
+
+def is_available() -> bool:
+    """Always true: the simulated NeuronCores need no hardware."""
+    return True
+
+
+def init() -> None:
+    """Initialise the runtime explicitly (it also initialises itself on first use)."""
+    lazy_init()
+
+
+def device_count() -> int:
+    """Number of `neuron` devices (logical NeuronCores) visible to this process."""
+    return _topology.topology().device_count
+
+
+class _CurrentDevice(threading.local):
+    index: int | None = None
+
+
+_current = _CurrentDevice()
+
+
+def _default_index() -> int:
+    # Under a launcher (torchrun, accelerate) each process works on neuron:<LOCAL_RANK>: accelerate's MULTI_NEURON
+    # path never calls set_device and hands DDP device_ids=[local_rank].
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is not None and local_rank.isdigit() and int(local_rank) < device_count():
+        return int(local_rank)
+    return 0
+
+
+def current_device() -> int:
+    """Index of the current `neuron` device of this thread."""
+    if _current.index is None:
+        _current.index = _default_index()
+    return _current.index
+
+
+def _get_device_index(device: _Device, optional: bool = True) -> int:
+    """Resolve `device` (int, "neuron:1", torch.device or None for the current device) to an index."""
+    if device is None:
+        if not optional:
+            raise ValueError("Expected a neuron device, got None")
+        return current_device()
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "neuron":
+            raise ValueError(f"Expected a neuron device, but got: {device}")
+        return current_device() if device.index is None else device.index
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    raise ValueError(f"Expected a neuron device index, name or torch.device, but got: {device!r}")
+
+
+def _check_index(index: int) -> int:
+    count = device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(
+            f"Invalid device index {index} for 'neuron': there are {count} neuron devices (valid indices 0..{count - 1})"
+        )
+    return index
+
+
+def set_device(device: _Device) -> None:
+    """Set the current `neuron` device of this thread. A negative index is ignored, as in `torch.cuda`."""
+    index = _get_device_index(device)
+    if index >= 0:
+        _current.index = _check_index(index)
+
+
+class device:
+    """Context manager that changes the current `neuron` device (`torch.cuda.device`'s twin)."""
+
+    def __init__(self, device: Any) -> None:
+        self.idx = -1 if device is None else _get_device_index(device)
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        self.prev_idx = current_device()
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            set_device(self.idx)
+
+    def __exit__(self, *exc: object) -> bool:
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor `obj` current (no-op for a non-neuron tensor)."""
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.get_device() if obj.device.type == "neuron" else -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuronDeviceProperties:
+    """What `get_device_properties` reports for one device (a logical NeuronCore of the simulated target)."""
+
+    name: str
+    total_memory: int
+    physical_cores: int
+    logical_nc_config: int
+    core_version: str
+
+    def __repr__(self) -> str:
+        return (
+            f"NeuronDeviceProperties(name='{self.name}', total_memory={self.total_memory // 1024**2}MB, "
+            f"physical_cores={self.physical_cores}, logical_nc_config={self.logical_nc_config}, "
+            f"core_version='{self.core_version}')"
+        )
+
+
+def get_device_properties(device: _Device = None) -> NeuronDeviceProperties:
+    """Properties of a device; `.name` is the target chip (e.g. "trn2"), as TRL and TorchNeuron expect."""
+    _check_index(_get_device_index(device))
+    topo = _topology.topology()
+    return NeuronDeviceProperties(
+        name=topo.target.name,
+        total_memory=topo.hbm_bytes_per_device,
+        physical_cores=topo.lnc,
+        logical_nc_config=topo.lnc,
+        core_version=topo.target.core_version,
+    )
+
+
+def get_device_name(device: _Device = None) -> str:
+    """Name of a device: "neuron:<index>", as TorchNeuron reports it."""
+    return f"neuron:{_check_index(_get_device_index(device))}"
+
+
+def synchronize(device: _Device = None) -> None:
+    """Wait for all work on `device`. Execution is synchronous in the simulator, so work is already complete."""
+    _check_index(_get_device_index(device))
+    lazy_init()
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """NeuronCores compute natively in bfloat16."""
+    return True
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The dtypes `torch.autocast("neuron")` accepts."""
+    return [torch.bfloat16, torch.float16, torch.float32]

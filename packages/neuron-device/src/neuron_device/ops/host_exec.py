@@ -1,0 +1,230 @@
+"""Run any ATen op on `neuron` tensors by executing the CPU kernel on zero-copy host aliases.
+
+This is the generic path every op without a direct kernel takes (the boxed PrivateUse1 fallback). Because device
+memory is host memory, inputs are never copied: in-place ops write straight into device memory, and fresh results
+are adopted as device storage without a copy. The semantics follow PyTorch's own `cpu_fallback` and CUDA:
+
+* in-place ops return `self`; `out=` ops write into `out`, resizing it only when its shape must change;
+* a result that aliases an input becomes a `neuron` view of that input's storage;
+* tensors of one op must share one device (0-dim CPU tensors are allowed as scalars, as on CUDA);
+* random ops draw from the device's generator (`torch.neuron.random`), so they are reproducible per device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import torch
+
+from .. import allocator
+from ..hostmem import host_alias
+from ..neuron import random as _random
+
+__all__ = ["executed_ops", "run_on_host"]
+
+_NEURON = "neuron"
+executed_ops: Counter[str] = Counter()  # op name -> calls, for op tracking and tests
+
+# Ops whose CUDA kernels accept CPU tensors next to device tensors (indices are moved to the device).
+_MIXED_DEVICE_OK = frozenset({"aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put",
+                              "aten::_index_put_impl_", "aten::index_put.out", "aten::_index_put_impl"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What the fallback needs to know about an op's schema, computed once per overload."""
+
+    name: str
+    out_names: tuple[str, ...]  # keyword-only arguments written to (out=)
+    generator: tuple[int, str] | None  # (position, name) of a Generator? argument
+    seeded: bool  # draws random numbers
+    mixed_devices_ok: bool
+
+
+_plans: dict[torch._ops.OpOverload, _Plan] = {}
+
+
+def _plan(op: torch._ops.OpOverload) -> _Plan:
+    plan = _plans.get(op)
+    if plan is not None:
+        return plan
+    schema = op._schema
+    out_names = tuple(
+        a.name for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+    )
+    generator = next(
+        ((i, a.name) for i, a in enumerate(schema.arguments) if str(a.type) == "Optional[Generator]"), None
+    )
+    name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+    plan = _Plan(
+        name=name,
+        out_names=out_names,
+        generator=generator,
+        seeded=torch.Tag.nondeterministic_seeded in op.tags,
+        mixed_devices_ok=name in _MIXED_DEVICE_OK,
+    )
+    _plans[op] = plan
+    return plan
+
+
+class _Call:
+    """State of one fallback call: the device, the host aliases made, and the inputs' storages."""
+
+    __slots__ = ("aliases", "index", "mixed_cpu", "plan", "storages")
+
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+        self.index: int | None = None
+        self.aliases: dict[int, torch.Tensor] = {}  # id(host alias) -> neuron tensor
+        self.storages: list[torch.Tensor] = []  # neuron inputs, to map results that alias them
+        self.mixed_cpu: torch.Tensor | None = None
+
+    def _see_device(self, index: int) -> None:
+        if self.index is None:
+            self.index = index
+        elif index != self.index:
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"neuron:{self.index} and neuron:{index}!"
+            )
+
+    def to_host(self, value):
+        if isinstance(value, torch.Tensor):
+            if value.device.type == _NEURON:
+                self._see_device(value.device.index)
+                alias = host_alias(value)
+                self.aliases[id(alias)] = value
+                self.storages.append(value)
+                return alias
+            if value.device.type == "cpu" and value.dim() > 0 and self.mixed_cpu is None:
+                self.mixed_cpu = value
+            return value
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.to_host(v) for v in value)
+        if isinstance(value, torch.device) and value.type == _NEURON:
+            self._see_device(torch.neuron._get_device_index(value))
+            return torch.device("cpu")
+        return value
+
+    def check_devices(self) -> None:
+        if self.mixed_cpu is not None and self.index is not None and not self.plan.mixed_devices_ok:
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"neuron:{self.index} and cpu! (in {self.plan.name})"
+            )
+
+    def to_device(self, value):
+        if isinstance(value, torch.Tensor):
+            original = self.aliases.get(id(value))
+            if original is not None:
+                return original
+            if value.device.type != "cpu":
+                return value
+            return self._view_of_input(value) or allocator.adopt_tracked(value, self.device_index())
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.to_device(v) for v in value)
+        return value
+
+    def device_index(self) -> int:
+        return torch.neuron.current_device() if self.index is None else self.index
+
+    def _view_of_input(self, result: torch.Tensor) -> torch.Tensor | None:
+        """If `result` lies in the memory of a neuron input, return the same view of that input's storage."""
+        if result.numel() == 0:
+            return None
+        pointer = result.data_ptr()
+        for tensor in self.storages:
+            storage = tensor.untyped_storage()
+            start = storage.data_ptr()
+            if start <= pointer < start + storage.nbytes():
+                offset, remainder = divmod(pointer - start, result.element_size())
+                if remainder:
+                    return None
+                view = torch.empty(0, dtype=result.dtype, device=tensor.device)
+                return view.set_(storage, offset, result.size(), result.stride())
+        return None
+
+
+def _seeded_call(op, index: int, args, kwargs):
+    """Run a random op without a generator argument on the device's generator (swapped in as CPU's default)."""
+    generator = _random.default_generator(index)
+    cpu_default = torch.default_generator
+    saved = cpu_default.get_state()
+    cpu_default.set_state(generator.get_state())
+    try:
+        return op(*args, **kwargs)
+    finally:
+        generator.set_state(cpu_default.get_state())
+        cpu_default.set_state(saved)
+
+
+def _write_back(out: torch.Tensor, result: torch.Tensor) -> None:
+    """Give the neuron `out` the result computed into a fresh CPU tensor (resizing `out` only if needed)."""
+    if out.untyped_storage().nbytes() == 0 and result.is_contiguous():
+        # Nothing can share an empty storage: adopt the result's memory instead of copying it.
+        adopted = allocator.adopt_tracked(result, out.device.index)
+        out.set_(adopted.untyped_storage(), 0, result.size(), result.stride())
+        return
+    if out.shape != result.shape:
+        out.resize_(result.shape)
+    host_alias(out).copy_(result)
+
+
+def _sync_resized_alias(out: torch.Tensor, alias: torch.Tensor) -> None:
+    """The CPU kernel resized the host alias of `out` in place (within its storage): mirror that on `out`."""
+    if alias.size() != out.size() or alias.stride() != out.stride():
+        offset = out.storage_offset() + (alias.data_ptr() - out.data_ptr()) // max(out.element_size(), 1)
+        out.set_(out.untyped_storage(), offset, alias.size(), alias.stride())
+
+
+def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
+    """The boxed fallback: execute `op` with its CPU kernel on host aliases of the `neuron` arguments."""
+    plan = _plan(op)
+    executed_ops[plan.name] += 1
+    call = _Call(plan)
+    host_args = call.to_host(args)
+    host_kwargs = {}
+    outs: list[tuple[str, torch.Tensor]] = []
+    for key, value in kwargs.items():
+        if key in plan.out_names and isinstance(value, torch.Tensor) and value.device.type == _NEURON:
+            outs.append((key, value))
+        host_kwargs[key] = call.to_host(value)
+    call.check_devices()
+    index = call.device_index()
+
+    if plan.generator is not None:
+        position, name = plan.generator
+        if position < len(host_args):
+            if host_args[position] is None:
+                host_args = (*host_args[:position], _random.default_generator(index), *host_args[position + 1 :])
+        elif host_kwargs.get(name) is None:
+            host_kwargs[name] = _random.default_generator(index)
+        run = op
+    elif plan.seeded:
+        def run(*a, **k):
+            return _seeded_call(op, index, a, k)
+    else:
+        run = op
+
+    fresh = {key: out for key, out in outs if out.numel() == 0}
+    for key, out in fresh.items():
+        host_kwargs[key] = torch.empty(0, dtype=out.dtype)
+    try:
+        result = run(*host_args, **host_kwargs)
+    except RuntimeError as error:
+        # An out= alias that must grow cannot: its memory belongs to the device. Compute into fresh tensors.
+        if not outs or "not resizable" not in str(error):
+            raise
+        fresh = dict(outs)
+        for key, out in fresh.items():
+            host_kwargs[key] = torch.empty(0, dtype=out.dtype)
+        result = run(*host_args, **host_kwargs)
+
+    for key, out in outs:
+        if key in fresh:
+            _write_back(out, host_kwargs[key])
+            call.aliases[id(host_kwargs[key])] = out
+        else:
+            _sync_resized_alias(out, host_kwargs[key])
+    return call.to_device(result)

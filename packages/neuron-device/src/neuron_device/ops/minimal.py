@@ -1,0 +1,180 @@
+"""The minimal kernels a PrivateUse1 backend must provide itself (PyTorch's OpenReg list, plus what torch 2.13
+cannot serve through the fallback): allocation, metadata-only views, resize, copies, scalar reads and the
+"overrideable" convolution entry points."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import allocator
+from ..hostmem import host_alias
+from .host_exec import run_on_host
+from .registry import kernel
+
+aten = torch.ops.aten
+_CPU_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _device_index(device) -> int:
+    if device is None:
+        return torch.neuron.current_device()
+    return torch.neuron._check_index(torch.neuron._get_device_index(device))
+
+
+def _lazy_init_and_index(device) -> int:
+    torch.neuron.init()
+    return _device_index(device)
+
+
+@kernel("aten::empty.memory_format")
+def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return allocator.empty(
+        size, dtype=dtype or torch.get_default_dtype(), index=_lazy_init_and_index(device), memory_format=memory_format
+    )
+
+
+@kernel("aten::empty_strided")
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return allocator.empty(size, stride, dtype=dtype or torch.get_default_dtype(), index=_lazy_init_and_index(device))
+
+
+def _metadata_only(overload: torch._ops.OpOverload):
+    """A view or `set_` op: the CPU kernel only rewrites sizes/strides/storage, which is valid for host memory."""
+
+    def run(*args, **kwargs):
+        return overload.redispatch(_CPU_KEYSET, *args, **kwargs)
+
+    run.__name__ = f"{overload._schema.name.split('::')[1]}_metadata_only"
+    return run
+
+
+for _name in (
+    "as_strided",
+    "view",
+    "_reshape_alias",
+    "unfold",
+    "view_as_real",
+    "view_as_complex",
+):
+    _packet, _, _overload = _name.partition(".")
+    kernel(f"aten::{_name}")(_metadata_only(getattr(getattr(aten, _packet), _overload or "default")))
+
+
+def _check_storage_device(self: torch.Tensor, source) -> None:
+    device = source.device
+    if device.type != "neuron" or device.index != self.device.index:
+        raise RuntimeError(
+            f"Attempted to set the storage of a tensor on device \"{self.device}\" to a storage on different device "
+            f"\"{device}\".  This is no longer allowed; the devices must match."
+        )
+
+
+def _set_from(overload: torch._ops.OpOverload):
+    """`set_` rewrites metadata only; the source storage must live on the same `neuron` device."""
+
+    def run(self, source, *args):
+        _check_storage_device(self, source)
+        return overload.redispatch(_CPU_KEYSET, self, source, *args)
+
+    return run
+
+
+for _name in ("source_Storage", "source_Storage_storage_offset", "source_Tensor"):
+    kernel(f"aten::set_.{_name}")(_set_from(getattr(aten.set_, _name)))
+
+
+@kernel("aten::set_")
+def set_empty(self):
+    empty = allocator.empty((0,), dtype=self.dtype, index=self.device.index)
+    return aten.set_.source_Storage_storage_offset.redispatch(
+        _CPU_KEYSET, self, empty.untyped_storage(), 0, (0,), (1,)
+    )
+
+
+def _contiguous_strides(size, memory_format) -> tuple[int, ...]:
+    return torch.empty(size, device="meta", memory_format=memory_format or torch.contiguous_format).stride()
+
+
+@kernel("aten::resize_")
+def resize_(self, size, memory_format=None):
+    """Resize in place. A same-size resize is a no-op (it must not reset strides: `out=` on views relies on it)."""
+    size = tuple(size)
+    if any(s < 0 for s in size):
+        raise RuntimeError(f"Trying to create tensor with negative dimension {min(size)}: {list(size)}")
+    if tuple(self.shape) == size and memory_format is None:
+        return self
+    strides = _contiguous_strides(size, memory_format)
+    numel = math.prod(size)
+    needed = (self.storage_offset() + numel) * self.element_size() if numel else 0
+    storage = self.untyped_storage()
+    if needed > storage.nbytes():
+        # Device storage cannot grow in place: move the bytes into a larger allocation.
+        grown = allocator.empty((needed,), dtype=torch.uint8, index=self.device.index)
+        if storage.nbytes():
+            old = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+            host_alias(grown)[: storage.nbytes()].copy_(host_alias(old))
+        storage = grown.untyped_storage()
+    return aten.set_.source_Storage_storage_offset.redispatch(
+        _CPU_KEYSET, self, storage, self.storage_offset(), size, strides
+    )
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    return host_alias(tensor) if tensor.device.type == "neuron" else tensor
+
+
+@kernel("aten::_copy_from")
+def _copy_from(self, dst, non_blocking=False):
+    """Copy `self` into `dst`, either of which may be on the host: one memcpy between host buffers."""
+    _host(dst).copy_(_host(self))
+    return dst
+
+
+@kernel("aten::copy_")
+def copy_(self, src, non_blocking=False):
+    """Direct kernel: torch's generic `copy_` loops forever on a conjugate-view source of a Python backend."""
+    _host(self).copy_(_host(src))
+    return self
+
+
+@kernel("aten::_copy_from_and_resize")
+def _copy_from_and_resize(self, dst):
+    if dst.shape != self.shape:
+        dst.resize_(self.shape)
+    return _copy_from(self, dst)
+
+
+@kernel("aten::_local_scalar_dense")
+def _local_scalar_dense(self):
+    return host_alias(self).item()
+
+
+@kernel("aten::convolution_overrideable")
+def convolution_overrideable(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    return run_on_host(aten.convolution.default, input, weight, bias, stride, padding, dilation, transposed,
+                       output_padding, groups)
+
+
+@kernel("aten::convolution_backward_overrideable")
+def convolution_backward_overrideable(grad_output, input, weight, stride, padding, dilation, transposed,
+                                      output_padding, groups, output_mask):
+    bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
+    return run_on_host(aten.convolution_backward.default, grad_output, input, weight, bias_sizes, stride, padding,
+                       dilation, transposed, output_padding, groups, output_mask)
+
+
+@kernel("aten::_has_compatible_shallow_copy_type")
+def _has_compatible_shallow_copy_type(self, other):
+    """CPU and `neuron` tensors are both plain strided TensorImpls, so `param.data = moved` may swap them.
+
+    This is what makes `Module.to("neuron")` keep the same `Parameter` objects, as on CUDA: an optimizer built
+    before the move must keep training the moved parameters.
+    """
+    return (
+        self.layout == torch.strided
+        and other.layout == torch.strided
+        and self.device.type in ("cpu", "neuron")
+        and other.device.type in ("cpu", "neuron")
+    )

@@ -1,0 +1,91 @@
+"""The plugin seam: other wheels (neuron-compile, neuron-distributed, neuron-nki, or a user's package) join the
+device through pluggy hooks, discovered from the entry point group `neuron_device.plugins`.
+
+A plugin's entry point names a module or object carrying `@hookimpl` functions. Loading must stay cheap because it
+happens while `import torch` runs: a plugin imports its heavy parts inside its hooks. A plugin that fails to load or
+whose hook raises is reported by name in a warning and skipped, so one broken package cannot break `import torch`;
+`NEURON_DEVICE_STRICT_PLUGINS=1` turns that into an error instead.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+
+__all__ = ["ENTRY_POINT_GROUP", "PluginLoadError", "hookimpl", "hookspec", "load_plugins", "loaded_plugins"]
+
+PROJECT = "neuron_device"
+ENTRY_POINT_GROUP = "neuron_device.plugins"
+STRICT_ENV = "NEURON_DEVICE_STRICT_PLUGINS"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class PluginLoadError(RuntimeError):
+    """A `neuron_device.plugins` entry point could not be loaded or its hook failed."""
+
+
+class NeuronDeviceSpec:
+    """Hooks a plugin may implement. neuron-device calls them once, right after the device is registered."""
+
+    @hookspec
+    def neuron_register(self, registry: Any) -> None:
+        """Contribute kernels: `registry.register("ns::op.overload", fn)` makes `fn` the op's `neuron` kernel."""
+
+    @hookspec
+    def neuron_device_ready(self, device_module: Any) -> None:
+        """The device is usable: `device_module` is `torch.neuron`. Register backends, interfaces, etc. here."""
+
+
+_manager: pluggy.PluginManager | None = None
+loaded_plugins: dict[str, str] = {}  # plugin name -> "ok" or the error that disabled it
+
+
+def _strict() -> bool:
+    return os.environ.get(STRICT_ENV, "0") == "1"
+
+
+def _report(name: str, stage: str, error: BaseException) -> None:
+    message = (
+        f"neuron_device plugin {name!r} failed to {stage}: {type(error).__name__}: {error}. "
+        f"The plugin is disabled; set {STRICT_ENV}=1 to make this an error."
+    )
+    loaded_plugins[name] = message
+    if _strict():
+        raise PluginLoadError(message) from error
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _call_each(manager: pluggy.PluginManager, hook: str, **kwargs: Any) -> None:
+    """Call one hook on every plugin separately, so a failing plugin is reported by name and the rest still run."""
+    for impl in getattr(manager.hook, hook).get_hookimpls():
+        try:
+            impl.function(**kwargs)
+        except Exception as error:
+            _report(impl.plugin_name, f"run its {hook} hook", error)
+
+
+def load_plugins(registry: Any, device_module: Any) -> pluggy.PluginManager:
+    """Discover the installed plugins, then call `neuron_register` and `neuron_device_ready` on each."""
+    global _manager
+    if _manager is not None:
+        return _manager
+    manager = pluggy.PluginManager(PROJECT)
+    manager.add_hookspecs(NeuronDeviceSpec)
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            plugin = entry_point.load()
+            manager.register(plugin, name=entry_point.name)
+        except Exception as error:
+            _report(entry_point.name, f"load (entry point {entry_point.value!r})", error)
+            continue
+        loaded_plugins[entry_point.name] = "ok"
+    _call_each(manager, "neuron_register", registry=registry)
+    _call_each(manager, "neuron_device_ready", device_module=device_module)
+    _manager = manager
+    return manager
