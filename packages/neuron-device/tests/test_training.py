@@ -1,0 +1,171 @@
+"""Acceptance: real models train on `neuron` exactly as they do on the CPU.
+
+Each test trains one copy of a model on the CPU and one on `neuron` from the same initial weights and the same
+batches (generated on the CPU and moved), then compares the loss curve and every parameter and buffer. The device
+runs the CPU's own kernels, so the runs agree to float32 rounding; 1e-5 leaves room for the few ops that reach a
+different (but equivalent) kernel on the device, e.g. layer norm through its composite decomposition.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+STEPS = 20
+
+
+class ConvNet(nn.Module):
+    """Conv / BatchNorm / Linear classifier (pooling and flatten are views and reductions on the device)."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3),
+            nn.BatchNorm2d(16),
+            nn.ReLU(inplace=True),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Linear(16, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(images).flatten(1))
+
+
+class TinyLM(nn.Module):
+    """A one-block causal language model built from torch's own transformer layer.
+
+    No biases: the key projection's bias has a mathematically zero gradient (softmax ignores it), so AdamW turns
+    its rounding noise into full-size steps whose sign differs between any two kernels, on CUDA as here.
+    """
+
+    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 4, max_len: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(max_len, dim) * 0.02)
+        self.block = nn.TransformerEncoderLayer(
+            dim, heads, 4 * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True, bias=False
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+        hidden = self.embed(tokens) + self.pos[:length]
+        return self.head(self.norm(self.block(hidden, src_mask=mask, is_causal=True)))
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def _image_batches() -> list[Batch]:
+    gen = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 3, 12, 12, generator=gen), torch.randint(0, 10, (8,), generator=gen)) for _ in range(4)]
+
+
+def _token_batches() -> list[Batch]:
+    gen = torch.Generator().manual_seed(2)
+    batches = []
+    for _ in range(4):
+        tokens = torch.randint(0, 64, (4, 16), generator=gen)
+        batches.append((tokens[:, :-1], tokens[:, 1:]))
+    return batches
+
+
+def _classification_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = model(inputs)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _train(
+    model: nn.Module,
+    batches: list[Batch],
+    device: str,
+    *,
+    optimizer_before_move: bool = False,
+    **adamw: object,
+) -> list[float]:
+    """Train `model` in place for STEPS AdamW steps on `device`; return the loss of each step."""
+    if optimizer_before_move:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, **adamw)
+        model.to(device)
+    else:
+        model.to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, **adamw)
+    model.train()
+    losses = []
+    for step in range(STEPS):
+        inputs, targets = (t.to(device) for t in batches[step % len(batches)])
+        optimizer.zero_grad(set_to_none=True)
+        loss = _classification_loss(model, inputs, targets)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _assert_same_run(
+    factory: Callable[[], nn.Module], batches: list[Batch], **options: object
+) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    cpu_model = factory()
+    neuron_model = copy.deepcopy(cpu_model)
+    cpu_losses = _train(cpu_model, batches, "cpu", **options)
+    neuron_losses = _train(neuron_model, batches, "neuron", **options)
+
+    assert cpu_losses[-1] < cpu_losses[0]  # the run actually learns, so the comparison means something
+    torch.testing.assert_close(neuron_losses, cpu_losses, **TOL)
+    cpu_state, neuron_state = cpu_model.state_dict(), neuron_model.state_dict()
+    assert cpu_state.keys() == neuron_state.keys()
+    for name, value in neuron_state.items():
+        assert value.device.type == "neuron", name
+        torch.testing.assert_close(value.cpu(), cpu_state[name], **TOL, msg=lambda m, n=name: f"{n}: {m}")
+    return cpu_model, neuron_model
+
+
+@pytest.mark.parametrize(
+    "adamw",
+    [{}, {"foreach": False}, {"fused": True}],
+    ids=["foreach", "for-loop", "fused"],
+)
+def test_convnet_trains_like_cpu(adamw: dict[str, bool]) -> None:
+    batches = _image_batches()
+    cpu_model, neuron_model = _assert_same_run(ConvNet, batches, **adamw)
+    # Running statistics were updated in training; eval mode uses them, and must agree too.
+    cpu_model.eval()
+    neuron_model.eval()
+    images = batches[0][0]
+    with torch.no_grad():
+        torch.testing.assert_close(neuron_model(images.to("neuron")).cpu(), cpu_model(images), **TOL)
+
+
+def test_transformer_block_trains_like_cpu() -> None:
+    _assert_same_run(TinyLM, _token_batches())
+
+
+@pytest.mark.parametrize("factory, batches", [(ConvNet, _image_batches), (TinyLM, _token_batches)],
+                         ids=["convnet", "transformer"])
+def test_optimizer_built_before_move_trains_moved_parameters(
+    factory: Callable[[], nn.Module], batches: Callable[[], list[Batch]]
+) -> None:
+    """The accelerate pattern: the optimizer holds the Parameter objects, and `.to("neuron")` must keep them."""
+    torch.manual_seed(0)
+    model = factory()
+    optimizer = torch.optim.AdamW(model.parameters())
+    model.to("neuron")
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    assert [id(p) for p in held] == [id(p) for p in model.parameters()]
+    assert all(p.device.type == "neuron" for p in held)
+
+    _assert_same_run(factory, batches(), optimizer_before_move=True)
