@@ -1,0 +1,56 @@
+"""Test sessions: each wheel alone (with only its declared dependencies), all four together, and lint.
+
+`nox` runs them all (what CI runs); `nox -s device` runs one. Virtualenvs are reused between runs, and torch is
+pinned (2.13.0) by neuron-device's own metadata, so pip takes the CPU build from the local wheel cache.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "device", "compile", "distributed", "nki", "all"]
+
+PYTHON = "3.11"
+DEVICE = "packages/neuron-device"
+# Each package's own directory, and the sibling packages it depends on (installed from this checkout, never from
+# an index: the names may exist there as unrelated projects).
+PACKAGES = {
+    "device": [],
+    "compile": [DEVICE],
+    "distributed": [DEVICE],
+    "nki": [DEVICE],
+}
+PATHS = {name: f"packages/neuron-{name}" for name in PACKAGES}
+TEST_TOOLS = ["pytest", "expecttest", "hypothesis"]
+
+
+def _pytest(session: nox.Session, *paths: str) -> None:
+    session.run("python", "-m", "pytest", *paths, *session.posargs, env={"PYTHONHASHSEED": "0"})
+
+
+def _package_session(package: str):
+    def session_function(session: nox.Session) -> None:
+        session.install(*TEST_TOOLS, *PACKAGES[package], PATHS[package])
+        _pytest(session, f"{PATHS[package]}/tests")
+
+    session_function.__doc__ = f"neuron-{package} alone, with only its declared dependencies."
+    return nox.session(python=PYTHON, name=package)(session_function)
+
+
+for _package in PACKAGES:
+    _package_session(_package)
+
+
+@nox.session(python=PYTHON, name="all")
+def all_packages(session: nox.Session) -> None:
+    """All four wheels together: every package's tests plus the cross-package tests."""
+    session.install(*TEST_TOOLS, *PATHS.values())
+    _pytest(session, *(f"{path}/tests" for path in PATHS.values()), "tests")
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff over the whole tree."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")

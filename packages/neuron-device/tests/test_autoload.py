@@ -1,0 +1,46 @@
+"""Registration: `import torch` alone makes `neuron` usable; with autoload off, `import torch_neuronx` does."""
+
+from __future__ import annotations
+
+import importlib.util
+
+RANDN = "import torch; print(torch.randn(2, device='neuron').device)"
+
+
+def test_import_torch_alone_registers_the_device(python):
+    result = python(RANDN, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "neuron:0"
+
+
+def test_autoload_off_needs_an_explicit_import(python):
+    off = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    result = python(RANDN, env=off)
+    assert result.returncode != 0
+    assert "neuron" in result.stderr
+    for module in ("torch_neuronx", "neuron_device"):
+        result = python(f"import torch, {module}; print(torch.randn(2, device='neuron').device)", env=off)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "neuron:0"
+
+
+def test_autoload_stays_light(python):
+    # torch is half-imported while the entry point runs: registering must not pull in the compiler stack.
+    code = "import sys, torch; print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))"
+    result = python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_compat_module_is_discoverable():
+    # transformers, accelerate and diffusers probe for TorchNeuron this way.
+    assert importlib.util.find_spec("torch_neuronx") is not None
+
+
+def test_aws_stack_installed_alongside_is_reported(python, tmp_path):
+    dist_info = tmp_path / "torch_neuronx-2.14.3.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch-neuronx\nVersion: 2.14.3.0\n")
+    result = python("import torch", env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode != 0
+    assert "AWS's torch-neuronx 2.14.3.0 is installed next to neuron-device" in result.stderr

@@ -1,0 +1,169 @@
+"""`torch.neuron` device management and the `neuron` device type, compared with what `torch.cuda` does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import neuron_device
+
+
+def test_registered_as_privateuse1():
+    assert torch._C._get_privateuse1_backend_name() == "neuron"
+    assert torch.get_device_module("neuron") is torch.neuron
+    assert torch.device("neuron:1") == torch.device("neuron", 1)
+    assert torch.device("privateuseone:0").type == "neuron"
+
+
+def test_register_is_idempotent():
+    neuron_device.register()
+    neuron_device.register()
+    assert torch.neuron.is_available()
+
+
+def test_device_count_follows_target_topology():
+    # trn2: 8 physical cores per chip, logical core size 2 by default -> 4 devices on one chip.
+    assert torch.neuron.device_count() == 4
+
+
+def test_properties_name_the_chip():
+    props = torch.neuron.get_device_properties(0)
+    assert props.name == "trn2"
+    assert props.total_memory == 96 * 1024**3 // 4
+    assert "trn2" in repr(props)
+    assert torch.neuron.get_device_name(1) == "neuron:1"
+
+
+def test_set_device_and_context_manager():
+    assert torch.neuron.current_device() == 0
+    with torch.neuron.device(2):
+        assert torch.neuron.current_device() == 2
+        assert torch.empty(1, device="neuron").device == torch.device("neuron:2")
+        with torch.neuron.device("neuron:1"):
+            assert torch.neuron.current_device() == 1
+        assert torch.neuron.current_device() == 2
+    assert torch.neuron.current_device() == 0
+    torch.neuron.set_device("neuron:3")
+    try:
+        assert torch.neuron.current_device() == 3
+    finally:
+        torch.neuron.set_device(0)
+
+
+def test_device_of_tensor():
+    t = torch.ones(1, device="neuron:1")
+    with torch.neuron.device_of(t):
+        assert torch.neuron.current_device() == 1
+    assert torch.neuron.current_device() == 0
+
+
+@pytest.mark.parametrize("bad", [4, 99, "neuron:7"])
+def test_invalid_index_is_a_clear_error(bad):
+    with pytest.raises(RuntimeError, match="Invalid device index"):
+        torch.neuron.set_device(bad)
+    with pytest.raises(RuntimeError, match="Invalid device index"):
+        torch.empty(2, device=torch.device(bad) if isinstance(bad, str) else torch.device("neuron", bad))
+
+
+def test_wrong_device_type_rejected():
+    with pytest.raises(ValueError, match="Expected a neuron device"):
+        torch.neuron.set_device("cpu")
+
+
+def test_tensor_methods_generated():
+    t = torch.arange(4.0)
+    n = t.neuron()
+    assert n.is_neuron and not t.is_neuron
+    assert n.device == torch.device("neuron:0")
+    assert t.to("neuron:1").device == torch.device("neuron:1")
+    assert torch.equal(n.cpu(), t)
+    assert n.untyped_storage().is_neuron
+
+
+def test_module_to_keeps_parameter_objects():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model.to("neuron")
+    assert [p is q for p, q in zip(params, model.parameters())] == [True] * len(params)
+    assert all(p.device.type == "neuron" for p in model.parameters())
+    assert all(b.device.type == "neuron" for b in model.buffers())
+    before = [p.detach().cpu().clone() for p in params]
+    model(torch.randn(5, 4, device="neuron")).pow(2).sum().backward()
+    optimizer.step()
+    assert all(not torch.equal(b, p.detach().cpu()) for b, p in zip(before, model.parameters()))
+    model.neuron(1)
+    assert all(p.device == torch.device("neuron:1") for p in model.parameters())
+
+
+def test_cross_device_ops_raise_like_cuda():
+    a = torch.ones(3, device="neuron")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + torch.ones(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + torch.ones(3, device="neuron:1")
+    # A 0-dim CPU tensor is a scalar, as on CUDA.
+    assert torch.equal((a + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))
+
+
+def test_amp_and_bf16_queries():
+    assert torch.neuron.is_bf16_supported()
+    assert torch.bfloat16 in torch.neuron.get_amp_supported_dtype()
+
+
+def test_synchronize_validates_device():
+    torch.neuron.synchronize()
+    torch.neuron.synchronize("neuron:1")
+    with pytest.raises(RuntimeError, match="Invalid device index"):
+        torch.neuron.synchronize(9)
+
+
+def test_accelerator_reports_neuron():
+    assert torch.accelerator.current_accelerator().type == "neuron"
+    assert torch.accelerator.device_count() == torch.neuron.device_count()
+    assert torch.accelerator.is_available()
+
+
+def test_current_device_starts_at_local_rank(python):
+    result = python("import torch; print(torch.neuron.current_device())", env={"LOCAL_RANK": "2"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "2"
+
+
+def test_use_after_fork_raises_spawn_error(python):
+    code = """
+import os, torch
+torch.ones(1, device="neuron")
+pid = os.fork()
+if pid == 0:
+    try:
+        torch.ones(1, device="neuron")
+    except RuntimeError as e:
+        os._exit(0 if "'spawn' start method" in str(e) else 2)
+    os._exit(1)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    result = python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"NEURON_PLATFORM_TARGET_OVERRIDE": "trn9"}, "NEURON_PLATFORM_TARGET_OVERRIDE"),
+        ({"NEURON_LOGICAL_NC_CONFIG": "3"}, "NEURON_LOGICAL_NC_CONFIG"),
+    ],
+)
+def test_bad_topology_env_is_a_clear_error(python, env, message):
+    result = python("import torch; torch.neuron.device_count()", env=env)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_target_override_changes_properties(python):
+    code = "import torch; p = torch.neuron.get_device_properties(); print(p.name, torch.neuron.device_count())"
+    result = python(code, env={"NEURON_PLATFORM_TARGET_OVERRIDE": "trn1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["trn1", "2"]
