@@ -1,0 +1,270 @@
+"""Tracing and launch: ``nki.jit``, launch grids ``kernel[g]``, ``nki.simulate`` and the NumPy seam.
+
+A kernel is plain Python executed eagerly (NKI 0.2+ control flow behaves like Python). Launching:
+
+1. wrap NumPy arguments as HBM tensors *without copying* (writes to inputs reach the caller);
+2. run every instance of the launch grid (``itertools.product`` over the grid, row-major) with
+   ``nl.program_id``/``nl.num_programs`` answered from the launch context. Instances are spread round-robin over
+   the logical NeuronCores (``NEURON_LOGICAL_NC_CONFIG``, default 2 on trn2/trn3, 1 on trn1) and run one after
+   another; each core has its own engine timeline, HBM is shared. The k-th ``nl.shared_hbm`` allocation of every
+   instance is the same tensor (kernel outputs are shared by all instances);
+3. convert returned HBM tensors to NumPy arrays and build a :class:`~nki._cost.CostReport`.
+
+:func:`run_kernel` is the seam for framework adapters (e.g. a later PyTorch adapter): NumPy in,
+``KernelRun(outputs, cost)`` out. Adapters for other array types register with :func:`register_framework`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _blas, _context
+from ._context import CoreState, LaunchContext
+from ._cost import CoreTimeline, CostReport
+from ._dtypes import precise_fp_default
+from ._errors import NkiError
+from ._targets import Target, resolve_target
+from ._tensor import NkiTensor, hbm, wrap_array
+
+__all__ = ["Kernel", "KernelRun", "benchmark", "jit", "register_framework", "run_kernel", "simulate"]
+
+
+@dataclass
+class KernelRun:
+    """Result of one simulated launch: outputs (NumPy, same structure the kernel returned) and its cost."""
+
+    outputs: Any
+    cost: CostReport
+
+
+def _normalize_grid(grid) -> tuple[int, ...]:
+    if grid is None or grid == ():
+        return ()
+    if isinstance(grid, (int, np.integer)):
+        return (int(grid),)
+    out = []
+    for g in grid:
+        if hasattr(g, "__nki_grid_size__"):  # hook for legacy spmd_dim / nc objects
+            out.append(int(g.__nki_grid_size__()))
+        else:
+            out.append(int(g))
+    return tuple(out)
+
+
+def _lnc(target: Target, lnc: int | None) -> int:
+    if lnc is not None:
+        return int(lnc)
+    env = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
+    return int(env) if env else target.default_lnc
+
+
+def _to_host(x, precise: bool):
+    if isinstance(x, NkiTensor):
+        if x.buffer.on_chip:
+            raise NkiError(f"kernel returned on-chip tensor `{x.name}` ({x.buffer!r}); outputs must be HBM tensors "
+                           "(nl.ndarray(..., buffer=nl.shared_hbm))", code="err_unsupported_memory")
+        return np.asarray(x.read())
+    if isinstance(x, tuple):
+        return tuple(_to_host(v, precise) for v in x)
+    if isinstance(x, list):
+        return [_to_host(v, precise) for v in x]
+    if isinstance(x, dict):
+        return {k: _to_host(v, precise) for k, v in x.items()}
+    return x
+
+
+def run_kernel(fn: Callable, args: tuple = (), kwargs: dict | None = None, grid=(), target: str | Target | None = None,
+               precise: bool | None = None, lnc: int | None = None, core_assignment: Callable | None = None,
+               extra: dict | None = None) -> KernelRun:
+    """Run kernel function ``fn`` on NumPy arrays in the simulator; return outputs and simulated cost.
+
+    ``core_assignment(instance_index, program_id, n_cores) -> core`` overrides round-robin placement (legacy
+    ``nl.spmd_dim``/``nl.nc``). ``extra`` is copied into ``LaunchContext.extra`` for API layers.
+    """
+    kwargs = dict(kwargs or {})
+    tgt = target if isinstance(target, Target) else resolve_target(target)
+    precise = precise_fp_default() if precise is None else precise
+    g = _normalize_grid(grid)
+    n_inst = 1
+    for d in g:
+        n_inst *= d
+    n_cores = max(1, min(_lnc(tgt, lnc), n_inst)) if g else 1
+    cores = [CoreState(i, CoreTimeline(tgt)) for i in range(n_cores)]
+    ctx = LaunchContext(tgt, precise, g, cores, extra=dict(extra or {}))
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+
+    def wrap(v, name):
+        if isinstance(v, np.ndarray):
+            return wrap_array(v, name, precise, hbm)
+        return v
+
+    w_args = tuple(wrap(a, params[i] if i < len(params) else f"arg{i}") for i, a in enumerate(args))
+    w_kwargs = {k: wrap(v, k) for k, v in kwargs.items()}
+    result = None
+    prev = _context.set_current(ctx)
+    blas = _blas.single_threaded()
+    blas.__enter__()
+    try:
+        ids = itertools.product(*(range(d) for d in g)) if g else [()]
+        for i, pid in enumerate(ids):
+            ci = core_assignment(i, pid, n_cores) if core_assignment else i % n_cores
+            ctx.core = cores[ci]
+            ctx.program_id = tuple(pid)
+            ctx.shared_counter = 0
+            r = fn(*w_args, **w_kwargs)
+            if i == 0:
+                result = r
+    finally:
+        blas.__exit__(None, None, None)
+        _context.set_current(prev)
+    return KernelRun(_to_host(result, precise), CostReport.from_cores(tgt, cores))
+
+
+# -- framework adapters --------------------------------------------------------------------------------------
+_FRAMEWORKS: list[tuple[str, Callable[[Any], bool], Callable]] = []
+
+
+def register_framework(name: str, predicate: Callable[[Any], bool], runner: Callable) -> None:
+    """Route kernel calls whose arguments satisfy ``predicate`` to ``runner(kernel, grid, args, kwargs)``.
+
+    The PyTorch integration registers here (``torch.Tensor`` arguments); the core stays torch-free.
+    """
+    _FRAMEWORKS[:] = [f for f in _FRAMEWORKS if f[0] != name]
+    _FRAMEWORKS.insert(0, (name, predicate, runner))
+
+
+def _framework_for(args, kwargs):
+    vals = list(args) + list(kwargs.values())
+    for name, pred, runner in _FRAMEWORKS:
+        if any(pred(v) for v in vals):
+            return name, runner
+    return None, None
+
+
+def _is_foreign_array(v) -> bool:
+    return not isinstance(v, np.ndarray) and hasattr(v, "__dlpack__") and hasattr(v, "shape")
+
+
+def _dlpack_fallback(kernel: Kernel, args, kwargs):
+    """NKI_SIMULATOR=1 with CPU tensors of another framework: zero-copy via DLPack, outputs converted back."""
+    def conv(v):
+        return np.from_dlpack(v) if _is_foreign_array(v) else v
+
+    sample = next(v for v in list(args) + list(kwargs.values()) if _is_foreign_array(v))
+    mod = sys.modules.get(type(sample).__module__.split(".")[0])
+    run = kernel.run(*(conv(a) for a in args), **{k: conv(v) for k, v in kwargs.items()})
+    from_numpy = getattr(mod, "from_numpy", None) or getattr(mod, "asarray", None)
+
+    def back(x):
+        if isinstance(x, np.ndarray) and from_numpy is not None:
+            return from_numpy(x)
+        if isinstance(x, (tuple, list)):
+            return type(x)(back(v) for v in x)
+        return x
+
+    return back(run.outputs)
+
+
+class Kernel:
+    """An ``@nki.jit`` kernel; ``kernel[grid]`` binds a launch grid, calling it runs the simulator."""
+
+    def __init__(self, fn: Callable, grid=(), **options):
+        self.fn = fn
+        self.grid = grid
+        self.options = options
+        self.last_run: KernelRun | None = None
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid) -> Kernel:
+        k = Kernel(self.fn, grid, **self.options)
+        return k
+
+    def run(self, *args, **kwargs) -> KernelRun:
+        """Simulate on NumPy arrays and return :class:`KernelRun` (outputs + simulated cost)."""
+        run = run_kernel(self.fn, args, kwargs, grid=self.grid, **{k: v for k, v in self.options.items()
+                                                                      if k in ("target", "precise", "lnc")})
+        self.last_run = run
+        return run
+
+    def __call__(self, *args, **kwargs):
+        name, runner = _framework_for(args, kwargs)
+        if runner is not None:
+            return runner(self, self.grid, args, kwargs)
+        if any(_is_foreign_array(v) for v in list(args) + list(kwargs.values())):
+            if os.environ.get("NKI_SIMULATOR", "0") == "1":
+                return _dlpack_fallback(self, args, kwargs)
+            raise NkiError("no NKI framework integration is registered for argument types "
+                           f"{sorted({type(v).__name__ for v in args})}; pass NumPy arrays, set NKI_SIMULATOR=1, or "
+                           "install the neuron-nki PyTorch integration")
+        # NumPy arguments: there is no device, so this is always the simulator.
+        return self.run(*args, **kwargs).outputs
+
+    def __repr__(self) -> str:
+        return f"<nki.jit kernel {getattr(self.fn, '__name__', self.fn)} grid={self.grid}>"
+
+
+def jit(fn: Callable | None = None, **kwargs):
+    """Decorate an NKI kernel. ``platform_target=`` is an error (use ``NEURON_PLATFORM_TARGET_OVERRIDE``);
+    ``mode=`` is accepted and ignored (deprecated in NKI 0.3)."""
+    if "platform_target" in kwargs:
+        raise TypeError("nki.jit(platform_target=...) is not supported since NKI 0.3.0; set "
+                        "NEURON_PLATFORM_TARGET_OVERRIDE=trn1|trn2|trn3 instead")
+    kwargs.pop("mode", None)
+    kwargs.pop("kernel_return", None)
+    kwargs.pop("debug_kernel", None)
+    kwargs.pop("show_compiler_tb", None)
+
+    def deco(f):
+        return f if isinstance(f, Kernel) else Kernel(f, **kwargs)
+
+    return deco(fn) if fn is not None else deco
+
+
+def simulate(kernel) -> Callable:
+    """``nki.simulate(kernel)(*arrays)``: run on the CPU simulator, NumPy in → NumPy out.
+
+    ``kernel`` may be an ``@nki.jit`` kernel (optionally with a grid, ``kernel[2]``) or a plain function.
+    """
+    k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+
+    def call(*args, **kwargs):
+        return k.run(*args, **kwargs).outputs
+
+    call.kernel = k
+    return call
+
+
+class _Benchmarked:
+    def __init__(self, kernel: Kernel, warmup: int, iters: int):
+        self.kernel = kernel
+        self.warmup, self.iters = warmup, iters
+        self.benchmark_result: CostReport | None = None
+
+    def __getitem__(self, grid):
+        return _Benchmarked(self.kernel[grid], self.warmup, self.iters)
+
+    def __call__(self, *args, **kwargs):
+        run = self.kernel.run(*args, **kwargs)
+        self.benchmark_result = run.cost  # simulated: one deterministic estimate, no hardware timing
+        return run.outputs
+
+
+def benchmark(kernel=None, warmup: int = 10, iters: int = 100, **kwargs):
+    """Run once in the simulator and expose ``.benchmark_result`` (a simulated :class:`CostReport` with
+    ``nc_latency.get_latency_percentile(p)`` in µs, like the legacy ``nki.benchmark``)."""
+    def deco(f):
+        return _Benchmarked(f if isinstance(f, Kernel) else Kernel(f), warmup, iters)
+
+    return deco(kernel) if kernel is not None else deco
