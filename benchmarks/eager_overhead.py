@@ -1,0 +1,137 @@
+"""Eager-mode overhead of the `neuron` device: the same work on `neuron` and on the CPU, as neuron/cpu ratios.
+
+    python benchmarks/eager_overhead.py [--rounds 7] [--json]
+
+Every `neuron` op runs a CPU kernel on host memory, so the ratio is the per-op cost the device layer adds
+(dispatch to the Python fallback, host aliasing, result adoption, bookkeeping). Tiny ops show the fixed cost; the
+model forward shows how much of it a realistic workload pays. Both sides are measured in one run with ABBA
+interleaving on one thread in process CPU time (see `_timing.py`). Each case also checks that both sides compute
+the same result, so a fast wrong answer cannot pass for a speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+from collections.abc import Callable
+
+import torch
+from _models import LlamaConfig, TinyLlama
+from _timing import Comparison, compare
+
+Case = Callable[[str], Callable[[], torch.Tensor]]
+
+
+def _pair(shape: tuple[int, ...], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(shape, generator=gen).to(device), torch.randn(shape, generator=gen).to(device)
+
+
+def add_16(device: str) -> Callable[[], torch.Tensor]:
+    a, b = _pair((16,), device)
+    return lambda: a + b
+
+
+def mul_16(device: str) -> Callable[[], torch.Tensor]:
+    a, b = _pair((16,), device)
+    return lambda: a * b
+
+
+def matmul_64(device: str) -> Callable[[], torch.Tensor]:
+    a, b = _pair((64, 64), device)
+    return lambda: a @ b
+
+
+def view_16(device: str) -> Callable[[], torch.Tensor]:
+    a, _ = _pair((16,), device)
+    return lambda: a.view(4, 4)
+
+
+def index_16(device: str) -> Callable[[], torch.Tensor]:
+    a, _ = _pair((16,), device)
+    indices = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6], device=device)
+    return lambda: a[indices]
+
+
+def llama_forward(device: str) -> Callable[[], torch.Tensor]:
+    """Forward of a 2-layer Llama-style model (hidden 256, seq 128, batch 2), without autograd."""
+    config = LlamaConfig()
+    torch.manual_seed(0)
+    model = copy.deepcopy(TinyLlama(config)).eval().to(device)  # same weights on both devices
+    tokens = torch.randint(0, config.vocab, (2, config.max_len), generator=torch.Generator().manual_seed(0))
+    tokens = tokens.to(device)
+
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            return model(tokens)
+
+    return forward
+
+
+CASES: dict[str, Case] = {
+    "add (16 elems)": add_16,
+    "mul (16 elems)": mul_16,
+    "matmul (64x64)": matmul_64,
+    "view (16 -> 4x4)": view_16,
+    "index (16[8 idx])": index_16,
+    "llama fwd (2L, h256, s128, b2)": llama_forward,
+}
+
+
+def measure(rounds: int) -> dict[str, Comparison]:
+    results = {}
+    for name, case in CASES.items():
+        on_neuron, on_cpu = case("neuron"), case("cpu")
+        torch.testing.assert_close(on_neuron().cpu(), on_cpu(), atol=1e-4, rtol=1e-4, msg=f"{name}: results differ")
+        results[name] = compare(on_neuron, on_cpu, rounds=rounds)
+    return results
+
+
+def _report(results: dict[str, Comparison], rounds: int) -> dict[str, object]:
+    return {
+        "benchmark": "eager_overhead",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "clock": "process CPU time",
+        "rounds": rounds,
+        "results": [
+            {
+                "case": name,
+                "neuron_us": result.a_seconds * 1e6,
+                "cpu_us": result.b_seconds * 1e6,
+                "ratio": result.ratio,
+                "calls_per_sample": result.calls_per_sample,
+            }
+            for name, result in results.items()
+        ],
+    }
+
+
+def _print_table(report: dict[str, object]) -> None:
+    print(f"eager overhead: neuron vs cpu, torch {report['torch']}, {report['threads']} thread, "
+          f"{report['clock']}, ABBA x {report['rounds']} rounds (medians)")
+    print(f"{'case':<32} {'neuron us':>11} {'cpu us':>11} {'neuron/cpu':>11}")
+    for row in report["results"]:
+        print(f"{row['case']:<32} {row['neuron_us']:>11.1f} {row['cpu_us']:>11.1f} {row['ratio']:>10.1f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7, help="ABBA rounds per case (median taken; at least 5)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    args = parser.parse_args()
+    if args.rounds < 5:
+        parser.error("--rounds must be at least 5")
+    torch.set_num_threads(1)
+    report = _report(measure(args.rounds), args.rounds)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_table(report)
+
+
+if __name__ == "__main__":
+    main()
