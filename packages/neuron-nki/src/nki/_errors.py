@@ -75,3 +75,15 @@ def raise_error(message: str, code: str = "err_nki", cls: type[NkiError] = NkiVa
 
 def fmt_shape(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+def unimplemented(qualname: str, why: str):
+    """A public API entry that is not simulated: raises NotImplementedError naming it (and is counted as such)."""
+
+    def fn(*args, **kwargs):
+        raise NotImplementedError(f"{qualname} is not implemented in the NKI simulator ({why})")
+
+    fn.__name__ = fn.__qualname__ = qualname.rsplit(".", 1)[-1]
+    fn.__doc__ = f"Not implemented in the simulator: {why}."
+    fn._nki_unimplemented = True
+    return fn

@@ -16,7 +16,7 @@ import numpy as np
 from . import _context, _limits
 from . import _dtypes as dt
 from ._cost import MIN_II
-from ._errors import NkiValidationError, fmt_shape, kernel_location
+from ._errors import NkiValidationError, fmt_shape, kernel_location, unimplemented
 from ._ops import apply_binary, apply_unary, resolve
 from ._tensor import NkiTensor
 
@@ -298,11 +298,7 @@ class _Shape2:
 _limits.NkiTensor = (NkiTensor, _Shape2)  # let limit checks accept the adapter
 
 
-def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_position=None, tile_size=None,
-                 accumulate=None, name=None):
-    """MXFP8/MXFP4 matmul (NeuronCore-v4): not simulated."""
-    raise NotImplementedError("nki.isa.nc_matmul_mx is not implemented in the simulator (MX micro-scaling formats)")
-
+nc_matmul_mx = unimplemented("nki.isa.nc_matmul_mx", "MX micro-scaling formats")
 
 def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknown, name: str | None = None) -> None:
     """2-D partition↔free transpose on the Tensor Engine (≤128×128, to PSUM) or Vector Engine (≤32×32)."""
@@ -962,10 +958,7 @@ def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: str |
     _charge(ctx, "gpsimd", max(MIN_II, idx.shape[1]) * max(1, math.ceil(x.shape[1] / 512)), (data, indices), (dst,), o)
 
 
-def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
-    """GpSimd gather within 16-partition groups: not simulated (element order not documented in our references)."""
-    raise NotImplementedError("nki.isa.local_gather is not implemented in the simulator")
-
+local_gather = unimplemented("nki.isa.local_gather", "element order not documented in our references")
 
 def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask, name: str | None = None) -> None:
     """Cross-partition move within each 32-partition quadrant: ``dst[q*32+i] = src[q*32+mask[i]]`` (255 = keep)."""
@@ -1008,7 +1001,7 @@ def rand2(dst: NkiTensor, min, max, name: str | None = None) -> None:
     lo, hi = _vec(min, p, "rand2", "min"), _vec(max, p, "rand2", "max")
     u = _rng(ctx).random(size=(p, dst.free_size), dtype=np.float32)
     dst.write(_fit(lo + u * (hi - lo), dst, "rand2"))
-    _charge(ctx, "vector", max(MIN_II, dst.free_size), (), (dst,), "rand2")
+    _charge(ctx, "vector", MIN_II if dst.free_size < MIN_II else dst.free_size, (), (dst,), "rand2")
 
 
 def dropout(dst: NkiTensor, data: NkiTensor, prob, name: str | None = None) -> None:
@@ -1128,15 +1121,9 @@ def dma_compute(dst: NkiTensor, srcs, reduce_op, scales=None, unique_indices: bo
                           sum(s.size * s.itemsize for s in srcs if not s.buffer.on_chip))
 
 
-def quantize_mx(dst, src, dst_scale, name=None):
-    """MXFP8 quantisation (NeuronCore-v4): not simulated."""
-    raise NotImplementedError("nki.isa.quantize_mx is not implemented in the simulator (MX micro-scaling formats)")
+quantize_mx = unimplemented("nki.isa.quantize_mx", "MX micro-scaling formats")
 
-
-def topk(*args, **kwargs):
-    """Top-k (NKI 0.6): not simulated (signature not documented in our references)."""
-    raise NotImplementedError("nki.isa.topk is not implemented in the simulator")
-
+topk = unimplemented("nki.isa.topk", "signature not documented in our references")
 
 # -- multi-core / registers ----------------------------------------------------------------------------------
 def core_barrier(data: NkiTensor, cores=(0, 1), engine: engine = engine.gpsimd, name: str | None = None) -> None:
@@ -1148,10 +1135,7 @@ def core_barrier(data: NkiTensor, cores=(0, 1), engine: engine = engine.gpsimd, 
     _charge(ctx, _eng(engine, "gpsimd"), MIN_II, (data,), (), "core_barrier")
 
 
-def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_engine.dma, name=None):
-    """Core-to-core exchange in LNC2: not simulated."""
-    raise NotImplementedError("nki.isa.sendrecv is not implemented in the simulator")
-
+sendrecv = unimplemented("nki.isa.sendrecv", "needs concurrently running LNC2 cores")
 
 class VirtualRegister:
     """An engine register holding a 32-bit integer (loop bounds, dynamic offsets)."""

@@ -39,7 +39,7 @@ from ._dtypes import (
     uint16,
     uint32,
 )
-from ._errors import NkiValidationError, fmt_shape, kernel_location
+from ._errors import NkiValidationError, fmt_shape, kernel_location, unimplemented
 from ._ops import apply_binary, apply_unary, resolve
 from ._tensor import DynSlice, NkiTensor, allocate, hbm, private_hbm, psum, sbuf, shared_hbm
 
@@ -238,10 +238,7 @@ def no_reorder():
     yield
 
 
-def gemm_grid(*args, **kwargs):
-    """Not documented beyond its name in our references."""
-    raise NotImplementedError("nki.language.gemm_grid is not implemented in the simulator")
-
+gemm_grid = unimplemented("nki.language.gemm_grid", "not documented beyond its name in our references")
 
 def device_print(prefix: str, x) -> None:
     """Print a tensor's values from inside a kernel (simulation only)."""

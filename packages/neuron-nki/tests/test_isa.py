@@ -1,0 +1,585 @@
+"""nki.isa instructions (dst-first) against NumPy references."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import bf16, sim
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+
+def _new(shape, dtype=nl.float32, buffer=nl.sbuf):
+    return nl.ndarray(shape, dtype, buffer=buffer)
+
+
+def test_nc_matmul_fp32_bf16_fp8(rng):
+    for dt_, tol in ((np.float32, 1e-4), (ml_dtypes.bfloat16, 1e-3), (ml_dtypes.float8_e4m3, 1e-3)):
+        s = (rng.standard_normal((128, 96)) * 2).astype(dt_)
+        m = (rng.standard_normal((128, 512)) * 2).astype(dt_)
+
+        def body(a, b):
+            d = _new((96, 512), buffer=nl.psum)
+            nisa.nc_matmul(d, a, b)
+            return d
+
+        ref = s.astype(np.float32).T @ m.astype(np.float32)
+        np.testing.assert_allclose(sim(body, s, m), ref, rtol=tol, atol=tol * 10)
+
+
+def test_nc_matmul_accumulate_modes(rng):
+    s = rng.standard_normal((64, 32)).astype(np.float32)
+    m = rng.standard_normal((64, 48)).astype(np.float32)
+    p = s.T @ m
+
+    def body(a, b):
+        d = _new((32, 48), buffer=nl.psum)
+        nisa.nc_matmul(d, a, b)  # first write: overwrite (NaN-filled PSUM is not read)
+        nisa.nc_matmul(d, a, b)  # auto: accumulate
+        nisa.nc_matmul(d, a, b, accumulate=True)
+        e = _new((32, 48), buffer=nl.psum)
+        nisa.nc_matmul(e, a, b)
+        nisa.nc_matmul(e, a, b, accumulate=False)  # overwrite
+        out = _new((32, 96))
+        nisa.tensor_copy(out[:, 0:48], d)
+        nisa.tensor_copy(out[:, 48:96], e)
+        return out
+
+    out = sim(body, s, m)
+    np.testing.assert_allclose(out[:, :48], 3 * p, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out[:, 48:], p, rtol=1e-4, atol=1e-4)
+
+
+def test_nc_matmul_pe_tiling_and_double_row(rng):
+    s = rng.standard_normal((64, 64)).astype(np.float32)
+    m = rng.standard_normal((64, 128)).astype(np.float32)
+
+    def body(a, b):
+        d = _new((64, 128), buffer=nl.psum)
+        nisa.nc_matmul(d, a, b, tile_position=(64, 0), tile_size=(64, 64))
+        return d
+
+    np.testing.assert_allclose(sim(body, s, m), s.T @ m, rtol=1e-4, atol=1e-4)
+    s8 = rng.standard_normal((128, 2, 16)).astype(ml_dtypes.float8_e4m3)
+    m8 = rng.standard_normal((128, 2, 32)).astype(ml_dtypes.float8_e4m3)
+
+    def body2(a, b):
+        d = _new((16, 32), buffer=nl.psum)
+        nisa.nc_matmul(d, a, b, perf_mode=nisa.matmul_perf_mode.double_row)
+        return d
+
+    ref = s8.astype(np.float32).reshape(256, 16).T @ m8.astype(np.float32).reshape(256, 32)
+    np.testing.assert_allclose(sim(body2, s8, m8), ref, rtol=1e-4, atol=1e-3)
+
+
+def test_nc_transpose_tensor_and_vector(rng):
+    a = rng.standard_normal((128, 96)).astype(np.float32)
+
+    def body(x):
+        d = _new((96, 128), buffer=nl.psum)
+        nisa.nc_transpose(d, x, engine=nisa.engine.tensor)
+        return d
+
+    np.testing.assert_array_equal(sim(body, a), a.T)
+    b = rng.standard_normal((32, 16)).astype(np.float32)
+
+    def body2(x):
+        d = _new((16, 32))
+        nisa.nc_transpose(d, x)
+        return d
+
+    np.testing.assert_array_equal(sim(body2, b), b.T)
+
+
+def test_activation_scale_bias_and_reduce(rng):
+    a = rng.standard_normal((64, 32)).astype(np.float32)
+    bias = rng.standard_normal((64, 1)).astype(np.float32)
+
+    def body(x, b):
+        d = _new(x.shape)
+        r = _new((64, 1))
+        nisa.activation(d, nl.exp, x, bias=b, scale=0.5, reduce_op=nl.add, reduce_res=r,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        out = _new((64, 33))
+        nisa.tensor_copy(out[:, 0:32], d)
+        nisa.tensor_copy(out[:, 32:33], r)
+        return out
+
+    out = sim(body, a, bias)
+    ref = np.exp(a * 0.5 + bias)
+    np.testing.assert_allclose(out[:, :32], ref, rtol=1e-5)
+    np.testing.assert_allclose(out[:, 32], ref.sum(1), rtol=1e-5)
+
+
+def test_activation_register_accumulates_across_instructions(rng):
+    a = rng.standard_normal((16, 8)).astype(np.float32)
+
+    def body(x):
+        d = _new(x.shape)
+        r = _new((16, 1))
+        nisa.activation(d, nl.copy, x, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activation(d, nl.square, x, reduce_op=nl.add, reduce_res=r, reduce_cmd=nisa.reduce_cmd.reduce)
+        return r
+
+    np.testing.assert_allclose(sim(body, a)[:, 0], a.sum(1) + (a * a).sum(1), rtol=1e-5)
+
+
+def test_activation_reduce_and_numpy_ops(rng):
+    a = rng.standard_normal((32, 16)).astype(np.float32)
+
+    def body(x):
+        d = _new(x.shape)
+        r = _new((32, 1))
+        nisa.activation_reduce(d, np.square, x, reduce_op=nl.add, reduce_res=r, scale=2.0)
+        return r
+
+    np.testing.assert_allclose(sim(body, a)[:, 0], ((2 * a) ** 2).sum(1), rtol=1e-5)
+
+
+def test_activate2_on_trn3(monkeypatch, rng):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    a = rng.standard_normal((16, 32)).astype(np.float32)
+
+    def body(x):
+        d = _new(x.shape)
+        nisa.activate2(d, nl.relu, x, imm0=2.0, imm1=0.5, op0=nl.multiply, op1=nl.add)
+        return d
+
+    np.testing.assert_allclose(sim(body, a), np.maximum(a * 2 + 0.5, 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("op,ref", [(nl.add, np.add), (nl.subtract, np.subtract), (nl.multiply, np.multiply),
+                                    (nl.maximum, np.maximum), (nl.divide, np.divide), (nl.power, np.power),
+                                    (nl.greater, lambda a, b: (a > b).astype(np.float32))])
+def test_tensor_tensor(op, ref, rng):
+    a = rng.uniform(0.5, 2, (64, 128)).astype(np.float32)
+    b = rng.uniform(0.5, 2, (64, 128)).astype(np.float32)
+
+    def body(x, y):
+        d = _new(x.shape)
+        nisa.tensor_tensor(d, x, y, op)
+        return d
+
+    np.testing.assert_allclose(sim(body, a, b), ref(a, b), rtol=1e-5)
+
+
+def test_tensor_tensor_bitvec_and_psum_operand(rng):
+    a = rng.integers(0, 255, (8, 8)).astype(np.int32)
+    b = rng.integers(0, 255, (8, 8)).astype(np.int32)
+
+    def body(x, y):
+        d = nl.ndarray(x.shape, nl.int32)
+        nisa.tensor_tensor(d, x, y, nl.bitwise_xor)
+        return d
+
+    np.testing.assert_array_equal(sim(body, a, b), a ^ b)
+    f = rng.standard_normal((16, 16)).astype(np.float32)
+
+    def body2(x):
+        p = _new(x.shape, buffer=nl.psum)
+        nisa.tensor_copy(p, x)
+        d = _new(x.shape)
+        nisa.tensor_tensor(d, p, x, np.add)
+        return d
+
+    np.testing.assert_allclose(sim(body2, f), 2 * f)
+
+
+def test_tensor_scalar_two_ops_reverse_and_vector_operand(rng):
+    a = rng.standard_normal((32, 64)).astype(np.float32)
+    v = rng.standard_normal((32, 1)).astype(np.float32)
+
+    def body(x, vv):
+        d = _new(x.shape)
+        nisa.tensor_scalar(d, x, nl.subtract, vv, reverse0=True, op1=nl.multiply, operand1=3.0)
+        return d
+
+    np.testing.assert_allclose(sim(body, a, v), (v - a) * 3.0, rtol=1e-6)
+
+
+def test_scalar_tensor_tensor(rng):
+    a, b = rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32)
+
+    def body(x, y):
+        d = _new(x.shape)
+        nisa.scalar_tensor_tensor(dst=d, data=x, op0=nl.multiply, operand0=2.0, op1=nl.add, operand1=y)
+        return d
+
+    np.testing.assert_allclose(sim(body, a, b), a * 2 + b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("negate", [False, True])
+def test_tensor_reduce(negate, rng):
+    a = rng.standard_normal((64, 4, 32)).astype(np.float32)
+
+    def body(x):
+        d = _new((64, 4))
+        nisa.tensor_reduce(d, nl.maximum, x, axis=2, negate=negate)
+        return d
+
+    ref = a.max(axis=2)
+    np.testing.assert_allclose(sim(body, a), -ref if negate else ref)
+
+
+def test_tensor_reduce_bf16_add_and_keepdims(rng):
+    a = bf16(rng.standard_normal((32, 64)))
+
+    def body(x):
+        d = nl.ndarray((32, 1), nl.float32)
+        nisa.tensor_reduce(d, nl.add, x, axis=(1,), keepdims=True)
+        return d
+
+    np.testing.assert_allclose(sim(body, a), a.astype(np.float32).sum(1, keepdims=True), rtol=1e-5)
+
+
+def test_tensor_partition_reduce(rng):
+    a = rng.standard_normal((32, 16)).astype(np.float32)
+
+    def body(x):
+        d = _new((1, 16))
+        nisa.tensor_partition_reduce(d, nl.add, x)
+        return d
+
+    np.testing.assert_allclose(sim(body, a), a.sum(0, keepdims=True), rtol=1e-5)
+
+
+def test_tensor_scalar_reduce_and_cumulative(rng):
+    a = rng.standard_normal((16, 32)).astype(np.float32)
+
+    def body(x):
+        d = _new(x.shape)
+        r = _new((16, 1))
+        nisa.tensor_scalar_reduce(dst=d, data=x, op0=nl.multiply, operand0=2.0, reduce_op=nl.add, reduce_res=r)
+        c = _new(x.shape)
+        nisa.tensor_scalar_cumulative(c, x, op0=nl.add, op1=nl.add, imm0=1.0)
+        out = _new((16, 65))
+        nisa.tensor_copy(out[:, 0:32], d)
+        nisa.tensor_copy(out[:, 32:33], r)
+        nisa.tensor_copy(out[:, 33:65], c)
+        return out
+
+    out = sim(body, a)
+    np.testing.assert_allclose(out[:, :32], 2 * a, rtol=1e-6)
+    np.testing.assert_allclose(out[:, 32], (2 * a).sum(1), rtol=1e-5)
+    np.testing.assert_allclose(out[:, 33:], np.cumsum(a + 1, axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_tensor_scan(rng):
+    a = rng.uniform(0.5, 1, (16, 24)).astype(np.float32)
+    b = rng.standard_normal((16, 24)).astype(np.float32)
+    init = rng.standard_normal((16, 1)).astype(np.float32)
+
+    def body(x, y, i0):
+        d = _new(x.shape)
+        nisa.tensor_tensor_scan(d, x, y, i0, op0=nl.multiply, op1=nl.add)
+        return d
+
+    ref = np.empty_like(a)
+    prev = init[:, 0]
+    for i in range(a.shape[1]):
+        prev = a[:, i] * prev + b[:, i]
+        ref[:, i] = prev
+    np.testing.assert_allclose(sim(body, a, b, init), ref, rtol=1e-5, atol=1e-5)
+
+    def body2(x, y):
+        d = _new(x.shape)
+        nisa.tensor_tensor_scan(d, x, y, 0.0, op0=nl.maximum, op1=nl.add)
+        return d
+
+    ref2 = np.empty_like(a)
+    prev = np.zeros(16, np.float32)
+    for i in range(a.shape[1]):
+        prev = np.maximum(a[:, i], prev) + b[:, i]
+        ref2[:, i] = prev
+    np.testing.assert_allclose(sim(body2, a, b), ref2, rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_copy_casts_and_engines(rng):
+    a = rng.standard_normal((16, 16)).astype(np.float32)
+    for eng in (nisa.engine.vector, nisa.engine.scalar, nisa.engine.gpsimd):
+        def body(x, e=eng):
+            d = nl.ndarray(x.shape, nl.bfloat16)
+            nisa.tensor_copy(d, x, engine=e)
+            return d
+
+        np.testing.assert_array_equal(sim(body, a), bf16(a))
+
+
+def test_tensor_copy_predicated(rng):
+    a, b = rng.standard_normal((8, 8)).astype(np.float32), rng.standard_normal((8, 8)).astype(np.float32)
+    pred = (rng.random((8, 8)) > 0.5).astype(np.uint8)
+
+    def body(x, y, p):
+        nisa.tensor_copy_predicated(dst=x, src=y, predicate=p)
+        return x
+
+    np.testing.assert_array_equal(sim(body, a, b, pred), np.where(pred != 0, b, a))
+
+
+def test_memset_iota(rng):
+    def body(x):
+        d = nl.ndarray((8, 4, 6), nl.int32)
+        nisa.iota(d, [[6, 4], [1, 6]], offset=3, channel_multiplier=100)
+        z = nl.ndarray((8, 24), nl.float32)
+        nisa.memset(z, 1.5)
+        out = nl.ndarray((8, 48), nl.float32)
+        nisa.tensor_copy(out[:, 0:24], d.reshape((8, 24)))
+        nisa.tensor_copy(out[:, 24:48], z)
+        return out
+
+    out = sim(body, np.zeros((1, 1), np.float32))
+    ref = 3 + 100 * np.arange(8)[:, None] + np.arange(24)[None, :]
+    np.testing.assert_array_equal(out[:, :24], ref)
+    assert (out[:, 24:] == 1.5).all()
+
+
+def test_affine_select_causal_mask(rng):
+    a = rng.standard_normal((16, 16)).astype(np.float32)
+
+    def body(x):
+        d = _new(x.shape)
+        # keep where row - col >= 0  (lower triangle)
+        nisa.affine_select(d, pattern=[[-1, 16]], channel_multiplier=1, on_true_tile=x, on_false_value=-9999.0,
+                           cmp_op=nl.greater_equal)
+        return d
+
+    np.testing.assert_array_equal(sim(body, a), np.where(np.tri(16, dtype=bool), a, -9999.0))
+
+
+def test_range_select_and_select_reduce(rng):
+    a = rng.standard_normal((8, 16)).astype(np.float32)
+    lo = np.full((8, 1), 2, np.float32)
+    hi = np.full((8, 1), 10, np.float32)
+
+    def body(x, b0, b1):
+        d = _new(x.shape)
+        r = _new((8, 1))
+        nisa.range_select(dst=d, on_true_tile=x, comp_op0=nl.greater_equal, comp_op1=nl.less, bound0=b0, bound1=b1,
+                          reduce_res=r, reduce_op=nl.maximum, range_start=0, on_false_value=-1e30)
+        out = _new((8, 17))
+        nisa.tensor_copy(out[:, 0:16], d)
+        nisa.tensor_copy(out[:, 16:17], r)
+        return out
+
+    out = sim(body, a, lo, hi)
+    keep = (np.arange(16) >= 2) & (np.arange(16) < 10)
+    ref = np.where(keep[None, :], a, np.float32(-1e30))
+    np.testing.assert_array_equal(out[:, :16], ref)
+    np.testing.assert_array_equal(out[:, 16], ref.max(1))
+    pred = (rng.random((8, 16)) > 0.5).astype(np.uint8)
+
+    def body2(x, p):
+        d = _new(x.shape)
+        r = _new((8, 1))
+        nisa.select_reduce(dst=d, predicate=p, on_true=x, on_false=0.0, reduce_res=r,
+                           reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=nl.maximum)
+        out = _new((8, 17))
+        nisa.tensor_copy(out[:, 0:16], d)
+        nisa.tensor_copy(out[:, 16:17], r)
+        return out
+
+    out = sim(body2, a, pred)
+    ref = np.where(pred != 0, a, 0)
+    np.testing.assert_array_equal(out[:, :16], ref)
+    np.testing.assert_array_equal(out[:, 16], ref.max(1))
+
+
+def test_bn_stats_bn_aggr(rng):
+    a = rng.standard_normal((32, 1024)).astype(np.float32) * 3 + 1
+
+    def body(x):
+        st = _new((32, 12))
+        for i in range(2):
+            nisa.bn_stats(st[:, i * 6:(i + 1) * 6], x[:, i * 512:(i + 1) * 512])
+        mv = _new((32, 2))
+        nisa.bn_aggr(mv, st)
+        return mv
+
+    out = sim(body, a)
+    np.testing.assert_allclose(out[:, 0], a.mean(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[:, 1], a.var(1), rtol=1e-4)
+
+
+def test_reciprocal_exponential(monkeypatch, rng):
+    a = rng.uniform(0.5, 2, (16, 16)).astype(np.float32)
+
+    def body(x):
+        d = _new(x.shape)
+        nisa.reciprocal(d, x)
+        return d
+
+    np.testing.assert_allclose(sim(body, a), 1 / a, rtol=1e-6)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    m = a.max(1, keepdims=True)
+
+    def body2(x, mx):
+        d = _new(x.shape)
+        r = _new((16, 1))
+        nisa.exponential(d, x, max_value=mx, reduce_res=r, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        return r
+
+    np.testing.assert_allclose(sim(body2, a, m)[:, 0], np.exp(a - m).sum(1), rtol=1e-5)
+
+
+def test_max8_find_index8_match_replace8(rng):
+    a = rng.permutation(np.arange(4 * 64, dtype=np.float32)).reshape(4, 64)
+    top = -np.sort(-a, axis=1)[:, :8]
+
+    def body(x):
+        m = _new((4, 8))
+        nisa.max8(m, x)
+        i = nl.ndarray((4, 8), nl.uint32)
+        nisa.nc_find_index8(i, x, m)
+        r = _new(x.shape)
+        nisa.nc_match_replace8(r, x, m, imm=-1.0)
+        out = _new((4, 80))
+        nisa.tensor_copy(out[:, 0:8], m)
+        nisa.tensor_copy(out[:, 8:16], i)
+        nisa.tensor_copy(out[:, 16:80], r)
+        return out
+
+    out = sim(body, a)
+    np.testing.assert_array_equal(out[:, :8], top)
+    np.testing.assert_array_equal(out[:, 8:16], np.argsort(-a, axis=1)[:, :8])
+    ref = a.copy()
+    np.put_along_axis(ref, np.argsort(-a, axis=1)[:, :8], -1.0, axis=1)
+    np.testing.assert_array_equal(out[:, 16:], ref)
+
+
+def test_nc_n_gather_and_stream_shuffle(rng):
+    a = rng.standard_normal((32, 16)).astype(np.float32)
+    idx = rng.integers(0, 16, (32, 5)).astype(np.uint32)
+
+    def body(x, i):
+        d = _new((32, 5))
+        nisa.nc_n_gather(d, x, i)
+        return d
+
+    np.testing.assert_array_equal(sim(body, a, idx), np.take_along_axis(a, idx.astype(np.int64), 1))
+    mask = list(range(31, -1, -1))
+
+    def body2(x):
+        d = _new(x.shape)
+        nisa.nc_stream_shuffle(d, x, mask)
+        return d
+
+    np.testing.assert_array_equal(sim(body2, a), a[::-1])
+
+
+def test_nonzero_with_count_and_sequence_bounds():
+    a = np.zeros((32, 8), np.float32)
+    a[0] = [0, 1, 1, 0, 0, 1, 0, 0]
+    a[16] = [1, 0, 0, 0, 0, 0, 0, 1]
+
+    def body(x):
+        d = nl.ndarray((32, 9), nl.int32)
+        nisa.memset(d, 0)
+        nisa.nonzero_with_count(d, x, index_offset=16, padding_val=-1)
+        return d
+
+    out = sim(body, a)
+    np.testing.assert_array_equal(out[0], [17, 18, 21, -1, -1, -1, -1, -1, 3])
+    np.testing.assert_array_equal(out[16], [16, 23, -1, -1, -1, -1, -1, -1, 2])
+    assert (out[1] == 0).all()
+    seg = np.array([[1, 1, 2, 2, 2, 0, 3, 0]], np.int32)
+
+    def body2(s):
+        d = nl.ndarray((1, 2, 8), nl.int32)
+        nisa.sequence_bounds(d, s)
+        return d
+
+    out = sim(body2, seg)
+    np.testing.assert_array_equal(out[0, 0], [0, 0, 2, 2, 2, 8, 6, 8])
+    np.testing.assert_array_equal(out[0, 1], [2, 2, 5, 5, 5, -1, 7, -1])
+
+
+def test_dma_copy_cast_dma_transpose_dma_compute(rng):
+    a = rng.standard_normal((16, 32)).astype(np.float32)
+    b = rng.standard_normal((16, 32)).astype(np.float32)
+
+    @nki.jit
+    def k(x, y):
+        t = nl.ndarray((32, 16), nl.float32, buffer=nl.sbuf)
+        nisa.dma_transpose(t, x)
+        s = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_compute(s, [x, y], reduce_op=nl.add)
+        o = nl.ndarray((32, 16), nl.bfloat16, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=t)
+        return o, s
+
+    o, s = nki.simulate(k)(a, b)
+    np.testing.assert_array_equal(o, bf16(a.T))
+    np.testing.assert_allclose(s, a + b, rtol=1e-6)
+
+
+def test_rng_dropout_rand2_seeds(monkeypatch):
+    def body(x):
+        seed = nl.ndarray((1, 1), nl.uint32)
+        nisa.memset(seed, 42)
+        nisa.set_rng_seed(seed)
+        r = nl.ndarray((8, 16), nl.uint16)
+        nisa.rng(r)
+        d = _new(x.shape)
+        nisa.dropout(d, x, 0.0)
+        st = nl.ndarray((8, 6), nl.uint32)
+        nisa.rand_set_state(nl.full((8, 6), 3, nl.uint32))
+        nisa.rand_get_state(st)
+        out = _new((8, 38))
+        nisa.tensor_copy(out[:, 0:16], r)
+        nisa.tensor_copy(out[:, 16:32], d)
+        nisa.tensor_copy(out[:, 32:38], st)
+        return out
+
+    x = np.ones((8, 16), np.float32)
+    o1, o2 = sim(body, x), sim(body, x)
+    np.testing.assert_array_equal(o1, o2)
+    assert (o1[:, 16:32] == 1).all() and (o1[:, 32:] == 3).all() and o1[:, :16].max() < 65536
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+
+    def body2(x):
+        d = _new(x.shape)
+        nisa.rand2(d, 2.0, 3.0)
+        return d
+
+    o = sim(body2, x)
+    assert ((o >= 2) & (o <= 3)).all()
+
+
+def test_registers_and_dynamic_range():
+    @nki.jit
+    def k(n):
+        reg = nisa.register_alloc()
+        nisa.register_load(reg, n)
+        acc = nl.zeros((1, 1), nl.int32)
+        for _ in nl.dynamic_range(reg):
+            nisa.tensor_scalar(acc, acc, nl.add, 2)
+        r2 = nisa.register_alloc(0)
+        nisa.register_move(r2, reg)
+        out = nl.ndarray((1, 2), nl.int32, buffer=nl.shared_hbm)
+        nisa.register_store(out[:, 1:2], r2)
+        nisa.dma_copy(dst=out[:, 0:1], src=acc)
+        return out
+
+    np.testing.assert_array_equal(nki.simulate(k)(np.array([[5]], np.int32)), [[10, 5]])
+
+
+def test_get_nc_version(monkeypatch):
+    assert nisa.get_nc_version() == nisa.nc_version.gen3
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    assert nisa.get_nc_version() == nisa.nc_version.gen2
+
+
+def test_enums():
+    assert {e.name for e in nisa.engine} == {"tensor", "vector", "scalar", "gpsimd", "dma", "sync", "unknown"}
+    assert {e.name for e in nisa.reduce_cmd} == {"idle", "reset", "reduce", "reset_reduce", "load_reduce"}
+    assert {e.name for e in nisa.dge_mode} == {"unknown", "swdge", "hwdge", "none"}
+    assert {e.name for e in nisa.oob_mode} == {"error", "skip"}
+
+
+@pytest.mark.parametrize("fn", ["nc_matmul_mx", "quantize_mx", "local_gather", "sendrecv", "topk"])
+def test_unimplemented_raise_naming_function(fn):
+    with pytest.raises(NotImplementedError, match=fn):
+        getattr(nisa, fn)(None, None, None, None, None) if fn != "topk" else nisa.topk()
