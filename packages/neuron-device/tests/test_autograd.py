@@ -271,11 +271,6 @@ def test_module_hooks() -> None:
     torch.testing.assert_close(grads_out[0].cpu(), model[2].weight.detach().cpu().expand(2, 4))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch.neuron has no `_initialized` attribute, which torch.utils.checkpoint reads before saving the "
-    "device RNG state: the recomputed dropout mask differs from the forward's (silently wrong gradients)",
-)
 @pytest.mark.parametrize("use_reentrant", [False, True])
 def test_activation_checkpointing(use_reentrant: bool) -> None:
     """Checkpointing recomputes the forward in backward and saves/restores the device RNG state for it."""

@@ -64,6 +64,13 @@ __all__ = [
 _Device = int | str | torch.device | None
 
 
+def __getattr__(name: str) -> Any:
+    # torch.utils.checkpoint (and other code written for torch.cuda) reads the module global `_initialized`.
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
+
+
 def is_available() -> bool:
     """Always true: the simulated NeuronCores need no hardware."""
     return True
