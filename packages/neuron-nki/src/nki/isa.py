@@ -167,6 +167,7 @@ def _common_checks(op: str, dst, **ins) -> None:
     _limits.check_partition(dst, op, "dst")
     for k, v in ins.items():
         _limits.check_partition(v, op, k)
+    _limits.check_same_partitions(op, **ins)  # inputs first: the documented message names data1/data2
     _limits.check_same_partitions(op, dst=dst, **ins)
 
 
@@ -506,8 +507,8 @@ def tensor_reduce(dst: NkiTensor, op, data: NkiTensor, axis, negate: bool = Fals
     """Reduce the trailing free axes of ``data`` with ``op`` on the Vector Engine (``negate`` multiplies by -1)."""
     ctx = _ctx("tensor_reduce")
     o = "tensor_reduce"
-    _common_checks(o, dst, data=data)
     axes = _check_reduce_axes(o, data, axis)
+    _common_checks(o, dst, data=data)
     spec = resolve(op)
     if spec.reduce is None:
         raise NkiValidationError(f"operator '{spec.name}' cannot be used as a reduction", location=kernel_location(2))
