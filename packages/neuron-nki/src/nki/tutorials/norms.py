@@ -1,0 +1,93 @@
+"""RMSNorm, LayerNorm (bn_stats/bn_aggr) and row softmax over [N, D] tensors, 128 rows per tile."""
+
+from __future__ import annotations
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+
+def _weight_tile(w, rows: int, D: int, dtype=nl.float32):
+    """Broadcast a [D] HBM vector over ``rows`` partitions (a partition-broadcast DMA)."""
+    t = nl.ndarray((rows, D), dtype=dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=w.reshape((1, D)).broadcast_to((rows, D)))
+    return t
+
+
+@nki.jit
+def rmsnorm(x, w, eps: float = 1e-6):
+    """out = x / sqrt(mean(x², -1) + eps) * w."""
+    N, D = x.shape
+    out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
+    wt = _weight_tile(w, 128, D)
+    for i in nl.affine_range((N + 127) // 128):
+        r0 = i * 128
+        rows = min(128, N - r0)
+        xt = nl.load(x[r0:r0 + rows, :])
+        sq = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
+        ss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=sq, op=nl.square, data=xt, reduce_op=nl.add, reduce_res=ss)
+        rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=rstd, data=ss, op0=nl.multiply, operand0=1.0 / D, op1=nl.add, operand1=eps)
+        nisa.activation(dst=rstd, op=nl.rsqrt, data=rstd)
+        y = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=y, data=xt, op0=nl.multiply, operand0=rstd, op1=nl.multiply,
+                                  operand1=wt[0:rows, :])
+        o = nl.ndarray((rows, D), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=o, src=y)
+        nl.store(out[r0:r0 + rows, :], o)
+    return out
+
+
+@nki.jit
+def layernorm(x, gamma, beta, eps: float = 1e-5):
+    """out = (x - mean) / sqrt(var + eps) * gamma + beta, statistics from bn_stats/bn_aggr."""
+    N, D = x.shape
+    FMAX = nl.tile_size.bn_stats_fmax
+    nchunks = (D + FMAX - 1) // FMAX
+    out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
+    g = _weight_tile(gamma, 128, D)
+    b = _weight_tile(beta, 128, D)
+    for i in nl.affine_range((N + 127) // 128):
+        r0 = i * 128
+        rows = min(128, N - r0)
+        xt = nl.load(x[r0:r0 + rows, :])
+        stats = nl.ndarray((rows, 6 * nchunks), dtype=nl.float32, buffer=nl.sbuf)
+        for c in nl.affine_range(nchunks):
+            c0 = c * FMAX
+            nisa.bn_stats(dst=stats[:, c * 6:(c + 1) * 6], data=xt[:, c0:min(c0 + FMAX, D)])
+        mv = nl.ndarray((rows, 2), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.bn_aggr(dst=mv, data=stats)
+        rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=rstd, data=mv[:, 1:2], op0=nl.add, operand0=eps, op1=nl.rsqrt, operand1=None,
+                           engine=nisa.engine.gpsimd)
+        y = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=y, data=xt, op0=nl.subtract, operand0=mv[:, 0:1], op1=nl.multiply, operand1=rstd)
+        nisa.tensor_tensor(dst=y, data1=y, data2=g[0:rows, :], op=nl.multiply)
+        o = nl.ndarray((rows, D), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=o, data1=y, data2=b[0:rows, :], op=nl.add)
+        nl.store(out[r0:r0 + rows, :], o)
+    return out
+
+
+@nki.jit
+def softmax(x):
+    """Row softmax: exp(x - max) / sum(exp(x - max))."""
+    N, D = x.shape
+    out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range((N + 127) // 128):
+        r0 = i * 128
+        rows = min(128, N - r0)
+        xt = nl.load(x[r0:r0 + rows, :])
+        neg_max = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=xt, axis=1, negate=True)
+        e = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
+        s = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e, op=nl.exp, data=xt, bias=neg_max, reduce_op=nl.add, reduce_res=s,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        inv = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv, data=s)
+        o = nl.ndarray((rows, D), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=o, data=e, op0=nl.multiply, operand0=inv)
+        nl.store(out[r0:r0 + rows, :], o)
+    return out
