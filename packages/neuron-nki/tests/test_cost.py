@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -119,7 +121,7 @@ def test_five_matmul_steps_get_faster_on_trn2():
     K = M = N = 1024
     a, b = bf16(rng.standard_normal((K, M))), bf16(rng.standard_normal((K, N)))
     lat = [step.run(a, b).cost.latency_ns for step in matmul.STEPS[1:]]
-    assert all(x > y for x, y in zip(lat, lat[1:])), lat
+    assert all(x > y for x, y in itertools.pairwise(lat)), lat
     # step 1 (fixed 64×128×512 problem) compared per multiply-accumulate with step 2
     a1, b1 = bf16(rng.standard_normal((128, 64))), bf16(rng.standard_normal((128, 512)))
     basic = matmul.matmul_basic.run(a1, b1).cost

@@ -249,3 +249,27 @@ def test_string_buffer_rejected():
 def test_api_outside_kernel_is_an_error():
     with pytest.raises(nki.NkiError, match="outside of NKI kernels"):
         nl.ndarray((4, 4), nl.float32)
+
+
+def test_rearrange_slice_select(rng):
+    x = rng.standard_normal((8, 12)).astype(np.float32)
+
+    @nki.jit
+    def k(a):
+        t = nl.load(a)
+        r = t.rearrange("p (a b) -> p b a", a=3)
+        assert r.shape == (8, 4, 3)
+        c = nl.ndarray((8, 4, 3), nl.float32)
+        nisa.tensor_copy(dst=c, src=r)
+        o1 = nl.ndarray((8, 4, 3), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o1, src=c)
+        o2 = nl.ndarray((8, 3), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o2, src=t.slice(1, 2, 8, 2))
+        o3 = nl.ndarray((12,), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o3, src=t.select(0, 5))
+        return o1, o2, o3
+
+    o1, o2, o3 = nki.simulate(k)(x)
+    np.testing.assert_array_equal(o1, x.reshape(8, 3, 4).transpose(0, 2, 1))
+    np.testing.assert_array_equal(o2, x[:, 2:8:2])
+    np.testing.assert_array_equal(o3, x[5])

@@ -199,7 +199,7 @@ class Kernel:
         return run
 
     def __call__(self, *args, **kwargs):
-        name, runner = _framework_for(args, kwargs)
+        _, runner = _framework_for(args, kwargs)
         if runner is not None:
             return runner(self, self.grid, args, kwargs)
         if any(_is_foreign_array(v) for v in list(args) + list(kwargs.values())):

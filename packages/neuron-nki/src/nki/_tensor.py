@@ -347,6 +347,49 @@ class NkiTensor:
         alloc.precise, alloc.ready, alloc.read_done, alloc.written = True, 0.0, 0.0, None
         return NkiTensor(alloc, base.view(storage_dtype(dtype, True)), None, self.name)
 
+    def rearrange(self, pattern: str, **sizes) -> NkiTensor:
+        """einops-style view, e.g. ``t.rearrange("p (a b) -> p b a", a=4)`` (split, merge, permute)."""
+        lhs, rhs = (side.strip() for side in pattern.split("->"))
+
+        def groups(side):
+            out, cur, depth = [], None, 0
+            for tok in side.replace("(", " ( ").replace(")", " ) ").split():
+                if tok == "(":
+                    cur, depth = [], 1
+                elif tok == ")":
+                    out.append(cur)
+                    cur, depth = None, 0
+                elif depth:
+                    cur.append(tok)
+                else:
+                    out.append([tok])
+            return out
+
+        lg, rg = groups(lhs), groups(rhs)
+        if len(lg) != self.ndim:
+            raise NkiValidationError(f"rearrange pattern '{lhs}' has {len(lg)} dims, tensor has {self.ndim}",
+                                     location=kernel_location(2))
+        dims: dict[str, int] = dict(sizes)
+        for g, n in zip(lg, self.shape):
+            unknown = [a for a in g if a not in dims]
+            known = math.prod(dims[a] for a in g if a in dims)
+            if len(unknown) > 1:
+                raise NkiValidationError(f"rearrange cannot infer sizes of {unknown}", location=kernel_location(2))
+            if unknown:
+                dims[unknown[0]] = n // known
+        split = self.reshape(tuple(dims[a] for g in lg for a in g))
+        order = [a for g in lg for a in g]
+        perm = split.permute(tuple(order.index(a) for g in rg for a in g))
+        return perm.reshape(tuple(math.prod(dims[a] for a in g) for g in rg)) if any(len(g) > 1 for g in rg) \
+            else perm
+
+    def indirect(self, *args, **kwargs):
+        """Not simulated: use ``.ap(..., vector_offset=...)`` for indirect (gather/scatter) access."""
+        raise NotImplementedError("NkiTensor.indirect is not implemented in the NKI simulator; use "
+                                  ".ap(pattern, vector_offset=..., indirect_dim=...)")
+
+    indirect._nki_unimplemented = True
+
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
         idx = [slice(None)] * self.ndim
         idx[dim] = slice(start, end, step)

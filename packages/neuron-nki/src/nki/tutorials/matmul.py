@@ -21,7 +21,7 @@ TILE_N = 512  # nl.tile_size.gemm_moving_fmax
 @nki.jit
 def matmul_basic(lhsT, rhs):
     """[128, 64]ᵀ × [128, 512] → [64, 512]."""
-    K, M = lhsT.shape
+    _, M = lhsT.shape
     _, N = rhs.shape
     result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
     a = nl.ndarray(lhsT.shape, dtype=lhsT.dtype, buffer=nl.sbuf)
