@@ -301,3 +301,79 @@ def test_backward_on_second_device() -> None:
     (x * x).sum().backward()
     assert x.grad.device == torch.device("neuron:1")
     torch.testing.assert_close(x.grad.cpu(), 2 * x.detach().cpu())
+
+
+# --- saved-tensor hooks, functorch, forward AD, anomaly mode, threads ---------------------------------------------
+
+
+def test_saved_tensors_offloaded_to_cpu() -> None:
+    """`save_on_cpu` packs saved activations to host tensors and moves them back to `neuron` for backward."""
+    x = torch.randn(5, device=DEVICE, requires_grad=True)
+    with torch.autograd.graph.save_on_cpu():
+        (x.exp() * x.sin()).sum().backward()
+    offloaded = x.grad
+    x.grad = None
+    (x.exp() * x.sin()).sum().backward()
+    assert offloaded.device.type == DEVICE
+    torch.testing.assert_close(offloaded, x.grad, atol=0, rtol=0)
+
+
+def test_torch_func_transforms() -> None:
+    def loss(v: torch.Tensor) -> torch.Tensor:
+        return (v.sin() ** 2 * v.cumsum(0)).sum()
+
+    batch = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    tangent = torch.randn(5, generator=torch.Generator().manual_seed(1))
+    results = {}
+    for device in ("cpu", DEVICE):
+        per_sample = torch.func.vmap(torch.func.grad(loss))(batch.to(device))
+        _, jvp = torch.func.jvp(loss, (batch[0].to(device),), (tangent.to(device),))
+        assert per_sample.device.type == device and jvp.device.type == device
+        results[device] = (per_sample.cpu(), jvp.cpu())
+    torch.testing.assert_close(results[DEVICE], results["cpu"])
+
+
+def test_forward_mode_ad() -> None:
+    import torch.autograd.forward_ad as fwad
+
+    primal = torch.tensor([1.0, -2.0, 0.5], device=DEVICE)
+    with fwad.dual_level():
+        dual = fwad.make_dual(primal, torch.ones_like(primal))
+        tangent = fwad.unpack_dual((dual * dual.exp()).sum()).tangent
+    assert tangent.device.type == DEVICE
+    expected = ((1 + primal) * primal.exp()).sum()  # d/dt sum((x + t) e^(x + t)) at t = 0
+    torch.testing.assert_close(tangent.cpu(), expected.cpu())
+
+
+@pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled")
+def test_anomaly_mode_names_the_failing_backward() -> None:
+    x = torch.tensor([-1.0, 4.0], device=DEVICE, requires_grad=True)
+    with pytest.warns(UserWarning, match="Error detected in SqrtBackward0"), torch.autograd.detect_anomaly():
+        with pytest.raises(RuntimeError, match="'SqrtBackward0' returned nan"):
+            x.sqrt().sum().backward()
+
+
+def test_backward_restricted_to_inputs() -> None:
+    a = torch.randn(3, device=DEVICE, requires_grad=True)
+    b = torch.randn(3, device=DEVICE, requires_grad=True)
+    (a * b).sum().backward(inputs=[a])
+    assert b.grad is None
+    torch.testing.assert_close(a.grad, b.detach())
+
+
+def test_backward_in_another_thread() -> None:
+    """Data loaders and trainers call backward off the main thread; the engine must not depend on thread state."""
+    import threading
+
+    results: list[torch.Tensor] = []
+
+    def train_step() -> None:
+        x = torch.tensor([1.0, 2.0], device=DEVICE, requires_grad=True)
+        (x**3).sum().backward()
+        results.append(x.grad)
+
+    worker = threading.Thread(target=train_step)
+    worker.start()
+    worker.join()
+    assert len(results) == 1 and results[0].device.type == DEVICE
+    torch.testing.assert_close(results[0].cpu(), torch.tensor([3.0, 12.0]))
