@@ -206,3 +206,47 @@ def test_simulator_module_entry_points(rng):
     x = rng.standard_normal((128, 4)).astype(np.float32)
     np.testing.assert_array_equal(simulator.simulate_kernel(copy_rows[1], x), x)
     np.testing.assert_array_equal(nki.simulate(copy_rows.fn)(x), x)
+
+
+def test_lnc2_core_barrier_orders_cross_core_hbm_traffic(rng):
+    x = rng.standard_normal((256, 64)).astype(np.float32)
+
+    @nki.jit
+    def k(a):
+        shared = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        swapped = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        c = nl.program_id(0)
+        nl.store(shared[nl.ds(c * 128, 128), :], nl.load(a[nl.ds(c * 128, 128), :]))
+        nisa.core_barrier(shared, (0, 1))
+        other = 1 - c
+        nl.store(swapped[nl.ds(c * 128, 128), :], nl.load(shared[nl.ds(other * 128, 128), :]))
+        return swapped
+
+    out = k[2](x)  # trn2 default LNC=2: two cores
+    np.testing.assert_array_equal(out[:128], x[128:])
+    np.testing.assert_array_equal(out[128:], x[:128])
+
+
+def test_lnc2_sendrecv_ring_and_deadlock(rng):
+    x = rng.standard_normal((256, 16)).astype(np.float32)
+
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        c = nl.program_id(0)
+        mine = nl.load(a[nl.ds(c * 128, 128), :])
+        got = nl.ndarray(mine.shape, mine.dtype)
+        nisa.sendrecv(src=mine, dst=got, send_to_rank=(c + 1) % 2, recv_from_rank=(c + 1) % 2, pipe_id=0)
+        nl.store(out[nl.ds(c * 128, 128), :], got)
+        return out
+
+    out = k[2](x)
+    np.testing.assert_array_equal(out, np.concatenate([x[128:], x[:128]]))
+
+    @nki.jit
+    def bad(a):
+        if nl.program_id(0) == 0:
+            nisa.core_barrier(a, (0, 1))
+
+    with pytest.raises(nki.NkiError, match="deadlock"):
+        bad[2](x)

@@ -16,11 +16,13 @@ A kernel is plain Python executed eagerly (NKI 0.2+ control flow behaves like Py
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import itertools
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -112,24 +114,118 @@ def run_kernel(fn: Callable, args: tuple = (), kwargs: dict | None = None, grid=
 
     w_args = tuple(wrap(a, params[i] if i < len(params) else f"arg{i}") for i, a in enumerate(args))
     w_kwargs = {k: wrap(v, k) for k, v in kwargs.items()}
-    result = None
-    prev = _context.set_current(ctx)
-    blas = _blas.single_threaded()
-    blas.__enter__()
-    try:
-        ids = itertools.product(*(range(d) for d in g)) if g else [()]
-        for i, pid in enumerate(ids):
-            ci = core_assignment(i, pid, n_cores) if core_assignment else i % n_cores
-            ctx.core = cores[ci]
-            ctx.program_id = tuple(pid)
-            ctx.shared_counter = 0
-            r = fn(*w_args, **w_kwargs)
-            if i == 0:
-                result = r
-    finally:
-        blas.__exit__(None, None, None)
-        _context.set_current(prev)
+    ids = list(itertools.product(*(range(d) for d in g))) if g else [()]
+    per_core: list[list[tuple[int, tuple]]] = [[] for _ in cores]
+    for i, pid in enumerate(ids):
+        ci = core_assignment(i, pid, n_cores) if core_assignment else i % n_cores
+        per_core[ci].append((i, tuple(pid)))
+    results: dict[int, Any] = {}
+
+    def run_core(c: int, cctx: LaunchContext) -> None:
+        prev = _context.set_current(cctx)
+        try:
+            with _blas.single_threaded():
+                for i, pid in per_core[c]:
+                    cctx.core = cores[c]
+                    cctx.program_id = pid
+                    cctx.shared_counter = 0
+                    results[i] = fn(*w_args, **w_kwargs)
+        finally:
+            _context.set_current(prev)
+
+    if n_cores == 1:
+        run_core(0, ctx)
+    else:
+        _run_lockstep(ctx, n_cores, run_core)
+    result = results.get(0)
     return KernelRun(_to_host(result, precise), CostReport.from_cores(tgt, cores))
+
+
+class _LockStep:
+    """Deterministic cooperative scheduling of LNC cores on threads: exactly one core runs at a time and the
+    turn passes only when a core finishes or must wait (``core_barrier``, ``sendrecv``), lowest index first."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.cv = threading.Condition()
+        self.turn = 0
+        self.done = [False] * n
+        self.waiting: dict[int, Callable[[], bool]] = {}
+        self.deadlock: str | None = None
+        self.barrier_count = 0
+        self.barrier_gen = 0
+        self.mailbox: dict = {}
+
+    def _pass(self, i: int) -> None:
+        for k in range(1, self.n + 1):
+            j = (i + k) % self.n
+            if not self.done[j] and (j not in self.waiting or self.waiting[j]()):
+                self.turn = j
+                self.cv.notify_all()
+                return
+        if not all(self.done):
+            self.deadlock = ("cores " + ", ".join(str(j) for j in sorted(self.waiting))
+                             + " wait forever (core_barrier/sendrecv not reached by every core)")
+        self.turn = -1
+        self.cv.notify_all()
+
+    def start(self, i: int) -> None:
+        with self.cv:
+            self.cv.wait_for(lambda: self.turn == i or self.deadlock is not None)
+
+    def finish(self, i: int) -> None:
+        with self.cv:
+            self.done[i] = True
+            self._pass(i)
+
+    def wait_until(self, i: int, pred: Callable[[], bool]) -> None:
+        with self.cv:
+            if pred():
+                return
+            self.waiting[i] = pred
+            self._pass(i)
+            self.cv.wait_for(lambda: self.turn == i or self.deadlock is not None)
+            self.waiting.pop(i, None)
+            if self.deadlock is not None and self.turn != i:
+                raise NkiError(f"LNC deadlock: {self.deadlock}", code="err_deadlock")
+
+    def barrier(self, i: int) -> None:
+        with self.cv:
+            gen = self.barrier_gen
+            self.barrier_count += 1
+            if self.barrier_count == self.n:
+                self.barrier_count = 0
+                self.barrier_gen += 1
+        self.wait_until(i, lambda: self.barrier_gen > gen)
+
+
+def _run_lockstep(ctx: LaunchContext, n_cores: int, run_core: Callable) -> None:
+    sched = _LockStep(n_cores)
+    errors: list[tuple[int, BaseException]] = []
+
+    def body(c: int) -> None:
+        cctx = dataclasses.replace(ctx, extra=dict(ctx.extra))
+        cctx.extra["core_barrier"] = lambda: sched.barrier(c)
+        cctx.extra["lnc_sched"] = sched
+        cctx.extra["lnc_core"] = c
+        sched.start(c)
+        try:
+            if sched.deadlock is None:
+                run_core(c, cctx)
+        except BaseException as e:  # re-raised in the caller's thread
+            errors.append((c, e))
+        finally:
+            sched.finish(c)
+
+    threads = [threading.Thread(target=body, args=(c,), name=f"nki-core{c}") for c in range(n_cores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0][1]
+    if sched.deadlock:
+        raise NkiError(f"LNC deadlock: {sched.deadlock}", code="err_deadlock")
 
 
 # -- framework adapters --------------------------------------------------------------------------------------

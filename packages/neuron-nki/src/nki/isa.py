@@ -1128,7 +1128,7 @@ topk = unimplemented("nki.isa.topk", "signature not documented in our references
 
 # -- multi-core / registers ----------------------------------------------------------------------------------
 def core_barrier(data: NkiTensor, cores=(0, 1), engine: engine = engine.gpsimd, name: str | None = None) -> None:
-    """Barrier between the two cores of an LNC2 launch (the launcher runs cores in lock-step threads)."""
+    """Barrier between the cores of an LNC2 launch (cores run as lock-step threads; a no-op with one core)."""
     ctx = _ctx("core_barrier")
     barrier = ctx.extra.get("core_barrier")
     if barrier is not None:
@@ -1136,7 +1136,36 @@ def core_barrier(data: NkiTensor, cores=(0, 1), engine: engine = engine.gpsimd, 
     _charge(ctx, _eng(engine, "gpsimd"), MIN_II, (data,), (), "core_barrier")
 
 
-sendrecv = unimplemented("nki.isa.sendrecv", "needs concurrently running LNC2 cores")
+def sendrecv(src: NkiTensor, dst: NkiTensor, send_to_rank: int, recv_from_rank: int, pipe_id: int,
+             dma_engine=dma_engine.dma, name: str | None = None) -> None:
+    """Send ``src`` to core ``send_to_rank`` and receive ``dst`` from ``recv_from_rank`` (LNC2, SBUF↔SBUF)."""
+    ctx = _ctx("sendrecv")
+    o = "sendrecv"
+    _limits.check_onchip(src, o, "src", ("sbuf",))
+    _limits.check_onchip(dst, o, "dst", ("sbuf",))
+    if src.dtype != dst.dtype or src.shape[0] != dst.shape[0] or src.free_size != dst.free_size:
+        raise NkiValidationError(f"sendrecv src{fmt_shape(src.shape)} {dt.nki_name(src.dtype)} and "
+                                 f"dst{fmt_shape(dst.shape)} {dt.nki_name(dst.dtype)} must match",
+                                 code="err_shape_mismatch", location=kernel_location(2))
+    sched = ctx.extra.get("lnc_sched")
+    me = ctx.extra.get("lnc_core", 0)
+    if sched is None:
+        if send_to_rank == recv_from_rank == me:
+            dst.write(np.asarray(src.read()).reshape(dst.shape))
+        else:
+            raise NkiValidationError("sendrecv between cores needs an LNC2 launch (kernel[2] with "
+                                     "NEURON_LOGICAL_NC_CONFIG=2)", code="err_unsupported_target",
+                                     location=kernel_location(2))
+    else:
+        for r in (send_to_rank, recv_from_rank):
+            if not 0 <= int(r) < sched.n:
+                raise NkiValidationError(f"sendrecv rank {r} out of range for {sched.n} cores",
+                                         location=kernel_location(2))
+        sched.mailbox.setdefault((pipe_id, me, int(send_to_rank)), []).append(np.array(src.read()))
+        key = (pipe_id, int(recv_from_rank), me)
+        sched.wait_until(me, lambda: bool(sched.mailbox.get(key)))
+        dst.write(sched.mailbox[key].pop(0).reshape(dst.shape))
+    ctx.core.timeline.dma(src.size * src.itemsize, src.shape[0], _allocs((src,)), _allocs((dst,)), o)
 
 class VirtualRegister:
     """An engine register holding a 32-bit integer (loop bounds, dynamic offsets)."""
