@@ -124,20 +124,21 @@ def _train(
 
 
 def _assert_same_run(
-    factory: Callable[[], nn.Module], batches: list[Batch], **options: object
+    factory: Callable[[], nn.Module], batches: list[Batch], device: str = "neuron", **options: object
 ) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(0)
     cpu_model = factory()
     neuron_model = copy.deepcopy(cpu_model)
     cpu_losses = _train(cpu_model, batches, "cpu", **options)
-    neuron_losses = _train(neuron_model, batches, "neuron", **options)
+    neuron_losses = _train(neuron_model, batches, device, **options)
 
     assert cpu_losses[-1] < cpu_losses[0]  # the run actually learns, so the comparison means something
     torch.testing.assert_close(neuron_losses, cpu_losses, **TOL)
     cpu_state, neuron_state = cpu_model.state_dict(), neuron_model.state_dict()
     assert cpu_state.keys() == neuron_state.keys()
+    expected_device = torch.empty(0, device=device).device  # "neuron" -> the current neuron:<index>
     for name, value in neuron_state.items():
-        assert value.device.type == "neuron", name
+        assert value.device == expected_device, name
         torch.testing.assert_close(value.cpu(), cpu_state[name], **TOL, msg=lambda m, n=name: f"{n}: {m}")
     return cpu_model, neuron_model
 
@@ -160,6 +161,18 @@ def test_convnet_trains_like_cpu(adamw: dict[str, bool]) -> None:
 
 def test_transformer_block_trains_like_cpu() -> None:
     _assert_same_run(TinyLM, _token_batches())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the C++ device guard reports one device, so the autograd engine asserts on neuron:1 unless backward "
+    "runs with torch.autograd.set_multithreading_enabled(False) (DESIGN.md; not patched yet)",
+)
+def test_trains_on_second_device() -> None:
+    """accelerate and DDP put each process on neuron:<local_rank>: everything must stay on that device."""
+    if torch.neuron.device_count() < 2:
+        pytest.skip("needs two neuron devices")
+    _assert_same_run(ConvNet, _image_batches(), device="neuron:1")
 
 
 @pytest.mark.parametrize("factory, batches", [(ConvNet, _image_batches), (TinyLM, _token_batches)],
