@@ -128,6 +128,8 @@ def test_five_matmul_steps_get_faster_on_trn2():
     assert basic.latency_ns / (64 * 128 * 512) > lat[0] / (K * M * N)
     final = matmul.matmul_fully_optimized.run(a, b).cost
     assert final.utilisation()["tensor"] > 0.3
+    assert final.mfu() == pytest.approx(2 * K * M * N / (final.latency_ns * 2 * 128 * 128 * 2.4))
+    assert 0 < final.mbu() < 1
 
 
 def test_cost_report_summary_and_json():

@@ -273,3 +273,32 @@ def test_rearrange_slice_select(rng):
     np.testing.assert_array_equal(o1, x.reshape(8, 3, 4).transpose(0, 2, 1))
     np.testing.assert_array_equal(o2, x[:, 2:8:2])
     np.testing.assert_array_equal(o3, x[5])
+
+
+def test_write_masked_and_advanced_index_hook(rng):
+    """Core hooks used by the legacy API: ``__nki_index__`` index expressions and masked writes."""
+    x = rng.standard_normal((8, 10)).astype(np.float32)
+
+    class Expr:
+        def __init__(self, arr):
+            self.arr = arr
+
+        def __nki_index__(self):
+            return self.arr
+
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((8, 10), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=a)
+        p = Expr(np.arange(8)[:, None])
+        cols = np.arange(12)[None, :]
+        mask = cols < 10
+        view = out[p, Expr(np.where(mask, cols, 0))]  # clamp masked-out columns, then write only where mask
+        assert view.shape == (8, 12)
+        view.write_masked(np.zeros((8, 12), np.float32) - 1, mask & (np.arange(8)[:, None] % 2 == 0))
+        return out
+
+    out = nki.simulate(k)(x)
+    ref = x.copy()
+    ref[::2, :] = -1
+    np.testing.assert_array_equal(out, ref)

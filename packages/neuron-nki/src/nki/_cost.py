@@ -147,6 +147,21 @@ class CostReport:
         lat = self.latency_ns or 1.0
         return {e: b / lat for e, b in self.engine_busy_ns.items()}
 
+    def mfu(self, peak_flops_per_ns: float | None = None) -> float:
+        """Model FLOPs utilisation: matmul FLOPs / (latency × TensorE bf16 peak of all cores used)."""
+        from ._targets import resolve_target
+
+        t = resolve_target(self.target)
+        peak = peak_flops_per_ns or 2 * 128 * 128 * t.tensor_ghz * max(1, len(self.per_core_latency_ns))
+        return self.flops / ((self.latency_ns or 1.0) * peak)
+
+    def mbu(self) -> float:
+        """Memory-bandwidth utilisation: HBM bytes moved / (latency × per-core HBM bandwidth × cores)."""
+        from ._targets import resolve_target
+
+        t = resolve_target(self.target)
+        return self.hbm_bytes / ((self.latency_ns or 1.0) * t.hbm_bytes_per_ns * max(1, len(self.per_core_latency_ns)))
+
     def to_dict(self) -> dict:
         return {
             "simulated": True, "target": self.target, "latency_ns": self.latency_ns,
@@ -154,13 +169,15 @@ class CostReport:
             "flops": self.flops, "hbm_bytes": self.hbm_bytes, "per_core_latency_ns": list(self.per_core_latency_ns),
             "sbuf_peak_bytes_per_partition": self.sbuf_peak_bytes_per_partition,
             "psum_peak_bytes_per_partition": self.psum_peak_bytes_per_partition,
+            "mfu": self.mfu(), "mbu": self.mbu(),
         }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
 
     def summary(self) -> str:
-        lines = [f"[simulated {self.target}] estimated latency {self.latency_us:.3f} us"]
+        lines = [f"[simulated {self.target}] estimated latency {self.latency_us:.3f} us, MFU {100 * self.mfu():.1f} %, "
+                 f"MBU {100 * self.mbu():.1f} %"]
         for e, b in self.engine_busy_ns.items():
             if b:
                 lines.append(f"  {e:<7} busy {b / 1000.0:10.3f} us ({100.0 * b / (self.latency_ns or 1):5.1f} %)")

@@ -246,6 +246,25 @@ class NkiTensor:
         if a.written is not None:
             self.written_view(set_true=True)
 
+    def write_masked(self, values, mask) -> None:
+        """Store ``values`` only where ``mask`` (bool, broadcastable to ``shape``) is true — legacy ``mask=``."""
+        m = np.broadcast_to(np.asarray(mask, dtype=bool), self._shape)
+        a = self.alloc
+        new = cast_for_store(np.broadcast_to(np.asarray(values), self._shape), a.dtype, a.data.dtype, a.precise)
+        if self.key is None:
+            np.copyto(self.base, new, where=m)
+            if a.written is not None:
+                np.copyto(self.written_view(), True, where=m)
+            return
+        if not all(isinstance(k, (np.ndarray, int, np.integer)) for k in self.key):
+            raise NkiValidationError("masked writes through a mix of slices and index arrays are not supported; "
+                                     "use index arrays for every dimension", location=kernel_location(2))
+        # only the selected elements are written, so clamped (masked-out) duplicate indices never clobber data
+        sel = tuple(np.broadcast_to(np.asarray(k), self._shape)[m] for k in self.key)
+        self.base[sel] = np.broadcast_to(new, self._shape)[m]
+        if a.written is not None:
+            self._map_base(a.written)[sel] = True
+
     def written_view(self, set_true: bool = False):
         """PSUM "has been written" mask for this view (``nc_matmul(accumulate=None)``)."""
         a = self.alloc
