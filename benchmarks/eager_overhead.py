@@ -4,7 +4,7 @@
 
 Every `neuron` op runs a CPU kernel on host memory, so the ratio is the per-op cost the device layer adds
 (dispatch to the Python fallback, host aliasing, result adoption, bookkeeping). Tiny ops show the fixed cost; the
-model forward shows how much of it a realistic workload pays. Both sides are measured in one run with ABBA
+model forward and training step show how much of it a realistic workload pays. Both sides are measured in one run with ABBA
 interleaving on one thread in process CPU time (see `_timing.py`). Each case also checks that both sides compute
 the same result, so a fast wrong answer cannot pass for a speed-up.
 """
@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 from _models import LlamaConfig, TinyLlama
 from _timing import Comparison, compare
+from torch.nn import functional as F
 
 Case = Callable[[str], Callable[[], torch.Tensor]]
 
@@ -55,19 +56,41 @@ def index_16(device: str) -> Callable[[], torch.Tensor]:
     return lambda: a[indices]
 
 
-def llama_forward(device: str) -> Callable[[], torch.Tensor]:
-    """Forward of a 2-layer Llama-style model (hidden 256, seq 128, batch 2), without autograd."""
+def _llama(device: str) -> tuple[TinyLlama, torch.Tensor]:
+    """The benchmark model (2 layers, hidden 256) and a batch of 2 x 128 tokens; the same weights on every device."""
     config = LlamaConfig()
     torch.manual_seed(0)
-    model = copy.deepcopy(TinyLlama(config)).eval().to(device)  # same weights on both devices
+    model = copy.deepcopy(TinyLlama(config)).to(device)
     tokens = torch.randint(0, config.vocab, (2, config.max_len), generator=torch.Generator().manual_seed(0))
-    tokens = tokens.to(device)
+    return model, tokens.to(device)
+
+
+def llama_forward(device: str) -> Callable[[], torch.Tensor]:
+    """Inference forward, without autograd."""
+    model, tokens = _llama(device)
+    model.eval()
 
     def forward() -> torch.Tensor:
         with torch.no_grad():
             return model(tokens)
 
     return forward
+
+
+def llama_train_step(device: str) -> Callable[[], torch.Tensor]:
+    """One next-token training step: forward, backward, AdamW."""
+    model, tokens = _llama(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
 
 
 CASES: dict[str, Case] = {
@@ -77,6 +100,7 @@ CASES: dict[str, Case] = {
     "view (16 -> 4x4)": view_16,
     "index (16[8 idx])": index_16,
     "llama fwd (2L, h256, s128, b2)": llama_forward,
+    "llama train step (fwd+bwd+AdamW)": llama_train_step,
 }
 
 
