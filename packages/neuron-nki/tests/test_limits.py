@@ -260,3 +260,38 @@ def test_trn3_only_instruction_on_trn2():
         nisa.activate2(x, nl.relu, x, 1.0, 0.0, nl.multiply, nl.add)  # <-- here
 
     check(k, (), "only available on NeuronCore-v4 (trn3), target is trn2", "err_unsupported_target")
+
+
+def test_scalar_engine_limits():
+    def k():
+        x = nl.zeros((8, 8), nl.float32)
+        nisa.tensor_scalar(x, x, nl.subtract, 1.0, engine=nisa.engine.scalar)  # <-- here
+
+    check(k, (), "tensor_scalar on the Scalar Engine of trn2 supports (multiply, add)", "err_unsupported_engine")
+
+    def k2():
+        x = nl.zeros((2, 4096 + 1), nl.bfloat16, buffer=nl.psum)
+        d = nl.ndarray((2, 4097), nl.float32)
+        nisa.activation(d, nl.exp, x)  # <-- here
+
+    check(k2, (), "reads 4097 elements per partition from PSUM, exceeding the Scalar Engine limit of 4096")
+
+
+def test_scalar_bias_needs_trn2_or_newer(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+
+    def k():
+        x = nl.zeros((8, 8), nl.float32)
+        nisa.activation(x, nl.exp, x, bias=1.0)  # <-- here
+
+    check(k, (), "bias must be a [8, 1] vector on NeuronCore-v2")
+
+
+def test_error_in_tutorial_kernel_names_tutorial_line():
+    from nki.tutorials import matmul
+
+    a = np.zeros((128, 64), np.float32)
+    b = np.zeros((128, 1024), np.float32)
+    with pytest.raises(nki.NkiValidationError) as ei:
+        matmul.matmul_basic(a, b)  # moving free 1024 > 512
+    assert ei.value.filename.endswith("tutorials/matmul.py") and "nc_matmul" in ei.value.source

@@ -49,8 +49,13 @@ class NkiValidationError(NkiError, AssertionError):
     """A hardware constraint was violated (partition size, PSUM bank, matmul tile, memory type, bounds…)."""
 
 
+_USER_DIRS = [os.path.join(_PKG_DIR, "tutorials")]  # kernels shipped with the package are user code
+
+
 def _is_internal(filename: str) -> bool:
     f = os.path.abspath(filename)
+    if any(f.startswith(d + os.sep) for d in _USER_DIRS):
+        return False
     if any(f.startswith(d + os.sep) for d in _INTERNAL_DIRS):
         return True
     return "numpy" + os.sep in f or "ml_dtypes" + os.sep in f

@@ -334,6 +334,14 @@ def _activation_core(ctx, op_name, dst, op, data, bias, scale, reduce_op, reduce
     _common_checks(op_name, dst, data=data)
     _limits.check_free_size_match(op_name, dst=dst, data=data)
     p = data.shape[0]
+    limit = 4096 if data.buffer.name == "psum" else 65536  # ScalarE free-size limits (arch guide)
+    if data.free_size > limit:
+        raise NkiValidationError(f"'{op_name}' reads {data.free_size} elements per partition from "
+                                 f"{data.buffer.name.upper()}, exceeding the Scalar Engine limit of {limit}",
+                                 code="err_size_of_dimension_exceed_arch_limit", location=kernel_location(3))
+    if bias is not None and not isinstance(bias, NkiTensor) and ctx.target.nc_version < 3:
+        raise NkiValidationError(f"'{op_name}' bias must be a [{p}, 1] vector on NeuronCore-v2 (scalar bias needs "
+                                 "NeuronCore-v3+)", code="err_unsupported_target", location=kernel_location(3))
     x = _f32(data, op_name, "data")
     x2 = _flat2(x)
     if pre is not None:
@@ -454,6 +462,12 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0, operand0, reverse0: bool
     _need_gpsimd_access(o, eng, dst, data)
     p = data.shape[0]
     s0 = resolve(op0)
+    if eng == "scalar" and ctx.target.nc_version == 3:
+        combo = (s0.name, resolve(op1).name if op1 is not None else None)
+        if combo not in (("multiply", "add"), ("multiply", None), ("add", None)):
+            raise NkiValidationError(f"tensor_scalar on the Scalar Engine of trn2 supports (multiply, add), "
+                                     f"(multiply, None) and (add, None); got {combo}", code="err_unsupported_engine",
+                                     location=kernel_location(2))
     x = _flat2(_operand_values(data, s0, o, "data"))
     for spec_op, operand, rev in ((op0, operand0, reverse0), (op1, operand1, reverse1)):
         if spec_op is None:
