@@ -583,3 +583,31 @@ def test_enums():
 def test_unimplemented_raise_naming_function(fn):
     with pytest.raises(NotImplementedError, match=fn):
         getattr(nisa, fn)(None, None, None, None, None) if fn != "topk" else nisa.topk()
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3, ml_dtypes.float8_e5m2])
+def test_low_precision_inputs_compute_fp32_round_once(dtype, rng):
+    a = rng.uniform(-4, 4, (32, 64)).astype(dtype)
+    b = rng.uniform(-4, 4, (32, 64)).astype(dtype)
+    af, bf = a.astype(np.float32), b.astype(np.float32)
+
+    def body(x, y):
+        tt = nl.ndarray(x.shape, dtype)
+        nisa.tensor_tensor(tt, x, y, nl.multiply)
+        ts = nl.ndarray(x.shape, dtype)
+        nisa.tensor_scalar(ts, x, nl.multiply, 0.5, op1=nl.add, operand1=1.0)
+        act = nl.ndarray(x.shape, dtype)
+        nisa.activation(act, nl.tanh, x, scale=0.5)
+        red = nl.ndarray((32, 1), nl.float32)
+        nisa.tensor_reduce(red, nl.add, y, axis=1)
+        out = nl.ndarray((32, 193), nl.float32)
+        for i, t in enumerate((tt, ts, act)):
+            nisa.tensor_copy(out[:, i * 64:(i + 1) * 64], t)
+        nisa.tensor_copy(out[:, 192:193], red)
+        return out
+
+    out = sim(body, a, b)
+    np.testing.assert_array_equal(out[:, 0:64], (af * bf).astype(dtype).astype(np.float32))
+    np.testing.assert_array_equal(out[:, 64:128], (af * 0.5 + 1.0).astype(dtype).astype(np.float32))
+    np.testing.assert_array_equal(out[:, 128:192], np.tanh(af * 0.5).astype(dtype).astype(np.float32))
+    np.testing.assert_allclose(out[:, 192], bf.sum(1), rtol=1e-5, atol=1e-5)

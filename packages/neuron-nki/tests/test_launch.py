@@ -250,3 +250,20 @@ def test_lnc2_sendrecv_ring_and_deadlock(rng):
 
     with pytest.raises(nki.NkiError, match="deadlock"):
         bad[2](x)
+
+
+def test_kernel_called_inside_kernel_is_inlined(rng):
+    @nki.jit
+    def double(t):
+        return nl.multiply(t, 2.0)
+
+    @nki.jit
+    def outer(a):
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, double(nl.load(a)))
+        return out
+
+    x = rng.standard_normal((16, 16)).astype(np.float32)
+    run = outer.run(x)
+    np.testing.assert_allclose(run.outputs, 2 * x)
+    assert run.cost.instruction_counts["multiply"] == 1

@@ -295,6 +295,8 @@ class Kernel:
         return run
 
     def __call__(self, *args, **kwargs):
+        if _context.current() is not None:  # a kernel called from a running kernel is inlined (sub-kernel)
+            return self.fn(*args, **kwargs)
         _, runner = _framework_for(args, kwargs)
         if runner is not None:
             return runner(self, self.grid, args, kwargs)
