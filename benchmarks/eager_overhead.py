@@ -4,9 +4,9 @@
 
 Every `neuron` op runs a CPU kernel on host memory, so the ratio is the per-op cost the device layer adds
 (dispatch to the Python fallback, host aliasing, result adoption, bookkeeping). Tiny ops show the fixed cost; the
-model forward and training step show how much of it a realistic workload pays. Both sides are measured in one run with ABBA
-interleaving on one thread in process CPU time (see `_timing.py`). Each case also checks that both sides compute
-the same result, so a fast wrong answer cannot pass for a speed-up.
+model forward and training step show how much of it a realistic workload pays. Both sides are measured in one run
+with ABBA interleaving on one thread in process CPU time (see `_timing.py`). Each case also checks that both sides
+compute the same result, so a fast wrong answer cannot pass for a speed-up.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -19,3 +20,23 @@ def test_quickstart_matches_cpu() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "device:     neuron:0" in run.stdout
     assert "aten::" in run.stdout  # the op report is printed
+
+
+BENCHMARKS = EXAMPLES.parent / "benchmarks"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not BENCHMARKS.is_dir(), reason="benchmarks/ is not shipped with the wheel")
+def test_eager_overhead_benchmark_reports_every_case() -> None:
+    """The benchmark runs and its JSON is complete (its numbers are for reading, not for asserting)."""
+    run = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "eager_overhead.py"), "--json", "--rounds", "5"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["threads"] == 1 and report["rounds"] == 5
+    cases = [row["case"] for row in report["results"]]
+    assert any(case.startswith("add") for case in cases) and any(case.startswith("llama fwd") for case in cases)
+    for row in report["results"]:
+        assert row["neuron_us"] > 0 and row["cpu_us"] > 0 and row["ratio"] > 0 and row["calls_per_sample"] >= 1
