@@ -1,0 +1,266 @@
+"""Legacy tiles: the core's ``NkiTensor`` plus NKI 0.1 indexing (``nl.arange`` expressions) and masked access.
+
+Why a subclass and not a second tensor type: every instruction of the shared core accepts these tiles unchanged,
+so the legacy API only adds what NKI 0.1 kernels need on top:
+
+* ``t[i_p, i_f]`` with index expressions. Affine single-axis expressions in dimension order become plain strided
+  views (fast, writable, reshapable); anything else becomes a gather (the core's advanced-index ``key``).
+* Ragged tiles: an access that runs past the tensor (``a[i * 128 + i_p, i_f]`` on the last tile) does not fail at
+  indexing time. It remembers which elements are out of bounds (``oob``); using it without a ``mask=`` that
+  excludes them raises ``err_tensor_access_out_of_bound`` with the documented message.
+* Arithmetic sugar (``a + b``, ``psum += nl.matmul(...)``) routed to the legacy ``nl`` functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nki import _context
+from nki import isa as core_isa
+from nki._dtypes import cast_for_store, uninit_value
+from nki._errors import NkiValidationError, fmt_shape, kernel_location
+from nki._tensor import DynSlice, NkiTensor, psum
+
+from ._index import IndexExpr, as_mask
+
+__all__ = ["LegacyTile", "check_access", "mask_array", "masked_write", "wrap"]
+
+
+class LegacyTile(NkiTensor):
+    """A legacy tile or tensor view; ``oob`` is ``(bool array, message)`` for a partly out-of-bounds access."""
+
+    __slots__ = ("oob",)
+
+    def __init__(self, alloc, base, key=None, name=None, oob=None):
+        super().__init__(alloc, base, key, name)
+        self.oob = oob
+
+    # -- indexing --------------------------------------------------------------------------------------------
+    def __getitem__(self, idx) -> LegacyTile:
+        return legacy_index(self, idx)
+
+    def __setitem__(self, idx, value) -> None:
+        """``t[...] = value``: a copy (tile) or memset (scalar) into the addressed elements."""
+        dst = self[idx]
+        check_access(dst, None, kernel_location(2))
+        if isinstance(value, NkiTensor):
+            check_access(value, None, kernel_location(2))
+            if value.shape != dst.shape and value.size == dst.size and value.key is None:
+                value = value.reshape(dst.shape)
+            core_isa.tensor_copy(dst, value)
+        else:
+            core_isa.memset(dst, value)
+
+    # -- views ----------------------------------------------------------------------------------------------
+    def reshape(self, *shape) -> LegacyTile:
+        return wrap(super().reshape(*shape))
+
+    def permute(self, *dims) -> LegacyTile:
+        return wrap(super().permute(*dims))
+
+    def broadcast_to(self, shape) -> LegacyTile:
+        return wrap(super().broadcast_to(shape))
+
+    def expand_dims(self, axis: int) -> LegacyTile:
+        return wrap(super().expand_dims(axis))
+
+    def view(self, dtype) -> LegacyTile:
+        return wrap(super().view(dtype))
+
+    # -- arithmetic sugar ------------------------------------------------------------------------------------
+    def _bin(self, other, op, reverse=False):
+        from . import language as nl
+
+        f = getattr(nl, op)
+        return f(other, self) if reverse else f(self, other)
+
+    def __pow__(self, o):
+        return self._bin(o, "power")
+
+    def __rpow__(self, o):
+        return self._bin(o, "power", True)
+
+    def __neg__(self):
+        from . import language as nl
+
+        return nl.negative(self)
+
+    def __iadd__(self, o):
+        """``acc += x``: PSUM accumulation of a matmul result costs nothing extra (the PE array accumulates)."""
+        from . import language as nl
+
+        if self.buffer is psum and isinstance(o, NkiTensor) and o.buffer is psum:
+            check_access(o, None, kernel_location(2))
+            vals = np.asarray(o.read_f32()).reshape(self.shape) if o.shape != self.shape else o.read_f32()
+            self.write(self.read_f32() + vals)
+            return self
+        res = nl.add(self, o, dtype=self.dtype)
+        self.write(res.read())
+        return self
+
+    def __isub__(self, o):
+        from . import language as nl
+
+        self.write(nl.subtract(self, o, dtype=self.dtype).read())
+        return self
+
+    def __imul__(self, o):
+        from . import language as nl
+
+        self.write(nl.multiply(self, o, dtype=self.dtype).read())
+        return self
+
+
+def wrap(x):
+    """Core tensors (possibly nested in tuples/lists) as :class:`LegacyTile`."""
+    if isinstance(x, LegacyTile) or not isinstance(x, (NkiTensor, tuple, list)):
+        return x
+    if isinstance(x, NkiTensor):
+        return LegacyTile(x.alloc, x.base, x.key, x.name)
+    return type(x)(wrap(v) for v in x)
+
+
+# -- legacy indexing -----------------------------------------------------------------------------------------
+def _fail(msg: str, code: str, loc=None):
+    raise NkiValidationError(msg, code=code, location=loc or kernel_location(3))
+
+
+def _expand(idx: tuple, ndim: int, name: str) -> tuple:
+    real = [k for k in idx if k is not Ellipsis]
+    if any(k is None for k in real):
+        _fail("None (new axis) cannot be mixed with nl.arange index expressions", "err_unsupported_index")
+    if len(real) > ndim:
+        _fail(f"too many indices for tensor `{name}` with {ndim} dimensions", "err_tensor_access_out_of_bound")
+    fill = (slice(None),) * (ndim - len(real))
+    if any(k is Ellipsis for k in idx):
+        pos = next(i for i, k in enumerate(idx) if k is Ellipsis)
+        return tuple(idx[:pos]) + fill + tuple(k for k in idx[pos + 1:])
+    return tuple(idx) + fill
+
+
+def _range_of(k, n: int) -> tuple[int, int, int]:
+    if isinstance(k, DynSlice):
+        return int(k.start), int(k.size), int(k.step)
+    start, stop, step = k.indices(n)
+    return start, max(0, (stop - start + (step - (1 if step > 0 else -1))) // step), step
+
+
+def legacy_index(t: NkiTensor, idx) -> LegacyTile:
+    """Index ``t`` the NKI 0.1 way; see module docstring."""
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    if not any(isinstance(k, IndexExpr) for k in idx):
+        return wrap(NkiTensor.__getitem__(t, idx))
+    if t.key is not None:
+        _fail("indexing a gathered (index-expression) view again is not supported; index the tensor once",
+              "err_unsupported_index")
+    shape = t.shape
+    idx = _expand(idx, len(shape), t.name)
+    exprs = [k for k in idx if isinstance(k, IndexExpr)]
+    if any(e.ndim == 1 for e in exprs) and len(shape) > 1:
+        _fail("1D arange is not supported as a tensor index; place it on an axis, e.g. nl.arange(128)[:, None] "
+              "for the partition dimension and nl.arange(512)[None, :] for a free dimension",
+              "err_1d_arange_not_supported")
+    free_pos = [d for d, k in enumerate(idx) if not isinstance(k, (int, np.integer))]
+    rank = max([e.ndim for e in exprs] + [len(free_pos)])
+    arrays: list[np.ndarray] = []
+    slice_like: list[tuple | None] = []  # (start, count, step) of an equivalent slice, per dimension
+    for d, k in enumerate(idx):
+        if isinstance(k, (int, np.integer)):
+            v = int(k) + (shape[d] if int(k) < 0 else 0)
+            arrays.append(np.asarray(v, dtype=np.int64))
+            slice_like.append(None)
+            continue
+        axis = free_pos.index(d) + (rank - len(free_pos))
+        if isinstance(k, (slice, DynSlice)):
+            start, count, step = _range_of(k, shape[d])
+            vals = start + step * np.arange(count, dtype=np.int64)
+            s = [1] * rank
+            s[axis] = count
+            arrays.append(vals.reshape(s))
+            slice_like.append((start, count, step))
+            continue
+        if not isinstance(k, IndexExpr):
+            _fail(f"unsupported index {k!r} mixed with nl.arange expressions", "err_unsupported_index")
+        vals = k.values.reshape((1,) * (rank - k.ndim) + k.shape)
+        arrays.append(vals)
+        shift = rank - k.ndim
+        terms = None if k.terms is None else {a + shift: c for a, c in k.terms.items()}
+        ok = terms is not None and set(terms) == {axis} and terms[axis] > 0 and rank == len(free_pos)
+        slice_like.append((k.offset, vals.shape[axis], terms[axis]) if ok else ("gather",))
+    try:
+        full = np.broadcast_shapes(*(a.shape for a in arrays))
+    except ValueError:
+        _fail(f"index expressions for tensor `{t.name}` have incompatible shapes "
+              f"{[a.shape for a in arrays]}", "err_shape_mismatch")
+    oob = None
+    msg = None
+    for d, a in enumerate(arrays):
+        if a.size == 0:
+            continue
+        lo, hi = int(a.min()), int(a.max())
+        if lo < 0 or hi >= shape[d]:
+            bad = np.broadcast_to((a < 0) | (a >= shape[d]), full)
+            oob = bad if oob is None else (oob | bad)
+            if msg is None:
+                msg = (f"Out-of-bound access for tensor `{t.name}` on dimension {d}: index range [{lo}, {hi}] "
+                       f"exceed dimension size of {shape[d]}")
+            arrays[d] = np.clip(a, 0, shape[d] - 1)
+    if oob is None and all(s is None or s[0] != "gather" for s in slice_like):
+        basic = tuple(int(a) if s is None else slice(s[0], s[0] + s[2] * (s[1] - 1) + 1, s[2])
+                      for a, s in zip(arrays, slice_like))
+        return wrap(NkiTensor.__getitem__(t, basic))
+    key = tuple(np.broadcast_to(a, full) for a in arrays)
+    return LegacyTile(t.alloc, t.base, key, t.name, None if oob is None else (np.array(oob), msg))
+
+
+# -- masks -----------------------------------------------------------------------------------------------------
+def mask_array(mask, shape: tuple[int, ...], what: str = "tile") -> np.ndarray | None:
+    """``mask=`` as a bool array of ``shape`` (None: unmasked)."""
+    try:
+        return as_mask(mask, tuple(shape))
+    except ValueError:
+        m = getattr(mask, "values", mask)
+        _fail(f"mask of shape {fmt_shape(np.shape(m))} does not match {what} shape {fmt_shape(shape)}",
+              "err_shape_mismatch")
+
+
+def check_access(t, mask, loc=None) -> None:
+    """Raise ``err_tensor_access_out_of_bound`` if ``t`` touches elements outside its tensor that ``mask`` keeps."""
+    oob = getattr(t, "oob", None)
+    if oob is None:
+        return
+    bad, msg = oob
+    m = mask_array(mask, t.shape) if mask is not None else None
+    if (bad if m is None else (bad & m)).any():
+        raise NkiValidationError(msg, code="err_tensor_access_out_of_bound", location=loc or kernel_location(3))
+
+
+def masked_write(dst: NkiTensor, values, m: np.ndarray | None) -> None:
+    """Write ``values`` (broadcastable to ``dst``) only where ``m`` is true, rounding to ``dst``'s dtype."""
+    if m is None:
+        dst.write(values)
+        return
+    a = dst.alloc
+    v = np.broadcast_to(np.asarray(values), dst.shape)[m]
+    v = cast_for_store(v, a.dtype, a.data.dtype, a.precise)
+    if dst.key is None:
+        dst.base[m] = v
+    else:
+        dst.base[tuple(np.broadcast_to(k, dst.shape)[m] for k in dst.key)] = v
+    if a.written is not None:  # PSUM: remember which elements hold data (matmul accumulation)
+        if dst.key is None:
+            dst.written_view()[m] = True
+        else:
+            dst._map_base(a.written)[tuple(np.broadcast_to(k, dst.shape)[m] for k in dst.key)] = True
+
+
+def unwritten_outside(t: NkiTensor, m: np.ndarray | None) -> None:
+    """A masked instruction leaves its fresh result tile unwritten (NaN / 4) where the mask is false."""
+    if m is None or m.all():
+        return
+    t.base[~m] = uninit_value(t.dtype)
+
+
+def require_ctx(api: str):
+    return _context.require(api)

@@ -1,0 +1,549 @@
+"""``neuronxcc.nki.language`` (legacy ``nl``, NKI 0.1): tile-returning functions on the shared simulator core.
+
+Every function here delegates to the current API (``nki.language`` / ``nki.isa``) for validation, numerics and
+cost, and adds only the legacy surface:
+
+* keyword-only ``mask=`` (a predicate over the result tile; unselected elements stay unwritten, or for
+  ``load``/``store`` untouched) and ``dtype=``;
+* NKI 0.1 type promotion (``(float16, bfloat16) -> float32``, weak Python scalars count as int32/float32);
+* partition-aligned broadcasting (a ``[P]`` tile from ``nl.sum(x, axis=1)`` combines with a ``[P, F]`` tile);
+* reductions over any list of free axes (``nl.sum(t, axis=[2, 4])`` in the average-pool tutorial);
+* ``nl.arange``/``nl.mgrid`` index expressions, ``nl.par_dim`` (with deprecated block dimensions),
+  ``nl.spmd_dim``/``nl.nc``;
+* results are :class:`~neuronxcc.nki._tile.LegacyTile` so they can be indexed with index expressions.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import warnings
+
+import numpy as np
+
+import nki.isa as _cisa
+import nki.language as _cnl
+from nki import _context
+from nki import _dtypes as _dt
+from nki._cost import MIN_II
+from nki._dtypes import (
+    bfloat16,
+    bool_,
+    float8_e4m3,
+    float8_e5m2,
+    float16,
+    float32,
+    int8,
+    int16,
+    int32,
+    tfloat32,
+    uint8,
+    uint16,
+    uint32,
+)
+from nki._errors import NkiValidationError, kernel_location, unimplemented
+from nki._ops import resolve
+from nki._tensor import BUFFERS, Buffer, NkiTensor, allocate, hbm, private_hbm, psum, sbuf, shared_hbm
+from nki.language import (
+    affine_range,
+    bf16,
+    ds,
+    finfo,
+    fp16,
+    fp32,
+    program_id,
+    program_ndim,
+    sequential_range,
+    static_cast,
+    static_range,
+    tile_size,
+)
+
+from ._index import Predicate, arange, mgrid, nc, par_dim, spmd_dim
+from ._tile import LegacyTile, check_access, mask_array, masked_write, unwritten_outside, wrap
+
+__all__ = [  # noqa: RUF022 - grouped by topic
+    "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float16", "float32", "bfloat16", "tfloat32",
+    "float8_e4m3", "float8_e5m2", "fp32", "bf16", "fp16", "finfo", "tile_size",
+    "sbuf", "psum", "hbm", "private_hbm", "shared_hbm", "par_dim",
+    "ndarray", "zeros", "ones", "full", "rand", "empty_like", "zeros_like", "ones_like", "shared_constant",
+    "shared_identity_matrix", "random_seed",
+    "load", "store", "load_transpose2d", "atomic_rmw",
+    "arange", "mgrid", "ds", "spmd_dim", "nc", "Predicate",
+    "affine_range", "sequential_range", "static_range", "program_id", "num_programs", "program_ndim",
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "fmod", "mod", "equal", "not_equal",
+    "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
+    "exp", "log", "sqrt", "rsqrt", "reciprocal", "abs", "negative", "sign", "square", "sin", "cos", "tan",
+    "arctan", "tanh", "ceil", "floor", "trunc", "invert", "logical_not", "sigmoid", "relu", "gelu", "gelu_dx",
+    "gelu_apprx_tanh", "gelu_apprx_sigmoid", "silu", "silu_dx", "softplus", "mish", "erf", "erf_dx", "copy",
+    "sum", "max", "min", "mean", "prod", "all", "var", "loop_reduce", "all_reduce",
+    "matmul", "transpose", "softmax", "rms_norm", "where", "dropout", "expand_dims", "broadcast_to",
+    "gather_flattened", "device_print", "static_cast", "gemm_grid",
+]
+
+_bmax = builtins.max
+
+
+# -- dtype promotion (legacy rules) --------------------------------------------------------------------------
+def _dtype_of(x) -> np.dtype:
+    """Operand dtype; weak Python scalars count as the widest hardware type (bool→uint8, int→int32, float→fp32)."""
+    if isinstance(x, NkiTensor):
+        return x.dtype
+    if isinstance(x, (bool, np.bool_)):
+        return uint8
+    if isinstance(x, np.generic):
+        return x.dtype
+    if isinstance(x, int):
+        return int32
+    return float32
+
+
+def _promote2(a: np.dtype, b: np.dtype) -> np.dtype:
+    if a == b:
+        return a
+    a = uint8 if a == bool_ else a
+    b = uint8 if b == bool_ else b
+    fa, fb = _dt.is_float(a), _dt.is_float(b)
+    if fa != fb:
+        return a if fa else b
+    if fa:
+        pair = {_dt.nki_name(a), _dt.nki_name(b)}
+        if pair == {"float16", "bfloat16"}:
+            return float32
+        if pair == {"float8_e4m3", "float8_e5m2"}:
+            return bfloat16
+        if "tfloat32" in pair and "float32" in pair:
+            return float32
+        return a if a.itemsize >= b.itemsize else b
+    if (a.kind == "i") == (b.kind == "i"):
+        return a if a.itemsize >= b.itemsize else b
+    s, u = (a, b) if a.kind == "i" else (b, a)
+    if s.itemsize > u.itemsize:
+        return s
+    return {1: int16, 2: int32}.get(u.itemsize, float32)
+
+
+def promote(*xs) -> np.dtype:
+    """Result dtype of an arithmetic operation on ``xs`` under the NKI 0.1 promotion rules."""
+    out = _dtype_of(xs[0])
+    for x in xs[1:]:
+        out = _promote2(out, _dtype_of(x))
+    return out
+
+
+# -- shared plumbing -----------------------------------------------------------------------------------------
+def _checked(mask, *xs) -> None:
+    """Operands that are partly out-of-bounds accesses are only legal when ``mask`` excludes those elements."""
+    for x in xs:
+        if isinstance(x, NkiTensor):
+            check_access(x, mask, kernel_location(3))
+
+
+def _masked(result: NkiTensor, mask) -> LegacyTile:
+    """Wrap a fresh result tile, leaving it unwritten where ``mask`` is false."""
+    r = wrap(result)
+    unwritten_outside(r, mask_array(mask, r.shape, "result"))
+    return r
+
+
+def _append_ones(t: NkiTensor, n: int) -> NkiTensor:
+    if t.key is not None:
+        return LegacyTile(t.alloc, t.base, tuple(np.reshape(k, k.shape + (1,) * n) for k in t.key), t.name)
+    return t.reshape(t.shape + (1,) * n)
+
+
+def _align(x, y):
+    """Partition-aligned broadcasting: the lower-rank tile gets trailing size-1 free dims."""
+    if isinstance(x, NkiTensor) and isinstance(y, NkiTensor) and x.ndim != y.ndim:
+        if x.ndim < y.ndim:
+            x = _append_ones(x, y.ndim - x.ndim)
+        else:
+            y = _append_ones(y, x.ndim - y.ndim)
+    return x, y
+
+
+def _charge(engine: str, cycles: float, reads, writes, name: str) -> None:
+    _cisa._charge(_context.require(name), engine, cycles, reads, writes, name)
+
+
+# -- memory ----------------------------------------------------------------------------------------------------
+def _resolve_buffer(buffer) -> Buffer:
+    if buffer is None:
+        return sbuf
+    if isinstance(buffer, Buffer):
+        return buffer
+    if isinstance(buffer, str) and buffer in BUFFERS:
+        return BUFFERS[buffer]
+    inner = getattr(buffer, "buffer", None)  # nki.compiler allocators (sbuf.mod_alloc(...), psum.auto_alloc())
+    if isinstance(inner, Buffer):
+        return inner
+    raise NkiValidationError(f"unsupported buffer {buffer!r}", code="err_unsupported_memory",
+                             location=kernel_location(3))
+
+
+def _alloc(shape, dtype, buffer, name: str, api: str, fill=None) -> LegacyTile:
+    """Allocate, honouring ``nl.par_dim``: dimensions before it are (deprecated) block dimensions, stored
+    partition-first so SBUF/PSUM accounting counts ``blocks × free`` bytes per partition."""
+    buf = _resolve_buffer(buffer)
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    pd = next((i for i, s in enumerate(shape) if isinstance(s, par_dim)), 0)
+    if pd and buf.on_chip:
+        warnings.warn(f"tensor '{name or api}' has block dimensions {shape[:pd]} before the partition dimension; "
+                      "block dimensions are deprecated (NKI 2.24) - use a list of tiles instead",
+                      DeprecationWarning, stacklevel=3)
+        stored = (shape[pd], *shape[:pd], *shape[pd + 1:])
+        t = allocate(stored, dtype, buf, name, fill=fill, api=api)
+        order = (*tuple(range(1, pd + 1)), 0, *tuple(range(pd + 1, len(shape))))
+        t = t.permute(order)
+    else:
+        t = allocate(tuple(int(s) for s in shape), dtype, buf, name, fill=fill, api=api)
+    if fill is not None and buf.on_chip:  # a memset on the Vector Engine, as the core's nl.zeros
+        n = t.size // (t.shape[pd] if t.shape else 1)
+        _charge("vector", _bmax(MIN_II, n // 2 if fill == 0 and t.itemsize == 2 else n), (), (t,), "memset")
+    return wrap(t)
+
+
+def ndarray(shape, dtype, *, buffer=None, name: str = "", **kwargs) -> LegacyTile:
+    """A new uninitialised (NaN / 4-filled) tensor; ``buffer`` defaults to SBUF."""
+    return _alloc(shape, dtype, buffer, name, "ndarray")
+
+
+def zeros(shape, dtype, *, buffer=None, name: str = "", **kwargs) -> LegacyTile:
+    """A new tensor of zeros (on-chip: one memset)."""
+    return _alloc(shape, dtype, buffer, name, "zeros", fill=0)
+
+
+def ones(shape, dtype, *, buffer=None, name: str = "", **kwargs) -> LegacyTile:
+    """A new tensor of ones."""
+    return _alloc(shape, dtype, buffer, name, "ones", fill=1)
+
+
+def full(shape, fill_value, dtype, *, buffer=None, name: str = "", **kwargs) -> LegacyTile:
+    """A new tensor filled with ``fill_value``."""
+    return _alloc(shape, dtype, buffer, name, "full", fill=fill_value)
+
+
+def rand(shape, dtype=float32, *, buffer=None, name: str = "", **kwargs) -> LegacyTile:
+    """Uniform [0, 1) random values (seeded by ``nl.random_seed``)."""
+    return wrap(_cnl.rand(shape, dtype, _resolve_buffer(buffer), name))
+
+
+def empty_like(a: NkiTensor, dtype=None, *, buffer=None, name: str = "", **kwargs) -> LegacyTile:
+    return ndarray(a.shape, dtype or a.dtype, buffer=buffer or a.buffer, name=name)
+
+
+def zeros_like(a: NkiTensor, dtype=None, *, buffer=None, name: str = "", **kwargs) -> LegacyTile:
+    return zeros(a.shape, dtype or a.dtype, buffer=buffer or a.buffer, name=name)
+
+
+def ones_like(a: NkiTensor, dtype=None, *, buffer=None, name: str = "", **kwargs) -> LegacyTile:
+    return ones(a.shape, dtype or a.dtype, buffer=buffer or a.buffer, name=name)
+
+
+def shared_constant(constant, dtype=None, **kwargs) -> LegacyTile:
+    """An HBM tensor holding a host constant."""
+    return wrap(_cnl.shared_constant(constant, dtype))
+
+
+def shared_identity_matrix(n: int, dtype=uint8, **kwargs) -> LegacyTile:
+    """An ``n × n`` identity matrix in HBM."""
+    return wrap(_cnl.shared_identity_matrix(n, dtype))
+
+
+def random_seed(seed, *, mask=None, **kwargs) -> None:
+    """Seed the simulator's random generator."""
+    _cnl.random_seed(seed)
+
+
+def num_programs(axes=None) -> int:
+    """Instances along ``axes`` (legacy default: all instances of the launch grid)."""
+    return _cnl.num_programs(axes)
+
+
+def device_print(prefix: str, x, *, mask=None, **kwargs) -> None:
+    """Print a tile from inside a kernel (works in simulation, as with the legacy simulator)."""
+    _cnl.device_print(prefix, x)
+
+
+# -- data movement -----------------------------------------------------------------------------------------------
+def _dma_charge(nbytes: int, rows: int, src, dst, api: str) -> None:
+    ctx = _context.require(api)
+    hbm_bytes = nbytes if (not src.buffer.on_chip or not dst.buffer.on_chip) else 0
+    ctx.core.timeline.dma(nbytes, rows, _cisa._allocs((src,)), _cisa._allocs((dst,)), api, hbm_bytes)
+
+
+def load(src: NkiTensor, *, mask=None, dtype=None, **kwargs) -> LegacyTile:
+    """HBM → new SBUF tile (DMA). With ``mask`` only the selected elements are read (ragged last tiles)."""
+    _context.require("load")
+    check_access(src, mask, kernel_location(2))
+    m = mask_array(mask, src.shape, "load source")
+    if m is None:
+        return wrap(_cnl.load(src, dtype=dtype))
+    t = _alloc(src.shape, dtype or src.dtype, sbuf, "load", "load")
+    masked_write(t, np.asarray(src.read(), dtype=np.float32) if _dt.is_float(t.dtype) else src.read(), m)
+    _dma_charge(int(m.sum()) * t.itemsize, t.shape[0] if t.ndim else 1, src, t, "load")
+    return t
+
+
+def store(dst: NkiTensor, value, *, mask=None, **kwargs) -> None:
+    """Tile (or scalar) → HBM (DMA; PSUM tiles are copied to SBUF first). With ``mask`` only selected elements
+    are written."""
+    _context.require("store")
+    check_access(dst, mask, kernel_location(2))
+    if isinstance(value, NkiTensor):
+        check_access(value, mask, kernel_location(2))
+    m = mask_array(mask, dst.shape, "store destination")
+    if m is None:
+        _cnl.store(dst, value)
+        return
+    if isinstance(value, NkiTensor) and value.buffer is psum:
+        value = copy(value)
+    vals = value.read() if isinstance(value, NkiTensor) else value
+    if isinstance(value, NkiTensor) and value.shape != dst.shape and value.size == dst.size:
+        vals = np.reshape(vals, dst.shape)
+    masked_write(dst, np.asarray(vals, dtype=np.float32) if _dt.is_float(dst.dtype) else vals, m)
+    src = value if isinstance(value, NkiTensor) else dst
+    _dma_charge(int(m.sum()) * dst.itemsize, dst.shape[0] if dst.ndim else 1, src, dst, "store")
+
+
+def load_transpose2d(src: NkiTensor, *, mask=None, dtype=None, **kwargs) -> LegacyTile:
+    """Load a 2-D HBM region transposed into SBUF."""
+    _checked(mask, src)
+    return _masked(_cnl.load_transpose2d(src, dtype=dtype), mask)
+
+
+def atomic_rmw(dst: NkiTensor, value, op, *, mask=None, **kwargs) -> None:
+    """``dst = op(dst, value)`` on an HBM region."""
+    _checked(mask, dst, value)
+    if mask is not None:
+        raise NkiValidationError("atomic_rmw with mask= is not supported by the simulator",
+                                 code="err_unsupported_mask", location=kernel_location(2))
+    _cnl.atomic_rmw(dst, value, op)
+
+
+# -- element-wise ---------------------------------------------------------------------------------------------------
+def _make_binary(name: str, default_dtype=None):
+    core_fn = getattr(_cnl, name)
+
+    def f(x, y, *, dtype=default_dtype, mask=None, **kwargs):
+        _checked(mask, x, y)
+        a, b = _align(x, y)
+        return _masked(core_fn(a, b, dtype=dtype if dtype is not None else promote(x, y)), mask)
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"Element-wise ``{name}(x, y)`` as a new tile (legacy promotion and broadcasting; ``mask=``)."
+    f._nki_op = name
+    return f
+
+
+def _make_unary(name: str):
+    core_fn = getattr(_cnl, name)
+
+    def f(x, *, dtype=None, mask=None, **kwargs):
+        _checked(mask, x)
+        r = core_fn(x, dtype=dtype)
+        return _masked(r, mask) if isinstance(r, NkiTensor) else r
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"Element-wise ``{name}(x)`` as a new tile (float32 math; ``mask=``)."
+    f._nki_op = name
+    return f
+
+
+add = _make_binary("add")
+subtract = _make_binary("subtract")
+multiply = _make_binary("multiply")
+divide = _make_binary("divide")
+maximum = _make_binary("maximum")
+minimum = _make_binary("minimum")
+power = _make_binary("power")
+fmod = _make_binary("fmod")
+mod = _make_binary("mod")
+bitwise_and = _make_binary("bitwise_and")
+bitwise_or = _make_binary("bitwise_or")
+bitwise_xor = _make_binary("bitwise_xor")
+left_shift = _make_binary("left_shift")
+right_shift = _make_binary("right_shift")
+equal = _make_binary("equal", bool_)
+not_equal = _make_binary("not_equal", bool_)
+less = _make_binary("less", bool_)
+less_equal = _make_binary("less_equal", bool_)
+greater = _make_binary("greater", bool_)
+greater_equal = _make_binary("greater_equal", bool_)
+logical_and = _make_binary("logical_and", bool_)
+logical_or = _make_binary("logical_or", bool_)
+logical_xor = _make_binary("logical_xor", bool_)
+exp = _make_unary("exp")
+log = _make_unary("log")
+sqrt = _make_unary("sqrt")
+rsqrt = _make_unary("rsqrt")
+reciprocal = _make_unary("reciprocal")
+abs = _make_unary("abs")
+negative = _make_unary("negative")
+sign = _make_unary("sign")
+square = _make_unary("square")
+sin = _make_unary("sin")
+cos = _make_unary("cos")
+tan = _make_unary("tan")
+arctan = _make_unary("arctan")
+tanh = _make_unary("tanh")
+ceil = _make_unary("ceil")
+floor = _make_unary("floor")
+trunc = _make_unary("trunc")
+invert = _make_unary("invert")
+logical_not = _make_unary("logical_not")
+sigmoid = _make_unary("sigmoid")
+relu = _make_unary("relu")
+gelu = _make_unary("gelu")
+gelu_dx = _make_unary("gelu_dx")
+gelu_apprx_tanh = _make_unary("gelu_apprx_tanh")
+gelu_apprx_sigmoid = _make_unary("gelu_apprx_sigmoid")
+silu = _make_unary("silu")
+silu_dx = _make_unary("silu_dx")
+softplus = _make_unary("softplus")
+mish = _make_unary("mish")
+erf = _make_unary("erf")
+erf_dx = _make_unary("erf_dx")
+copy = _make_unary("copy")
+
+
+# -- reductions -----------------------------------------------------------------------------------------------------
+def _axes(x: NkiTensor, axis, api: str) -> tuple[int, ...]:
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = tuple(sorted({int(a) % x.ndim for a in axes}))
+    if 0 in axes:
+        raise NkiValidationError(f"'{api}' cannot reduce the partition axis (axis 0)", code="err_unsupported_axis",
+                                 location=kernel_location(3))
+    return axes
+
+
+def _reduce(api: str, op: str, x: NkiTensor, axis, dtype, mask, keepdims: bool, post=None) -> LegacyTile:
+    """Reduce any free axes on the Vector Engine (one instruction, cost as ``nisa.tensor_reduce``)."""
+    _context.require(api)
+    _checked(mask, x)
+    axes = _axes(x, axis, api)
+    spec = resolve(op)
+    v = x.read_f32()
+    m = mask_array(mask, x.shape, "input") if mask is not None else None
+    with np.errstate(all="ignore"):
+        if m is not None:
+            v = np.where(m, v, np.float32(spec.identity if spec.identity is not None else 0))
+        r = spec.reduce(v, axis=axes, keepdims=keepdims)
+        if post is not None:
+            cnt = np.sum(m, axis=axes, keepdims=keepdims) if m is not None else \
+                math.prod(x.shape[a] for a in axes)
+            r = post(r, v, axes, keepdims, cnt, m)
+    out = _alloc(np.shape(r), dtype if dtype is not None else x.dtype, sbuf, api, api)
+    out.write(r)
+    n = x.free_size
+    fast = x.itemsize == 2 and op in ("add", "maximum")
+    _charge("vector", _bmax(MIN_II, n // 2 if fast else n), (x,), (out,), api)
+    return out
+
+
+def sum(x, axis, *, dtype=None, mask=None, keepdims: bool = False, **kwargs) -> LegacyTile:
+    """Sum over the free ``axis`` (int or list of ints)."""
+    return _reduce("sum", "add", x, axis, dtype, mask, keepdims)
+
+
+def max(x, axis, *, dtype=None, mask=None, keepdims: bool = False, **kwargs) -> LegacyTile:
+    """Maximum over free axes."""
+    return _reduce("max", "maximum", x, axis, dtype, mask, keepdims)
+
+
+def min(x, axis, *, dtype=None, mask=None, keepdims: bool = False, **kwargs) -> LegacyTile:
+    """Minimum over free axes."""
+    return _reduce("min", "minimum", x, axis, dtype, mask, keepdims)
+
+
+def prod(x, axis, *, dtype=None, mask=None, keepdims: bool = False, **kwargs) -> LegacyTile:
+    """Product over free axes."""
+    return _reduce("prod", "multiply", x, axis, dtype, mask, keepdims)
+
+
+def all(x, axis, *, dtype=bool_, mask=None, keepdims: bool = False, **kwargs) -> LegacyTile:
+    """Logical AND over free axes."""
+    return _reduce("all", "logical_and", x, axis, dtype, mask, keepdims)
+
+
+def mean(x, axis, *, dtype=None, mask=None, keepdims: bool = False, **kwargs) -> LegacyTile:
+    """Arithmetic mean over free axes (masked-out elements are not counted)."""
+    return _reduce("mean", "add", x, axis, dtype, mask, keepdims,
+                   lambda r, v, axes, kd, cnt, m: r / np.float32(cnt) if m is None else r / np.maximum(cnt, 1))
+
+
+def var(x, axis, *, dtype=None, mask=None, **kwargs) -> LegacyTile:
+    """Population variance over free axes."""
+    def post(r, v, axes, kd, cnt, m):
+        if m is None:
+            return np.var(v, axis=axes, keepdims=kd)
+        mu = np.sum(v, axis=axes, keepdims=True) / np.maximum(np.sum(m, axis=axes, keepdims=True), 1)
+        return np.sum(np.where(m, (v - mu) ** 2, 0), axis=axes, keepdims=kd) / np.maximum(cnt, 1)
+
+    return _reduce("var", "add", x, axis, dtype, mask, False, post)
+
+
+for _f, _op in ((sum, "add"), (max, "maximum"), (min, "minimum"), (prod, "multiply")):
+    _f._nki_op = _op
+
+loop_reduce = unimplemented("neuronxcc.nki.language.loop_reduce",
+                            "a reduction across loop iterations needs the legacy tracer's loop model")
+all_reduce = unimplemented("neuronxcc.nki.language.all_reduce",
+                           "collectives across SPMD programs need concurrent instances; legacy grids run serially")
+gemm_grid = unimplemented("neuronxcc.nki.language.gemm_grid", "not documented beyond its name in our references")
+
+
+# -- tile-level compound ops ------------------------------------------------------------------------------------
+def matmul(x: NkiTensor, y: NkiTensor, *, transpose_x: bool = False, mask=None, **kwargs) -> LegacyTile:
+    """``x @ y`` into a new fp32 PSUM tile (``transpose_x=True``: ``x`` is already ``[K, M]``)."""
+    _checked(mask, x, y)
+    return _masked(_cnl.matmul(x, y, transpose_x=transpose_x), mask)
+
+
+def transpose(x: NkiTensor, *, dtype=None, mask=None, **kwargs) -> LegacyTile:
+    """2-D transpose (≤128×128; Tensor Engine into PSUM, Vector Engine for ≤32×32)."""
+    _checked(mask, x)
+    return _masked(_cnl.transpose(x, dtype=dtype), mask)
+
+
+def softmax(x: NkiTensor, axis, *, dtype=None, compute_dtype=None, mask=None, **kwargs) -> LegacyTile:
+    """Softmax along a free axis."""
+    _checked(mask, x)
+    return _masked(_cnl.softmax(x, axis, dtype=dtype, compute_dtype=compute_dtype), mask)
+
+
+def rms_norm(x: NkiTensor, w, axis, n, epsilon: float = 1e-6, *, dtype=None, compute_dtype=None, mask=None,
+             **kwargs) -> LegacyTile:
+    """``x * rsqrt(sum(x²)/n + epsilon) * w``."""
+    _checked(mask, x, w)
+    return _masked(_cnl.rms_norm(x, w, axis, n, epsilon, dtype=dtype, compute_dtype=compute_dtype), mask)
+
+
+def where(condition: NkiTensor, x, y, *, dtype=None, mask=None, **kwargs) -> LegacyTile:
+    """``x`` where ``condition`` else ``y``."""
+    _checked(mask, condition, x, y)
+    return _masked(_cnl.where(condition, x, y, dtype=dtype if dtype is not None else promote(x, y)), mask)
+
+
+def dropout(x: NkiTensor, rate, *, dtype=None, mask=None, **kwargs) -> LegacyTile:
+    """Zero elements with probability ``rate``."""
+    _checked(mask, x)
+    return _masked(_cnl.dropout(x, rate, dtype=dtype), mask)
+
+
+def expand_dims(data: NkiTensor, axis: int) -> LegacyTile:
+    """View with a new size-1 axis."""
+    return wrap(_cnl.expand_dims(data, axis))
+
+
+def broadcast_to(src: NkiTensor, *, shape) -> LegacyTile:
+    """Broadcast a tile to ``shape`` as a new SBUF tile."""
+    return wrap(_cnl.broadcast_to(src, shape))
+
+
+def gather_flattened(data: NkiTensor, indices: NkiTensor, *, axis: int = 0, dtype=None, mask=None,
+                     **kwargs) -> LegacyTile:
+    """Per partition, gather from the flattened free dims of ``data``."""
+    _checked(mask, data, indices)
+    return _masked(_cnl.gather_flattened(data, indices, axis, dtype=dtype), mask)
