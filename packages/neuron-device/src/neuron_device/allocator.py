@@ -15,7 +15,7 @@ import torch
 
 from . import hostmem
 
-__all__ = ["DeviceStats", "adopt_tracked", "empty", "stats"]
+__all__ = ["DeviceStats", "adopt_tracked", "empty", "resize", "stats"]
 
 
 class DeviceStats:
@@ -30,8 +30,18 @@ class DeviceStats:
         self.free_count = 0
 
 
+class _Block:
+    """The bytes counted for one storage; mutable because `resize` changes a live storage's size."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
 _lock = threading.Lock()
 _stats: dict[int, DeviceStats] = {}
+_blocks: weakref.WeakKeyDictionary[torch.UntypedStorage, _Block] = weakref.WeakKeyDictionary()
 
 
 def stats(index: int) -> DeviceStats:
@@ -43,9 +53,9 @@ def stats(index: int) -> DeviceStats:
     return found
 
 
-def _free(device_stats: DeviceStats, nbytes: int) -> None:
+def _free(device_stats: DeviceStats, block: _Block) -> None:
     with _lock:
-        device_stats.allocated -= nbytes
+        device_stats.allocated -= block.nbytes
         device_stats.free_count += 1
 
 
@@ -53,12 +63,14 @@ def _track(neuron_tensor: torch.Tensor, index: int) -> None:
     storage = neuron_tensor.untyped_storage()
     nbytes = storage.nbytes()
     device_stats = stats(index)
+    block = _Block(nbytes)
     with _lock:
         device_stats.allocated += nbytes
         device_stats.allocation_count += 1
         if device_stats.allocated > device_stats.peak:
             device_stats.peak = device_stats.allocated
-    weakref.finalize(storage, _free, device_stats, nbytes)
+        _blocks[storage] = block
+    weakref.finalize(storage, _free, device_stats, block)
 
 
 def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
@@ -75,3 +87,40 @@ def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=No
     else:
         host = torch.empty_strided(size, stride, dtype=dtype)
     return adopt_tracked(host, index)
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A CPU uint8 tensor over all the bytes of a `neuron` storage."""
+    return hostmem.host_alias(torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage))
+
+
+def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
+    """Resize a `neuron` storage in place, keeping the bytes that fit (CUDA's `storage.resize_`; FSDP2 relies on it).
+
+    An adopted storage cannot grow or shrink its own memory, so the kept bytes move to a new host buffer whose data
+    pointer is swapped into `storage`: the storage object stays the same, and every tensor and view of it sees the
+    new memory. `_swap_data_ptr_` only swaps with an empty storage, hence the empty go-between.
+    """
+    if nbytes < 0:
+        raise RuntimeError(f"Storage size must be non-negative, but got {nbytes}")
+    old = storage.nbytes()
+    if nbytes == old:
+        return
+    index = storage.device.index
+    fresh = hostmem.adopt(torch.empty(nbytes, dtype=torch.uint8), index).untyped_storage()
+    kept = min(old, nbytes)
+    if kept:
+        _bytes_of(fresh)[:kept].copy_(_bytes_of(storage)[:kept])
+    holder = hostmem.adopt(torch.empty(0, dtype=torch.uint8), index).untyped_storage()
+    storage._swap_data_ptr_(holder)  # storage: empty; holder: the old bytes, freed when it dies below
+    storage._swap_data_ptr_(fresh)  # storage: the new bytes
+    with _lock:
+        block = _blocks.get(storage)
+        if block is None:  # adopted without tracking: nothing was counted, nothing to recount
+            return
+        device_stats = stats(index)
+        device_stats.peak = max(device_stats.peak, device_stats.allocated + nbytes)
+        device_stats.allocated += nbytes - old
+        device_stats.allocation_count += 1
+        device_stats.free_count += 1
+        block.nbytes = nbytes

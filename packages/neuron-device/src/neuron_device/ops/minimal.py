@@ -110,12 +110,8 @@ def resize_(self, size, memory_format=None):
     needed = (self.storage_offset() + numel) * self.element_size() if numel else 0
     storage = self.untyped_storage()
     if needed > storage.nbytes():
-        # Device storage cannot grow in place: move the bytes into a larger allocation.
-        grown = allocator.empty((needed,), dtype=torch.uint8, index=self.device.index)
-        if storage.nbytes():
-            old = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
-            host_alias(grown)[: storage.nbytes()].copy_(host_alias(old))
-        storage = grown.untyped_storage()
+        # Grow the storage itself, as CPU and CUDA do: views sharing it keep seeing the same memory.
+        allocator.resize(storage, needed)
     return aten.set_.source_Storage_storage_offset.redispatch(
         _CPU_KEYSET, self, storage, self.storage_offset(), size, strides
     )
@@ -144,6 +140,24 @@ def _copy_from_and_resize(self, dst):
     if dst.shape != self.shape:
         dst.resize_(self.shape)
     return _copy_from(self, dst)
+
+
+@kernel("aten::_to_copy")
+def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    """`Tensor.to` with a copy: convert on the host, then adopt the result when it stays on a `neuron` device.
+
+    torch's generic kernel pins the CPU destination of a `non_blocking` device-to-host copy, which needs a pinned
+    allocator torch 2.13 cannot take from Python; host memory needs no pinning for the copy to be correct.
+    """
+    target = self.device if device is None else torch.device(device)
+    result = aten._to_copy.default(
+        host_alias(self), dtype=dtype, layout=layout, pin_memory=pin_memory, memory_format=memory_format
+    )
+    if target.type == "neuron":
+        return allocator.adopt_tracked(result, _device_index(target))
+    if target.type != "cpu":
+        return result.to(target, non_blocking=non_blocking)
+    return result
 
 
 @kernel("aten::_local_scalar_dense")
