@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import bf16, sim
+from nki_testutil import bf16, sim
 
 import nki
 import nki.language as nl

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import bf16
+from nki_testutil import bf16
 
 import nki
 import nki.isa as nisa

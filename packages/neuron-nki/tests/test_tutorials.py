@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import bf16
+from nki_testutil import bf16
 
 from nki.tutorials import attention, elementwise, matmul, norms
 

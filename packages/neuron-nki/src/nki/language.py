@@ -447,10 +447,10 @@ def _binary_tile(name: str, x, y, dtype, default_dtype=None):
 
 def _make_binary(name: str, default_bool: bool = False):
     if default_bool:
-        def f(x, y, dtype=bool_):
+        def f(x: NkiTensor | float, y: NkiTensor | float, dtype=bool_) -> NkiTensor:
             return _binary_tile(name, x, y, dtype)
     else:
-        def f(x, y, dtype=None):
+        def f(x: NkiTensor | float, y: NkiTensor | float, dtype=None) -> NkiTensor:
             return _binary_tile(name, x, y, dtype)
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Element-wise ``{name}(x, y)`` as a new SBUF tile (x/y tiles or scalars, broadcastable)."
@@ -503,7 +503,7 @@ def _unary_tile(name: str, x, dtype, engine: str = "scalar"):
 
 
 def _make_unary(name: str, engine: str = "scalar"):
-    def f(x, dtype=None):
+    def f(x: NkiTensor, dtype=None) -> NkiTensor:
         return _unary_tile(name, x, dtype, engine)
 
     f.__name__ = f.__qualname__ = name
