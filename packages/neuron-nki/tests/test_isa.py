@@ -611,3 +611,44 @@ def test_low_precision_inputs_compute_fp32_round_once(dtype, rng):
     np.testing.assert_array_equal(out[:, 64:128], (af * 0.5 + 1.0).astype(dtype).astype(np.float32))
     np.testing.assert_array_equal(out[:, 128:192], np.tanh(af * 0.5).astype(dtype).astype(np.float32))
     np.testing.assert_allclose(out[:, 192], bf.sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_bitvec_tensor_scalar_and_reduce(rng):
+    a = rng.integers(0, 1 << 16, (16, 32)).astype(np.int32)
+
+    def body(x):
+        d = nl.ndarray(x.shape, nl.int32)
+        nisa.tensor_scalar(d, x, nl.bitwise_and, 0xFF, op1=nl.left_shift, operand1=2)
+        r = nl.ndarray((16, 1), nl.int32)
+        nisa.tensor_reduce(r, nl.bitwise_or, x, axis=1)
+        out = nl.ndarray((16, 33), nl.int32)
+        nisa.tensor_copy(out[:, 0:32], d)
+        nisa.tensor_copy(out[:, 32:33], r)
+        return out
+
+    out = sim(body, a)
+    np.testing.assert_array_equal(out[:, :32], (a & 0xFF) << 2)
+    np.testing.assert_array_equal(out[:, 32], np.bitwise_or.reduce(a, axis=1))
+
+
+def test_bitvec_on_float_is_rejected():
+    def body(x):
+        d = nl.ndarray(x.shape, nl.float32)
+        nisa.tensor_tensor(d, x, x, nl.bitwise_and)
+        return d
+
+    with pytest.raises(nki.NkiValidationError, match="needs integer inputs"):
+        sim(body, np.ones((4, 4), np.float32))
+
+
+def test_activation_reads_psum_writes_psum(rng):
+    a = rng.standard_normal((32, 64)).astype(np.float32)
+
+    def body(x):
+        p = nl.ndarray(x.shape, nl.float32, buffer=nl.psum)
+        nisa.tensor_copy(p, x)
+        q = nl.ndarray(x.shape, nl.float32, buffer=nl.psum)
+        nisa.activation(q, nl.sigmoid, p, scale=2.0, bias=1.0)
+        return q
+
+    np.testing.assert_allclose(sim(body, a), 1 / (1 + np.exp(-(2 * a + 1))), rtol=1e-6)
