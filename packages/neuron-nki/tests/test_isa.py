@@ -579,7 +579,7 @@ def test_enums():
     assert {e.name for e in nisa.oob_mode} == {"error", "skip"}
 
 
-@pytest.mark.parametrize("fn", ["nc_matmul_mx", "quantize_mx", "local_gather", "topk"])
+@pytest.mark.parametrize("fn", ["nc_matmul_mx", "quantize_mx", "topk"])
 def test_unimplemented_raise_naming_function(fn):
     with pytest.raises(NotImplementedError, match=fn):
         getattr(nisa, fn)(None, None, None, None, None) if fn != "topk" else nisa.topk()
@@ -652,3 +652,25 @@ def test_activation_reads_psum_writes_psum(rng):
         return q
 
     np.testing.assert_allclose(sim(body, a), 1 / (1 + np.exp(-(2 * a + 1))), rtol=1e-6)
+
+
+def test_local_gather_per_core_indices(rng):
+    src = (rng.random((128, 64, 4)) * 100).astype(np.float32)
+    per_core = rng.integers(0, 64, (16, 4)).astype(np.uint16)
+    index = np.tile(per_core, (8, 1))
+    k, nv = 4, 48
+
+    def body(x, i):
+        d = nl.ndarray((128, nv, k), nl.float32)
+        ii = nl.ndarray(i.shape, nl.uint16)
+        nisa.tensor_copy(ii, i)
+        nisa.tensor_scalar(ii, ii, nl.multiply, k)  # hardware indices are element offsets
+        nisa.local_gather(d, x, ii, num_elem_per_idx=k, num_valid_indices=nv)
+        return d
+
+    out = sim(body, src, index)
+    ref = np.empty((128, nv, k), np.float32)
+    for c in range(8):
+        ids = index[16 * c:16 * c + 16].flatten(order="F")[:nv]
+        ref[16 * c:16 * c + 16] = np.take(src[16 * c:16 * c + 16], ids.astype(np.int64), axis=1)
+    np.testing.assert_array_equal(out, ref)

@@ -973,7 +973,42 @@ def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: str |
     _charge(ctx, "gpsimd", max(MIN_II, idx.shape[1]) * max(1, math.ceil(x.shape[1] / 512)), (data, indices), (dst,), o)
 
 
-local_gather = unimplemented("nki.isa.local_gather", "element order not documented in our references")
+def local_gather(dst: NkiTensor, src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx: int = 1,
+                 num_valid_indices: int | None = None, name: str | None = None) -> None:
+    """GpSimd gather: each core (16 partitions) flattens its index slice column-major and, in every one of its
+    partitions, copies ``num_elem_per_idx`` contiguous elements starting at each index (an element offset into
+    the partition's flattened free dims)."""
+    ctx = _ctx("local_gather")
+    o = "local_gather"
+    for t, a in ((dst, "dst"), (src_buffer, "src_buffer"), (index, "index")):
+        _limits.check_onchip(t, o, a, ("sbuf",))
+    x = _flat2(_raw(src_buffer, o, "src_buffer"))
+    idx = _flat2(_raw(index, o, "index")).astype(np.int64)
+    p, k = x.shape[0], int(num_elem_per_idx)
+    if p % 16 or idx.shape[0] != p:
+        raise NkiValidationError(f"local_gather: src_buffer{fmt_shape(src_buffer.shape)} and index"
+                                 f"{fmt_shape(index.shape)} need the same partition count, a multiple of 16",
+                                 code="err_num_partition_mismatch", location=kernel_location(2))
+    if k not in (1, 2, 4, 8, 16, 32):
+        raise NkiValidationError("local_gather: num_elem_per_idx must be one of 1, 2, 4, 8, 16, 32",
+                                 location=kernel_location(2))
+    if dst.dtype != src_buffer.dtype:
+        raise NkiValidationError("local_gather does not cast: dst.dtype must equal src_buffer.dtype",
+                                 code="err_unsupported_dtype", location=kernel_location(2))
+    nv = 16 * idx.shape[1] if num_valid_indices is None else int(num_valid_indices)
+    if nv > 16 * idx.shape[1] or nv > 4096:
+        raise NkiValidationError(f"local_gather: num_valid_indices {nv} exceeds the indices per core "
+                                 f"({min(16 * idx.shape[1], 4096)})", location=kernel_location(2))
+    out = np.empty((p, nv * k), dtype=x.dtype)
+    for g in range(p // 16):
+        ids = idx[16 * g:16 * g + 16].flatten(order="F")[:nv]
+        cols = (ids[:, None] + np.arange(k)[None, :]).reshape(-1)
+        if cols.size and (cols.min() < 0 or cols.max() >= x.shape[1]):
+            raise NkiValidationError(f"local_gather index out of range [0, {x.shape[1]})",
+                                     code="err_tensor_access_out_of_bound", location=kernel_location(2))
+        out[16 * g:16 * g + 16] = x[16 * g:16 * g + 16][:, cols]
+    dst.write(_fit(out, dst, o))
+    _charge(ctx, "gpsimd", 150 + nv * k, (src_buffer, index), (dst,), o)
 
 def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask, name: str | None = None) -> None:
     """Cross-partition move within each 32-partition quadrant: ``dst[q*32+i] = src[q*32+mask[i]]`` (255 = keep)."""
