@@ -44,6 +44,8 @@ class LegacyTile(NkiTensor):
         dst = self[idx]
         check_access(dst, None, kernel_location(2))
         if isinstance(value, NkiTensor):
+            if _same_view(dst, value):  # ``t[idx] += x`` already updated these elements in place
+                return
             check_access(value, None, kernel_location(2))
             if value.shape != dst.shape and value.size == dst.size and value.key is None:
                 value = value.reshape(dst.shape)
@@ -59,7 +61,10 @@ class LegacyTile(NkiTensor):
         return wrap(super().permute(*dims))
 
     def broadcast_to(self, shape) -> LegacyTile:
-        return wrap(super().broadcast_to(shape))
+        """Broadcast view; partition-aligned like legacy NKI (a ``[P]`` tile broadcasts to ``[P, F]``)."""
+        shape = tuple(shape)
+        t = append_ones(self, len(shape) - self.ndim) if self.ndim < len(shape) else self
+        return wrap(NkiTensor.broadcast_to(t, shape))
 
     def expand_dims(self, axis: int) -> LegacyTile:
         return wrap(super().expand_dims(axis))
@@ -86,16 +91,18 @@ class LegacyTile(NkiTensor):
         return nl.negative(self)
 
     def __iadd__(self, o):
-        """``acc += x``: PSUM accumulation of a matmul result costs nothing extra (the PE array accumulates)."""
+        """``acc += x``. Into PSUM from PSUM (``psum += nl.matmul(...)``) this is Tensor Engine accumulation: no
+        extra instruction, and elements never written before are overwritten (a fresh ``nl.ndarray`` works)."""
         from . import language as nl
 
         if self.buffer is psum and isinstance(o, NkiTensor) and o.buffer is psum:
             check_access(o, None, kernel_location(2))
-            vals = np.asarray(o.read_f32()).reshape(self.shape) if o.shape != self.shape else o.read_f32()
-            self.write(self.read_f32() + vals)
+            v = o.read_f32()
+            v = v.reshape(self.shape) if v.shape != self.shape else v
+            written = self.written_view() if self.key is None else self._map_base(self.alloc.written)[self.key]
+            self.write(np.where(written, self.read_f32() + v, v))
             return self
-        res = nl.add(self, o, dtype=self.dtype)
-        self.write(res.read())
+        self.write(nl.add(self, o, dtype=self.dtype).read())
         return self
 
     def __isub__(self, o):
@@ -109,6 +116,26 @@ class LegacyTile(NkiTensor):
 
         self.write(nl.multiply(self, o, dtype=self.dtype).read())
         return self
+
+
+def _same_view(a: NkiTensor, b: NkiTensor) -> bool:
+    if a.alloc is not b.alloc or (a.key is None) != (b.key is None):
+        return False
+    if a.key is not None:
+        return len(a.key) == len(b.key) and all(x is y or np.array_equal(x, y) for x, y in zip(a.key, b.key))
+    ia, ib = a.base.__array_interface__, b.base.__array_interface__
+    return ia["data"] == ib["data"] and a.base.shape == b.base.shape and a.base.strides == b.base.strides
+
+
+def append_ones(t: NkiTensor, n: int) -> NkiTensor:
+    """``t`` with ``n`` trailing size-1 dims (partition-aligned broadcasting), for views and gathers alike."""
+    if n <= 0:
+        return t
+    if t.key is not None:
+        oob = getattr(t, "oob", None)
+        oob = None if oob is None else (oob[0].reshape(oob[0].shape + (1,) * n), oob[1])
+        return LegacyTile(t.alloc, t.base, tuple(np.reshape(k, k.shape + (1,) * n) for k in t.key), t.name, oob)
+    return NkiTensor.reshape(t, t.shape + (1,) * n)
 
 
 def wrap(x):

@@ -60,7 +60,7 @@ from nki.language import (
 )
 
 from ._index import Predicate, arange, mgrid, nc, par_dim, spmd_dim
-from ._tile import LegacyTile, check_access, mask_array, masked_write, unwritten_outside, wrap
+from ._tile import LegacyTile, append_ones, check_access, mask_array, masked_write, unwritten_outside, wrap
 
 __all__ = [  # noqa: RUF022 - grouped by topic
     "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float16", "float32", "bfloat16", "tfloat32",
@@ -147,19 +147,13 @@ def _masked(result: NkiTensor, mask) -> LegacyTile:
     return r
 
 
-def _append_ones(t: NkiTensor, n: int) -> NkiTensor:
-    if t.key is not None:
-        return LegacyTile(t.alloc, t.base, tuple(np.reshape(k, k.shape + (1,) * n) for k in t.key), t.name)
-    return t.reshape(t.shape + (1,) * n)
-
-
 def _align(x, y):
     """Partition-aligned broadcasting: the lower-rank tile gets trailing size-1 free dims."""
     if isinstance(x, NkiTensor) and isinstance(y, NkiTensor) and x.ndim != y.ndim:
         if x.ndim < y.ndim:
-            x = _append_ones(x, y.ndim - x.ndim)
+            x = append_ones(x, y.ndim - x.ndim)
         else:
-            y = _append_ones(y, x.ndim - y.ndim)
+            y = append_ones(y, x.ndim - y.ndim)
     return x, y
 
 
