@@ -60,9 +60,11 @@ def _register_device() -> None:
 
 
 def _register_kernels() -> None:
+    from . import autocast
     from .ops import host_exec, minimal, registry  # noqa: F401  (importing `minimal` registers its kernels)
 
     registry.register_fallback(host_exec.run_on_host)
+    autocast.register()
 
 
 def _apply_patches() -> None:
