@@ -17,7 +17,6 @@ message about C++ hook registration.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -131,31 +130,6 @@ def _patch_clear_autocast_cache() -> None:
     torch.clear_autocast_cache = clear_autocast_cache
 
 
-def _patch_accelerator_memory() -> None:
-    """torch.accelerator's memory functions ask c10's DeviceAllocator registry, which a Python backend cannot join in
-    torch 2.13 (INTERNAL ASSERT "Allocator for neuron is not a DeviceAllocator"): route them to `torch.neuron`, whose
-    caching-allocator model keeps the same statistics. Other accelerators keep the original functions."""
-    from torch.accelerator import memory as accelerator_memory
-
-    routes = {name: name for name in (
-        "empty_cache", "max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_reserved",
-        "memory_stats", "reset_accumulated_memory_stats", "reset_peak_memory_stats",
-    )}
-    routes["get_memory_info"] = "mem_get_info"
-    for name, target in routes.items():
-        original = getattr(accelerator_memory, name)
-
-        def routed(*args, _original=original, _target=target):
-            accelerator = torch.accelerator.current_accelerator()
-            if accelerator is None or accelerator.type != _NEURON:
-                return _original(*args)
-            return getattr(torch.neuron, _target)(*args)
-
-        functools.update_wrapper(routed, original)
-        setattr(accelerator_memory, name, routed)
-        setattr(torch.accelerator, name, routed)
-
-
 def _replace(owner: type, name: str, original: Callable, replacement: Callable) -> None:
     """Install `replacement` as `owner.name`, keeping the original's name and docstring for help() and Sphinx."""
     replacement.__name__ = name
@@ -170,7 +144,6 @@ _PATCHES = (
     _patch_storage_resize,
     _patch_pin_memory,
     _patch_clear_autocast_cache,
-    _patch_accelerator_memory,
 )
 
 
