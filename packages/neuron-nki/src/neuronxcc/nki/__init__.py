@@ -18,9 +18,9 @@ import os as _os
 from nki import _errors as _core_errors
 
 from . import compiler, isa, language, typing
-from ._launch import LegacyKernel, baremetal, benchmark, jit, profile, simulate_kernel
+from ._launch import LegacyKernel, baremetal, benchmark, jit, profile, simulate_kernel, trace
 
 _core_errors.register_internal_dir(_os.path.dirname(_os.path.abspath(__file__)))
 
 __all__ = ["LegacyKernel", "baremetal", "benchmark", "compiler", "isa", "jit", "language", "profile",
-           "simulate_kernel", "typing"]
+           "simulate_kernel", "trace", "typing"]

@@ -35,7 +35,7 @@ from nki._tensor import hbm, wrap_array
 from ._index import nc, spmd_dim
 from ._tile import wrap
 
-__all__ = ["LegacyKernel", "baremetal", "benchmark", "jit", "profile", "simulate_kernel"]
+__all__ = ["LegacyKernel", "baremetal", "benchmark", "jit", "profile", "simulate_kernel", "trace"]
 
 MODES = ("auto", "jax", "torchxla", "baremetal", "benchmark", "simulation", "trace")
 
@@ -155,6 +155,11 @@ def jit(func: Callable | None = None, mode: str = "auto", **kwargs):
         return benchmark(k) if mode == "benchmark" else k
 
     return deco(func) if func is not None else deco
+
+
+def trace(func: Callable | None = None, **kwargs):
+    """``nki.trace`` (older alias used by legacy doc tests): ``jit(mode='trace')``."""
+    return jit(func, mode="trace", **kwargs)
 
 
 def simulate_kernel(kernel, *args, **kwargs):

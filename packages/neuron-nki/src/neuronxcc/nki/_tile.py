@@ -176,18 +176,21 @@ def legacy_index(t: NkiTensor, idx) -> LegacyTile:
     """Index ``t`` the NKI 0.1 way; see module docstring."""
     if not isinstance(idx, tuple):
         idx = (idx,)
-    if not any(isinstance(k, IndexExpr) for k in idx):
+    if not any(isinstance(k, (IndexExpr, NkiTensor)) for k in idx):
         return wrap(NkiTensor.__getitem__(t, idx))
     if t.key is not None:
         _fail("indexing a gathered (index-expression) view again is not supported; index the tensor once",
               "err_unsupported_index")
     shape = t.shape
     idx = _expand(idx, len(shape), t.name)
-    exprs = [k for k in idx if isinstance(k, IndexExpr)]
-    if any(e.ndim == 1 for e in exprs) and len(shape) > 1:
+    if any(isinstance(k, IndexExpr) and k.ndim == 1 for k in idx) and len(shape) > 1:
         _fail("1D arange is not supported as a tensor index; place it on an axis, e.g. nl.arange(128)[:, None] "
               "for the partition dimension and nl.arange(512)[None, :] for a free dimension",
               "err_1d_arange_not_supported")
+    # A tile used as an index (indirect DMA: ``data[idx_tile, i_f]``) contributes its values, one per element.
+    idx = tuple(IndexExpr(np.asarray(k.read()).astype(np.int64), None) if isinstance(k, NkiTensor) else k
+                for k in idx)
+    exprs = [k for k in idx if isinstance(k, IndexExpr)]
     free_pos = [d for d, k in enumerate(idx) if not isinstance(k, (int, np.integer))]
     rank = max([e.ndim for e in exprs] + [len(free_pos)])
     arrays: list[np.ndarray] = []
