@@ -11,12 +11,16 @@ storage entry points, patched here to allocate through `torch.empty` (our alloca
 * `UntypedStorage.new()`, `UntypedStorage.resize_()` (the C++ side asks the hooks for `resizePrivateUse1Bytes`,
   which Python cannot provide).
 
+`Tensor.new_tensor` / `Tensor.new` rely on the C++ device guard to put results on the source tensor's device; the
+Python guard always reports index 0, so they name the device explicitly.
+
 Pinned memory has no Python-registrable allocator either; `Tensor.pin_memory()` gets a clear error instead of torch's
 message about C++ hook registration.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -130,6 +134,74 @@ def _patch_clear_autocast_cache() -> None:
     torch.clear_autocast_cache = clear_autocast_cache
 
 
+def _patch_accelerator_memory() -> None:
+    """torch.accelerator's memory functions ask c10's DeviceAllocator registry, which a Python backend cannot join in
+    torch 2.13 (INTERNAL ASSERT "Allocator for neuron is not a DeviceAllocator"): route them to `torch.neuron`, whose
+    caching-allocator model keeps the same statistics. Other accelerators keep the original functions."""
+    from torch.accelerator import memory as accelerator_memory
+
+    routes = {name: name for name in (
+        "empty_cache", "max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_reserved",
+        "memory_stats", "reset_accumulated_memory_stats", "reset_peak_memory_stats",
+    )}
+    routes["get_memory_info"] = "mem_get_info"
+    for name, target in routes.items():
+        original = getattr(accelerator_memory, name)
+
+        def routed(*args, _original=original, _target=target):
+            accelerator = torch.accelerator.current_accelerator()
+            if accelerator is None or accelerator.type != _NEURON:
+                return _original(*args)
+            return getattr(torch.neuron, _target)(*args)
+
+        functools.update_wrapper(routed, original)
+        setattr(accelerator_memory, name, routed)
+        setattr(torch.accelerator, name, routed)
+
+
+def _patch_legacy_constructors() -> None:
+    """`t.new_tensor(data)` and `t.new(...)` build on the current device of the C++ device guard, which CUDA sets
+    to `t`'s device; a Python backend's guard always says index 0, so `t` on neuron:1 gave results on neuron:0.
+    Name `t`'s device explicitly instead."""
+    new_tensor, new = torch.Tensor.new_tensor, torch.Tensor.new
+
+    def tensor_new_tensor(self: torch.Tensor, data, *args, **kwargs) -> torch.Tensor:
+        if self.device.type == _NEURON and kwargs.get("device") is None:
+            kwargs["device"] = self.device
+        return new_tensor(self, data, *args, **kwargs)
+
+    def tensor_new(self: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        target = _neuron_device(kwargs.get("device", self.device))
+        if self.device.type != _NEURON or target is None or (args and isinstance(args[0], torch.Tensor)):
+            return new(self, *args, **kwargs)  # other devices, errors, and new(tensor), which aliases `tensor`
+        if target.index is None:
+            target = torch.device(_NEURON, torch.neuron.current_device())
+        if not args:  # even an explicit device is ignored by torch here
+            return torch.empty(0, dtype=self.dtype, device=target)
+        return new(self, *args, **{**kwargs, "device": target})
+
+    _replace(torch.Tensor, "new_tensor", new_tensor, tensor_new_tensor)
+    _replace(torch.Tensor, "new", new, tensor_new)
+
+
+def _patch_accelerator_streams() -> None:
+    """torch.accelerator's stream functions reach the C++ device guard, whose streams are dummies for a Python
+    backend: `synchronize()` raises "Backend doesn't support synchronizing all streams", `current_stream()` is always
+    stream 0 and `set_stream()` does nothing. Route them to `torch.neuron`'s streams (simulated time) while neuron
+    is the accelerator. (`torch.Stream`/`torch.Event` are immutable C++ types and stay torch's dummies.)"""
+    for name in ("current_stream", "set_stream", "synchronize"):
+        original = getattr(torch.accelerator, name)
+
+        def routed(*args, _original=original, _name=name):
+            accelerator = torch.accelerator.current_accelerator()
+            if accelerator is None or accelerator.type != _NEURON:
+                return _original(*args)
+            return getattr(torch.neuron, _name)(*args)
+
+        functools.update_wrapper(routed, original)
+        setattr(torch.accelerator, name, routed)
+
+
 def _replace(owner: type, name: str, original: Callable, replacement: Callable) -> None:
     """Install `replacement` as `owner.name`, keeping the original's name and docstring for help() and Sphinx."""
     replacement.__name__ = name
@@ -143,7 +215,10 @@ _PATCHES = (
     _patch_storage_new,
     _patch_storage_resize,
     _patch_pin_memory,
+    _patch_legacy_constructors,
     _patch_clear_autocast_cache,
+    _patch_accelerator_memory,
+    _patch_accelerator_streams,
 )
 
 

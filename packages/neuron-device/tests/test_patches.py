@@ -1,0 +1,246 @@
+"""The patched crash paths of torch 2.13 (`neuron_device._patches`): each segfaults in plain torch with a Python
+backend, so each check runs in a fresh interpreter (`run_checked`), where a crash fails the test by its signal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from crash_support import run_checked
+
+from neuron_device import _patches
+
+
+def test_untyped_storage_allocates_on_every_device_spelling():
+    run_checked("""
+        import torch
+        base = {i: torch.neuron.memory_allocated(i) for i in range(3)}
+        for device, index in [("neuron", 0), ("neuron:1", 1), (torch.device("neuron", 2), 2), ("privateuseone:1", 1)]:
+            s = torch.UntypedStorage(24, device=device)
+            assert s.device == torch.device("neuron", index), (device, s.device)
+            assert s.nbytes() == 24 and s.data_ptr() != 0
+            assert torch.neuron.memory_allocated(index) >= base[index] + 24, device
+            del s
+            assert torch.neuron.memory_allocated(index) == base[index], device
+        empty = torch.UntypedStorage(device="neuron")
+        assert empty.nbytes() == 0 and empty.device.type == "neuron"
+        s = torch.UntypedStorage([1, 2, 255], device="neuron:1")
+        assert s.device == torch.device("neuron:1") and s.tolist() == [1, 2, 255]
+        with torch.neuron.device(3):
+            assert torch.UntypedStorage(4, device="neuron").device == torch.device("neuron:3")
+    """)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        ("torch.UntypedStorage(-1, device='neuron')", RuntimeError, "negative"),
+        ("torch.UntypedStorage(8, device='neuron:99')", RuntimeError, "Invalid device index 99"),
+        ("torch.UntypedStorage(8, device='neuron', allocator=0)", NotImplementedError, "allocator"),
+        ("torch.UntypedStorage([1, 'x'], device='neuron')", Exception, ""),
+        ("torch.UntypedStorage(1, 2, device='neuron')", TypeError, ""),
+        ("type('Sub', (torch.UntypedStorage,), {})(8, device='neuron')", NotImplementedError, "subclasses"),
+    ],
+)
+def test_untyped_storage_bad_arguments_raise(call, error, message):
+    run_checked(f"""
+        import torch
+        try:
+            {call}
+        except {error.__name__} as e:
+            assert {message!r} in str(e), str(e)
+        else:
+            raise AssertionError("no error")
+    """)
+
+
+def test_cpu_storage_constructor_unchanged():
+    assert torch.UntypedStorage(8).device == torch.device("cpu")
+    assert torch.UntypedStorage(8, device="cpu").nbytes() == 8
+    assert torch.UntypedStorage([1, 2], device=torch.device("cpu")).tolist() == [1, 2]
+    assert torch.UntypedStorage().nbytes() == 0
+    storage = torch.UntypedStorage(4)
+    assert storage.new().device.type == "cpu"
+    assert storage.resize_(16) is storage and storage.nbytes() == 16
+
+
+def test_typed_storage_on_neuron():
+    run_checked("""
+        import warnings
+        import torch
+        warnings.simplefilter("ignore")
+        s = torch.TypedStorage(4, dtype=torch.float32, device="neuron:1")
+        assert s.device == torch.device("neuron:1") and s.size() == 4 and s.nbytes() == 16
+        s = torch.TypedStorage([1.5, 2.5], dtype=torch.float64, device="neuron")
+        assert s.device.type == "neuron" and s.tolist() == [1.5, 2.5]
+        t = torch.arange(4.0, device="neuron:2")
+        typed = t.storage()
+        assert typed.clone().device == torch.device("neuron:2") and typed.clone().tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert typed.float().tolist() == [0.0, 1.0, 2.0, 3.0]  # same dtype: a clone
+        assert typed.double().dtype == torch.float64 and typed.double().device.type == "neuron"
+        assert typed.cpu().device.type == "cpu"
+    """)
+
+
+def test_storage_clone_new_and_moves():
+    run_checked("""
+        import torch
+        t = torch.arange(6, dtype=torch.int16, device="neuron:1")
+        s = t.untyped_storage()
+        c = s.clone()
+        assert c.device == s.device and c.nbytes() == s.nbytes() and c.data_ptr() != s.data_ptr()
+        assert c.tolist() == s.tolist()
+        c[0] = 99
+        assert s[0] == 0  # independent memory
+        n = s.new()
+        assert n.device == torch.device("neuron:1") and n.nbytes() == 0
+        moved = torch.arange(3, dtype=torch.uint8).untyped_storage().to(device="neuron:2")
+        assert moved.device == torch.device("neuron:2") and moved.tolist() == [0, 1, 2]
+        assert torch.arange(3, dtype=torch.uint8).untyped_storage().neuron().device == torch.device("neuron:0")
+        back = s.cpu()
+        assert back.device.type == "cpu" and back.tolist() == s.tolist()
+    """)
+
+
+def test_deepcopy_of_tensors_parameters_and_modules():
+    run_checked("""
+        import copy
+        import torch
+        t = torch.arange(6.0, device="neuron:1").requires_grad_()
+        c = copy.deepcopy(t)
+        assert c.device == t.device and torch.equal(c.detach().cpu(), t.detach().cpu()) and c.requires_grad
+        assert c.data_ptr() != t.data_ptr()
+        # Views keep sharing one (new) storage, as in the original.
+        base = torch.arange(6.0, device="neuron")
+        a, b = copy.deepcopy([base, base[2:]])
+        assert a.untyped_storage() is b.untyped_storage() and b.storage_offset() == 2
+        a[2] = 100
+        assert b[0].item() == 100 and base[2].item() == 2
+        p = torch.nn.Parameter(torch.ones(3, device="neuron"))
+        q = copy.deepcopy(p)
+        assert isinstance(q, torch.nn.Parameter) and q.device.type == "neuron" and q.data_ptr() != p.data_ptr()
+        # A whole module, with a parameter shared between two layers (tied weights).
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).to("neuron:1")
+        m[1].weight = m[0].weight
+        m2 = copy.deepcopy(m)
+        assert m2[1].weight is m2[0].weight and m2[0].weight is not m[0].weight
+        assert all(p.device == torch.device("neuron:1") for p in m2.parameters())
+        x = torch.randn(2, 4, device="neuron:1")
+        assert torch.equal(m(x).detach().cpu(), m2(x).detach().cpu())
+        buffers = copy.deepcopy(torch.nn.BatchNorm1d(3).to("neuron"))
+        assert buffers.running_mean.device.type == "neuron"
+    """)
+
+
+def test_storage_resize_in_place():
+    run_checked("""
+        import torch
+        base = torch.neuron.memory_allocated(1)
+        t = torch.arange(4, dtype=torch.int32, device="neuron:1")
+        s = t.untyped_storage()
+        assert s.resize_(32) is s and s.nbytes() == 32
+        assert t.untyped_storage() is s and t.tolist() == [0, 1, 2, 3]  # kept bytes; the tensor sees the new memory
+        assert torch.neuron.memory_allocated(1) >= base + 32
+        view = torch.empty(0, dtype=torch.int32, device="neuron:1").set_(s, 0, (8,), (1,))
+        view[7] = 7
+        grown = torch.neuron.memory_allocated(1)
+        assert s.resize_(8).nbytes() == 8
+        assert base + 8 <= torch.neuron.memory_allocated(1) <= grown
+        assert torch.empty(0, dtype=torch.int32, device="neuron:1").set_(s).tolist() == [0, 1]
+        # FSDP2 frees and re-allocates parameter memory this way.
+        s.resize_(0)
+        assert s.nbytes() == 0 and torch.neuron.memory_allocated(1) == base
+        s.resize_(16)
+        assert torch.neuron.memory_allocated(1) >= base + 16
+        t.fill_(3)
+        assert t.tolist() == [3, 3, 3, 3]
+        try:
+            s.resize_(-1)
+        except RuntimeError as e:
+            assert "non-negative" in str(e)
+        else:
+            raise AssertionError("negative size accepted")
+        import warnings
+        warnings.simplefilter("ignore")
+        typed = torch.ones(2, device="neuron").storage()
+        typed.resize_(5)
+        assert typed.size() == 5 and typed.tolist()[:2] == [1.0, 1.0]
+        del t, view, s
+        assert torch.neuron.memory_allocated(1) == base
+    """)
+
+
+def test_tensor_resize_grows_shared_storage():
+    """Like CPU and CUDA, growing a tensor grows its storage in place: views of it see later writes."""
+    run_checked("""
+        import torch
+        a = torch.arange(3.0, device="neuron")
+        storage, head = a.untyped_storage(), a[:2]
+        a.resize_(10)
+        a[0] = 7
+        assert a.untyped_storage() is storage and storage.nbytes() == 40
+        assert head.tolist() == [7.0, 1.0] and a[:3].tolist() == [7.0, 1.0, 2.0]
+    """)
+
+
+def test_pin_memory_raises_a_clear_error():
+    message = "pinned host memory is not implemented for the neuron device"
+    with pytest.raises(RuntimeError, match=message):
+        torch.ones(3).pin_memory()
+    with pytest.raises(RuntimeError, match=message):
+        torch.ones(3).pin_memory("neuron")
+    with pytest.raises(RuntimeError, match=message):
+        torch.ones(3).untyped_storage().pin_memory()
+    with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
+        torch.ones(3, device="neuron").pin_memory()
+    with pytest.raises(TypeError, match="only CPU memory can be pinned"):
+        torch.ones(3, device="neuron").untyped_storage().pin_memory()
+    assert not torch.ones(3).is_pinned() and not torch.ones(3, device="neuron").is_pinned()
+    assert torch.Tensor.pin_memory.__name__ == "pin_memory" and torch.Tensor.pin_memory.__doc__
+
+
+def test_numpy_raises_like_cuda():
+    t = torch.ones(3, device="neuron")
+    expected = "can't convert neuron:0 device type tensor to numpy. Use Tensor.cpu()"
+    with pytest.raises(TypeError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        t.numpy()
+    with pytest.raises(TypeError, match="can't convert neuron:0 device type tensor to numpy"):
+        np.asarray(t)
+    assert np.array_equal(t.cpu().numpy(), np.ones(3, dtype=np.float32))
+
+
+def test_host_reads_and_new_tensors():
+    run_checked("""
+        import torch
+        t = torch.tensor([[1.5, -2.0], [3.0, 4.0]], device="neuron:1")
+        assert t.tolist() == [[1.5, -2.0], [3.0, 4.0]] and t[0, 1].item() == -2.0
+        assert torch.tensor(True, device="neuron").tolist() is True
+        assert torch.tensor([1 + 2j], device="neuron").tolist() == [1 + 2j]
+        assert torch.tensor([1.0], dtype=torch.bfloat16, device="neuron").tolist() == [1.0]
+        assert torch.empty(0, 3, device="neuron").tolist() == []
+        n = t.new_tensor([7, 8])
+        assert n.device == torch.device("neuron:1") and n.dtype == torch.float32 and n.tolist() == [7.0, 8.0]
+        assert t.new_empty(3).device == t.device and t.new_zeros(2).tolist() == [0.0, 0.0]
+        assert t.new_ones((1,)).tolist() == [1.0] and t.new_full((2,), 5.0).tolist() == [5.0, 5.0]
+        # On neuron:1: the C++ guard would say neuron:0.
+        assert t.new(2).device == t.device and t.new().numel() == 0 and t.new().device == t.device
+        assert t.new([1.0]).tolist() == [1.0] and t.new([1.0]).device == t.device
+        assert t.new(device="neuron:2").device == torch.device("neuron:2")
+        assert t.new(t.untyped_storage()).data_ptr() == t.data_ptr() and t.new(t).data_ptr() == t.data_ptr()
+        assert torch.ones(1).new_tensor([2]).device.type == "cpu" and torch.ones(1).new(2).device.type == "cpu"
+        assert [x.tolist() for x in t] == [[1.5, -2.0], [3.0, 4.0]]
+        assert float(t[1, 1]) == 4.0 and int(t[1, 0]) == 3 and bool(t[0, 0])
+    """)
+
+
+def test_share_memory_is_a_no_op_on_neuron():
+    t = torch.ones(3, device="neuron")
+    pointer = t.data_ptr()
+    assert t.share_memory_() is t and t.data_ptr() == pointer
+    assert t.is_shared() and t.untyped_storage().is_shared()
+
+
+def test_apply_all_is_idempotent():
+    before = (torch.UntypedStorage.__new__, torch.UntypedStorage.resize_, torch.Tensor.pin_memory)
+    _patches.apply_all()
+    assert (torch.UntypedStorage.__new__, torch.UntypedStorage.resize_, torch.Tensor.pin_memory) == before
