@@ -30,7 +30,7 @@ from nki._errors import NkiError
 from nki._launch import Kernel, KernelRun, run_kernel
 from nki._launch import benchmark as _core_benchmark
 from nki._targets import resolve_target
-from nki._tensor import hbm, wrap_array
+from nki._tensor import NkiTensor, hbm, wrap_array
 
 from ._index import nc, spmd_dim
 from ._tile import wrap
@@ -86,6 +86,27 @@ def _returned_arrays(out) -> list[np.ndarray]:
     return []
 
 
+def _dtype_tree(x):
+    """Declared dtypes of returned tensors, with the same nesting as the return value."""
+    if isinstance(x, NkiTensor):
+        return x.dtype
+    if isinstance(x, (tuple, list)):
+        return type(x)(_dtype_tree(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _dtype_tree(v) for k, v in x.items()}
+    return None
+
+
+def _as_declared(out, dtypes):
+    if isinstance(out, np.ndarray) and isinstance(dtypes, np.dtype):
+        return out if out.dtype == dtypes or dtypes.metadata else out.astype(dtypes)
+    if isinstance(out, (tuple, list)) and isinstance(dtypes, (tuple, list)):
+        return type(out)(_as_declared(o, d) for o, d in zip(out, dtypes))
+    if isinstance(out, dict) and isinstance(dtypes, dict):
+        return {k: _as_declared(v, dtypes.get(k)) for k, v in out.items()}
+    return out
+
+
 class LegacyKernel(Kernel):
     """A legacy ``@nki.jit`` kernel; ``kernel[g0, g1, ...]`` binds an SPMD grid, calling it simulates."""
 
@@ -115,8 +136,18 @@ class LegacyKernel(Kernel):
         mutable = {n: bound[n] for n, p in sig.parameters.items()
                    if n in bound and isinstance(bound[n], np.ndarray) and _is_mutable_annotation(p.annotation)}
         before = {n: a.copy() for n, a in mutable.items()}
-        run = run_kernel(self.fn, w_args, w_kwargs, grid=sizes, target=resolve_target(target) if target else None,
+        logical: list = []
+
+        def kernel(*a, **kw):
+            out = self.fn(*a, **kw)
+            if not logical:
+                logical.append(_dtype_tree(out))
+            return out
+
+        run = run_kernel(kernel, w_args, w_kwargs, grid=sizes, target=resolve_target(target) if target else None,
                          precise=precise, lnc=n_cores, core_assignment=assign)
+        if logical:  # fp32-stored narrow floats leave the kernel as their declared dtype
+            run = KernelRun(_as_declared(run.outputs, logical[0]), run.cost)
         returned = _returned_arrays(run.outputs)
         for n, a in mutable.items():
             changed = not np.array_equal(before[n], a, equal_nan=a.dtype.kind in "fc")

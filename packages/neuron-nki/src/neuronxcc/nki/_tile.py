@@ -177,6 +177,11 @@ def legacy_index(t: NkiTensor, idx) -> LegacyTile:
     if not isinstance(idx, tuple):
         idx = (idx,)
     if not any(isinstance(k, (IndexExpr, NkiTensor)) for k in idx):
+        if len(idx) == t.ndim and idx and all(isinstance(k, (int, np.integer)) for k in idx):
+            # one element: keep a 0-d *view* (plain NumPy integer indexing would return a copy)
+            last = int(idx[-1]) + (t.shape[-1] if int(idx[-1]) < 0 else 0)
+            one = NkiTensor.__getitem__(t, (*idx[:-1], slice(last, last + 1)))
+            return wrap(NkiTensor.reshape(one, ()))
         return wrap(NkiTensor.__getitem__(t, idx))
     if t.key is not None:
         _fail("indexing a gathered (index-expression) view again is not supported; index the tensor once",
