@@ -124,22 +124,28 @@ def _train(
 
 
 def _assert_same_run(
-    factory: Callable[[], nn.Module], batches: list[Batch], device: str = "neuron", **options: object
+    factory: Callable[[], nn.Module],
+    batches: list[Batch],
+    device: str = "neuron",
+    dtype: torch.dtype = torch.float32,
+    tol: dict[str, float] = TOL,
+    **options: object,
 ) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(0)
-    cpu_model = factory()
+    cpu_model = factory().to(dtype)
+    batches = [(x.to(dtype) if x.is_floating_point() else x, y) for x, y in batches]
     neuron_model = copy.deepcopy(cpu_model)
     cpu_losses = _train(cpu_model, batches, "cpu", **options)
     neuron_losses = _train(neuron_model, batches, device, **options)
 
     assert cpu_losses[-1] < cpu_losses[0]  # the run actually learns, so the comparison means something
-    torch.testing.assert_close(neuron_losses, cpu_losses, **TOL)
+    torch.testing.assert_close(neuron_losses, cpu_losses, **tol)
     cpu_state, neuron_state = cpu_model.state_dict(), neuron_model.state_dict()
     assert cpu_state.keys() == neuron_state.keys()
     expected_device = torch.empty(0, device=device).device  # "neuron" -> the current neuron:<index>
     for name, value in neuron_state.items():
         assert value.device == expected_device, name
-        torch.testing.assert_close(value.cpu(), cpu_state[name], **TOL, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(value.cpu(), cpu_state[name], **tol, msg=lambda m, n=name: f"{n}: {m}")
     return cpu_model, neuron_model
 
 
@@ -161,6 +167,25 @@ def test_convnet_trains_like_cpu(adamw: dict[str, bool]) -> None:
 
 def test_transformer_block_trains_like_cpu() -> None:
     _assert_same_run(TinyLM, _token_batches())
+
+
+@pytest.mark.parametrize(
+    "factory, batches",
+    [
+        (ConvNet, _image_batches),
+        pytest.param(TinyLM, _token_batches, marks=pytest.mark.xfail(
+            strict=True,
+            reason="scaled_dot_product_attention on neuron takes the math decomposition, not CPU's flash kernel: "
+            "its bfloat16 gradients round differently",
+        )),
+    ],
+    ids=["convnet", "transformer"],
+)
+def test_bfloat16_training_matches_cpu_exactly(
+    factory: Callable[[], nn.Module], batches: Callable[[], list[Batch]]
+) -> None:
+    """In bfloat16 every rounding shows: the device must run the very kernels the CPU runs, scalars included."""
+    _assert_same_run(factory, batches(), dtype=torch.bfloat16, tol={"atol": 0.0, "rtol": 0.0})
 
 
 @pytest.mark.xfail(
