@@ -33,6 +33,7 @@ from nki._targets import resolve_target
 from nki._tensor import NkiTensor, hbm, wrap_array
 
 from ._index import nc, spmd_dim
+from ._scope import OutOfScope, instrument
 from ._tile import wrap
 
 __all__ = ["LegacyKernel", "baremetal", "benchmark", "jit", "profile", "simulate_kernel", "trace"]
@@ -84,6 +85,15 @@ def _returned_arrays(out) -> list[np.ndarray]:
     if isinstance(out, dict):
         return [a for v in out.values() for a in _returned_arrays(v)]
     return []
+
+
+def _reject_out_of_scope(x) -> None:
+    """Returning a tensor whose block scope ended is the same error as any other use of it."""
+    if isinstance(x, OutOfScope):
+        x._raise()
+    if isinstance(x, (tuple, list)):
+        for v in x:
+            _reject_out_of_scope(v)
 
 
 def _dtype_tree(x):
@@ -138,8 +148,11 @@ class LegacyKernel(Kernel):
         before = {n: a.copy() for n, a in mutable.items()}
         logical: list = []
 
+        fn = instrument(self.fn) if self.options.get("check_scopes", True) else self.fn
+
         def kernel(*a, **kw):
-            out = self.fn(*a, **kw)
+            out = fn(*a, **kw)
+            _reject_out_of_scope(out)
             if not logical:
                 logical.append(_dtype_tree(out))
             return out
@@ -159,7 +172,10 @@ class LegacyKernel(Kernel):
 
     def __call__(self, *args, **kwargs):
         if _context.current() is not None:  # a sub-kernel (``mode='trace'``) called from a kernel runs inline
-            return self.fn(*args, **kwargs)
+            if self.grid not in ((), None):
+                raise NkiError("Calling a NKI kernel with a SPMD grid from another NKI kernel is not supported",
+                               code="err_nested_kernel_with_spmd_grid")
+            return (instrument(self.fn) if self.options.get("check_scopes", True) else self.fn)(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
     def __repr__(self) -> str:

@@ -80,35 +80,29 @@ def matmul_hoist_load(lhsT, rhs):
 
 @nki.jit
 def matmul_block_free_dimension(lhsT, rhs, tiles_in_block_m: int = 2, tiles_in_block_n: int = 2):
+    """Each [K, BLOCK] slab of lhsT and rhs is loaded once (one DMA per K tile) and reused for all tile pairs."""
     K, M = lhsT.shape
     _, N = rhs.shape
     result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
     block_m, block_n = TILE_M * tiles_in_block_m, TILE_N * tiles_in_block_n
     num_k = K // TILE_K
     for m in nl.affine_range(M // block_m):
-        lhsT_tiles = []
-        for bm in nl.affine_range(tiles_in_block_m):
-            t = nl.ndarray((num_k, nl.par_dim(TILE_K), TILE_M), dtype=lhsT.dtype, buffer=nl.sbuf)
-            for k in nl.affine_range(num_k):
-                t[k] = nl.load(lhsT[k * TILE_K:(k + 1) * TILE_K,
-                                    (m * tiles_in_block_m + bm) * TILE_M:(m * tiles_in_block_m + bm + 1) * TILE_M])
-            lhsT_tiles.append(t)
+        lhsT_tiles = nl.ndarray((num_k, nl.par_dim(TILE_K), block_m), dtype=lhsT.dtype, buffer=nl.sbuf)
+        for k in nl.affine_range(num_k):
+            lhsT_tiles[k] = nl.load(lhsT[k * TILE_K:(k + 1) * TILE_K, m * block_m:(m + 1) * block_m])
         for n in nl.affine_range(N // block_n):
-            rhs_tiles = []
-            for bn in nl.affine_range(tiles_in_block_n):
-                t = nl.ndarray((num_k, nl.par_dim(TILE_K), TILE_N), dtype=rhs.dtype, buffer=nl.sbuf)
-                for k in nl.affine_range(num_k):
-                    t[k] = nl.load(rhs[k * TILE_K:(k + 1) * TILE_K,
-                                       (n * tiles_in_block_n + bn) * TILE_N:(n * tiles_in_block_n + bn + 1) * TILE_N])
-                rhs_tiles.append(t)
+            rhs_tiles = nl.ndarray((num_k, nl.par_dim(TILE_K), block_n), dtype=rhs.dtype, buffer=nl.sbuf)
+            for k in nl.affine_range(num_k):
+                rhs_tiles[k] = nl.load(rhs[k * TILE_K:(k + 1) * TILE_K, n * block_n:(n + 1) * block_n])
             for bm in nl.affine_range(tiles_in_block_m):
                 for bn in nl.affine_range(tiles_in_block_n):
                     res_psum = nl.zeros((TILE_M, TILE_N), nl.float32, buffer=nl.psum)
                     for k in nl.affine_range(num_k):
-                        res_psum += nl.matmul(lhsT_tiles[bm][k], rhs_tiles[bn][k], transpose_x=True)
+                        res_psum += nl.matmul(lhsT_tiles[k, :, bm * TILE_M:(bm + 1) * TILE_M],
+                                              rhs_tiles[k, :, bn * TILE_N:(bn + 1) * TILE_N], transpose_x=True)
                     res_sb = nl.copy(res_psum, dtype=result.dtype)
-                    r0 = (m * tiles_in_block_m + bm) * TILE_M
-                    c0 = (n * tiles_in_block_n + bn) * TILE_N
+                    r0 = m * block_m + bm * TILE_M
+                    c0 = n * block_n + bn * TILE_N
                     nl.store(result[r0:r0 + TILE_M, c0:c0 + TILE_N], value=res_sb)
     return result
 
