@@ -61,7 +61,7 @@ def _register_device() -> None:
 
 def _register_kernels() -> None:
     from . import autocast
-    from .ops import host_exec, minimal, registry  # noqa: F401  (importing `minimal` registers its kernels)
+    from .ops import host_exec, matmul, minimal, registry  # noqa: F401  (importing `minimal`, `matmul` registers kernels)
 
     registry.register_fallback(host_exec.run_on_host)
     autocast.register()

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .. import topology as _topology
+from ..numerics import is_downcast_64bit_enabled, set_downcast_64bit
 from ._lazy import _is_in_bad_fork as _is_in_bad_fork  # torch.random checks it before seeding
 from ._lazy import is_initialized, lazy_init
 from .memory import (
@@ -47,6 +48,7 @@ __all__ = [
     "initial_seed",
     "is_available",
     "is_bf16_supported",
+    "is_downcast_64bit_enabled",
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
@@ -56,6 +58,7 @@ __all__ = [
     "seed",
     "seed_all",
     "set_device",
+    "set_downcast_64bit",
     "set_rng_state",
     "set_rng_state_all",
     "synchronize",

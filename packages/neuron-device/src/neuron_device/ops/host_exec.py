@@ -18,6 +18,7 @@ from collections import Counter
 import torch
 
 from .. import allocator
+from .. import numerics as _numerics
 from ..hostmem import host_alias
 from ..neuron import random as _random
 
@@ -180,6 +181,12 @@ def _sync_resized_alias(out: torch.Tensor, alias: torch.Tensor) -> None:
 
 def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
     """The boxed fallback: execute `op` with its CPU kernel on host aliases of the `neuron` arguments."""
+    if _numerics.downcast_64bit:  # opt-in: 64-bit types computed in 32 bits (numerics.py)
+        return _numerics.run_downcast(_run_on_host, op, args, kwargs)
+    return _run_on_host(op, *args, **kwargs)
+
+
+def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
     plan = _plan(op)
     executed_ops[plan.name] += 1
     call = _Call(plan)
