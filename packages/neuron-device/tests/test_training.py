@@ -9,6 +9,7 @@ different (but equivalent) kernel on the device, e.g. layer norm through its com
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import subprocess
 from collections.abc import Callable
@@ -273,3 +274,27 @@ def test_checkpoint_restore_paths(python: Callable[..., subprocess.CompletedProc
     run = python(_CHECKPOINT_RESTORE)
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
     assert run.stdout.splitlines() == ["neuron:0 True True"] * 3  # device, values, own memory
+
+
+def test_training_holds_steady_device_memory() -> None:
+    """Activations, gradients and temporaries of each step are freed: memory stays flat, and all of it returns."""
+    gc.collect()  # garbage of earlier tests must not be freed in the middle of the measurement
+    baseline = torch.neuron.memory_allocated()
+    torch.neuron.reset_peak_memory_stats()
+    torch.manual_seed(0)
+    model = ConvNet().to("neuron")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batches = _image_batches()
+    after_step = []
+    for step in range(5):
+        _fit(model, optimizer, batches, "neuron", range(step, step + 1))
+        gc.collect()
+        after_step.append(torch.neuron.memory_allocated())
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    # After the first step: parameters, their gradients and AdamW's two moments, at least.
+    assert after_step[0] >= baseline + 4 * parameters
+    assert after_step == [after_step[0]] * len(after_step)
+    assert torch.neuron.max_memory_allocated() > after_step[0]  # activations existed, and were freed
+    del model, optimizer
+    gc.collect()
+    assert torch.neuron.memory_allocated() == baseline
