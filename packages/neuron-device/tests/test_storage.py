@@ -1,0 +1,211 @@
+"""Storage of `neuron` tensors: real data pointers, strides and offsets, storage shared between views, and memory
+freed exactly when the last tensor, view or storage reference dies."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from neuron_device import allocator, hostmem
+
+
+@pytest.fixture
+def allocated():
+    """`memory_allocated(index)` now, after a collection so earlier tests' garbage does not count."""
+
+    def read(index: int = 0) -> int:
+        gc.collect()
+        return torch.neuron.memory_allocated(index)
+
+    return read
+
+
+def test_memory_is_freed_when_the_last_tensor_dies(allocated):
+    base = allocated()
+    t = torch.ones(1000, device="neuron")
+    assert allocated() >= base + 4000
+    del t
+    assert allocated() == base
+
+
+def test_a_view_keeps_its_base_memory_alive(allocated):
+    base = allocated()
+    t = torch.arange(1000.0, device="neuron")
+    held = allocated()
+    view = t[10:20]
+    del t
+    assert allocated() == held
+    assert view.tolist() == [float(i) for i in range(10, 20)]
+    view_of_view = view.view(2, 5)
+    del view
+    assert allocated() == held and view_of_view[1, 4].item() == 19.0
+    del view_of_view
+    assert allocated() == base
+
+
+def test_storage_alone_keeps_memory_alive(allocated):
+    base = allocated(1)
+    t = torch.arange(8, dtype=torch.int32, device="neuron:1")
+    untyped = t.untyped_storage()
+    held = allocated(1)
+    del t
+    assert allocated(1) == held
+    rebuilt = torch.empty(0, dtype=torch.int32, device="neuron:1").set_(untyped)
+    assert rebuilt.tolist() == list(range(8))
+    del rebuilt, untyped
+    assert allocated(1) == base
+
+
+def test_typed_storage_alone_keeps_memory_alive(allocated):
+    base = allocated(2)
+    t = torch.arange(4.0, device="neuron:2")
+    with pytest.warns(UserWarning, match="TypedStorage is deprecated"):
+        typed = t.storage()
+    del t
+    assert allocated(2) > base and typed.tolist() == [0.0, 1.0, 2.0, 3.0]
+    del typed
+    assert allocated(2) == base
+
+
+def test_storage_object_lives_exactly_as_long_as_its_users():
+    t = torch.ones(4, device="neuron")
+    ref = weakref.ref(t.untyped_storage())
+    view = t[1:]
+    del t
+    gc.collect()
+    assert ref() is not None
+    del view
+    gc.collect()
+    assert ref() is None
+
+
+def test_set_to_another_storage_frees_the_old_one(allocated):
+    base = allocated()
+    t = torch.zeros(1000, device="neuron")
+    other = torch.ones(10, device="neuron")
+    t.set_(other.untyped_storage())
+    del other
+    after = allocated()
+    assert base < after < base + 4000  # only the small storage is left
+    assert t.tolist() == [1.0] * 10
+    del t
+    assert allocated() == base
+
+
+def test_cycles_are_freed_by_the_collector(allocated):
+    base = allocated()
+    holder: list = []
+    holder.append(holder)
+    holder.append(torch.ones(256, device="neuron"))
+    del holder
+    assert allocated() == base
+
+
+def test_data_ptr_strides_and_offset_are_real():
+    t = torch.arange(24.0, device="neuron").reshape(2, 3, 4)
+    storage = t.untyped_storage()
+    assert t.data_ptr() == storage.data_ptr() != 0
+    assert t.stride() == (12, 4, 1) and t.is_contiguous()
+    view = t[1, 1:, ::2]
+    assert view.storage_offset() == 16 and view.stride() == (4, 2)
+    assert view.data_ptr() == storage.data_ptr() + 16 * t.element_size()
+    assert view.untyped_storage() is storage
+    transposed = t.transpose(0, 2)
+    assert transposed.stride() == (1, 4, 12) and not transposed.is_contiguous()
+    assert transposed.untyped_storage().data_ptr() == storage.data_ptr()
+    assert torch.equal(view.cpu(), torch.arange(24.0).reshape(2, 3, 4)[1, 1:, ::2])
+
+
+def test_views_share_storage_and_see_writes():
+    t = torch.zeros(3, 4, device="neuron")
+    row, column, flat = t[1], t[:, 2], t.view(-1)
+    row.fill_(1.0)
+    column.add_(10.0)
+    flat[0] = 5.0
+    expected = torch.zeros(3, 4)
+    expected[1] = 1.0
+    expected[:, 2] += 10.0
+    expected.view(-1)[0] = 5.0
+    assert torch.equal(t.cpu(), expected)
+    assert len({x.untyped_storage().data_ptr() for x in (t, row, column, flat)}) == 1
+    assert row._base is t and column._base is t
+
+
+def test_to_neuron_and_back_copy():
+    """Moving between host and device copies, as with CUDA: later writes on either side stay on that side."""
+    host = torch.arange(4.0)
+    device = host.to("neuron")
+    host[0] = 100.0
+    assert device[0].item() == 0.0
+    device[1] = -1.0
+    assert host[1].item() == 1.0
+    back = device.cpu()
+    device[2] = 7.0
+    assert back[2].item() == 2.0
+    assert device.to("neuron") is device and device.to("neuron:1").device == torch.device("neuron:1")
+
+
+def test_host_alias_is_zero_copy_both_ways():
+    t = torch.arange(12.0, device="neuron").reshape(3, 4)[1:, 1:]
+    alias = hostmem.host_alias(t)
+    assert alias.device.type == "cpu" and alias.data_ptr() == t.data_ptr()
+    assert alias.shape == t.shape and alias.stride() == t.stride()
+    alias[0, 0] = 42.0
+    assert t[0, 0].item() == 42.0
+    t[1, 2] = -3.0
+    assert alias[1, 2].item() == -3.0
+
+
+def test_host_alias_keeps_device_memory_alive(allocated):
+    base = allocated()
+    t = torch.arange(256.0, device="neuron")
+    alias = hostmem.host_alias(t)
+    del t
+    assert allocated() > base and alias[255].item() == 255.0
+    del alias
+    assert allocated() == base
+
+
+def test_adopted_host_memory_is_shared_not_copied(allocated):
+    base = allocated(3)
+    host = torch.arange(6.0)
+    device = allocator.adopt_tracked(host, 3)
+    assert device.device == torch.device("neuron:3") and device.data_ptr() == host.data_ptr()
+    host[0] = 9.0
+    assert device[0].item() == 9.0
+    del host
+    assert device.tolist() == [9.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    del device
+    assert allocated(3) == base
+
+
+def test_conjugate_and_negative_views_alias_correctly():
+    z = torch.tensor([1 + 2j, 3 - 4j], device="neuron")
+    conj = z.conj()
+    assert conj.is_conj() and conj.data_ptr() == z.data_ptr()
+    assert conj.tolist() == [1 - 2j, 3 + 4j]
+    alias = hostmem.host_alias(conj)
+    assert alias.is_conj() and alias.tolist() == [1 - 2j, 3 + 4j]
+    assert conj.resolve_conj().tolist() == [1 - 2j, 3 + 4j] and z.tolist() == [1 + 2j, 3 - 4j]
+
+
+def test_resize_to_same_size_keeps_strides():
+    t = torch.zeros(4, 3, device="neuron").t()
+    t.resize_(3, 4)
+    assert t.stride() == (1, 3)
+
+
+def test_storage_resize_updates_memory_statistics(allocated):
+    base = allocated()
+    storage = torch.empty(0, dtype=torch.uint8, device="neuron").untyped_storage()
+    storage.resize_(4096)
+    grown = allocated()
+    assert grown >= base + 4096
+    storage.resize_(0)
+    assert allocated() == base
+    storage.resize_(100)
+    del storage
+    assert allocated() == base
