@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki import _context
+from nki import _limits
 from nki import isa as core_isa
 from nki._dtypes import cast_for_store, uninit_value
 from nki._errors import NkiValidationError, fmt_shape, kernel_location
@@ -297,5 +297,10 @@ def unwritten_outside(t: NkiTensor, m: np.ndarray | None) -> None:
     t.base[~m] = uninit_value(t.dtype)
 
 
-def require_ctx(api: str):
-    return _context.require(api)
+def check_matmul_operands(op: str, stationary: NkiTensor, moving: NkiTensor, stationary_arg: str = "stationary",
+                          moving_arg: str = "moving") -> None:
+    """Matmul free-size limits (stationary ≤ 128, moving ≤ 512), checked before the PSUM result is allocated so
+    the error names the operand, with the legacy ``err_size_of_dimension_exceed_arch_limit`` message."""
+    for t, arg, limit in ((stationary, stationary_arg, 128), (moving, moving_arg, 512)):
+        if t.ndim >= 2:
+            _limits.check_dim_size(t, op, arg, 1, limit, size=t.free_size)

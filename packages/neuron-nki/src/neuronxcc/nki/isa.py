@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 import nki.isa as _c
-from nki import _context
+from nki import _context, _limits
 from nki import _dtypes as _dt
 from nki._errors import NkiValidationError, kernel_location, unimplemented
 from nki._tensor import NkiTensor, allocate, psum, sbuf
@@ -31,7 +31,15 @@ from nki.isa import (
 )
 
 from ._index import IndexExpr, Predicate
-from ._tile import LegacyTile, check_access, mask_array, masked_write, unwritten_outside, wrap
+from ._tile import (
+    LegacyTile,
+    check_access,
+    check_matmul_operands,
+    mask_array,
+    masked_write,
+    unwritten_outside,
+    wrap,
+)
 from .language import promote
 
 __all__ = [
@@ -72,6 +80,7 @@ def nc_matmul(stationary: NkiTensor, moving: NkiTensor, *, is_stationary_onezero
               **kwargs) -> LegacyTile:
     """``stationary.T @ moving`` into a new fp32 PSUM tile ``[stationary free, moving free]``."""
     _check(mask, stationary, moving)
+    check_matmul_operands("nc_matmul", stationary, moving)
     out = _new((stationary.free_size, moving.free_size),
                stationary.dtype if is_transpose else _dt.float32, psum, "nc_matmul")
     _c.nc_matmul(out, stationary, moving, is_stationary_onezero=is_stationary_onezero,
@@ -116,6 +125,7 @@ def tensor_tensor(data1: NkiTensor, data2: NkiTensor, op, *, dtype=None, mask=No
                   **kwargs) -> LegacyTile:
     """Element-wise ``data1 op data2`` (Vector Engine; ``power`` on GpSimd)."""
     _check(mask, data1, data2)
+    _limits.check_same_partitions("tensor_tensor", data1=data1, data2=data2)  # the documented message
     out = _new(data1.shape, dtype or promote(data1, data2), sbuf, "tensor_tensor")
     _c.tensor_tensor(out, data1, data2, op, engine=_engine(engine))
     return _done(out, mask)

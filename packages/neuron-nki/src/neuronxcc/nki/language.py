@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import re
 import warnings
 
 import numpy as np
@@ -60,7 +61,16 @@ from nki.language import (
 )
 
 from ._index import Predicate, arange, mgrid, nc, par_dim, spmd_dim
-from ._tile import LegacyTile, append_ones, check_access, mask_array, masked_write, unwritten_outside, wrap
+from ._tile import (
+    LegacyTile,
+    append_ones,
+    check_access,
+    check_matmul_operands,
+    mask_array,
+    masked_write,
+    unwritten_outside,
+    wrap,
+)
 
 __all__ = [  # noqa: RUF022 - grouped by topic
     "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float16", "float32", "bfloat16", "tfloat32",
@@ -176,10 +186,20 @@ def _resolve_buffer(buffer) -> Buffer:
                              location=kernel_location(3))
 
 
+_ASSIGN = re.compile(r"\s*([A-Za-z_]\w*)\s*(?::[^=]+)?=(?!=)")
+
+
+def _assigned_name() -> str:
+    """Name of the variable the kernel line assigns to (``out = nl.ndarray(...)`` → ``out``), for messages."""
+    m = _ASSIGN.match(kernel_location(3)[3])
+    return m.group(1) if m else ""
+
+
 def _alloc(shape, dtype, buffer, name: str, api: str, fill=None) -> LegacyTile:
     """Allocate, honouring ``nl.par_dim``: dimensions before it are (deprecated) block dimensions, stored
     partition-first so SBUF/PSUM accounting counts ``blocks × free`` bytes per partition."""
     buf = _resolve_buffer(buffer)
+    name = name or _assigned_name()
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     pd = next((i for i, s in enumerate(shape) if isinstance(s, par_dim)), 0)
     if pd and buf.on_chip:
@@ -492,6 +512,8 @@ gemm_grid = unimplemented("neuronxcc.nki.language.gemm_grid", "not documented be
 def matmul(x: NkiTensor, y: NkiTensor, *, transpose_x: bool = False, mask=None, **kwargs) -> LegacyTile:
     """``x @ y`` into a new fp32 PSUM tile (``transpose_x=True``: ``x`` is already ``[K, M]``)."""
     _checked(mask, x, y)
+    if transpose_x:
+        check_matmul_operands("matmul", x, y, "x", "y")
     return _masked(_cnl.matmul(x, y, transpose_x=transpose_x), mask)
 
 
