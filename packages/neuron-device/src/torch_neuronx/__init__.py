@@ -1,11 +1,52 @@
 """Compatibility module under AWS TorchNeuron's import name, so code and libraries that probe for `torch_neuronx`
-(transformers, accelerate, diffusers) find the `neuron` device. Importing it registers the device."""
+(transformers, accelerate, diffusers) find the `neuron` device. Importing it registers the device.
+
+TorchNeuron's extras live here: op tracking (`get_fallback_ops`, `get_executed_ops`, `clear_op_tracking`), the
+kernel compilation cache statistics, and `torch_neuronx.metrics`.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import neuron_device
 from neuron_device import __version__
+from neuron_device import optracking as _optracking
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "clear_compilation_cache",
+    "clear_op_tracking",
+    "get_compilation_cache_stats",
+    "get_executed_ops",
+    "get_fallback_ops",
+]
 
 neuron_device.register()
+
+
+def get_fallback_ops() -> list[str]:
+    """Names of the operations that fell back to CPU (e.g. ``'aten::linalg_inv_ex.inverse'``), sorted."""
+    return _optracking.get_fallback_ops()
+
+
+def get_executed_ops() -> list[str]:
+    """Names of the operations executed by Neuron kernels, sorted."""
+    return _optracking.get_executed_ops()
+
+
+def clear_op_tracking() -> None:
+    """Clear both the fallback and the executed operation tracking (useful in tests)."""
+    _optracking.clear_op_tracking()
+
+
+def get_compilation_cache_stats() -> dict[str, Any]:
+    """Kernel compilation cache statistics: the real device compiles one kernel per op signature (op, input shapes
+    and dtypes, non-tensor arguments). Keys as TorchNeuron's: ``total_compilations``, ``in_memory_hits``,
+    ``in_memory_misses``, ``total_entries``, ``hit_rate``; plus ``compilations_per_op``."""
+    return _optracking.compilation_stats()
+
+
+def clear_compilation_cache() -> None:
+    """Drop every cached kernel and reset the counters: the next call of every signature compiles again."""
+    _optracking.clear_compilation_cache()

@@ -9,6 +9,7 @@ import math
 import torch
 
 from .. import allocator
+from .. import optracking as _optracking
 from ..hostmem import host_alias
 from .host_exec import run_on_host
 from .registry import kernel
@@ -125,6 +126,7 @@ def _host(tensor: torch.Tensor) -> torch.Tensor:
 def _copy_from(self, dst, non_blocking=False):
     """Copy `self` into `dst`, either of which may be on the host: one memcpy between host buffers."""
     _host(dst).copy_(_host(self))
+    _optracking.transfer("aten::_copy_from", self, dst)
     return dst
 
 
@@ -132,6 +134,7 @@ def _copy_from(self, dst, non_blocking=False):
 def copy_(self, src, non_blocking=False):
     """Direct kernel: torch's generic `copy_` loops forever on a conjugate-view source of a Python backend."""
     _host(self).copy_(_host(src))
+    _optracking.transfer("aten::copy_", src, self)
     return self
 
 
@@ -153,6 +156,7 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     result = aten._to_copy.default(
         host_alias(self), dtype=dtype, layout=layout, pin_memory=pin_memory, memory_format=memory_format
     )
+    _optracking.transfer("aten::_to_copy", self, result, target)
     if target.type == "neuron":
         return allocator.adopt_tracked(result, _device_index(target))
     if target.type != "cpu":
@@ -162,7 +166,9 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 
 @kernel("aten::_local_scalar_dense")
 def _local_scalar_dense(self):
-    return host_alias(self).item()
+    value = host_alias(self)
+    _optracking.transfer("aten::_local_scalar_dense", self, value)
+    return value.item()
 
 
 @kernel("aten::convolution_overrideable")

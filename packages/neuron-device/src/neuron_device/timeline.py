@@ -1,0 +1,92 @@
+"""Simulated device time: a clock per stream of each device, and where the host stands on that device's timeline.
+
+The simulator executes every op on the host, synchronously; device time is a model (`costmodel`). Each stream of a
+device has a clock: the simulated time (seconds since the device was first used) at which the work queued on that
+stream so far completes. The host is modelled as infinitely fast: it moves along a device's timeline only when it
+waits for the device (`synchronize`, a device-to-host copy, `Event.synchronize`, a query that finds work pending).
+An op issued on a stream starts once the stream's earlier work is done and the host has issued it:
+``start = max(stream clock, host time)``. Streams do not slow each other down (see docs/simulated-time.md).
+
+Which stream is current is per thread and per device, as in CUDA; stream 0 is each device's default stream.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["DeviceTimeline", "charge", "current_stream_id", "set_current_stream_id", "timeline"]
+
+
+class DeviceTimeline:
+    """The clocks of one device's streams and the host's position on them (seconds)."""
+
+    __slots__ = ("_lock", "clocks", "host")
+
+    def __init__(self) -> None:
+        self.clocks: dict[int, float] = {0: 0.0}
+        self.host = 0.0
+        self._lock = threading.Lock()
+
+    def ready(self, stream_id: int) -> float:
+        """When work issued now on `stream_id` could start (everything queued on it before is done)."""
+        clock = self.clocks.get(stream_id, 0.0)
+        return clock if clock > self.host else self.host
+
+    def charge(self, stream_id: int, seconds: float) -> float:
+        """Queue `seconds` of work on `stream_id`; return its completion time."""
+        with self._lock:
+            end = self.ready(stream_id) + seconds
+            self.clocks[stream_id] = end
+        return end
+
+    def wait_until(self, stream_id: int, when: float) -> None:
+        """Later work on `stream_id` starts no earlier than `when` (a stream waiting for an event)."""
+        with self._lock:
+            if when > self.ready(stream_id):
+                self.clocks[stream_id] = when
+
+    def host_wait(self, when: float) -> None:
+        """The host blocks until simulated time `when`."""
+        with self._lock:
+            if when > self.host:
+                self.host = when
+
+    def synchronize(self) -> float:
+        """The host waits for every stream of the device; return the time it resumes."""
+        with self._lock:
+            self.host = max(self.host, *self.clocks.values())
+            return self.host
+
+
+_timelines: dict[int, DeviceTimeline] = {}
+
+
+def timeline(index: int) -> DeviceTimeline:
+    """The timeline of device `neuron:index` (created on first use)."""
+    found = _timelines.get(index)
+    if found is None:
+        found = _timelines.setdefault(index, DeviceTimeline())
+    return found
+
+
+class _CurrentStreams(threading.local):
+    def __init__(self) -> None:
+        self.ids: dict[int, int] = {}  # device index -> current stream id of this thread
+
+
+_current = _CurrentStreams()
+
+
+def current_stream_id(index: int) -> int:
+    """Id of this thread's current stream on device `index` (0, the default stream, unless set)."""
+    return _current.ids.get(index, 0)
+
+
+def set_current_stream_id(index: int, stream_id: int) -> None:
+    """Make `stream_id` this thread's current stream on device `index`."""
+    _current.ids[index] = stream_id
+
+
+def charge(index: int, seconds: float) -> float:
+    """Queue `seconds` of work on this thread's current stream of device `index`; return its completion time."""
+    return timeline(index).charge(_current.ids.get(index, 0), seconds)
