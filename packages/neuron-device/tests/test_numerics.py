@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from neuron_device import numerics
 from neuron_device.ops.matmul import OPERANDS
 
