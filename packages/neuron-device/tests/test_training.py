@@ -166,8 +166,17 @@ def test_convnet_trains_like_cpu(adamw: dict[str, bool]) -> None:
         torch.testing.assert_close(neuron_model(images.to("neuron")).cpu(), cpu_model(images), **TOL)
 
 
-def test_transformer_block_trains_like_cpu() -> None:
-    _assert_same_run(TinyLM, _token_batches())
+def _tied_lm() -> TinyLM:
+    """TinyLM whose output head shares the embedding matrix, as most language models do."""
+    model = TinyLM()
+    model.head.weight = model.embed.weight
+    return model
+
+
+@pytest.mark.parametrize("factory", [TinyLM, _tied_lm], ids=["untied", "tied"])
+def test_transformer_block_trains_like_cpu(factory: Callable[[], TinyLM]) -> None:
+    _, neuron_model = _assert_same_run(factory, _token_batches())
+    assert (neuron_model.head.weight is neuron_model.embed.weight) == (factory is _tied_lm)  # moving keeps ties
 
 
 @pytest.mark.parametrize(
