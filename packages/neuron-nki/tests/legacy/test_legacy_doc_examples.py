@@ -201,3 +201,36 @@ def test_tensor_reduce_then_store_with_mgrid(rng):
 
     a = rng.random((128, 512)).astype(np.float32)
     assert np.allclose(k(a), a.sum(1, keepdims=True))
+
+
+def test_masked_instruction_assigned_into_a_tile_updates_only_masked_elements(rng):
+    """``dst[...] = op(..., mask=m)`` writes ``dst`` only where ``m`` holds; ``mask=False`` (a compile-time
+    constant, as in the flash-attention sample) leaves ``dst`` untouched."""
+    @nki.jit
+    def k(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        t = nl.load(x)
+        buf = nl.zeros((128, 64), dtype=nl.float32)
+        buf[...] = nl.exp(t, mask=(i_f < 16))
+        buf[...] = nl.add(t, 100.0, mask=False)
+        buf[:, :] = nisa.affine_select(pred=(i_p >= i_f), on_true_tile=t, on_false_value=-1.0, mask=(i_f >= 48))
+        nl.store(out, buf)
+        return out
+
+    x = rng.standard_normal((128, 64)).astype(np.float32)
+    ref = np.zeros_like(x)
+    ref[:, :16] = np.exp(x[:, :16])
+    ip, jf = np.mgrid[0:128, 0:64]
+    ref[:, 48:] = np.where(ip >= jf, x, -1.0)[:, 48:]
+    np.testing.assert_allclose(k(x), ref, rtol=1e-6)
+
+
+def test_nc_version_is_comparable():
+    @nki.jit
+    def k(x):
+        out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.shared_hbm)
+        nl.store(out, nl.full((1, 1), int(nisa.get_nc_version() >= nisa.nc_version.gen3), dtype=nl.int32))
+        return out
+
+    assert k(np.zeros(1, np.float32))[0, 0] == 1

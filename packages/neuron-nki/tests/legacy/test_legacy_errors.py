@@ -238,3 +238,24 @@ def test_block_dimension_is_deprecated_but_counts_blocks_per_partition():
     x = np.ones((128, 4096), np.float32)
     with pytest.warns(DeprecationWarning, match="block dimensions"):
         np.testing.assert_array_equal(k(x), x)
+
+
+def test_constant_ifs_open_no_scope_and_outer_none_is_updated():
+    """Public kernels bind tensors under compile-time ``if``s (``if config.training: lse = nl.ndarray(...)``) and
+    update an outer ``x = None`` inside loops; neither is a scope violation."""
+    @nki.jit
+    def k(x, training):
+        if training:
+            lse = nl.ndarray((4, 4), dtype=x.dtype, buffer=nl.shared_hbm)
+        else:
+            lse = None
+        last = None
+        for i in nl.affine_range(2):
+            last = nl.load(x[i:i + 4])
+        nl.store(lse, nl.add(last, 1.0))
+        return lse
+
+    x = np.arange(20, dtype=np.float32).reshape(5, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(k(x, True), x[1:] + 1)  # the last iteration's tile

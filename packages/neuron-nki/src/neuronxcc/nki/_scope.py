@@ -1,7 +1,7 @@
 """Legacy tensor scope rules: ``err_local_variable_used_out_of_scope`` and the "shadowing local tensor" warning.
 
-NKI 0.1 gives every ``if``/``else``/``for``/``while`` block its own scope for tensors: a tensor bound to a name
-inside a block cannot be used after the block, and re-binding (inside a block) a name that holds a tensor from an
+NKI 0.1 gives every ``for``/``while`` block, and every ``if``/``else`` whose condition depends on a loop index,
+its own scope for tensors: a tensor newly bound to a name inside a block cannot be used after the block, and re-binding (inside a block) a name that holds a tensor from an
 enclosing scope warns ``shadowing local tensor ... use 'data[...] ='`` (SDK-2.26 ``nki.errors.rst``). Python has
 function scope only, so kernels are instrumented: the kernel's AST gets, around each block statement,
 
@@ -75,9 +75,12 @@ class _Runtime:
         for n in names:
             v = loc.get(n, _UNSET)
             old = before.get(n, _UNSET)
+            if isinstance(old, OutOfScope):  # left over from an earlier pass through this block: unbound
+                old = _UNSET
             if v is _UNSET:
                 out.append(old if old is not _UNSET else OutOfScope(n, line))
-            elif isinstance(v, NkiTensor) and v is not old:
+            elif isinstance(v, NkiTensor) and v is not old and (old is _UNSET or isinstance(old, NkiTensor)):
+                # new in the block, or shadowing an outer tensor; an outer non-tensor (``x = None``) is updated
                 if isinstance(old, NkiTensor):
                     warnings.warn(f"shadowing local tensor '{nki_name(old.dtype)} {n}{fmt_shape(old.shape)}' with a "
                                   f"new object, use '{n}[...] =' if you want to update the existing object",
@@ -88,7 +91,6 @@ class _Runtime:
         return tuple(out)
 
 
-_BLOCKS = (ast.For, ast.AsyncFor, ast.While, ast.If)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp,
            ast.DictComp, ast.GeneratorExp)
 
@@ -112,29 +114,46 @@ def _bound_names(stmts) -> list[str]:
     return names
 
 
+def _loaded_names(expr) -> set[str]:
+    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+
+
 class _Rewriter:
+    """Wraps scope blocks: every loop, and every ``if`` whose condition depends on a loop (a name bound by or
+    inside an enclosing loop). Other ``if``s test compile-time constants (kernel arguments, flags): the legacy
+    tracer resolved them in Python, so they open no scope (public kernels rely on this, e.g.
+    ``if config.training: lse = nl.ndarray(...)`` followed by a use of ``lse``)."""
+
     def __init__(self, skip: set[str], line_offset: int):
         self.count = 0
         self.skip = skip
         self.line_offset = line_offset
 
-    def body(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
+    def body(self, stmts: list[ast.stmt], loop_names: frozenset[str] = frozenset()) -> list[ast.stmt]:
         out: list[ast.stmt] = []
         for s in stmts:
             if isinstance(s, _SCOPES):
                 out.append(s)
                 continue
-            for field in ("body", "orelse", "finalbody"):  # nested blocks first: they get their own scope
+            is_loop = isinstance(s, ast.For | ast.AsyncFor | ast.While)
+            inner = loop_names
+            if is_loop:
+                inner = loop_names | set(_bound_names(s.body)) | (
+                    set(_bound_names([s.target])) if isinstance(s, ast.For | ast.AsyncFor) else set())
+            if hasattr(s, "body") and isinstance(s.body, list):  # nested blocks first: they get their own scope
+                s.body = self.body(s.body, inner)
+            for field in ("orelse", "finalbody"):
                 if isinstance(getattr(s, field, None), list):
-                    setattr(s, field, self.body(getattr(s, field)))
+                    setattr(s, field, self.body(getattr(s, field), loop_names))
             for handler in getattr(s, "handlers", ()):
-                handler.body = self.body(handler.body)
-            if not isinstance(s, _BLOCKS):
+                handler.body = self.body(handler.body, loop_names)
+            is_scope = is_loop or (isinstance(s, ast.If) and bool(_loaded_names(s.test) & loop_names))
+            if not is_scope:
                 out.append(s)
                 continue
-            inner = _bound_names([*s.body, *s.orelse]) + (_bound_names([s.target]) if isinstance(
+            bound = _bound_names([*s.body, *s.orelse]) + (_bound_names([s.target]) if isinstance(
                 s, ast.For | ast.AsyncFor) else [])
-            names = [n for n in dict.fromkeys(inner) if n not in self.skip and not n.startswith("__nki_")]
+            names = [n for n in dict.fromkeys(bound) if n not in self.skip and not n.startswith("__nki_")]
             if not names:
                 out.append(s)
                 continue
@@ -147,7 +166,8 @@ class _Rewriter:
                                ast.Call(ast.Attribute(rt, "enter", ast.Load()), [locs, tup], []))
             leave = ast.Assign([ast.Tuple([ast.Name(n, ast.Store()) for n in names], ast.Store())],
                                ast.Call(ast.Attribute(rt, "leave", ast.Load()),
-                                        [locs, tup, ast.Name(var, ast.Load()), ast.Constant(s.lineno + self.line_offset)], []))
+                                        [locs, tup, ast.Name(var, ast.Load()),
+                                         ast.Constant(s.lineno + self.line_offset)], []))
             for node in (enter, leave):
                 ast.copy_location(node, s)
             out.extend([enter, s, leave])

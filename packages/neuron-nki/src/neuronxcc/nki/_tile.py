@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki import _limits
+from nki import _context, _limits
 from nki import isa as core_isa
+from nki._cost import MIN_II
 from nki._dtypes import cast_for_store, uninit_value
 from nki._errors import NkiValidationError, fmt_shape, kernel_location
 from nki._tensor import DynSlice, NkiTensor, psum
@@ -27,13 +28,16 @@ __all__ = ["LegacyTile", "check_access", "mask_array", "masked_write", "wrap"]
 
 
 class LegacyTile(NkiTensor):
-    """A legacy tile or tensor view; ``oob`` is ``(bool array, message)`` for a partly out-of-bounds access."""
+    """A legacy tile or tensor view. ``oob`` is ``(bool array, message)`` for a partly out-of-bounds access;
+    ``valid`` marks the elements a masked instruction wrote (None: all), so ``dst[...] = op(..., mask=m)`` only
+    updates ``dst`` where ``m`` holds, as when the legacy compiler makes ``dst`` the instruction's output."""
 
-    __slots__ = ("oob",)
+    __slots__ = ("oob", "valid")
 
     def __init__(self, alloc, base, key=None, name=None, oob=None):
         super().__init__(alloc, base, key, name)
         self.oob = oob
+        self.valid = None
 
     # -- indexing --------------------------------------------------------------------------------------------
     def __getitem__(self, idx) -> LegacyTile:
@@ -47,6 +51,12 @@ class LegacyTile(NkiTensor):
             if _same_view(dst, value):  # ``t[idx] += x`` already updated these elements in place
                 return
             check_access(value, None, kernel_location(2))
+            valid = getattr(value, "valid", None)
+            if valid is not None:  # masked result: only the written elements land in dst
+                masked_write(dst, np.reshape(value.read(), dst.shape), np.reshape(valid, dst.shape))
+                core_isa._charge(_context.require("tensor_copy"), "vector", max(MIN_II, dst.free_size), (value,),
+                                 (dst,), "tensor_copy")
+                return
             if value.shape != dst.shape and value.size == dst.size and value.key is None:
                 value = value.reshape(dst.shape)
             core_isa.tensor_copy(dst, value)
@@ -295,6 +305,8 @@ def unwritten_outside(t: NkiTensor, m: np.ndarray | None) -> None:
     if m is None or m.all():
         return
     t.base[~m] = uninit_value(t.dtype)
+    if isinstance(t, LegacyTile):
+        t.valid = np.array(m)
 
 
 def check_matmul_operands(op: str, stationary: NkiTensor, moving: NkiTensor, stationary_arg: str = "stationary",

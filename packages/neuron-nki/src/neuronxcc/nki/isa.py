@@ -9,6 +9,8 @@ expressions / predicates, as in NKI 0.1.
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 import numpy as np
 
 import nki.isa as _c
@@ -19,9 +21,7 @@ from nki._tensor import NkiTensor, allocate, psum, sbuf
 from nki.isa import (
     dge_mode,
     engine,
-    get_nc_version,
     gpsimd_engine,
-    nc_version,
     oob_mode,
     reduce_cmd,
     scalar_engine,
@@ -53,6 +53,19 @@ __all__ = [
 ]
 
 dma_engine = engine.dma
+
+
+class nc_version(IntEnum):
+    """NeuronCore generation; an ``IntEnum`` as in NKI 0.1, so kernels can write ``>= nc_version.gen3``."""
+
+    gen2 = 2
+    gen3 = 3
+    gen4 = 4
+
+
+def get_nc_version() -> nc_version:
+    """NeuronCore version of the simulated target (trn1 → gen2, trn2 → gen3, trn3 → gen4)."""
+    return nc_version(_c.get_nc_version().value)
 
 
 def _new(shape, dtype, buffer=sbuf, api: str = "isa") -> LegacyTile:
