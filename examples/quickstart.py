@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+import torch_neuronx
 from neuron_device.ops.host_exec import executed_ops
 
 STEPS = 15
@@ -51,6 +52,7 @@ def main() -> int:
     points, labels = make_data()
 
     executed_ops.clear()
+    torch_neuronx.clear_op_tracking()
     torch.neuron.reset_peak_memory_stats()
     neuron_losses = train(model, "neuron", points, labels)
     cpu_losses = train(cpu_model, "cpu", points, labels)
@@ -65,6 +67,7 @@ def main() -> int:
     print(f"\nops executed on neuron: {sum(executed_ops.values())} calls, {len(executed_ops)} distinct; top 5:")
     for name, calls in executed_ops.most_common(5):
         print(f"  {calls:>5}  {name}")
+    print(f"ops that fell back to CPU (no Neuron kernel): {', '.join(torch_neuronx.get_fallback_ops()) or 'none'}")
 
     try:
         torch.testing.assert_close(neuron_losses, cpu_losses, atol=1e-5, rtol=1e-5)
