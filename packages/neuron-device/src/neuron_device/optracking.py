@@ -175,11 +175,22 @@ class OpInfo:
     flops: _Flops | None = None
 
 
+_FOREACH = "_foreach_"
+
+
 def _base_name(op: torch._ops.OpOverload) -> str:
+    """The op's name without namespace, overload and in-place underscore ("add_" -> "add")."""
     name = op._schema.name.partition("::")[2]
-    if name.startswith("_foreach_") and name != "_foreach_norm" and name != "_foreach_copy":
-        name = name[len("_foreach_"):]
     return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+def _elementwise_tags(packet_name: str) -> bool:
+    """Whether aten op `packet_name` is tagged pointwise or reduction (for the `_foreach_` lists of such ops)."""
+    packet = getattr(torch.ops.aten, packet_name, None)
+    if packet is None:
+        return False
+    tags = {tag for overload in packet.overloads() for tag in getattr(packet, overload).tags}
+    return torch.Tag.pointwise in tags or torch.Tag.reduction in tags
 
 
 def _is_view(op: torch._ops.OpOverload) -> bool:
@@ -190,15 +201,22 @@ def _is_view(op: torch._ops.OpOverload) -> bool:
 
 
 def _engine(op: torch._ops.OpOverload, base: str) -> str | None:
+    for engine, names in NATIVE.items():
+        if base in names:
+            return engine
     if any(tag in op.tags for tag in _FALLBACK_TAGS):
         return None
     if _is_view(op) or base in _VIEWS:
         return "view"
-    for engine, names in NATIVE.items():
-        if base in names:
-            return engine
     if torch.Tag.pointwise in op.tags or torch.Tag.reduction in op.tags:
         return "vector"
+    if base.startswith(_FOREACH):  # a list version of an elementwise op: the engine of that op
+        inner = base[len(_FOREACH):]
+        for engine, names in NATIVE.items():
+            if inner in names:
+                return engine
+        if _elementwise_tags(inner):
+            return "vector"
     return None
 
 
@@ -285,8 +303,9 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
 
 def _estimate(info: OpInfo, args: tuple, kwargs: dict, result: Any) -> float:
     """Device seconds of one call of a signature (computed once per signature)."""
-    inputs = list(_tensors(args)) + list(_tensors(list(kwargs.values())))
     outputs = list(_tensors(result))
+    # an out= tensor is written, not read: it counts once, as an output
+    inputs = list(_tensors(args)) + [t for t in _tensors(list(kwargs.values())) if all(t is not o for o in outputs)]
     target = _topology.topology().target
     if info.engine is None:
         return _costmodel.transfer_seconds(_nbytes(inputs), target) + _costmodel.transfer_seconds(_nbytes(outputs), target)
@@ -311,7 +330,7 @@ def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> 
     if engine == "view":
         _executed.add(info.name)
         return
-    key = (info.name, _signature(args), _signature(kwargs) if kwargs else None)
+    key = (info.name, _signature(args), _signature(tuple(kwargs.items())) if kwargs else None)
     if engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
         key += (torch.get_float32_matmul_precision(),)  # the Tensor engine rate of fp32 depends on it
     seconds = _seconds.get(key)

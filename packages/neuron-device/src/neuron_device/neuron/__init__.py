@@ -31,10 +31,29 @@ from .random import (
     set_rng_state,
     set_rng_state_all,
 )
+from .streams import (
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    query,
+    record_event,
+    set_stream,
+    stream,
+    wait_event,
+    wait_stream,
+)
+from .streams import synchronize as _synchronize_streams
 
 __all__ = [
+    "Event",
     "NeuronDeviceProperties",
+    "Stream",
+    "StreamContext",
     "current_device",
+    "current_stream",
+    "default_stream",
     "device",
     "device_count",
     "device_of",
@@ -54,6 +73,8 @@ __all__ = [
     "manual_seed_all",
     "max_memory_allocated",
     "memory_allocated",
+    "query",
+    "record_event",
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
@@ -61,7 +82,11 @@ __all__ = [
     "set_downcast_64bit",
     "set_rng_state",
     "set_rng_state_all",
+    "set_stream",
+    "stream",
     "synchronize",
+    "wait_event",
+    "wait_stream",
 ]
 
 _Device = int | str | torch.device | None
@@ -207,9 +232,10 @@ def get_device_name(device: _Device = None) -> str:
 
 
 def synchronize(device: _Device = None) -> None:
-    """Wait for all work on `device`. Execution is synchronous in the simulator, so work is already complete."""
-    _check_index(_get_device_index(device))
+    """Wait for all streams of `device`: the host's simulated time moves to the latest stream clock (the ops
+    themselves already ran on the host)."""
     lazy_init()
+    _synchronize_streams(device)
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:

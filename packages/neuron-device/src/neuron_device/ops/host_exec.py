@@ -18,6 +18,7 @@ from collections import Counter
 import torch
 
 from .. import allocator
+from .. import optracking as _optracking
 from .. import numerics as _numerics
 from ..hostmem import host_alias
 from ..neuron import random as _random
@@ -189,6 +190,7 @@ def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
 def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
     plan = _plan(op)
     executed_ops[plan.name] += 1
+    tracked = _optracking.admit(op)  # native kernel or CPU fallback (warns once; raises in strict mode)
     call = _Call(plan)
     host_args = call.to_host(args)
     host_kwargs = {}
@@ -234,4 +236,5 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
             call.aliases[id(host_kwargs[key])] = out
         else:
             _sync_resized_alias(out, host_kwargs[key])
+    _optracking.charge(tracked, index, host_args, host_kwargs, result)
     return call.to_device(result)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from .. import allocator, numerics
+from .. import optracking as _optracking
 from ..hostmem import host_alias
 from .host_exec import run_on_host
 from .registry import kernel
@@ -55,7 +56,10 @@ def _in_fp32(functional: torch._ops.OpOverload, args: tuple, kwargs: dict, dtype
     """`functional` computed on the host in float32 from low-precision inputs, rounded once to `dtype`."""
     host_args = [host_alias(a).float() if isinstance(a, torch.Tensor) else a for a in args]
     with numerics.ieee_host_matmul():
-        return functional(*host_args, **kwargs).to(dtype)
+        result = functional(*host_args, **kwargs).to(dtype)
+    index = next(a.device.index for a in args if isinstance(a, torch.Tensor))
+    _optracking.charge(_optracking.admit(functional), index, args, kwargs, result)  # a Tensor engine kernel
+    return result
 
 
 def _matmul_kernel(op: torch._ops.OpOverload, functional: torch._ops.OpOverload, operands: tuple[int, int]) -> Callable:

@@ -1,0 +1,149 @@
+"""The cost model: roofline per engine against the published figures, and the per-op estimates the runtime charges."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_device import costmodel
+from neuron_device.topology import TARGETS
+
+TRN2 = TARGETS["trn2"]
+HBM_PER_CORE_TRN2 = 2.9e12 / 8  # chip bandwidth shared by 8 physical cores
+LAUNCH = costmodel.LAUNCH_SECONDS
+
+
+@pytest.fixture
+def highest_precision():
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(saved)
+
+
+def _elapsed_ms(fn) -> float:
+    """Simulated milliseconds that `fn`'s ops take on the current stream (events around it)."""
+    torch.neuron.synchronize()
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    return start.elapsed_time(end)
+
+
+def test_4096_cubed_bf16_matmul_on_trn2_is_within_10_percent_of_peak():
+    n = 4096
+    ideal = 2 * n**3 / 79e12
+    estimate = costmodel.estimate_kernel({"tensor": 2 * n**3}, 3 * n * n * 2, dtype=torch.bfloat16, target=TRN2)
+    assert estimate.bound == "tensor"
+    assert abs(estimate.seconds - ideal) / ideal < 0.10
+    print(f"4096^3 bf16 matmul on trn2: estimate {estimate.seconds * 1e3:.4f} ms, 2*4096^3/79e12 {ideal * 1e3:.4f} ms")
+
+
+@pytest.mark.parametrize(
+    ("target", "dtype", "tflops"),
+    [
+        ("trn1", torch.bfloat16, 92), ("trn1", torch.float32, 23),
+        ("trn2", torch.float16, 79), ("trn2", torch.float32, 20), ("trn2", torch.float8_e4m3fn, 158),
+        ("trn3", torch.bfloat16, 79), ("trn3", torch.float8_e5m2, 315),
+    ],
+)
+def test_tensor_engine_rate_by_target_and_dtype(target, dtype, tflops, highest_precision):
+    flops = 1e12
+    estimate = costmodel.estimate_kernel({"tensor": flops}, 0, dtype=dtype, target=TARGETS[target])
+    assert estimate.engine_seconds["tensor"] == pytest.approx(flops / (tflops * 1e12))
+
+
+def test_fp32_matmul_uses_bf16_rate_when_matmul_precision_allows(highest_precision):
+    assert costmodel.tensor_flops_per_second(TRN2, torch.float32) == 20e12
+    torch.set_float32_matmul_precision("high")
+    assert costmodel.tensor_flops_per_second(TRN2, torch.float32) == 79e12
+
+
+def test_large_elementwise_op_is_hbm_bound():
+    n = 1 << 26  # fp32 a + b: two inputs read, one output written
+    hbm_bytes = 3 * 4 * n
+    estimate = costmodel.estimate_kernel({"vector": 2 * n}, hbm_bytes, dtype=torch.float32, target=TRN2)
+    assert estimate.bound == "memory"
+    assert estimate.memory_seconds == pytest.approx(hbm_bytes / HBM_PER_CORE_TRN2)
+    assert estimate.engine_seconds["vector"] == pytest.approx(2 * n / (256 * 0.96e9))
+    assert estimate.seconds == pytest.approx(hbm_bytes / HBM_PER_CORE_TRN2 + LAUNCH)
+
+
+def test_vector_engine_runs_16_bit_types_at_twice_the_rate_on_trn2():
+    fp32 = costmodel.estimate_kernel({"vector": 1e9}, 0, dtype=torch.float32, target=TRN2)
+    bf16 = costmodel.estimate_kernel({"vector": 1e9}, 0, dtype=torch.bfloat16, target=TRN2)
+    assert fp32.engine_seconds["vector"] == pytest.approx(2 * bf16.engine_seconds["vector"])
+
+
+def test_slowest_engine_or_memory_sets_the_time():
+    estimate = costmodel.estimate_kernel({"scalar": 1e9, "vector": 1e6}, 1e3, target=TRN2)
+    assert estimate.bound == "scalar"
+    assert estimate.seconds == pytest.approx(1e9 / (128 * 1.2e9) + LAUNCH)
+
+
+def test_empty_kernel_costs_the_launch():
+    estimate = costmodel.estimate_kernel({}, 0, target=TRN2)
+    assert estimate.bound == "launch"
+    assert estimate.seconds == LAUNCH
+
+
+def test_two_cores_of_a_logical_core_double_rates_and_hbm_share():
+    one = costmodel.estimate_kernel({"tensor": 1e12}, 1e9, dtype=torch.bfloat16, target=TRN2)
+    two = costmodel.estimate_kernel({"tensor": 1e12}, 1e9, dtype=torch.bfloat16, target=TRN2, cores=2)
+    assert two.engine_seconds["tensor"] == pytest.approx(one.engine_seconds["tensor"] / 2)
+    assert two.memory_seconds == pytest.approx(one.memory_seconds / 2)
+
+
+def test_transfer_over_the_host_link():
+    assert costmodel.transfer_seconds(64_000_000, TRN2) == pytest.approx(costmodel.TRANSFER_FIXED_SECONDS + 1e-3)
+
+
+@pytest.mark.parametrize(
+    ("work", "hbm_bytes", "cores", "message"),
+    [
+        ({"tensorcore": 1.0}, 0, 1, "unknown engine 'tensorcore'"),
+        ({"vector": -1.0}, 0, 1, "non-negative"),
+        ({}, -5, 1, "hbm_bytes must be non-negative"),
+        ({}, 0, 0, "at least one core"),
+    ],
+)
+def test_bad_input_is_rejected(work, hbm_bytes, cores, message):
+    with pytest.raises(ValueError, match=message):
+        costmodel.estimate_kernel(work, hbm_bytes, target=TRN2, cores=cores)
+
+
+# The per-op estimates the eager runtime charges (default target trn2, eager ops on one physical core).
+
+
+def test_matmul_op_is_charged_its_flops_at_the_tensor_engine_rate(highest_precision):
+    a, b = torch.ones(1024, 1024, device="neuron"), torch.ones(1024, 1024, device="neuron")
+    elapsed = _elapsed_ms(lambda: a @ b)
+    assert elapsed == pytest.approx((2 * 1024**3 / 20e12 + LAUNCH) * 1e3)
+
+
+def test_bf16_matmul_op_is_charged_at_the_bf16_rate():
+    a = torch.ones(1024, 1024, dtype=torch.bfloat16, device="neuron")
+    elapsed = _elapsed_ms(lambda: a @ a)
+    assert elapsed == pytest.approx((2 * 1024**3 / 79e12 + LAUNCH) * 1e3)
+
+
+def test_convolution_op_is_charged_its_flops(highest_precision):
+    x = torch.ones(1, 64, 64, 64, device="neuron")
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1, bias=False).to("neuron")
+    with torch.no_grad():
+        elapsed = _elapsed_ms(lambda: conv(x))
+    flops = 2 * (64 * 64 * 64) * (64 * 3 * 3)  # 2 x outputs x MACs per output
+    assert elapsed == pytest.approx((flops / 20e12 + LAUNCH) * 1e3)
+
+
+def test_elementwise_op_is_charged_its_hbm_traffic():
+    n = 1 << 22
+    a, b = torch.ones(n, device="neuron"), torch.ones(n, device="neuron")
+    elapsed = _elapsed_ms(lambda: a + b)
+    assert elapsed == pytest.approx((3 * 4 * n / HBM_PER_CORE_TRN2 + LAUNCH) * 1e3)
+
+
+def test_metadata_only_view_costs_nothing():
+    a = torch.ones(64, 64, device="neuron")
+    assert _elapsed_ms(lambda: a.t()) == 0.0

@@ -1,0 +1,176 @@
+"""Fallback reporting: which ops the chip runs natively, the once-per-op warning, strict mode, compile counts."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import torch_neuronx
+import torch_neuronx.metrics as met
+from neuron_device import costmodel, optracking
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def fresh_tracking(monkeypatch):
+    monkeypatch.delenv(optracking.FALLBACK_ENV, raising=False)
+    torch_neuronx.clear_op_tracking()
+    torch_neuronx.clear_compilation_cache()
+
+
+def _fallback_warnings(fn) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+    return [str(w.message) for w in caught if "fell back to CPU" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    ("op", "engine"),
+    [
+        (aten.mm.default, "tensor"), (aten.addmm.default, "tensor"), (aten.bmm.out, "tensor"),
+        (aten.convolution.default, "tensor"), (aten.convolution_backward.default, "tensor"),
+        (aten.add.Tensor, "vector"), (aten.mul_.Tensor, "vector"), (aten.relu.default, "vector"),
+        (aten.sum.dim_IntList, "vector"), (aten._softmax.default, "vector"), (aten.native_layer_norm.default, "vector"),
+        (aten._foreach_add_.Scalar, "vector"),
+        (aten.exp.default, "scalar"), (aten.gelu.default, "scalar"), (aten._foreach_sqrt.default, "scalar"),
+        (aten.gather.default, "gpsimd"), (aten.embedding.default, "gpsimd"), (aten.index.Tensor, "gpsimd"),
+        (aten.cat.default, "dma"), (aten.clone.default, "dma"),
+        (aten.transpose.int, "view"), (aten.expand.default, "view"), (aten.split.Tensor, "view"),
+        (aten.normal_.default, None), (aten.native_dropout.default, None), (aten.nonzero.default, None),
+        (aten.linalg_inv_ex.default, None), (aten.kthvalue.default, None),
+    ],
+)
+def test_engine_mapping(op, engine):
+    assert optracking.op_info(op).engine == engine
+
+
+def test_native_op_is_recorded_as_executed_without_warning():
+    a = torch.ones(3, device="neuron")
+    assert _fallback_warnings(lambda: a + a) == []
+    assert "aten::add.out" in torch_neuronx.get_executed_ops()
+    assert torch_neuronx.get_fallback_ops() == []
+
+
+def test_copies_are_recorded_as_executed():
+    a = torch.ones(3).to("neuron")
+    a.copy_(torch.zeros(3))
+    a.cpu()
+    assert {"aten::copy_", "aten::_to_copy"} <= set(torch_neuronx.get_executed_ops())
+
+
+def test_fallback_warns_once_per_op_records_and_computes_correctly():
+    cpu = torch.tensor([[2.0, 1.0], [1.0, 3.0]])
+    a = cpu.to("neuron")
+    first = _fallback_warnings(lambda: torch.kthvalue(a, 1))
+    assert first == ["Operator 'aten::kthvalue.values' fell back to CPU"]
+    assert _fallback_warnings(lambda: torch.kthvalue(a, 1)) == []  # once per op
+    assert torch_neuronx.get_fallback_ops() == ["aten::kthvalue.values"]
+    assert "aten::kthvalue.values" not in torch_neuronx.get_executed_ops()
+    values, indices = torch.kthvalue(a, 1)
+    expected_values, expected_indices = torch.kthvalue(cpu, 1)
+    assert torch.equal(values.cpu(), expected_values) and torch.equal(indices.cpu(), expected_indices)
+
+
+def test_clear_op_tracking_forgets_and_warns_again():
+    a = torch.ones(2, 2, device="neuron")
+    _fallback_warnings(lambda: torch.kthvalue(a, 1))
+    torch_neuronx.clear_op_tracking()
+    assert torch_neuronx.get_fallback_ops() == [] and torch_neuronx.get_executed_ops() == []
+    assert len(_fallback_warnings(lambda: torch.kthvalue(a, 1))) == 1
+
+
+def test_strict_mode_raises_before_the_op_runs(monkeypatch):
+    monkeypatch.setenv("NEURON_FALLBACK_ENABLED", "0")
+    a = torch.ones(4, device="neuron")
+    with pytest.raises(RuntimeError, match=r"Operator 'aten::exponential_' has no Neuron kernel .*NEURON_FALLBACK_ENABLED=0"):
+        a.exponential_()
+    assert torch.equal(a.cpu(), torch.ones(4))  # the in-place op never ran
+    assert torch_neuronx.get_fallback_ops() == ["aten::exponential_"]
+    assert torch.equal((a * 2).cpu(), torch.full((4,), 2.0))  # native ops still run
+
+
+@pytest.mark.parametrize("value", ["1", "true", "TRUE"])
+def test_fallback_enabled_values(monkeypatch, value):
+    monkeypatch.setenv("NEURON_FALLBACK_ENABLED", value)
+    a = torch.ones(2, 2, device="neuron")
+    assert len(_fallback_warnings(lambda: torch.kthvalue(a, 1))) == 1
+
+
+def test_invalid_fallback_setting_is_an_error(monkeypatch):
+    monkeypatch.setenv("NEURON_FALLBACK_ENABLED", "sometimes")
+    a = torch.ones(2, 2, device="neuron")
+    with pytest.raises(RuntimeError, match="NEURON_FALLBACK_ENABLED='sometimes' is invalid"):
+        torch.kthvalue(a, 1)
+
+
+def test_fallback_is_charged_the_round_trip_over_the_host_link():
+    a = torch.ones(1024, 1024, device="neuron")
+    torch.neuron.synchronize()
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    start.record()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.kthvalue(a, 1)
+    end.record()
+    in_bytes, out_bytes = 1024 * 1024 * 4, 1024 * 4 + 1024 * 8  # values (fp32) and indices (int64)
+    expected = costmodel.transfer_seconds(in_bytes) + costmodel.transfer_seconds(out_bytes)
+    assert start.elapsed_time(end) == pytest.approx(expected * 1e3)
+    assert torch.neuron.query()  # the host waited for the fallback's data
+
+
+def test_one_compilation_per_signature():
+    a, b, c = torch.ones(3, 4, device="neuron"), torch.ones(3, 4, device="neuron"), torch.ones(5, device="neuron")
+    a64, b64 = a.double(), b.double()
+    torch_neuronx.clear_compilation_cache()  # count from here
+    a + b
+    a + b
+    stats = torch_neuronx.get_compilation_cache_stats()
+    assert (stats["total_compilations"], stats["in_memory_hits"]) == (1, 1)
+    c + c  # new shape
+    a64 + b64  # new dtype
+    torch.add(a, b, alpha=2)  # new non-tensor argument
+    stats = torch_neuronx.get_compilation_cache_stats()
+    assert stats["compilations_per_op"]["aten::add.out"] == 4
+    assert stats["in_memory_hits"] == 1
+    assert stats["hit_rate"] == pytest.approx(stats["in_memory_hits"] / (stats["in_memory_hits"] + stats["total_compilations"]))
+
+
+def test_views_and_fallbacks_compile_nothing():
+    a = torch.ones(4, 4, device="neuron")
+    torch_neuronx.clear_compilation_cache()
+    a.t()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.kthvalue(a, 1)
+    assert torch_neuronx.get_compilation_cache_stats()["total_compilations"] == 0
+
+
+def test_cached_kernels_survive_a_counter_reset():
+    a = torch.ones(6, device="neuron")
+    torch_neuronx.clear_compilation_cache()
+    a * a
+    met.clear_counters()
+    a * a
+    stats = torch_neuronx.get_compilation_cache_stats()
+    assert (stats["total_compilations"], stats["in_memory_hits"], stats["total_entries"]) == (0, 1, 1)
+
+
+def test_metrics_counters():
+    a = torch.ones(7, device="neuron")
+    torch_neuronx.clear_compilation_cache()
+    assert met.get_counter_value("CompilationCache.TotalCompilations") is None  # never incremented
+    a - a
+    a - a
+    assert met.get_counter_value("CompilationCache.TotalCompilations") == 1
+    assert met.get_counter_value("CompilationCache.InMemoryHits") == 1
+    assert met.get_counter_names() == [
+        "CompilationCache.InMemoryHits", "CompilationCache.InMemoryMisses", "CompilationCache.TotalCompilations",
+    ]
+    assert "CompilationCache.TotalCompilations" in met.get_compilation_metrics()
+    assert "Counter: CompilationCache.TotalCompilations\n  Value: 1\n" in met.report()
+    met.clear_all()
+    assert met.get_counter_names() == []
