@@ -11,6 +11,7 @@ import neuronxcc.nki as nki
 from neuronxcc.nki.tutorials import (
     attention,
     avgpool,
+    flash_attention,
     layernorm,
     matmul,
     rmsnorm,
@@ -152,3 +153,14 @@ def test_rotary_embedding(rng, dtype):
     x1, x2 = xf[:, :D // 2], xf[:, D // 2:]
     ref = np.concatenate([x1 * cf - x2 * sf, x2 * cf + x1 * sf], axis=1)
     _close(rope.rope_kernel(x, cos, sin), ref, dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_forward(rng, causal):
+    bs, heads, d, seq = 1, 2, 64, 1024
+    q, k = (rng.standard_normal((bs, heads, d, seq)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal((bs, heads, seq, d)).astype(np.float32)
+    out = flash_attention.flash_attention_fwd[bs, heads](q, k, v, use_causal_mask=causal)
+    for hh in range(heads):
+        ref = _attention_ref(q[0, hh].T, k[0, hh].T, v[0, hh], causal)
+        np.testing.assert_allclose(out[0, hh], ref, rtol=3e-2, atol=3e-2)

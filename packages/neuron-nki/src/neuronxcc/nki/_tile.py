@@ -28,16 +28,17 @@ __all__ = ["LegacyTile", "check_access", "mask_array", "masked_write", "wrap"]
 
 
 class LegacyTile(NkiTensor):
-    """A legacy tile or tensor view. ``oob`` is ``(bool array, message)`` for a partly out-of-bounds access;
+    """A legacy tile or tensor view. ``nblock`` counts leading block dimensions; ``oob`` is ``(bool array, message)`` for a partly out-of-bounds access;
     ``valid`` marks the elements a masked instruction wrote (None: all), so ``dst[...] = op(..., mask=m)`` only
     updates ``dst`` where ``m`` holds, as when the legacy compiler makes ``dst`` the instruction's output."""
 
-    __slots__ = ("oob", "valid")
+    __slots__ = ("nblock", "oob", "valid")
 
     def __init__(self, alloc, base, key=None, name=None, oob=None):
         super().__init__(alloc, base, key, name)
         self.oob = oob
         self.valid = None
+        self.nblock = 0  # leading (deprecated) block dimensions, before the partition dimension
 
     # -- indexing --------------------------------------------------------------------------------------------
     def __getitem__(self, idx) -> LegacyTile:
@@ -148,6 +149,16 @@ def append_ones(t: NkiTensor, n: int) -> NkiTensor:
     return NkiTensor.reshape(t, t.shape + (1,) * n)
 
 
+def reshape_any(t: NkiTensor, shape: tuple[int, ...]) -> NkiTensor:
+    """Same elements in ``shape``, for plain views and gathers alike (gathers reshape their index arrays)."""
+    if t.key is not None:
+        oob = getattr(t, "oob", None)
+        oob = None if oob is None else (oob[0].reshape(shape), oob[1])
+        return LegacyTile(t.alloc, t.base, tuple(np.reshape(np.broadcast_to(k, t.shape), shape) for k in t.key),
+                          t.name, oob)
+    return NkiTensor.reshape(t, shape)
+
+
 def wrap(x):
     """Core tensors (possibly nested in tuples/lists) as :class:`LegacyTile`."""
     if isinstance(x, LegacyTile) or not isinstance(x, (NkiTensor, tuple, list)):
@@ -182,17 +193,41 @@ def _range_of(k, n: int) -> tuple[int, int, int]:
     return start, max(0, (stop - start + (step - (1 if step > 0 else -1))) // step), step
 
 
+def _as_int(k) -> int | None:
+    return int(k) if isinstance(k, (int, np.integer)) and not isinstance(k, bool) else None
+
+
+def _basic_index(t: NkiTensor, idx: tuple) -> LegacyTile:
+    """Ints/slices/``nl.ds``. On-chip tiles keep partition and free dimensions indexed by an int (as size 1: a
+    tile is always [P, F...], so ``l_buf[:, i]`` is a [P, 1] tile); ints on block dimensions and on HBM tensors
+    drop the dimension, as in NumPy."""
+    nblock = getattr(t, "nblock", 0)
+    if t.buffer.on_chip and t.key is None and not any(k is None for k in idx):
+        idx = _expand(idx, t.ndim, t.name)
+        keep = []
+        for d, k in enumerate(idx):
+            i = _as_int(k)
+            if i is not None and d >= nblock:
+                i += t.shape[d] if i < 0 else 0
+                k = slice(i, i + 1) if 0 <= i < t.shape[d] else k  # out of range: the core reports it
+            keep.append(k)
+        out = wrap(NkiTensor.__getitem__(t, tuple(keep)))
+        out.nblock = sum(1 for k in idx[:nblock] if _as_int(k) is None)
+        return out
+    if len(idx) == t.ndim and idx and all(_as_int(k) is not None for k in idx):
+        # one HBM element: keep a 0-d *view* (plain NumPy integer indexing would return a copy)
+        last = int(idx[-1]) + (t.shape[-1] if int(idx[-1]) < 0 else 0)
+        one = NkiTensor.__getitem__(t, (*idx[:-1], slice(last, last + 1)))
+        return wrap(NkiTensor.reshape(one, ()))
+    return wrap(NkiTensor.__getitem__(t, idx))
+
+
 def legacy_index(t: NkiTensor, idx) -> LegacyTile:
     """Index ``t`` the NKI 0.1 way; see module docstring."""
     if not isinstance(idx, tuple):
         idx = (idx,)
     if not any(isinstance(k, (IndexExpr, NkiTensor)) for k in idx):
-        if len(idx) == t.ndim and idx and all(isinstance(k, (int, np.integer)) for k in idx):
-            # one element: keep a 0-d *view* (plain NumPy integer indexing would return a copy)
-            last = int(idx[-1]) + (t.shape[-1] if int(idx[-1]) < 0 else 0)
-            one = NkiTensor.__getitem__(t, (*idx[:-1], slice(last, last + 1)))
-            return wrap(NkiTensor.reshape(one, ()))
-        return wrap(NkiTensor.__getitem__(t, idx))
+        return _basic_index(t, idx)
     if t.key is not None:
         _fail("indexing a gathered (index-expression) view again is not supported; index the tensor once",
               "err_unsupported_index")

@@ -68,6 +68,7 @@ from ._tile import (
     check_matmul_operands,
     mask_array,
     masked_write,
+    reshape_any,
     unwritten_outside,
     wrap,
 )
@@ -158,8 +159,11 @@ def _masked(result: NkiTensor, mask) -> LegacyTile:
 
 
 def _align(x, y):
-    """Partition-aligned broadcasting: the lower-rank tile gets trailing size-1 free dims."""
+    """Partition-aligned broadcasting: tiles of different rank but equal partitions and elements are the same
+    layout (``t[:, j, :]`` is [P, 1, F]); otherwise the lower-rank tile gets trailing size-1 free dims."""
     if isinstance(x, NkiTensor) and isinstance(y, NkiTensor) and x.ndim != y.ndim:
+        if x.size == y.size and x.shape[:1] == y.shape[:1]:
+            return (reshape_any(x, y.shape), y) if x.ndim < y.ndim else (x, reshape_any(y, x.shape))
         if x.ndim < y.ndim:
             x = append_ones(x, y.ndim - x.ndim)
         else:
@@ -209,7 +213,8 @@ def _alloc(shape, dtype, buffer, name: str, api: str, fill=None) -> LegacyTile:
         stored = (shape[pd], *shape[:pd], *shape[pd + 1:])
         t = allocate(stored, dtype, buf, name, fill=fill, api=api)
         order = (*tuple(range(1, pd + 1)), 0, *tuple(range(pd + 1, len(shape))))
-        t = t.permute(order)
+        t = wrap(t.permute(order))
+        t.nblock = pd
     else:
         t = allocate(tuple(int(s) for s in shape), dtype, buf, name, fill=fill, api=api)
     if fill is not None and buf.on_chip:  # a memset on the Vector Engine, as the core's nl.zeros
