@@ -2,8 +2,9 @@
 
 Each test trains one copy of a model on the CPU and one on `neuron` from the same initial weights and the same
 batches (generated on the CPU and moved), then compares the loss curve and every parameter and buffer. The device
-runs the CPU's own kernels, so the runs agree to float32 rounding; 1e-5 leaves room for the few ops that reach a
-different (but equivalent) kernel on the device, e.g. layer norm through its composite decomposition.
+runs the CPU's own kernels, so the runs agree to float32 rounding; 1e-5 leaves room for computations that take a
+different but equivalent path on the device, as they would on CUDA: AdamW's multi-tensor (foreach) update, which
+PyTorch picks for accelerators but not for the CPU, and attention's unfused math path.
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ def _assert_same_run(
     tol: dict[str, float] = TOL,
     **options: object,
 ) -> tuple[nn.Module, nn.Module]:
+    """Train the same model on the CPU and on `device`; assert equal losses and states; return (cpu, device)."""
     torch.manual_seed(0)
     cpu_model = factory().to(dtype)
     batches = [(x.to(dtype) if x.is_floating_point() else x, y) for x, y in batches]
