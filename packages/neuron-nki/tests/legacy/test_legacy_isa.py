@@ -229,5 +229,14 @@ def test_enums_and_version():
     assert nisa.get_nc_version() is nisa.nc_version.gen3  # default target trn2
     assert {e.name for e in nisa.engine} >= {"tensor", "vector", "scalar", "gpsimd", "dma", "unknown"}
     assert nisa.reduce_cmd.reset_reduce and nisa.dge_mode.hwdge and nisa.oob_mode.skip
-    with pytest.raises(NotImplementedError, match="local_gather"):
-        nisa.local_gather(None, None)
+
+
+def test_local_gather_per_16_partition_group(rng):
+    src = rng.random((128, 512, 4)).astype(np.float32)
+    idx_core = rng.integers(0, 512, (16, 4)).astype(np.uint16)
+    idx = np.tile(idx_core, (8, 1))
+    out = run_tiles(lambda s, i: nisa.local_gather(s, i * 4, 4, 64), src, idx)
+    ref = np.empty((128, 64, 4), np.float32)
+    for g in range(0, 128, 16):
+        ref[g:g + 16] = np.take(src[g:g + 16], idx[g:g + 16].flatten(order="F")[:64], axis=1)
+    np.testing.assert_array_equal(out, ref)
