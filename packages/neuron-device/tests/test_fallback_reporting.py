@@ -174,3 +174,14 @@ def test_metrics_counters():
     assert "Counter: CompilationCache.TotalCompilations\n  Value: 1\n" in met.report()
     met.clear_all()
     assert met.get_counter_names() == []
+
+
+def test_torch_neuronx_imported_before_torch(python):
+    """AWS's examples `import torch_neuronx` first; its extras must work from a fresh interpreter."""
+    result = python(
+        "import torch_neuronx, torch\n"
+        "torch.ones(2, device='neuron').sum().item()\n"
+        "print(torch_neuronx.get_executed_ops())\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "aten::_local_scalar_dense" in result.stdout

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch  # noqa: F401  (first: importing torch autoloads and registers neuron_device)
+
 import neuron_device
 from neuron_device import __version__
 from neuron_device import optracking as _optracking
