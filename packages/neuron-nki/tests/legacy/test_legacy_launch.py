@@ -168,3 +168,23 @@ def test_legacy_api_coverage():
     assert sorted(status["not_implemented"]) == [
         "neuronxcc.nki.language.all_reduce", "neuronxcc.nki.language.gemm_grid", "neuronxcc.nki.language.loop_reduce"]
     assert done / total >= 0.9 and (done, total) == (171, 174)
+
+
+def test_assigning_a_fresh_result_costs_no_copy():
+    """``t[...] = nl.load(x)`` is a DMA into ``t`` (no Vector copy); PSUM → SBUF still needs a copy."""
+    @nki.jit
+    def k(x):
+        t = nl.ndarray(x.shape, dtype=x.dtype)
+        t[...] = nl.load(x)
+        t[...] = nl.exp(t)
+        p = nl.ndarray((64, 64), dtype=nl.float32)
+        p[...] = nl.matmul(t[:, 0:64], t[:, 0:64], transpose_x=True)
+        out = nl.ndarray((64, 64), dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, p)
+        return out
+
+    x = np.random.default_rng(0).random((128, 64)).astype(np.float32)
+    run = k.run(x)
+    e = np.exp(x)
+    np.testing.assert_allclose(run.outputs, e.T @ e, rtol=1e-4)
+    assert run.cost.instruction_counts.get("tensor_copy", 0) == 1

@@ -32,12 +32,13 @@ class LegacyTile(NkiTensor):
     ``valid`` marks the elements a masked instruction wrote (None: all), so ``dst[...] = op(..., mask=m)`` only
     updates ``dst`` where ``m`` holds, as when the legacy compiler makes ``dst`` the instruction's output."""
 
-    __slots__ = ("nblock", "oob", "valid")
+    __slots__ = ("fresh", "nblock", "oob", "valid")
 
     def __init__(self, alloc, base, key=None, name=None, oob=None):
         super().__init__(alloc, base, key, name)
         self.oob = oob
         self.valid = None
+        self.fresh = False
         self.nblock = 0  # leading (deprecated) block dimensions, before the partition dimension
 
     # -- indexing --------------------------------------------------------------------------------------------
@@ -53,10 +54,17 @@ class LegacyTile(NkiTensor):
                 return
             check_access(value, None, kernel_location(2))
             valid = getattr(value, "valid", None)
-            if valid is not None:  # masked result: only the written elements land in dst
-                masked_write(dst, np.reshape(value.read(), dst.shape), np.reshape(valid, dst.shape))
-                core_isa._charge(_context.require("tensor_copy"), "vector", max(MIN_II, dst.free_size), (value,),
-                                 (dst,), "tensor_copy")
+            retarget = getattr(value, "fresh", False) and value.buffer is dst.buffer
+            if valid is not None or retarget:
+                # masked result: only the written elements land in dst; a fresh result of the same buffer is the
+                # instruction writing dst directly (no copy instruction, dst ready when the instruction is)
+                masked_write(dst, np.reshape(value.read(), dst.shape),
+                             None if valid is None else np.reshape(valid, dst.shape))
+                if retarget:
+                    dst.alloc.ready = max(dst.alloc.ready, value.alloc.ready)
+                else:
+                    core_isa._charge(_context.require("tensor_copy"), "vector", max(MIN_II, dst.free_size),
+                                     (value,), (dst,), "tensor_copy")
                 return
             if value.shape != dst.shape and value.size == dst.size and value.key is None:
                 value = value.reshape(dst.shape)
@@ -342,6 +350,16 @@ def unwritten_outside(t: NkiTensor, m: np.ndarray | None) -> None:
     t.base[~m] = uninit_value(t.dtype)
     if isinstance(t, LegacyTile):
         t.valid = np.array(m)
+
+
+def instruction_result(t: NkiTensor, m: np.ndarray | None = None) -> LegacyTile:
+    """The new tile an instruction returned: masked (see :func:`unwritten_outside`) and marked ``fresh``, so that
+    ``dst[...] = <it>`` costs no extra copy when ``dst`` is in the same buffer (the legacy compiler makes ``dst``
+    the instruction's output)."""
+    r = wrap(t)
+    unwritten_outside(r, m)
+    r.fresh = True
+    return r
 
 
 def check_matmul_operands(op: str, stationary: NkiTensor, moving: NkiTensor, stationary_arg: str = "stationary",

@@ -35,9 +35,9 @@ from ._tile import (
     LegacyTile,
     check_access,
     check_matmul_operands,
+    instruction_result,
     mask_array,
     masked_write,
-    unwritten_outside,
     wrap,
 )
 from .language import promote
@@ -79,8 +79,7 @@ def _check(mask, *xs) -> None:
 
 
 def _done(out: LegacyTile, mask) -> LegacyTile:
-    unwritten_outside(out, mask_array(mask, out.shape, "result"))
-    return out
+    return instruction_result(out, mask_array(mask, out.shape, "result"))
 
 
 def _engine(e):
@@ -302,7 +301,7 @@ def bn_stats(data: NkiTensor, *, mask=None, dtype=None, **kwargs) -> LegacyTile:
     m = mask_array(mask, data.shape, "bn_stats data") if mask is not None else None
     if m is None or m.all():
         _c.bn_stats(out, data)
-        return out
+        return _done(out, None)
     rows = m.reshape(m.shape[0], -1).any(axis=1)
     x = data.read_f32().reshape(data.shape[0], -1)
     keep = m.reshape(m.shape[0], -1)
@@ -317,8 +316,7 @@ def bn_stats(data: NkiTensor, *, mask=None, dtype=None, **kwargs) -> LegacyTile:
     tmp = _new(packed.shape, _dt.float32, sbuf, "bn_stats")
     tmp.write(packed)
     _c.bn_stats(out, tmp)
-    unwritten_outside(out, np.broadcast_to(rows[:, None], out.shape))
-    return out
+    return _done(out, np.broadcast_to(rows[:, None], out.shape))
 
 
 def bn_aggr(data: NkiTensor, *, mask=None, dtype=None, **kwargs) -> LegacyTile:
@@ -359,7 +357,7 @@ def sequence_bounds(*, segment_ids: NkiTensor, dtype=None, **kwargs) -> LegacyTi
     out = _new((segment_ids.shape[0], 2, segment_ids.free_size), dtype or segment_ids.dtype, sbuf,
                "sequence_bounds")
     _c.sequence_bounds(out, segment_ids)
-    return out
+    return _done(out, None)
 
 
 def nc_stream_shuffle(src: NkiTensor, dst: NkiTensor, shuffle_mask, *, dtype=None, mask=None, **kwargs) -> None:

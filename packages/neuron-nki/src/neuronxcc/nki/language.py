@@ -66,10 +66,10 @@ from ._tile import (
     append_ones,
     check_access,
     check_matmul_operands,
+    instruction_result,
     mask_array,
     masked_write,
     reshape_any,
-    unwritten_outside,
     wrap,
 )
 
@@ -153,9 +153,7 @@ def _checked(mask, *xs) -> None:
 
 def _masked(result: NkiTensor, mask) -> LegacyTile:
     """Wrap a fresh result tile, leaving it unwritten where ``mask`` is false."""
-    r = wrap(result)
-    unwritten_outside(r, mask_array(mask, r.shape, "result"))
-    return r
+    return instruction_result(result, mask_array(mask, result.shape, "result"))
 
 
 def _align(x, y):
@@ -298,11 +296,11 @@ def load(src: NkiTensor, *, mask=None, dtype=None, **kwargs) -> LegacyTile:
     check_access(src, mask, kernel_location(2))
     m = mask_array(mask, src.shape, "load source")
     if m is None:
-        return wrap(_cnl.load(src, dtype=dtype))
+        return instruction_result(_cnl.load(src, dtype=dtype))
     t = _alloc(src.shape, dtype or src.dtype, sbuf, "load", "load")
     masked_write(t, np.asarray(src.read(), dtype=np.float32) if _dt.is_float(t.dtype) else src.read(), m)
     _dma_charge(int(m.sum()) * t.itemsize, t.shape[0] if t.ndim else 1, src, t, "load")
-    return t
+    return instruction_result(t)
 
 
 def store(dst: NkiTensor, value, *, mask=None, **kwargs) -> None:
@@ -458,7 +456,7 @@ def _reduce(api: str, op: str, x: NkiTensor, axis, dtype, mask, keepdims: bool, 
     n = x.free_size
     fast = x.itemsize == 2 and op in ("add", "maximum")
     _charge("vector", _bmax(MIN_II, n // 2 if fast else n), (x,), (out,), api)
-    return out
+    return instruction_result(out)
 
 
 def sum(x, axis, *, dtype=None, mask=None, keepdims: bool = False, **kwargs) -> LegacyTile:
