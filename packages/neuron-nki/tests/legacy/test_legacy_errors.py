@@ -259,3 +259,12 @@ def test_constant_ifs_open_no_scope_and_outer_none_is_updated():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         np.testing.assert_array_equal(k(x, True), x[1:] + 1)  # the last iteration's tile
+
+
+def test_errors_in_shipped_tutorial_kernels_point_at_the_kernel_line():
+    from neuronxcc.nki.tutorials import tensor_add
+
+    a = np.ones((200, 512), np.float32)
+    with _raises("err_tensor_access_out_of_bound") as info:
+        tensor_add.tensor_add_kernel[2, 1](a, a)
+    assert info.value.filename.endswith("tensor_add.py") and "nl.load" in info.value.source

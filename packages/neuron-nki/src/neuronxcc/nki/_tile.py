@@ -18,7 +18,7 @@ import numpy as np
 from nki import _context, _limits
 from nki import isa as core_isa
 from nki._cost import MIN_II
-from nki._dtypes import cast_for_store, uninit_value
+from nki._dtypes import uninit_value
 from nki._errors import NkiValidationError, fmt_shape, kernel_location
 from nki._tensor import DynSlice, NkiTensor, psum
 
@@ -325,22 +325,12 @@ def check_access(t, mask, loc=None) -> None:
 
 
 def masked_write(dst: NkiTensor, values, m: np.ndarray | None) -> None:
-    """Write ``values`` (broadcastable to ``dst``) only where ``m`` is true, rounding to ``dst``'s dtype."""
+    """Write ``values`` (broadcastable to ``dst``) only where ``m`` is true (all when None), rounding to
+    ``dst``'s dtype."""
     if m is None:
         dst.write(values)
-        return
-    a = dst.alloc
-    v = np.broadcast_to(np.asarray(values), dst.shape)[m]
-    v = cast_for_store(v, a.dtype, a.data.dtype, a.precise)
-    if dst.key is None:
-        dst.base[m] = v
     else:
-        dst.base[tuple(np.broadcast_to(k, dst.shape)[m] for k in dst.key)] = v
-    if a.written is not None:  # PSUM: remember which elements hold data (matmul accumulation)
-        if dst.key is None:
-            dst.written_view()[m] = True
-        else:
-            dst._map_base(a.written)[tuple(np.broadcast_to(k, dst.shape)[m] for k in dst.key)] = True
+        dst.write_masked(values, m)
 
 
 def unwritten_outside(t: NkiTensor, m: np.ndarray | None) -> None:

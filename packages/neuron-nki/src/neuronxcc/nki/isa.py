@@ -368,37 +368,12 @@ def nc_stream_shuffle(src: NkiTensor, dst: NkiTensor, shuffle_mask, *, dtype=Non
 
 def local_gather(src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx: int = 1, num_valid_indices=None, *,
                  mask=None, **kwargs) -> LegacyTile:
-    """GpSimd gather within each 16-partition group (one GpSimd core each): the group's ``index`` values,
-    flattened partition-first, are element offsets into every partition's flattened free dims; each reads
-    ``num_elem_per_idx`` contiguous elements. Result: ``[P, num_valid_indices, num_elem_per_idx]``."""
+    """GpSimd gather within each 16-partition group (see ``nki.isa.local_gather``); returns
+    ``[P, num_valid_indices, num_elem_per_idx]`` (``num_valid_indices`` defaults to all indices of a group)."""
     _check(mask, src_buffer, index)
-    o = "local_gather"
-    for t, a in ((src_buffer, "src_buffer"), (index, "index")):
-        _limits.check_onchip(t, o, a, ("sbuf",))
-    _limits.check_same_partitions(o, src_buffer=src_buffer, index=index)
-    p = src_buffer.shape[0]
-    n = int(num_elem_per_idx)
-    per_core = index.size // max(1, p // 16)
-    valid = per_core if num_valid_indices is None else int(num_valid_indices)
-    if p % 16 or n not in (1, 2, 4, 8, 16, 32) or not 0 < valid <= min(per_core, 4096):
-        raise NkiValidationError(f"local_gather needs partitions % 16 == 0 (got {p}), num_elem_per_idx in "
-                                 f"1/2/4/8/16/32 (got {n}) and 0 < num_valid_indices <= {min(per_core, 4096)} "
-                                 f"(got {valid})", code="err_unsupported_shape", location=kernel_location(2))
-    src = src_buffer.read().reshape(p, -1)
-    idx = np.asarray(index.read()).reshape(p, -1).astype(np.int64)
-    out = _new((p, valid, n), src_buffer.dtype, sbuf, o)
-    vals = np.empty((p, valid, n), dtype=src.dtype)
-    cols = np.arange(n)
-    for g in range(0, p, 16):
-        offsets = idx[g:g + 16].flatten(order="F")[:valid]
-        if offsets.size and (offsets.min() < 0 or offsets.max() + n > src.shape[1]):
-            raise NkiValidationError(f"local_gather index out of range for {src.shape[1]} elements per partition",
-                                     code="err_tensor_access_out_of_bound", location=kernel_location(2))
-        vals[g:g + 16] = src[g:g + 16][:, offsets[:, None] + cols[None, :]]
-    out.write(vals)
-    t = 4
-    c = ((28 + t * n) / (t * n)) / min(4 / src_buffer.itemsize, n)
-    _charge(o, "gpsimd", 150 + valid * n / c, (src_buffer, index), (out,))
+    valid = 16 * index.free_size if num_valid_indices is None else int(num_valid_indices)
+    out = _new((src_buffer.shape[0], valid, int(num_elem_per_idx)), src_buffer.dtype, sbuf, "local_gather")
+    _c.local_gather(out, src_buffer, index, num_elem_per_idx, valid)
     return _done(out, mask)
 
 
