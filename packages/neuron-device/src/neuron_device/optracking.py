@@ -22,7 +22,7 @@ import dataclasses
 import os
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -240,8 +240,8 @@ def op_info(op: torch._ops.OpOverload) -> OpInfo:
 
 _executed: set[str] = set()
 _fallbacks: set[str] = set()
-_seconds: dict[tuple, float] = {}  # signature -> estimated device seconds
-_compiled: set[tuple] = set()  # signatures of native kernels compiled since the last clear
+_kernels: dict[tuple, float] = {}  # signature of a compiled native kernel -> its estimated device seconds
+_seconds: dict[tuple, float] = {}  # the same for signatures that compile nothing (fallbacks, device copies)
 _compilations: Counter[str] = Counter()  # op name -> kernels compiled (distinct signatures)
 _cache_hits = 0
 
@@ -275,18 +275,31 @@ def admit(op: torch._ops.OpOverload) -> OpInfo:
     return info
 
 
-_SCALARS = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_TENSOR = torch.Tensor
+_SCALAR_TYPES = frozenset({bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout,
+                           torch.memory_format})
 
 
-def _signature(value: Any) -> Any:
-    """A hashable key of an argument: shape and dtype of tensors, values of scalars, the type of anything else."""
-    if isinstance(value, torch.Tensor):
-        return (value.shape, value.dtype)
-    if isinstance(value, (list, tuple)):
-        return tuple([_signature(v) for v in value])
-    if value is None or isinstance(value, _SCALARS):
-        return value
-    return type(value).__name__
+def _signature(values: Iterable[Any]) -> tuple:
+    """A hashable key of arguments: shape and dtype of tensors, values of scalars, the type of anything else.
+
+    Hot path (every op): exact type checks first, recursion only for lists.
+    """
+    key = []
+    append = key.append
+    for value in values:
+        kind = type(value)
+        if kind is _TENSOR:
+            append((value.shape, value.dtype))
+        elif kind in _SCALAR_TYPES:
+            append(value)
+        elif kind is tuple or kind is list:
+            append(_signature(value))
+        elif isinstance(value, _TENSOR):
+            append((value.shape, value.dtype))
+        else:
+            append(kind.__name__)
+    return tuple(key)
 
 
 def _tensors(value: Any):
@@ -330,22 +343,23 @@ def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> 
     if engine == "view":
         _executed.add(info.name)
         return
-    key = (info.name, _signature(args), _signature(tuple(kwargs.items())) if kwargs else None)
+    key = (info.name, _signature(args), (tuple(kwargs), _signature(kwargs.values())) if kwargs else None)
     if engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
         key += (torch.get_float32_matmul_precision(),)  # the Tensor engine rate of fp32 depends on it
-    seconds = _seconds.get(key)
-    if seconds is None:
-        seconds = _seconds[key] = _estimate(info, args, kwargs, result)
     if engine is None:
+        seconds = _seconds.get(key)
+        if seconds is None:
+            seconds = _seconds[key] = _estimate(info, args, kwargs, result)
         end = _timeline.charge(index, seconds)
         _timeline.timeline(index).host_wait(end)  # the host ran the op: it waited for its inputs and outputs
         return
     _executed.add(info.name)
-    if key in _compiled:
-        _cache_hits += 1
-    else:
-        _compiled.add(key)
+    seconds = _kernels.get(key)
+    if seconds is None:
+        seconds = _kernels[key] = _estimate(info, args, kwargs, result)
         _compilations[info.name] += 1
+    else:
+        _cache_hits += 1
     _timeline.charge(index, seconds)
 
 
@@ -399,7 +413,7 @@ def clear_compilation_counters() -> None:
 
 def clear_compilation_cache() -> None:
     """Forget every compiled kernel (and its cost estimate) and reset the counters: every signature compiles again."""
-    _compiled.clear()
+    _kernels.clear()
     _seconds.clear()
     clear_compilation_counters()
 
@@ -411,7 +425,7 @@ def compilation_stats() -> dict[str, Any]:
         "total_compilations": compilations,
         "in_memory_hits": _cache_hits,
         "in_memory_misses": compilations,
-        "total_entries": len(_compiled),
+        "total_entries": len(_kernels),
         "hit_rate": _cache_hits / (_cache_hits + compilations) if _cache_hits + compilations else 0.0,
         "compilations_per_op": dict(_compilations),
     }

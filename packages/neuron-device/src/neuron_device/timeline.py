@@ -34,8 +34,9 @@ class DeviceTimeline:
 
     def charge(self, stream_id: int, seconds: float) -> float:
         """Queue `seconds` of work on `stream_id`; return its completion time."""
-        with self._lock:
-            end = self.ready(stream_id) + seconds
+        with self._lock:  # ready(), inlined: this runs for every op
+            clock, host = self.clocks.get(stream_id, 0.0), self.host
+            end = (clock if clock > host else host) + seconds
             self.clocks[stream_id] = end
         return end
 
@@ -89,4 +90,5 @@ def set_current_stream_id(index: int, stream_id: int) -> None:
 
 def charge(index: int, seconds: float) -> float:
     """Queue `seconds` of work on this thread's current stream of device `index`; return its completion time."""
-    return timeline(index).charge(_current.ids.get(index, 0), seconds)
+    found = _timelines.get(index) or timeline(index)
+    return found.charge(_current.ids.get(index, 0), seconds)
