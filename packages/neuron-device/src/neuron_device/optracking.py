@@ -275,7 +275,7 @@ def admit(op: torch._ops.OpOverload) -> OpInfo:
     return info
 
 
-_TENSOR = torch.Tensor
+_TENSOR_TYPE = torch.Tensor
 _SCALAR_TYPES = frozenset({bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout,
                            torch.memory_format})
 
@@ -289,13 +289,13 @@ def _signature(values: Iterable[Any]) -> tuple:
     append = key.append
     for value in values:
         kind = type(value)
-        if kind is _TENSOR:
+        if kind is _TENSOR_TYPE:
             append((value.shape, value.dtype))
         elif kind in _SCALAR_TYPES:
             append(value)
         elif kind is tuple or kind is list:
             append(_signature(value))
-        elif isinstance(value, _TENSOR):
+        elif isinstance(value, _TENSOR_TYPE):
             append((value.shape, value.dtype))
         else:
             append(kind.__name__)
