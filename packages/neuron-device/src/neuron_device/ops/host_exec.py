@@ -18,8 +18,8 @@ from collections import Counter
 import torch
 
 from .. import allocator
-from .. import optracking as _optracking
 from .. import numerics as _numerics
+from .. import optracking as _optracking
 from ..hostmem import host_alias
 from ..neuron import random as _random
 
@@ -42,6 +42,7 @@ class _Plan:
     generator: tuple[int, str] | None  # (position, name) of a Generator? argument
     seeded: bool  # draws random numbers
     mixed_devices_ok: bool
+    tensor_positions: tuple[int, ...]  # positional arguments typed `Tensor` (may arrive as Python numbers)
 
 
 _plans: dict[torch._ops.OpOverload, _Plan] = {}
@@ -65,6 +66,9 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
         generator=generator,
         seeded=torch.Tag.nondeterministic_seeded in op.tags,
         mixed_devices_ok=name in _MIXED_DEVICE_OK,
+        tensor_positions=tuple(
+            i for i, a in enumerate(schema.arguments) if not a.kwarg_only and str(a.type) == "Tensor"
+        ),
     )
     _plans[op] = plan
     return plan
@@ -148,6 +152,31 @@ class _Call:
         return None
 
 
+_FULL_PRECISION = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
+def _wrap_numbers(args: tuple, positions: tuple[int, ...]) -> tuple:
+    """Turn Python numbers back into the scalar tensors the schema asks for.
+
+    A composite kernel passes a Python scalar to a `Tensor` argument as a "wrapped number" tensor, which reaches a
+    Python kernel as a plain number that `op(...)` then refuses. The replacement 0-dim tensor gets the dtype the
+    wrapped number would have promoted to, so the CPU kernel computes in the same dtype. When the number does not
+    promote a dimensioned tensor, it keeps full precision (a 0-dim float64 does not promote a bfloat16 tensor
+    either), as the CPU kernel reads a wrapped number: `x.div_(1.3)` on bfloat16 must not divide by bfloat16(1.3).
+    """
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    reference = next((t for t in tensors if t.dim() > 0), tensors[0] if tensors else None)
+    wrapped = list(args)
+    for position in positions:
+        if position < len(args) and isinstance(args[position], (bool, int, float, complex)):
+            value = args[position]
+            dtype = None if reference is None else torch.result_type(reference, value)
+            if reference is not None and reference.dim() > 0 and dtype == reference.dtype:
+                dtype = _FULL_PRECISION[type(value)]
+            wrapped[position] = torch.tensor(value, dtype=dtype)
+    return tuple(wrapped)
+
+
 def _seeded_call(op, index: int, args, kwargs):
     """Run a random op without a generator argument on the device's generator (swapped in as CPU's default)."""
     generator = _random.default_generator(index)
@@ -193,6 +222,10 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
     tracked = _optracking.admit(op)  # native kernel or CPU fallback (warns once; raises in strict mode)
     call = _Call(plan)
     host_args = call.to_host(args)
+    for position in plan.tensor_positions:
+        if position < len(host_args) and not isinstance(host_args[position], torch.Tensor):
+            host_args = _wrap_numbers(host_args, plan.tensor_positions)
+            break
     host_kwargs = {}
     outs: list[tuple[str, torch.Tensor]] = []
     for key, value in kwargs.items():

@@ -1,0 +1,49 @@
+"""Ops whose generic (composite) kernel computes differently from their CPU kernel: run the CPU kernel instead.
+
+A backend without its own kernel for an op gets the op's CompositeExplicitAutograd or CompositeImplicitAutograd
+kernel, which for most ops calls the same `.out` kernel the CPU uses, so `neuron` and CPU agree bit for bit. The
+ops below are the exceptions: CPU has a fused kernel (e.g. `native_layer_norm`, `addr`) while the composite is a
+different decomposition with different rounding. Routing them to the host CPU kernel keeps `neuron` results equal
+to CPU's, which is what the simulator promises.
+
+The list is what the dispatcher of torch 2.13 reports (`tests/test_opinfo.py` checks it stays complete).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .host_exec import run_on_host
+from .registry import kernel
+
+__all__ = ["CPU_KERNEL_OVER_COMPOSITE"]
+
+CPU_KERNEL_OVER_COMPOSITE: tuple[str, ...] = (
+    # a CPU kernel and a CompositeExplicitAutograd kernel
+    "_stack",
+    "_stack.out",
+    "addr",
+    "addr.out",
+    "all.dims",
+    "all.dims_out",
+    "any.dims",
+    "any.dims_out",
+    "linalg__powsum",
+    "native_group_norm",
+    "native_layer_norm",
+    # a CPU kernel and a CompositeImplicitAutograd kernel
+    "mish_backward",
+    "native_channel_shuffle",
+    "silu_backward",
+)
+
+
+def _overload(name: str) -> torch._ops.OpOverload:
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+
+for _name in CPU_KERNEL_OVER_COMPOSITE:
+    kernel(f"aten::{_name}")(functools.partial(run_on_host, _overload(_name)))
