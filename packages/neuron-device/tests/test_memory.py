@@ -1,33 +1,184 @@
-"""Memory statistics (`torch.neuron.memory_*`): real accounting of device storage."""
+"""Device memory: the caching-allocator model (CUDA's rules) and `torch.neuron`'s memory API on top of it.
+
+Model tests drive a fresh `DeviceAllocator` so every statistic has an exact expected value; API tests measure
+differences on the shared `neuron` devices, after `gc.collect()` so earlier tests' garbage is gone.
+"""
 
 from __future__ import annotations
 
 import gc
 
+import pytest
 import torch
 
+from neuron_device import allocator
+from neuron_device.allocator import DeviceAllocator
 
-def test_allocation_and_free_are_counted():
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+
+
+def stat(model: DeviceAllocator, name: str, pool: str = "all", metric: str = "current") -> int:
+    return model.stats_as_nested_dict()[name][pool][metric]
+
+
+# -- the model ----------------------------------------------------------------------------------------------------
+
+
+def test_small_requests_share_a_2mib_segment_in_512_byte_blocks():
+    model = DeviceAllocator(0, GiB)
+    a = model.malloc(1000)
+    b = model.malloc(1)
+    assert (a.size, b.size) == (1024, 512)
+    assert b.address == a.address + 1024
+    assert stat(model, "allocated_bytes") == 1536
+    assert stat(model, "requested_bytes") == 1001
+    assert stat(model, "reserved_bytes") == stat(model, "reserved_bytes", "small_pool") == 2 * MiB
+    assert stat(model, "segment") == 1
+    assert stat(model, "inactive_split") == 1
+    assert stat(model, "inactive_split_bytes") == 2 * MiB - 1536
+    assert stat(model, "allocation", "small_pool") == 2
+    assert stat(model, "allocation", "large_pool") == 0
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "block", "segment"),
+    [
+        (MiB, MiB, 2 * MiB),  # 1 MiB is still small
+        (MiB + 1, MiB + 512, 20 * MiB),  # large, under 10 MiB: a 20 MiB segment, split
+        (10 * MiB - 512, 10 * MiB - 512, 20 * MiB),
+        (10 * MiB, 10 * MiB, 10 * MiB),  # from 10 MiB: the size rounded up to 2 MiB
+        (25 * MiB + 1, 26 * MiB, 26 * MiB),  # remainder <= 1 MiB: not split, the block keeps the whole segment
+        (19 * MiB, 19 * MiB + MiB, 20 * MiB),  # same: 1 MiB left over stays in the block
+    ],
+)
+def test_rounding_and_segment_sizes(request_bytes, block, segment):
+    model = DeviceAllocator(0, GiB)
+    got = model.malloc(request_bytes)
+    assert got.size == block
+    assert stat(model, "reserved_bytes") == segment
+    assert stat(model, "allocated_bytes") == block
+    assert stat(model, "requested_bytes") == request_bytes
+    assert stat(model, "inactive_split_bytes") == segment - block
+
+
+def test_freed_blocks_merge_and_are_reused_without_new_segments():
+    model = DeviceAllocator(0, GiB)
+    a = model.malloc(3 * MiB)
+    b = model.malloc(4 * MiB)
+    assert stat(model, "segment") == 1
+    assert stat(model, "inactive_split_bytes") == 13 * MiB
+    model.free(a)
+    assert stat(model, "inactive_split") == 2  # the freed front and the tail, separated by b
+    model.free(b)
+    assert stat(model, "inactive_split") == 0  # all merged back into one unsplit 20 MiB block
+    assert stat(model, "allocated_bytes") == 0
+    assert stat(model, "reserved_bytes") == 20 * MiB
+    start = a.address
+    c = model.malloc(5 * MiB)  # best fit: the cached segment
+    assert c.address == start
+    assert model.stats_as_nested_dict()["num_device_alloc"] == 1
+    assert stat(model, "allocation", metric="allocated") == 3
+    assert stat(model, "allocation", metric="freed") == 2
+
+
+def test_best_fit_picks_the_smallest_block_that_fits():
+    model = DeviceAllocator(0, GiB)
+    big, small = model.malloc(40 * MiB), model.malloc(12 * MiB)
+    addresses = big.address, small.address
+    model.free(big)
+    model.free(small)
+    assert model.malloc(11 * MiB).address == addresses[1]
+    assert model.malloc(13 * MiB).address == addresses[0]
+
+
+def test_empty_cache_releases_unsplit_free_segments_only():
+    model = DeviceAllocator(0, GiB)
+    keep = model.malloc(3 * MiB)  # in a split 20 MiB segment
+    drop = model.malloc(30 * MiB)  # larger than the 17 MiB left in that segment: a segment of its own
+    small = model.malloc(100)
+    model.free(drop)
+    model.free(small)
+    assert stat(model, "reserved_bytes") == 20 * MiB + 30 * MiB + 2 * MiB
+    model.empty_cache()
+    assert stat(model, "reserved_bytes") == 20 * MiB
+    assert stat(model, "segment") == 1
+    assert model.stats_as_nested_dict()["num_device_free"] == 2
+    assert keep.allocated
+
+
+def test_cache_is_flushed_and_retried_before_oom():
+    model = DeviceAllocator(0, 64 * MiB)
+    model.free(model.malloc(40 * MiB))  # 40 MiB cached
+    b = model.malloc(50 * MiB)  # 40 + 50 > 64: release the cache, retry, fits
+    stats = model.stats_as_nested_dict()
+    assert (stats["num_alloc_retries"], stats["num_ooms"]) == (1, 0)
+    assert stat(model, "reserved_bytes") == 50 * MiB
+    with pytest.raises(allocator.OutOfMemoryError) as info:
+        model.malloc(15 * MiB)  # a 16 MiB segment: 66 MiB > 64 even with nothing cached
+    stats = model.stats_as_nested_dict()
+    assert (stats["num_alloc_retries"], stats["num_ooms"]) == (2, 1)
+    assert str(info.value).startswith(
+        "Neuron out of memory. Tried to allocate 16.00 MiB. Neuron device 0 has a total capacity of 64.00 MiB of "
+        "which 14.00 MiB is free. Of the allocated memory 50.00 MiB is allocated by PyTorch, and 0 bytes is reserved "
+        "by PyTorch but unallocated."
+    )
+    assert stat(model, "allocated_bytes") == 50 * MiB
+    assert model.malloc(12 * MiB).size == 12 * MiB  # a smaller request still fits
+    model.free(b)
+
+
+def test_fraction_caps_reserved_memory():
+    model = DeviceAllocator(0, 64 * MiB)
+    model.fraction = 0.5
+    model.malloc(30 * MiB)
+    with pytest.raises(allocator.OutOfMemoryError, match=r"is free\. 32\.00 MiB allowed; Of the allocated"):
+        model.malloc(MiB + 1)  # a 20 MiB segment: 50 MiB > 32 MiB allowed
+    model.fraction = 1.0
+    model.malloc(MiB + 1)
+
+
+def test_peaks_and_accumulated_counters_reset():
+    model = DeviceAllocator(0, GiB)
+    model.free(model.malloc(12 * MiB))
+    assert stat(model, "allocated_bytes", metric="peak") == 12 * MiB
+    model.reset_peak()
+    assert stat(model, "allocated_bytes", metric="peak") == 0
+    assert stat(model, "reserved_bytes", metric="peak") == 12 * MiB  # still reserved: peak restarts from current
+    model.reset_accumulated()
+    stats = model.stats_as_nested_dict()
+    assert stats["allocated_bytes"]["all"]["allocated"] == stats["allocated_bytes"]["all"]["freed"] == 0
+    assert stats["num_device_alloc"] == 0
+
+
+def test_format_size_matches_cuda():
+    assert [allocator.format_size(n) for n in (0, 1024, 1025, MiB, 20 * MiB, 24 * GiB)] == [
+        "0 bytes", "1024 bytes", "1.00 KiB", "1024.00 KiB", "20.00 MiB", "24.00 GiB"
+    ]
+
+
+# -- torch.neuron's memory API -------------------------------------------------------------------------------------
+
+
+def test_allocation_and_free_are_counted_in_rounded_blocks():
     gc.collect()
     base = torch.neuron.memory_allocated()
-    t = torch.empty(1024, dtype=torch.float32, device="neuron")
+    requested = torch.neuron.memory_stats()["requested_bytes.all.current"]
+    t = torch.empty(1000, dtype=torch.float32, device="neuron")
     assert torch.neuron.memory_allocated() == base + 4096
+    assert torch.neuron.memory_stats()["requested_bytes.all.current"] == requested + 4000
     del t
-    gc.collect()
     assert torch.neuron.memory_allocated() == base
 
 
-def test_peak_and_reset():
+def test_op_results_and_views_are_counted_once():
     gc.collect()
+    a = torch.ones(1000, device="neuron")
     base = torch.neuron.memory_allocated()
-    torch.neuron.reset_peak_memory_stats()
-    assert torch.neuron.max_memory_allocated() == base
-    big = torch.zeros(10_000, device="neuron")
-    del big
-    gc.collect()
-    assert torch.neuron.max_memory_allocated() >= base + 40_000
-    torch.neuron.reset_peak_memory_stats()
-    assert torch.neuron.max_memory_allocated() == torch.neuron.memory_allocated()
+    b = a * 2
+    view = a[10:20]
+    assert torch.neuron.memory_allocated() == base + 4096
+    del b, view
+    assert torch.neuron.memory_allocated() == base
 
 
 def test_stats_are_per_device():
@@ -35,19 +186,98 @@ def test_stats_are_per_device():
     before = [torch.neuron.memory_allocated(i) for i in range(2)]
     t = torch.empty(256, dtype=torch.uint8, device="neuron:1")
     assert torch.neuron.memory_allocated(0) == before[0]
-    assert torch.neuron.memory_allocated("neuron:1") == before[1] + 256
+    assert torch.neuron.memory_allocated("neuron:1") == before[1] + 512
+    assert torch.neuron.memory_allocated(torch.device("neuron", 1)) == before[1] + 512
     del t
 
 
-def test_op_results_are_counted():
+def test_storage_resize_is_charged_like_a_new_allocation():
     gc.collect()
-    a = torch.ones(1000, device="neuron")
-    base = torch.neuron.memory_allocated()
-    b = a * 2
-    assert torch.neuron.memory_allocated() == base + 4000
-    del b
+    base = torch.neuron.memory_allocated(2)
+    storage = torch.zeros(100, dtype=torch.uint8, device="neuron:2").untyped_storage()
+    assert torch.neuron.memory_allocated(2) == base + 512
+    torch.neuron.reset_peak_memory_stats(2)
+    storage.resize_(3 * MiB)
+    assert torch.neuron.memory_allocated(2) == base + 3 * MiB
+    assert torch.neuron.max_memory_allocated(2) == base + 3 * MiB + 512  # new block before the old one is freed
+    storage.resize_(0)
+    assert torch.neuron.memory_allocated(2) == base
+    storage.resize_(1000)
+    assert torch.neuron.memory_allocated(2) == base + 1024
+    del storage
+    assert torch.neuron.memory_allocated(2) == base
+
+
+def test_memory_stats_has_cuda_keys():
+    stats = torch.neuron.memory_stats()
+    arrays = ["active", "active_bytes", "allocated_bytes", "allocation", "inactive_split", "inactive_split_bytes",
+              "requested_bytes", "reserved_bytes", "segment"]
+    expected = {f"{a}.{p}.{m}" for a in arrays for p in ("all", "large_pool", "small_pool")
+                for m in ("current", "peak", "allocated", "freed")}
+    expected |= {f"{a}.{m}" for a in ("oversize_allocations", "oversize_segments")
+                 for m in ("current", "peak", "allocated", "freed")}
+    expected |= {"num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free",
+                 "max_split_size"}
+    assert set(stats) == expected
+    assert list(stats) == sorted(stats)
+    assert stats["max_split_size"] == -1
+    nested = torch.neuron.memory_stats_as_nested_dict()
+    assert nested["allocated_bytes"]["all"]["current"] == stats["allocated_bytes.all.current"]
+
+
+def test_reserved_follows_the_cache_and_empty_cache():
     gc.collect()
-    assert torch.neuron.memory_allocated() == base
+    torch.neuron.empty_cache()
+    reserved = torch.neuron.memory_reserved()
+    t = torch.empty(3 * MiB, dtype=torch.uint8, device="neuron")
+    assert torch.neuron.memory_reserved() == reserved + 20 * MiB
+    assert torch.neuron.max_memory_reserved() >= reserved + 20 * MiB
+    del t
+    assert torch.neuron.memory_reserved() == reserved + 20 * MiB  # cached, as on CUDA
+    torch.neuron.empty_cache()
+    assert torch.neuron.memory_reserved() == reserved
+
+
+def test_mem_get_info_and_properties_agree():
+    free, total = torch.neuron.mem_get_info()
+    assert total == torch.neuron.get_device_properties(0).total_memory == 24 * GiB
+    assert free == total - torch.neuron.memory_reserved()
+
+
+def test_memory_fraction_api_validates_like_cuda():
+    assert torch.neuron.get_per_process_memory_fraction(3) == 1.0
+    with pytest.raises(TypeError, match="must be `float`"):
+        torch.neuron.set_per_process_memory_fraction(1, 3)
+    with pytest.raises(ValueError, match=r"Invalid fraction value: 1\.5\. Allowed range: 0~1"):
+        torch.neuron.set_per_process_memory_fraction(1.5, 3)
+    with pytest.raises(RuntimeError, match="Invalid device index"):
+        torch.neuron.set_per_process_memory_fraction(0.5, 9)
+
+
+def test_memory_summary_is_a_cuda_style_table():
+    gc.collect()
+    base = torch.neuron.memory_allocated(3)
+    t = torch.empty(5 * MiB, dtype=torch.uint8, device="neuron:3")
+    summary = torch.neuron.memory_summary("neuron:3")
+    lines = summary.splitlines()
+    assert {len(line) for line in lines} == {77}
+    assert "PyTorch Neuron memory summary, device ID 3" in lines[1]
+    allocated_row = next(line for line in lines if line.startswith("| Allocated memory"))
+    assert allocated_row.split("|")[2].strip() == f"{(base + 5 * MiB) // KiB} KiB"  # CUDA's scaling: KiB to 768 MiB
+    assert "from small pool" in summary
+    assert "from small pool" not in torch.neuron.memory_summary(3, abbreviated=True)
+    del t
+
+
+def test_memory_snapshot_lists_segments_and_blocks():
+    gc.collect()
+    t = torch.empty(3 * MiB, dtype=torch.uint8, device="neuron:3")
+    segments = [s for s in torch.neuron.memory_snapshot() if s["device"] == 3]
+    live = [b for s in segments for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert sum(s["total_size"] for s in segments) == torch.neuron.memory_reserved(3)
+    assert sum(b["size"] for b in live) == torch.neuron.memory_allocated(3)
+    assert any(b["size"] == 3 * MiB and b["requested_size"] == 3 * MiB for b in live)
+    del t
 
 
 def test_empty_cache_keeps_live_memory():
@@ -56,3 +286,48 @@ def test_empty_cache_keeps_live_memory():
     torch.neuron.empty_cache()
     assert torch.neuron.memory_allocated() == before
     assert torch.equal(t.cpu(), torch.ones(100))
+
+
+def test_accelerator_memory_api_routes_to_neuron():
+    gc.collect()
+    t = torch.empty(2 * MiB, dtype=torch.uint8, device="neuron")
+    assert torch.accelerator.memory_allocated() == torch.neuron.memory_allocated()
+    assert torch.accelerator.memory_allocated("neuron:0") == torch.neuron.memory_allocated(0)
+    assert torch.accelerator.memory_reserved(0) == torch.neuron.memory_reserved(0)
+    assert torch.accelerator.max_memory_reserved(0) == torch.neuron.max_memory_reserved(0)
+    assert torch.accelerator.get_memory_info(0) == torch.neuron.mem_get_info(0)
+    assert torch.accelerator.memory_stats(0) == torch.neuron.memory_stats(0)
+    torch.accelerator.reset_accumulated_memory_stats(0)
+    assert torch.neuron.memory_stats(0)["allocation.all.allocated"] == 0
+    del t
+
+
+def test_peak_memory_like_accelerate():
+    """accelerate's `test_peak_memory_usage` measures a training step with only these calls; used <= peaked, and the
+    numbers are exactly what the step left allocated."""
+
+    def measure(step):
+        gc.collect()
+        torch.accelerator.empty_cache()
+        torch.accelerator.reset_peak_memory_stats()
+        begin = torch.accelerator.memory_allocated()
+        kept = step()
+        gc.collect()
+        torch.accelerator.empty_cache()
+        end, peak = torch.accelerator.memory_allocated(), torch.accelerator.max_memory_allocated()
+        assert (end, peak) == (torch.neuron.memory_allocated(), torch.neuron.max_memory_allocated())
+        return begin, end, peak, kept
+
+    model = torch.nn.Linear(256, 512, device="neuron")  # weight 512 KiB, bias 2 KiB
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step():
+        model(torch.randn(64, 256, device="neuron")).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    begin, end, peak, _ = measure(step)
+    assert end - begin == 512 * KiB + 2 * KiB  # the momentum buffers stay; gradients and activations are gone
+    assert peak - begin >= end - begin + 128 * KiB  # the (64, 512) activation lived during the step
+    begin, end, peak, _ = measure(step)
+    assert end == begin  # the next step leaves nothing behind

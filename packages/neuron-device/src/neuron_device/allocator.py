@@ -1,92 +1,504 @@
-"""Device memory accounting: every byte of `neuron` storage is counted against the core (device) that owns it.
+"""Device memory: a model of CUDA's caching allocator, run against each device's simulated HBM capacity.
 
-Storage is host memory (see `hostmem`), allocated by the CPU allocator and adopted as `neuron` storage. The
-allocator counts each adopted storage when it is created and uncounts it when the storage dies: a
-`weakref.finalize` on the storage's Python object fires exactly when the last tensor, view or storage reference is
-gone, because torch keeps a storage's Python object alive for as long as its C++ StorageImpl lives.
+Storage is host memory (see `hostmem`), allocated by the CPU allocator and adopted as `neuron` storage; the host
+bytes are freed by the CPU allocator as soon as the storage dies. What the device would hold is modelled here, with
+the rules of PyTorch's CUDACachingAllocator, so `memory_allocated`/`memory_reserved` and out-of-memory behave as on
+a GPU of the same size:
+
+* sizes are rounded up to 512 bytes; requests of at most 1 MiB come from the small pool (2 MiB segments), larger
+  ones from the large pool (20 MiB segments for requests under 10 MiB, else the size rounded up to 2 MiB);
+* the smallest cached free block that fits is reused and split when the remainder is worth keeping (>= 512 bytes
+  in the small pool, > 1 MiB in the large one); freed blocks merge with free neighbours of their segment;
+* when a new segment does not fit under the capacity (or the `set_per_process_memory_fraction` limit), every
+  unsplit cached segment is released and the allocation retried once (`num_alloc_retries`); if it still does not
+  fit, `OutOfMemoryError` is raised (`num_ooms`) before any host memory is taken.
+
+Streams are not modelled (one stream per device). A storage's block is freed by a weakref callback on the storage's
+Python object, which torch keeps alive exactly as long as the C++ StorageImpl. The callback may run inside any
+allocation (garbage collection), so it only queues the block; every allocator entry point drains the queue under
+the device lock.
 """
 
 from __future__ import annotations
 
+import bisect
+import collections
+import math
 import threading
 import weakref
 
 import torch
 
 from . import hostmem
+from . import topology as _topology
 
-__all__ = ["DeviceStats", "adopt_tracked", "empty", "resize", "stats"]
+__all__ = [
+    "OutOfMemoryError",
+    "adopt_tracked",
+    "device",
+    "empty",
+    "format_size",
+    "resize",
+]
+
+MIN_BLOCK_SIZE = 512  # every block is a multiple of this
+SMALL_SIZE = 1 << 20  # largest request served by the small pool
+SMALL_BUFFER = 2 << 20  # segment size of the small pool
+LARGE_BUFFER = 20 << 20  # segment size for large requests under MIN_LARGE_ALLOC
+MIN_LARGE_ALLOC = 10 << 20
+ROUND_LARGE = 2 << 20  # larger requests get a segment of their size rounded up to this
+
+_POOLS = ("all", "small_pool", "large_pool")
+_STAT_ARRAYS = (
+    "active",
+    "active_bytes",
+    "allocated_bytes",
+    "allocation",
+    "inactive_split",
+    "inactive_split_bytes",
+    "requested_bytes",
+    "reserved_bytes",
+    "segment",
+)
+_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms", "num_sync_all_streams")
 
 
-class DeviceStats:
-    """Allocated and peak bytes of one device, plus allocation counters (CUDA's names)."""
+class OutOfMemoryError(torch.OutOfMemoryError):
+    """A `neuron` allocation does not fit in the device's (simulated) HBM. `torch.neuron.OutOfMemoryError`."""
 
-    __slots__ = ("allocated", "allocation_count", "free_count", "peak")
+
+def format_size(nbytes: int) -> str:
+    """A byte count as CUDA's allocator writes it in messages ('512 bytes', '2.00 MiB', '24.00 GiB')."""
+    if nbytes <= 1024:
+        return f"{nbytes} bytes"
+    if nbytes <= 1024**2:
+        return f"{nbytes / 1024:.2f} KiB"
+    if nbytes <= 1024**3:
+        return f"{nbytes / 1024**2:.2f} MiB"
+    return f"{nbytes / 1024**3:.2f} GiB"
+
+
+class _Stat:
+    """One statistic: current and peak value, total increase and total decrease (CUDA's `Stat`)."""
+
+    __slots__ = ("allocated", "current", "freed", "peak")
 
     def __init__(self) -> None:
-        self.allocated = 0
-        self.peak = 0
-        self.allocation_count = 0
-        self.free_count = 0
+        self.current = self.peak = self.allocated = self.freed = 0
+
+    def increase(self, amount: int) -> None:
+        self.current += amount
+        self.allocated += amount
+        if self.current > self.peak:
+            self.peak = self.current
+
+    def decrease(self, amount: int) -> None:
+        self.current -= amount
+        self.freed += amount
+
+    def as_dict(self) -> dict[str, int]:
+        return {"current": self.current, "peak": self.peak, "allocated": self.allocated, "freed": self.freed}
 
 
 class _Block:
-    """The bytes counted for one storage; mutable because `resize` changes a live storage's size."""
+    """A piece of a segment of simulated device memory; `prev`/`next` link the pieces of one segment."""
 
-    __slots__ = ("nbytes",)
+    __slots__ = ("address", "allocated", "next", "prev", "requested", "size", "small")
 
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
+    def __init__(self, size: int, address: int, small: bool) -> None:
+        self.size = size
+        self.address = address
+        self.small = small
+        self.requested = 0
+        self.allocated = False
+        self.prev: _Block | None = None
+        self.next: _Block | None = None
+
+    @property
+    def is_split(self) -> bool:
+        return self.prev is not None or self.next is not None
 
 
-_lock = threading.Lock()
-_stats: dict[int, DeviceStats] = {}
-_blocks: weakref.WeakKeyDictionary[torch.UntypedStorage, _Block] = weakref.WeakKeyDictionary()
+class _Pool:
+    """Free blocks of one pool, ordered by (size, address) so the best fit is a bisection away."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[int, int, _Block]] = []
+
+    def insert(self, block: _Block) -> None:
+        bisect.insort(self.entries, (block.size, block.address, block))
+
+    def remove(self, block: _Block) -> None:
+        del self.entries[bisect.bisect_left(self.entries, (block.size, block.address))]
+
+    def take_best_fit(self, size: int) -> _Block | None:
+        position = bisect.bisect_left(self.entries, (size,))
+        if position == len(self.entries):
+            return None
+        return self.entries.pop(position)[2]
 
 
-def stats(index: int) -> DeviceStats:
-    """The (live) statistics of device `index`."""
-    found = _stats.get(index)
+def _round_size(nbytes: int) -> int:
+    return max(MIN_BLOCK_SIZE, -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE)
+
+
+def _segment_size(size: int) -> int:
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+class DeviceAllocator:
+    """The caching-allocator model of one device: pools, segments and CUDA's statistics."""
+
+    def __init__(self, index: int, capacity: int) -> None:
+        self.index = index
+        self.capacity = capacity
+        self.fraction = 1.0
+        self.lock = threading.Lock()
+        self.pending: collections.deque[_Block] = collections.deque()  # freed by callbacks, not yet returned
+        self._pools = {True: _Pool(), False: _Pool()}  # keyed by "small"
+        self._next_address = 1 << 40  # simulated device addresses: order and identity of blocks only
+        self._stats = {name: (_Stat(), _Stat(), _Stat()) for name in _STAT_ARRAYS}
+        self._counters = dict.fromkeys(_COUNTERS, 0)
+
+    # -- statistics ------------------------------------------------------------------------------------------------
+
+    def _increase(self, name: str, small: bool, amount: int) -> None:
+        stats = self._stats[name]
+        stats[0].increase(amount)
+        stats[1 if small else 2].increase(amount)
+
+    def _decrease(self, name: str, small: bool, amount: int) -> None:
+        stats = self._stats[name]
+        stats[0].decrease(amount)
+        stats[1 if small else 2].decrease(amount)
+
+    def _current(self, name: str) -> int:
+        return self._stats[name][0].current
+
+    @property
+    def limit(self) -> int:
+        """Bytes this process may reserve on the device: capacity times the per-process fraction."""
+        return self.capacity if self.fraction >= 1.0 else int(self.fraction * self.capacity)
+
+    def drain(self) -> None:
+        """Return the blocks queued by storage callbacks to their pools. Caller holds `lock`."""
+        pending = self.pending
+        while pending:
+            self._free(pending.popleft())
+
+    def allocated(self) -> int:
+        with self.lock:
+            self.drain()
+            return self._current("allocated_bytes")
+
+    def stats_as_nested_dict(self) -> dict:
+        """CUDA's `memory_stats_as_nested_dict` layout."""
+        with self.lock:
+            self.drain()
+            result: dict = dict(self._counters)
+            for name, stats in self._stats.items():
+                result[name] = {pool: stat.as_dict() for pool, stat in zip(_POOLS, stats, strict=True)}
+            zero = _Stat().as_dict()
+            result["oversize_allocations"] = dict(zero)  # no block is ever oversize: max_split_size is unlimited
+            result["oversize_segments"] = dict(zero)
+            result["max_split_size"] = -1
+            return result
+
+    def reset_peak(self) -> None:
+        with self.lock:
+            self.drain()
+            for stats in self._stats.values():
+                for stat in stats:
+                    stat.peak = stat.current
+
+    def reset_accumulated(self) -> None:
+        with self.lock:
+            self.drain()
+            for stats in self._stats.values():
+                for stat in stats:
+                    stat.allocated = stat.freed = 0
+            self._counters = dict.fromkeys(_COUNTERS, 0)
+
+    def segments(self) -> list[dict]:
+        """Every reserved segment and its blocks, like one device's part of `torch.cuda.memory_snapshot()`."""
+        with self.lock:
+            self.drain()
+            blocks = [entry[2] for pool in self._pools.values() for entry in pool.entries]
+            blocks.extend(_live_blocks(self))
+            firsts = {}
+            for block in blocks:
+                while block.prev is not None:
+                    block = block.prev
+                firsts[block.address] = block
+            result = []
+            for address in sorted(firsts):
+                block, blocks = firsts[address], []
+                while block is not None:
+                    state = "active_allocated" if block.allocated else "inactive"
+                    blocks.append({"address": block.address, "size": block.size,
+                                   "requested_size": block.requested, "state": state})
+                    block = block.next
+                result.append({
+                    "device": self.index,
+                    "address": address,
+                    "total_size": sum(b["size"] for b in blocks),
+                    "allocated_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+                    "requested_size": sum(b["requested_size"] for b in blocks),
+                    "segment_type": "small" if firsts[address].small else "large",
+                    "blocks": blocks,
+                })
+            return result
+
+    # -- allocation ------------------------------------------------------------------------------------------------
+
+    def malloc(self, nbytes: int) -> _Block:
+        """A block for `nbytes` (> 0), reusing cached memory when possible; OutOfMemoryError if it cannot fit."""
+        size = _round_size(nbytes)
+        small = size <= SMALL_SIZE
+        with self.lock:
+            self.drain()
+            pool = self._pools[small]
+            block = pool.take_best_fit(size)
+            if block is None:
+                segment = _segment_size(size)
+                block = self._new_segment(segment, small)
+                if block is None:
+                    self._release_cached()
+                    self._counters["num_alloc_retries"] += 1
+                    block = self._new_segment(segment, small)
+                if block is None:
+                    self._counters["num_ooms"] += 1
+                    raise OutOfMemoryError(self._oom_message(segment))
+            return self._use(block, size, nbytes, pool)
+
+    def _new_segment(self, size: int, small: bool) -> _Block | None:
+        if self._current("reserved_bytes") + size > self.limit:
+            return None
+        block = _Block(size, self._next_address, small)
+        self._next_address += size
+        self._increase("segment", small, 1)
+        self._increase("reserved_bytes", small, size)
+        self._counters["num_device_alloc"] += 1
+        return block
+
+    def _use(self, block: _Block, size: int, requested: int, pool: _Pool) -> _Block:
+        """Hand out `block` (taken from `pool` or fresh), splitting off the rest when worth keeping."""
+        small = block.small
+        already_split = block.is_split
+        remaining = block.size - size
+        if (remaining >= MIN_BLOCK_SIZE) if small else (remaining > SMALL_SIZE):
+            front = _Block(size, block.address, small)
+            front.prev = block.prev
+            if front.prev is not None:
+                front.prev.next = front
+            front.next = block
+            block.prev = front
+            block.address += size
+            block.size = remaining
+            pool.insert(block)
+            if already_split:
+                self._decrease("inactive_split_bytes", small, size)
+            else:
+                self._increase("inactive_split_bytes", small, remaining)
+                self._increase("inactive_split", small, 1)
+            block = front
+        elif already_split:
+            self._decrease("inactive_split_bytes", small, block.size)
+            self._decrease("inactive_split", small, 1)
+        block.allocated = True
+        block.requested = requested
+        self._increase("allocation", small, 1)
+        self._increase("allocated_bytes", small, block.size)
+        self._increase("active", small, 1)
+        self._increase("active_bytes", small, block.size)
+        self._increase("requested_bytes", small, requested)
+        return block
+
+    def _free(self, block: _Block) -> None:
+        small = block.small
+        pool = self._pools[small]
+        original = block.size
+        block.allocated = False
+        self._decrease("allocation", small, 1)
+        self._decrease("allocated_bytes", small, original)
+        self._decrease("requested_bytes", small, block.requested)
+        block.requested = 0
+        net_blocks = net_bytes = 0
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and not neighbour.allocated:
+                pool.remove(neighbour)
+                if neighbour is block.prev:
+                    block.address = neighbour.address
+                    block.prev = neighbour.prev
+                    if block.prev is not None:
+                        block.prev.next = block
+                else:
+                    block.next = neighbour.next
+                    if block.next is not None:
+                        block.next.prev = block
+                block.size += neighbour.size
+                net_blocks -= 1
+                net_bytes -= neighbour.size
+        pool.insert(block)
+        if block.is_split:
+            net_blocks += 1
+            net_bytes += block.size
+        for name, change in (("inactive_split", net_blocks), ("inactive_split_bytes", net_bytes)):
+            if change > 0:
+                self._increase(name, small, change)
+            elif change < 0:
+                self._decrease(name, small, -change)
+        self._decrease("active", small, 1)
+        self._decrease("active_bytes", small, original)
+
+    def _release_cached(self) -> None:
+        """Give every cached, unsplit segment back to the device (CUDA's `release_cached_blocks`, which first
+        synchronises all streams)."""
+        self._counters["num_sync_all_streams"] += 1
+        for small, pool in self._pools.items():
+            kept = []
+            for entry in pool.entries:
+                block = entry[2]
+                if block.is_split:
+                    kept.append(entry)
+                    continue
+                self._decrease("segment", small, 1)
+                self._decrease("reserved_bytes", small, block.size)
+                self._counters["num_device_free"] += 1
+            pool.entries = kept
+
+    def empty_cache(self) -> None:
+        with self.lock:
+            self.drain()
+            self._release_cached()
+
+    def free(self, block: _Block) -> None:
+        with self.lock:
+            self.drain()
+            self._free(block)
+
+    def _oom_message(self, segment: int) -> str:
+        topo = _topology.topology()
+        reserved = self._current("reserved_bytes")
+        allocated = self._current("allocated_bytes")
+        allowed = f"{format_size(self.limit)} allowed; " if self.fraction < 1.0 else ""
+        return (
+            f"Neuron out of memory. Tried to allocate {format_size(segment)}. Neuron device {self.index} has a total "
+            f"capacity of {format_size(self.capacity)} of which {format_size(max(self.capacity - reserved, 0))} is "
+            f"free. {allowed}Of the allocated memory {format_size(allocated)} is allocated by PyTorch, and "
+            f"{format_size(reserved - allocated)} is reserved by PyTorch but unallocated. (Simulated "
+            f"{topo.target.name} logical NeuronCore, LNC={topo.lnc}.) If reserved but unallocated memory is large, "
+            "call torch.neuron.empty_cache() to release it."
+        )
+
+
+_devices: dict[int, DeviceAllocator] = {}
+_devices_lock = threading.Lock()
+
+
+def device(index: int) -> DeviceAllocator:
+    """The allocator model of device `index` (created on first use, sized from the topology)."""
+    found = _devices.get(index)
     if found is None:
-        with _lock:
-            found = _stats.setdefault(index, DeviceStats())
+        with _devices_lock:
+            found = _devices.get(index)
+            if found is None:
+                found = _devices[index] = DeviceAllocator(index, _topology.topology().hbm_bytes_per_device)
     return found
 
 
-def _free(device_stats: DeviceStats, block: _Block) -> None:
-    with _lock:
-        device_stats.allocated -= block.nbytes
-        device_stats.free_count += 1
+# -- storages <-> blocks ---------------------------------------------------------------------------------------------
+# `_bindings` maps id(weakref to a storage) -> (weakref, binding); a binding is [DeviceAllocator, block or None].
+# A list so `resize` can swap the block of a live storage.
+
+_bindings: dict[int, tuple[weakref.ref, list]] = {}
 
 
-def _track(neuron_tensor: torch.Tensor, index: int) -> None:
-    storage = neuron_tensor.untyped_storage()
-    nbytes = storage.nbytes()
-    device_stats = stats(index)
-    block = _Block(nbytes)
-    with _lock:
-        device_stats.allocated += nbytes
-        device_stats.allocation_count += 1
-        if device_stats.allocated > device_stats.peak:
-            device_stats.peak = device_stats.allocated
-        _blocks[storage] = block
-    weakref.finalize(storage, _free, device_stats, block)
+def _storage_died(ref: weakref.ref) -> None:
+    entry = _bindings.pop(id(ref), None)
+    if entry is not None:
+        allocator, block = entry[1]
+        if block is not None:
+            allocator.pending.append(block)  # no lock: this may run inside an allocation (garbage collection)
 
 
-def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
-    """`hostmem.adopt`, counting the new storage against device `index`."""
-    tensor = hostmem.adopt(cpu_tensor, index)
-    _track(tensor, index)
+def _bind(storage: torch.UntypedStorage, allocator: DeviceAllocator, block: _Block | None) -> list:
+    ref = weakref.ref(storage, _storage_died)
+    binding = [allocator, block]
+    _bindings[id(ref)] = (ref, binding)
+    return binding
+
+
+def _binding_of(storage: torch.UntypedStorage) -> list | None:
+    for ref in weakref.getweakrefs(storage):
+        entry = _bindings.get(id(ref))
+        if entry is not None and entry[0] is ref:
+            return entry[1]
+    return None
+
+
+def _live_blocks(allocator: DeviceAllocator):
+    """Blocks held by live storages of `allocator`'s device."""
+    for _, (owner, block) in list(_bindings.values()):
+        if owner is allocator and block is not None:
+            yield block
+
+
+def _extent(size, stride, itemsize: int) -> int:
+    """Bytes spanned by a tensor of these sizes and strides (torch's `computeStorageNbytes`)."""
+    if any(s == 0 for s in size):
+        return 0
+    return itemsize * (1 + sum((s - 1) * st for s, st in zip(size, stride, strict=True)))
+
+
+def _adopt_with_block(host: torch.Tensor, index: int, allocator: DeviceAllocator, block: _Block | None):
+    try:
+        tensor = hostmem.adopt(host, index)
+    except BaseException:
+        if block is not None:
+            allocator.free(block)
+        raise
+    if block is not None:
+        _bind(tensor.untyped_storage(), allocator, block)
     return tensor
 
 
+def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """`hostmem.adopt`, charging the new storage to device `index` (OutOfMemoryError if it does not fit)."""
+    nbytes = _extent(cpu_tensor.shape, cpu_tensor.stride(), cpu_tensor.element_size())
+    allocator = device(index)
+    block = allocator.malloc(nbytes) if nbytes else None
+    return _adopt_with_block(cpu_tensor, index, allocator, block)
+
+
 def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=None) -> torch.Tensor:
-    """Allocate an uninitialised `neuron:index` tensor."""
+    """Allocate an uninitialised `neuron:index` tensor; the capacity check comes before any host memory is taken."""
+    size = tuple(size)
+    if any(s < 0 for s in size):
+        raise RuntimeError(f"Trying to create tensor with negative dimension {min(size)}: {list(size)}")
+    itemsize = dtype.itemsize
     if stride is None:
-        host = torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format)
+        nbytes = math.prod(size) * itemsize
     else:
-        host = torch.empty_strided(size, stride, dtype=dtype)
-    return adopt_tracked(host, index)
+        nbytes = _extent(size, tuple(stride), itemsize)
+    allocator = device(index)
+    block = allocator.malloc(nbytes) if nbytes else None
+    try:
+        if stride is None:
+            host = torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format)
+        else:
+            host = torch.empty_strided(size, stride, dtype=dtype)
+    except BaseException:
+        if block is not None:
+            allocator.free(block)
+        raise
+    return _adopt_with_block(host, index, allocator, block)
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -97,9 +509,10 @@ def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
 def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
     """Resize a `neuron` storage in place, keeping the bytes that fit (CUDA's `storage.resize_`; FSDP2 relies on it).
 
-    An adopted storage cannot grow or shrink its own memory, so the kept bytes move to a new host buffer whose data
-    pointer is swapped into `storage`: the storage object stays the same, and every tensor and view of it sees the
-    new memory. `_swap_data_ptr_` only swaps with an empty storage, hence the empty go-between.
+    As on CUDA, the new block is allocated (and checked against capacity) before the old one is freed. An adopted
+    storage cannot grow or shrink its own memory, so the kept bytes move to a new host buffer whose data pointer is
+    swapped into `storage`: the storage object stays the same, and every tensor and view of it sees the new memory.
+    `_swap_data_ptr_` only swaps with an empty storage, hence the empty go-between.
     """
     if nbytes < 0:
         raise RuntimeError(f"Storage size must be non-negative, but got {nbytes}")
@@ -107,20 +520,24 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
     if nbytes == old:
         return
     index = storage.device.index
-    fresh = hostmem.adopt(torch.empty(nbytes, dtype=torch.uint8), index).untyped_storage()
-    kept = min(old, nbytes)
-    if kept:
-        _bytes_of(fresh)[:kept].copy_(_bytes_of(storage)[:kept])
-    holder = hostmem.adopt(torch.empty(0, dtype=torch.uint8), index).untyped_storage()
+    allocator = device(index)
+    block = allocator.malloc(nbytes) if nbytes else None
+    try:
+        fresh = hostmem.adopt(torch.empty(nbytes, dtype=torch.uint8), index).untyped_storage()
+        kept = min(old, nbytes)
+        if kept:
+            _bytes_of(fresh)[:kept].copy_(_bytes_of(storage)[:kept])
+        holder = hostmem.adopt(torch.empty(0, dtype=torch.uint8), index).untyped_storage()
+    except BaseException:
+        if block is not None:
+            allocator.free(block)
+        raise
     storage._swap_data_ptr_(holder)  # storage: empty; holder: the old bytes, freed when it dies below
     storage._swap_data_ptr_(fresh)  # storage: the new bytes
-    with _lock:
-        block = _blocks.get(storage)
-        if block is None:  # adopted without tracking: nothing was counted, nothing to recount
-            return
-        device_stats = stats(index)
-        device_stats.peak = max(device_stats.peak, device_stats.allocated + nbytes)
-        device_stats.allocated += nbytes - old
-        device_stats.allocation_count += 1
-        device_stats.free_count += 1
-        block.nbytes = nbytes
+    binding = _binding_of(storage)
+    if binding is None:  # a storage that started empty: it had no block
+        _bind(storage, allocator, block)
+        return
+    previous, binding[1] = binding[1], block
+    if previous is not None:
+        allocator.free(previous)

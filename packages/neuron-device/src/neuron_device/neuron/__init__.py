@@ -15,10 +15,21 @@ from ..numerics import is_downcast_64bit_enabled, set_downcast_64bit
 from ._lazy import _is_in_bad_fork as _is_in_bad_fork  # torch.random checks it before seeding
 from ._lazy import is_initialized, lazy_init
 from .memory import (
+    OutOfMemoryError,
     empty_cache,
+    get_per_process_memory_fraction,
     max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
     memory_allocated,
+    memory_reserved,
+    memory_snapshot,
+    memory_stats,
+    memory_stats_as_nested_dict,
+    memory_summary,
+    reset_accumulated_memory_stats,
     reset_peak_memory_stats,
+    set_per_process_memory_fraction,
 )
 from .random import (
     get_rng_state,
@@ -49,6 +60,7 @@ from .streams import synchronize as _synchronize_streams
 __all__ = [
     "Event",
     "NeuronDeviceProperties",
+    "OutOfMemoryError",
     "Stream",
     "StreamContext",
     "current_device",
@@ -61,6 +73,7 @@ __all__ = [
     "get_amp_supported_dtype",
     "get_device_name",
     "get_device_properties",
+    "get_per_process_memory_fraction",
     "get_rng_state",
     "get_rng_state_all",
     "init",
@@ -72,14 +85,23 @@ __all__ = [
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
     "memory_allocated",
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
     "query",
     "record_event",
+    "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
     "set_device",
     "set_downcast_64bit",
+    "set_per_process_memory_fraction",
     "set_rng_state",
     "set_rng_state_all",
     "set_stream",
@@ -204,18 +226,25 @@ class NeuronDeviceProperties:
     physical_cores: int
     logical_nc_config: int
     core_version: str
+    core_id: int
+    chip: int
+    hbm_bandwidth: float
 
     def __repr__(self) -> str:
         return (
             f"NeuronDeviceProperties(name='{self.name}', total_memory={self.total_memory // 1024**2}MB, "
             f"physical_cores={self.physical_cores}, logical_nc_config={self.logical_nc_config}, "
-            f"core_version='{self.core_version}')"
+            f"core_version='{self.core_version}', core_id={self.core_id}, chip={self.chip})"
         )
 
 
 def get_device_properties(device: _Device = None) -> NeuronDeviceProperties:
-    """Properties of a device; `.name` is the target chip (e.g. "trn2"), as TRL and TorchNeuron expect."""
-    _check_index(_get_device_index(device))
+    """Properties of a device; `.name` is the target chip (e.g. "trn2"), as TRL and TorchNeuron expect.
+
+    `core_id` is the runtime's logical core id (what `NEURON_RT_VISIBLE_CORES` names), `chip` the chip holding it,
+    `hbm_bandwidth` (bytes/s) the device's share of its chip's HBM bandwidth.
+    """
+    index = _check_index(_get_device_index(device))
     topo = _topology.topology()
     return NeuronDeviceProperties(
         name=topo.target.name,
@@ -223,6 +252,9 @@ def get_device_properties(device: _Device = None) -> NeuronDeviceProperties:
         physical_cores=topo.lnc,
         logical_nc_config=topo.lnc,
         core_version=topo.target.core_version,
+        core_id=topo.core_id(index),
+        chip=topo.chip_of(index),
+        hbm_bandwidth=topo.target.hbm_bandwidth_per_chip / topo.logical_cores_per_chip,
     )
 
 
