@@ -61,7 +61,9 @@ def _register_device() -> None:
 
 def _register_kernels() -> None:
     from . import autocast
-    from .ops import host_exec, matmul, minimal, registry  # noqa: F401  (importing `minimal`, `matmul` registers kernels)
+
+    # Importing `minimal`, `cpu_exact` and `matmul` registers their kernels.
+    from .ops import cpu_exact, host_exec, matmul, minimal, registry  # noqa: F401
 
     registry.register_fallback(host_exec.run_on_host)
     autocast.register()
