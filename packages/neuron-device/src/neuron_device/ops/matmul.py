@@ -35,6 +35,7 @@ OPERANDS: dict[str, tuple[int, int]] = {
     "_addmm_activation": (1, 2),
 }
 _IN_PLACE = ("addmm_", "baddbmm_", "addbmm_", "addmv_")
+_CPU_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
 
 def _uniform(args: tuple, kwargs: dict, dtype: torch.dtype, index: int) -> bool:
@@ -67,6 +68,11 @@ def _matmul_kernel(op: torch._ops.OpOverload, functional: torch._ops.OpOverload,
     writes_out = any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
     def run(*args, **kwargs):
+        # A direct kernel's host calls would meet `torch.autocast("cpu")`'s policies (mm -> bfloat16): keep them off.
+        with torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST):
+            return compute(*args, **kwargs)
+
+    def compute(*args, **kwargs):
         first = args[operands[0]]
         dtype, index = first.dtype, first.device.index
         if dtype is torch.float32:
