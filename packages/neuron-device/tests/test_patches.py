@@ -3,6 +3,10 @@ backend, so each check runs in a fresh interpreter (`run_checked`), where a cras
 
 from __future__ import annotations
 
+import io
+import warnings
+from multiprocessing.reduction import ForkingPickler
+
 import numpy as np
 import pytest
 import torch
@@ -244,3 +248,23 @@ def test_apply_all_is_idempotent():
     before = (torch.UntypedStorage.__new__, torch.UntypedStorage.resize_, torch.Tensor.pin_memory)
     _patches.apply_all()
     assert (torch.UntypedStorage.__new__, torch.UntypedStorage.resize_, torch.Tensor.pin_memory) == before
+
+
+def test_non_blocking_storage_copy_to_cpu_does_not_need_pinning():
+    storage = torch.arange(4, dtype=torch.uint8, device="neuron").untyped_storage()
+    copied = storage.to(device="cpu", non_blocking=True)
+    assert copied.device.type == "cpu" and copied.tolist() == [0, 1, 2, 3] and not copied.is_pinned()
+    t = torch.ones(3, device="neuron")
+    assert t.to("cpu", non_blocking=True).tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("make", ["tensor", "parameter", "untyped_storage", "typed_storage"])
+def test_sending_neuron_memory_to_another_process_is_a_clear_error(make):
+    t = torch.ones(2, device="neuron:1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        obj = {"tensor": t, "parameter": torch.nn.Parameter(t), "untyped_storage": t.untyped_storage(),
+               "typed_storage": t.storage()}[make]
+    with pytest.raises(RuntimeError, match=r"Cannot send a neuron:1 \w+ to another process.*tensor\.cpu\(\)"):
+        ForkingPickler(io.BytesIO()).dump(obj)
+    ForkingPickler(io.BytesIO()).dump(torch.ones(2))  # CPU tensors still go through shared memory

@@ -202,6 +202,53 @@ def _patch_accelerator_streams() -> None:
         setattr(torch.accelerator, name, routed)
 
 
+def _patch_storage_non_blocking_copy() -> None:
+    """`storage.to("cpu", non_blocking=True)` from a PrivateUse1 device copies into a pinned buffer, which a Python
+    backend cannot allocate (see `_patch_pin_memory`). The simulator's copies are synchronous, so pinning would buy
+    nothing: copy into ordinary memory."""
+    to = torch.storage._StorageBase.to
+
+    def storage_to(self, *, device, non_blocking: bool = False):
+        if non_blocking and self.device.type == _NEURON and torch.device(device).type == "cpu":
+            non_blocking = False
+        return to(self, device=device, non_blocking=non_blocking)
+
+    _replace(torch.storage._StorageBase, "to", to, storage_to)
+
+
+def _patch_process_sharing() -> None:
+    """Sending a `neuron` tensor or storage to another process (multiprocessing queues, DataLoader workers, spawn
+    arguments) falls into torch's CPU shared-memory path and fails with "_share_fd_: only available on CPU". CUDA
+    shares device memory through IPC handles; the simulator cannot share device memory between processes yet."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.multiprocessing import reductions
+
+    torch_reducers = (
+        reductions.reduce_tensor,
+        reductions.reduce_storage,
+        reductions.reduce_typed_storage,
+        reductions.reduce_typed_storage_child,
+    )
+
+    def refusing_neuron(reduce: Callable) -> Callable:
+        def reduce_for_sharing(obj):
+            device = (obj._untyped_storage if isinstance(obj, torch.TypedStorage) else obj).device  # no warning
+            if device.type == _NEURON:
+                raise RuntimeError(
+                    f"Cannot send a {device} {type(obj).__name__} to another process: sharing neuron device "
+                    "memory between processes (CUDA's IPC) is not supported. Send tensor.cpu() and move it to the "
+                    "device in the receiving process."
+                )
+            return reduce(obj)
+
+        return functools.wraps(reduce)(reduce_for_sharing)
+
+    for cls, reduce in list(ForkingPickler._extra_reducers.items()):
+        if reduce in torch_reducers:
+            ForkingPickler.register(cls, refusing_neuron(reduce))
+
+
 def _replace(owner: type, name: str, original: Callable, replacement: Callable) -> None:
     """Install `replacement` as `owner.name`, keeping the original's name and docstring for help() and Sphinx."""
     replacement.__name__ = name
@@ -216,6 +263,8 @@ _PATCHES = (
     _patch_storage_resize,
     _patch_pin_memory,
     _patch_legacy_constructors,
+    _patch_storage_non_blocking_copy,
+    _patch_process_sharing,
     _patch_clear_autocast_cache,
     _patch_accelerator_memory,
     _patch_accelerator_streams,
