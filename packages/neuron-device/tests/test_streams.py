@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 
@@ -313,3 +314,29 @@ def test_fsdp2_stream_calls():
     shard.record_stream(all_gather_stream)
     event.synchronize()
     assert shard.sum().item() == 2048
+
+
+def test_fsdp2_forward_backward_uses_its_streams(python):
+    """FSDP2 (fully_shard) on neuron, with torch's fake process group standing in for the collectives: its copy-in
+    and all-gather streams (priority -1) carry work on the simulated timeline."""
+    result = python(
+        "import warnings; warnings.simplefilter('ignore')\n"
+        "import json, torch, torch.distributed as dist\n"
+        "from torch.testing._internal.distributed.fake_pg import FakeStore\n"
+        "from torch.distributed.fsdp import fully_shard\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from neuron_device import timeline\n"
+        "dist.init_process_group('cpu:fake,neuron:fake', store=FakeStore(), rank=0, world_size=2)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)).to('neuron')\n"
+        "mesh = init_device_mesh('neuron', (2,))\n"
+        "for layer in model: fully_shard(layer, mesh=mesh)\n"
+        "fully_shard(model, mesh=mesh)\n"
+        "model(torch.randn(3, 16).to('neuron')).sum().backward()\n"
+        "torch.neuron.synchronize()\n"
+        "busy = sorted(i for i, clock in timeline.timeline(0).clocks.items() if clock > 0)\n"
+        "print(json.dumps([torch.neuron.Stream(stream_id=i, device_index=0, device_type=20).priority for i in busy]))\n"
+        "dist.destroy_process_group()\n"
+    )
+    assert result.returncode == 0, result.stderr
+    priorities = json.loads(result.stdout.strip().splitlines()[-1])
+    assert 0 in priorities and -1 in priorities  # the default stream and FSDP2's high-priority streams
