@@ -35,7 +35,9 @@ OPERANDS: dict[str, tuple[int, int]] = {
     "_addmm_activation": (1, 2),
 }
 _IN_PLACE = ("addmm_", "baddbmm_", "addbmm_", "addmv_")
-_CPU_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+_AUTOCAST_CPU = torch._C.DispatchKey.AutocastCPU
+_CPU_AUTOCAST = torch._C.DispatchKeySet(_AUTOCAST_CPU)
+_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 
 
 def _uniform(args: tuple, kwargs: dict, dtype: torch.dtype, index: int) -> bool:
@@ -68,6 +70,8 @@ def _matmul_kernel(op: torch._ops.OpOverload, functional: torch._ops.OpOverload,
     writes_out = any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
     def run(*args, **kwargs):
+        if _excluded(_AUTOCAST_CPU):  # the usual case: no `torch.autocast("cpu")` region is open
+            return compute(*args, **kwargs)
         # A direct kernel's host calls would meet `torch.autocast("cpu")`'s policies (mm -> bfloat16): keep them off.
         with torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST):
             return compute(*args, **kwargs)
