@@ -242,6 +242,26 @@ def test_share_memory_is_a_no_op_on_neuron():
     pointer = t.data_ptr()
     assert t.share_memory_() is t and t.data_ptr() == pointer
     assert t.is_shared() and t.untyped_storage().is_shared()
+    storage = t.untyped_storage()
+    assert storage.share_memory_() is storage and t.data_ptr() == pointer
+
+
+def test_data_loader_pinning_fails_clearly_without_hanging():
+    """DataLoader pins in a helper thread (and with workers); the error must reach the caller, not hang it."""
+    run_checked("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        for workers in (0, 1):
+            loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, pin_memory=True, num_workers=workers)
+            try:
+                next(iter(loader))
+            except RuntimeError as e:
+                assert "pinned host memory is not implemented for the neuron device" in str(e), str(e)
+            else:
+                raise AssertionError("pinned without an allocator")
+            unpinned = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=workers)
+            assert [b[0].tolist() for b in unpinned] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+    """)
 
 
 def test_apply_all_is_idempotent():
