@@ -108,11 +108,12 @@ def test_rmsnorm_with_ragged_last_tile(rng, dtype):
 
 
 @pytest.mark.parametrize("shape", [(256, 512), (200, 700)])
-def test_layernorm_bn_stats(rng, shape):
+@pytest.mark.parametrize("version", ["layernorm_kernel_v1", "layernorm_kernel"])
+def test_layernorm(rng, shape, version):
     x = rng.standard_normal(shape).astype(np.float32)
     gamma = rng.standard_normal(shape[1]).astype(np.float32)
     beta = rng.standard_normal(shape[1]).astype(np.float32)
-    out = layernorm.layernorm_kernel(x, 1e-5, gamma, beta)
+    out = getattr(layernorm, version)(x, 1e-5, gamma, beta)
     ref = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5) * gamma + beta
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 

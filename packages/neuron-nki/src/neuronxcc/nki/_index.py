@@ -1,10 +1,15 @@
 """Legacy index expressions: ``nl.arange``, ``nl.mgrid``, masks (predicates), ``nl.par_dim`` and SPMD grid dims.
 
 Why: NKI 0.1 kernels address tiles with affine expressions of ``nl.arange`` (``i * 128 + nl.arange(128)[:, None]``)
-and guard ragged tiles with ``mask=`` predicates built from the same expressions (``i * 128 + i_p < n``). Here an
-expression is its NumPy integer array (broadcastable, one axis per index-space dimension) plus, when it is still
-affine, ``offset + Σ coef·axis`` so that tensor accesses can become plain strided views instead of gathers.
-Comparisons produce a :class:`Predicate` (a boolean array) used as ``mask=``.
+and guard ragged tiles with ``mask=`` predicates built from the same expressions (``i * 128 + i_p < n``).
+
+Model: every ``nl.arange`` and every ``nl.mgrid`` dimension is an index *variable* (:class:`Var`, by identity).
+An expression is a table of values over the grid of the variables it uses (``table`` has one axis per entry of
+``vars``), plus each variable's NumPy placement (``[:, None]`` puts it on axis 0 of a rank-2 space) and, while it
+is affine, ``offset + Σ coef·var``. ``values`` is the expression broadcast NumPy-style; a tensor access takes its
+tile shape from that broadcast (the partition axis is the one placed first), and remembers which variable sits on
+each axis so that a ``mask=`` predicate over the same variables is aligned by variable, not by NumPy position
+(``mask=(j * 512 + i_f < n)`` with ``i_f`` from a 2-D ``mgrid`` masks the free axis of a 3-D access).
 """
 
 from __future__ import annotations
@@ -14,74 +19,151 @@ import operator
 
 import numpy as np
 
-__all__ = ["IndexExpr", "MGrid", "Predicate", "arange", "as_mask", "mgrid", "nc", "par_dim", "spmd_dim"]
+__all__ = ["IndexExpr", "MGrid", "Predicate", "Var", "arange", "as_mask", "mgrid", "nc", "par_dim", "spmd_dim"]
 
 
-class Predicate:
-    """A compile-time boolean predicate over an index space (legacy ``mask=``)."""
+class Var:
+    """One index variable (an ``nl.arange`` or an ``nl.mgrid`` dimension) of extent ``n``."""
 
-    __slots__ = ("values",)
+    __slots__ = ("n",)
 
-    def __init__(self, values):
-        self.values = np.asarray(values, dtype=bool)
-
-    def _combine(self, other, fn):
-        o = other.values if isinstance(other, Predicate) else np.asarray(other, dtype=bool)
-        return Predicate(fn(self.values, o))
-
-    def __and__(self, other):
-        return self._combine(other, np.logical_and)
-
-    __rand__ = __and__
-
-    def __or__(self, other):
-        return self._combine(other, np.logical_or)
-
-    __ror__ = __or__
-
-    def __xor__(self, other):
-        return self._combine(other, np.logical_xor)
-
-    def __invert__(self):
-        return Predicate(~self.values)
-
-    def __bool__(self):
-        raise TypeError("a legacy mask predicate has no single truth value; pass it as mask=")
+    def __init__(self, n: int):
+        self.n = int(n)
 
     def __repr__(self) -> str:
-        return f"Predicate(shape={self.values.shape}, true={int(self.values.sum())})"
+        return f"Var({self.n})@{id(self):x}"
 
 
-class IndexExpr:
-    """An (affine) integer expression over ``nl.arange`` axes; see module docstring.
+def expand_table(table: np.ndarray, vars_: tuple[Var, ...], target: tuple[Var, ...]) -> np.ndarray:
+    """``table`` (one axis per ``vars_``) laid out over the grid of ``target`` (a superset), broadcastable."""
+    table = np.asarray(table)
+    if not vars_:
+        return table.reshape((1,) * len(target))
+    order = sorted(range(len(vars_)), key=lambda i: target.index(vars_[i]))
+    t = np.transpose(table, order)
+    shape = [1] * len(target)
+    for i in order:
+        shape[target.index(vars_[i])] = vars_[i].n
+    return t.reshape(shape)
 
-    ``terms`` maps an index-space axis to its coefficient (None once the expression is no longer affine,
-    e.g. after ``%``); ``offset`` is the constant part.
-    """
 
-    __slots__ = ("offset", "terms", "values")
-    __array_priority__ = 2000  # ``np_int + expr`` defers to us
+class _VarTable:
+    """Values over a variable grid plus NumPy placement; shared by :class:`IndexExpr` and :class:`Predicate`."""
 
-    def __init__(self, values: np.ndarray, terms: dict[int, int] | None, offset: int = 0):
-        self.values = np.asarray(values, dtype=np.int64)
-        self.terms = terms
-        self.offset = int(offset)
+    __slots__ = ("_values", "place", "rank", "table", "vars")
 
-    # -- metadata ------------------------------------------------------------------------------------------
+    def __init__(self, table, vars_: tuple[Var, ...], place: dict, rank: int):
+        self.table = np.asarray(table)
+        self.vars = tuple(vars_)
+        self.place = dict(place)
+        self.rank = int(rank)
+        self._values = None
+
+    @property
+    def values(self) -> np.ndarray:
+        """NumPy-placed values (each variable on its placement axis, size 1 elsewhere)."""
+        if self._values is None:
+            order = sorted(range(len(self.vars)), key=lambda i: self.place[self.vars[i]])
+            t = np.transpose(self.table, order) if self.vars else self.table
+            shape = [1] * self.rank
+            for i in order:
+                shape[self.place[self.vars[i]]] = self.vars[i].n
+            self._values = t.reshape(shape)
+        return self._values
+
     @property
     def ndim(self) -> int:
-        return self.values.ndim
+        return self.rank
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.values.shape
 
+    @classmethod
+    def from_array(cls, arr: np.ndarray, **extra):
+        """Fresh variables, one per axis of ``arr`` longer than 1 (a computed index / tile index)."""
+        arr = np.asarray(arr)
+        vars_, place = [], {}
+        for ax, n in enumerate(arr.shape):
+            if n > 1:
+                v = Var(n)
+                vars_.append(v)
+                place[v] = ax
+        return cls(arr.reshape(tuple(v.n for v in vars_)), tuple(vars_), place, arr.ndim, **extra)
+
+    def _align(self, other):
+        """(self table, other table, union vars, place, rank) on a common grid, or None on placement conflict."""
+        rank = max(self.rank, other.rank)
+        ps = {v: a + rank - self.rank for v, a in self.place.items()}
+        po = {v: a + rank - other.rank for v, a in other.place.items()}
+        if any(ps[v] != po[v] for v in ps.keys() & po.keys()):
+            return None
+        union = self.vars + tuple(v for v in other.vars if v not in self.vars)
+        return (expand_table(self.table, self.vars, union), expand_table(other.table, other.vars, union), union,
+                {**ps, **po}, rank)
+
+    def _binary(self, other, fn, out_cls, **extra):
+        o = other if isinstance(other, _VarTable) else None
+        if o is None:
+            return out_cls(fn(self.table, np.asarray(other)), self.vars, self.place, self.rank, **extra)
+        al = self._align(o)
+        if al is None:  # one variable placed on two axes: fall back to plain NumPy broadcasting
+            a, b = self.values, o.values
+            return out_cls.from_array(fn(a, b), **extra)
+        ta, tb, union, place, rank = al
+        return out_cls(fn(ta, tb), union, place, rank, **extra)
+
+
+class Predicate(_VarTable):
+    """A compile-time boolean predicate over index variables (legacy ``mask=``); ``&``, ``|``, ``^``, ``~``."""
+
+    __slots__ = ()
+
+    def __init__(self, table, vars_=(), place=None, rank=None):
+        table = np.asarray(table, dtype=bool)
+        super().__init__(table, vars_, place or {}, table.ndim if rank is None else rank)
+
+    def __and__(self, other):
+        return self._binary(other, np.logical_and, Predicate)
+
+    __rand__ = __and__
+
+    def __or__(self, other):
+        return self._binary(other, np.logical_or, Predicate)
+
+    __ror__ = __or__
+
+    def __xor__(self, other):
+        return self._binary(other, np.logical_xor, Predicate)
+
+    def __invert__(self):
+        return Predicate(~self.table, self.vars, self.place, self.rank)
+
+    def __bool__(self):
+        raise TypeError("a legacy mask predicate has no single truth value; pass it as mask=")
+
+    def __repr__(self) -> str:
+        return f"Predicate(shape={self.shape}, true={int(self.table.sum())})"
+
+
+class IndexExpr(_VarTable):
+    """An integer expression over index variables (see module docstring); ``coefs`` is None once non-affine."""
+
+    __slots__ = ("coefs", "offset")
+    __array_priority__ = 2000  # ``np_int + expr`` defers to us
+
+    def __init__(self, table, vars_=(), place=None, rank=None, coefs=None, offset: int = 0):
+        table = np.asarray(table, dtype=np.int64)
+        super().__init__(table, vars_, place or {}, table.ndim if rank is None else rank)
+        self.coefs = coefs
+        self.offset = int(offset)
+
     def __nki_index__(self) -> np.ndarray:
-        """Hook read by the core's ``normalize_index``: the integer index array."""
+        """Hook read by the core's ``normalize_index``: the NumPy-placed integer index array."""
         return self.values
 
     def __repr__(self) -> str:
-        return f"IndexExpr(shape={self.shape}, min={self.values.min() if self.values.size else 0})"
+        return f"IndexExpr(shape={self.shape}, vars={len(self.vars)})"
 
     # -- arithmetic ----------------------------------------------------------------------------------------
     @staticmethod
@@ -90,28 +172,25 @@ class IndexExpr:
             return None
         if isinstance(o, (int, np.integer)):
             return int(o)
-        if hasattr(o, "__index__") and not isinstance(o, (IndexExpr, np.ndarray)):
+        if hasattr(o, "__index__") and not isinstance(o, (_VarTable, np.ndarray)):
             return int(o.__index__())
         return None
 
-    def _lift(self, o) -> IndexExpr:
-        if isinstance(o, IndexExpr):
-            return o
-        s = self._scalar(o)
-        if s is None:
-            raise TypeError(f"cannot combine an nl.arange expression with {type(o).__name__}")
-        return IndexExpr(np.int64(s), {}, s)
-
     def _add(self, o, sign: int) -> IndexExpr:
-        o = self._lift(o)
-        vals = self.values + sign * o.values
-        if self.terms is None or o.terms is None or (self.ndim != o.ndim and o.terms and self.terms):
-            return IndexExpr(vals, None)
-        terms = dict(self.terms)
-        for ax, c in o.terms.items():
-            terms[ax] = terms.get(ax, 0) + sign * c
-        terms = {a: c for a, c in terms.items() if c}
-        return IndexExpr(vals, terms, self.offset + sign * o.offset)
+        s = self._scalar(o)
+        if s is not None:
+            return IndexExpr(self.table + sign * s, self.vars, self.place, self.rank, self.coefs,
+                             self.offset + sign * s)
+        if not isinstance(o, IndexExpr):
+            raise TypeError(f"cannot combine an nl.arange expression with {type(o).__name__}")
+        out = self._binary(o, (lambda a, b: a + sign * b), IndexExpr)
+        if self.coefs is not None and o.coefs is not None and set(self.coefs) | set(o.coefs) <= set(out.vars):
+            coefs = dict(self.coefs)
+            for v, c in o.coefs.items():
+                coefs[v] = coefs.get(v, 0) + sign * c
+            out.coefs = {v: c for v, c in coefs.items() if c}
+            out.offset = self.offset + sign * o.offset
+        return out
 
     def __add__(self, o):
         return self._add(o, 1)
@@ -130,16 +209,19 @@ class IndexExpr:
     def __mul__(self, o):
         s = self._scalar(o)
         if s is None:
-            o = self._lift(o)
-            return IndexExpr(self.values * o.values, None)
-        terms = None if self.terms is None else {a: c * s for a, c in self.terms.items() if c * s}
-        return IndexExpr(self.values * s, terms, self.offset * s)
+            if not isinstance(o, IndexExpr):
+                raise TypeError(f"cannot combine an nl.arange expression with {type(o).__name__}")
+            return self._binary(o, np.multiply, IndexExpr)
+        coefs = None if self.coefs is None else {v: c * s for v, c in self.coefs.items() if c * s}
+        return IndexExpr(self.table * s, self.vars, self.place, self.rank, coefs, self.offset * s)
 
     __rmul__ = __mul__
 
     def _nonaffine(self, o, fn, reverse=False):
-        ov = o.values if isinstance(o, IndexExpr) else np.int64(self._lift(o).offset)
-        return IndexExpr(fn(ov, self.values) if reverse else fn(self.values, ov), None)
+        f = (lambda a, b: fn(b, a)) if reverse else fn
+        if isinstance(o, IndexExpr):
+            return self._binary(o, f, IndexExpr)
+        return IndexExpr(f(self.table, np.int64(o)), self.vars, self.place, self.rank)
 
     def __floordiv__(self, o):
         return self._nonaffine(o, np.floor_divide)
@@ -155,8 +237,7 @@ class IndexExpr:
 
     # -- predicates ----------------------------------------------------------------------------------------
     def _cmp(self, o, fn) -> Predicate:
-        ov = o.values if isinstance(o, IndexExpr) else np.asarray(o)
-        return Predicate(fn(self.values, ov))
+        return self._binary(o, fn, Predicate)
 
     def __lt__(self, o):
         return self._cmp(o, operator.lt)
@@ -178,13 +259,12 @@ class IndexExpr:
 
     __hash__ = object.__hash__
 
-    # -- axis placement: ``nl.arange(n)[:, None]`` ---------------------------------------------------------
+    # -- placement: ``nl.arange(n)[:, None]`` --------------------------------------------------------------
     def __getitem__(self, key) -> IndexExpr:
         if not isinstance(key, tuple):
             key = (key,)
-        vals = self.values[key]
-        if self.terms is None or any(not (k is None or k == slice(None)) for k in key):
-            return IndexExpr(vals, None)
+        if any(not (k is None or k == slice(None)) for k in key):
+            return IndexExpr.from_array(self.values[key])
         mapping: dict[int, int] = {}
         old = new = 0
         for k in key:
@@ -194,17 +274,21 @@ class IndexExpr:
                 mapping[old] = new
                 old += 1
                 new += 1
-        for ax in range(old, self.ndim):  # unindexed trailing axes keep their order
+        for ax in range(old, self.rank):  # unindexed trailing axes keep their order
             mapping[ax] = new + ax - old
-        return IndexExpr(vals, {mapping[a]: c for a, c in self.terms.items()}, self.offset)
+        rank = new + max(0, self.rank - old)
+        return IndexExpr(self.table, self.vars, {v: mapping[a] for v, a in self.place.items()}, rank, self.coefs,
+                         self.offset)
 
 
 def arange(start, stop=None, step: int = 1) -> IndexExpr:
-    """``nl.arange(n)`` / ``nl.arange(start, stop)``: a 1-D index expression (place it with ``[:, None]``)."""
+    """``nl.arange(n)`` / ``nl.arange(start, stop)``: a new index variable (place it with ``[:, None]``)."""
     if stop is None:
         start, stop = 0, start
     start, stop, step = int(start), int(stop), int(step)
-    return IndexExpr(np.arange(start, stop, step, dtype=np.int64), {0: step}, start)
+    vals = np.arange(start, stop, step, dtype=np.int64)
+    v = Var(vals.size)
+    return IndexExpr(vals, (v,), {v: 0}, 1, {v: step}, start)
 
 
 class MGrid(tuple):
@@ -222,12 +306,11 @@ class MGrid(tuple):
 
 
 class _MGridMaker:
-    """``nl.mgrid[0:128, 0:512]``: one index expression per dimension, each varying along its own axis."""
+    """``nl.mgrid[0:128, 0:512]``: one index variable per dimension, each placed on its own axis."""
 
     def __getitem__(self, key) -> MGrid:
         if not isinstance(key, tuple):
             key = (key,)
-        n = len(key)
         exprs = []
         for ax, s in enumerate(key):
             if not isinstance(s, slice):
@@ -235,9 +318,8 @@ class _MGridMaker:
             start = 0 if s.start is None else int(s.start)
             step = 1 if s.step is None else int(s.step)
             vals = np.arange(start, int(s.stop), step, dtype=np.int64)
-            shape = [1] * n
-            shape[ax] = vals.size
-            exprs.append(IndexExpr(vals.reshape(shape), {ax: step}, start))
+            v = Var(vals.size)
+            exprs.append(IndexExpr(vals, (v,), {v: ax}, len(key), {v: step}, start))
         return MGrid(exprs)
 
 
@@ -301,16 +383,27 @@ class spmd_dim:
         return f"nl.spmd_dim{self.dims}"
 
 
-def as_mask(mask, shape: tuple[int, ...]) -> np.ndarray | None:
-    """Broadcast a legacy ``mask=`` (Predicate, bool array or bool) to ``shape``; None means "all true"."""
+def as_mask(mask, shape: tuple[int, ...], vars_: tuple[Var, ...] | None = None) -> np.ndarray | None:
+    """Broadcast a legacy ``mask=`` (Predicate, bool array or bool) to ``shape``; None means "all true".
+
+    With ``vars_`` (the variables of an index-expression access) a predicate over those variables is aligned by
+    variable; otherwise its NumPy placement is broadcast (partition-aligned when ranks differ).
+    """
     if mask is None:
         return None
+    if isinstance(mask, Predicate) and vars_ and mask.vars and set(mask.vars) <= set(vars_):
+        m = expand_table(mask.table, mask.vars, tuple(vars_))
+        m = np.broadcast_to(m, tuple(v.n for v in vars_))
+        if math.prod(m.shape) == math.prod(shape):
+            return m.reshape(shape)
     m = mask.values if isinstance(mask, Predicate) else np.asarray(mask, dtype=bool)
     try:
         return np.broadcast_to(m, shape)
     except ValueError:
         pass
     # Partition-aligned broadcast: a [P, 1] predicate applies to a 1-D [P] tile and vice versa.
-    squeezed = m.reshape(m.shape[:len(shape)]) if m.ndim > len(shape) and math.prod(m.shape[len(shape):]) == 1 \
-        else m.reshape(m.shape + (1,) * (len(shape) - m.ndim))
+    if m.ndim > len(shape) and math.prod(m.shape[len(shape):]) == 1:
+        squeezed = m.reshape(m.shape[:len(shape)])
+    else:
+        squeezed = m.reshape(m.shape + (1,) * (len(shape) - m.ndim))
     return np.broadcast_to(squeezed, shape)

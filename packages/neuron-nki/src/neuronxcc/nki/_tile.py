@@ -13,6 +13,8 @@ so the legacy API only adds what NKI 0.1 kernels need on top:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from nki import _context, _limits
@@ -22,7 +24,7 @@ from nki._dtypes import uninit_value
 from nki._errors import NkiValidationError, fmt_shape, kernel_location
 from nki._tensor import DynSlice, NkiTensor, psum
 
-from ._index import IndexExpr, as_mask
+from ._index import IndexExpr, Var, as_mask
 
 __all__ = ["LegacyTile", "check_access", "mask_array", "masked_write", "wrap"]
 
@@ -32,13 +34,14 @@ class LegacyTile(NkiTensor):
     ``valid`` marks the elements a masked instruction wrote (None: all), so ``dst[...] = op(..., mask=m)`` only
     updates ``dst`` where ``m`` holds, as when the legacy compiler makes ``dst`` the instruction's output."""
 
-    __slots__ = ("fresh", "nblock", "oob", "valid")
+    __slots__ = ("fresh", "ivars", "nblock", "oob", "valid")
 
     def __init__(self, alloc, base, key=None, name=None, oob=None):
         super().__init__(alloc, base, key, name)
         self.oob = oob
         self.valid = None
         self.fresh = False
+        self.ivars = None  # index variables of an nl.arange access, one per dimension (aligns masks)
         self.nblock = 0  # leading (deprecated) block dimensions, before the partition dimension
 
     # -- indexing --------------------------------------------------------------------------------------------
@@ -81,8 +84,14 @@ class LegacyTile(NkiTensor):
 
     def broadcast_to(self, shape) -> LegacyTile:
         """Broadcast view; partition-aligned like legacy NKI (a ``[P]`` tile broadcasts to ``[P, F]``)."""
-        shape = tuple(shape)
+        shape = tuple(int(s) for s in shape)
         t = append_ones(self, len(shape) - self.ndim) if self.ndim < len(shape) else self
+        try:
+            np.broadcast_shapes(t.shape, shape)
+        except ValueError:
+            # same elements per partition in another free layout ([1, N, 1] → [128, N]): reshape first
+            if shape and self.free_size == math.prod(shape[1:]) and self.shape[0] in (1, shape[0]):
+                t = reshape_any(self, (self.shape[0], *shape[1:]))
         return wrap(NkiTensor.broadcast_to(t, shape))
 
     def expand_dims(self, axis: int) -> LegacyTile:
@@ -246,41 +255,42 @@ def legacy_index(t: NkiTensor, idx) -> LegacyTile:
               "for the partition dimension and nl.arange(512)[None, :] for a free dimension",
               "err_1d_arange_not_supported")
     # A tile used as an index (indirect DMA: ``data[idx_tile, i_f]``) contributes its values, one per element.
-    idx = tuple(IndexExpr(np.asarray(k.read()).astype(np.int64), None) if isinstance(k, NkiTensor) else k
+    idx = tuple(IndexExpr.from_array(np.asarray(k.read()).astype(np.int64)) if isinstance(k, NkiTensor) else k
                 for k in idx)
     exprs = [k for k in idx if isinstance(k, IndexExpr)]
-    free_pos = [d for d, k in enumerate(idx) if not isinstance(k, (int, np.integer))]
-    rank = max([e.ndim for e in exprs] + [len(free_pos)])
-    arrays: list[np.ndarray] = []
-    slice_like: list[tuple | None] = []  # (start, count, step) of an equivalent slice, per dimension
+    free_pos = [d for d, k in enumerate(idx) if _as_int(k) is None]
+    rank = max([e.rank for e in exprs] + [len(free_pos)])
+    # Per position: an int, or (expr) with slices turned into fresh variables placed on their position's axis.
+    terms: list = []
     for d, k in enumerate(idx):
-        if isinstance(k, (int, np.integer)):
-            v = int(k) + (shape[d] if int(k) < 0 else 0)
-            arrays.append(np.asarray(v, dtype=np.int64))
-            slice_like.append(None)
-            continue
-        axis = free_pos.index(d) + (rank - len(free_pos))
-        if isinstance(k, (slice, DynSlice)):
+        i = _as_int(k)
+        if i is not None:
+            terms.append(i + (shape[d] if i < 0 else 0))
+        elif isinstance(k, (slice, DynSlice)):
             start, count, step = _range_of(k, shape[d])
-            vals = start + step * np.arange(count, dtype=np.int64)
-            s = [1] * rank
-            s[axis] = count
-            arrays.append(vals.reshape(s))
-            slice_like.append((start, count, step))
-            continue
-        if not isinstance(k, IndexExpr):
+            v = Var(count)
+            axis = free_pos.index(d) + (rank - len(free_pos))
+            terms.append(IndexExpr(start + step * np.arange(count, dtype=np.int64), (v,), {v: axis}, rank, {v: step},
+                                   start))
+        elif isinstance(k, IndexExpr):
+            terms.append(k)
+        else:
             _fail(f"unsupported index {k!r} mixed with nl.arange expressions", "err_unsupported_index")
-        vals = k.values.reshape((1,) * (rank - k.ndim) + k.shape)
-        arrays.append(vals)
-        shift = rank - k.ndim
-        terms = None if k.terms is None else {a + shift: c for a, c in k.terms.items()}
-        ok = terms is not None and set(terms) == {axis} and terms[axis] > 0 and rank == len(free_pos)
-        slice_like.append((k.offset, vals.shape[axis], terms[axis]) if ok else ("gather",))
+    # Tile dimensions follow NumPy broadcasting of the placed expressions (``[:, None]`` is the partition axis);
+    # each axis remembers the index variable placed on it, so masks can be aligned by variable.
+    placed = [k.values.reshape((1,) * (rank - k.rank) + k.shape) if isinstance(k, IndexExpr)
+              else np.asarray(k, dtype=np.int64) for k in terms]
     try:
-        full = np.broadcast_shapes(*(a.shape for a in arrays))
+        out_shape = np.broadcast_shapes(*(a.shape for a in placed))
     except ValueError:
-        _fail(f"index expressions for tensor `{t.name}` have incompatible shapes "
-              f"{[a.shape for a in arrays]}", "err_shape_mismatch")
+        _fail(f"index expressions for tensor `{t.name}` have incompatible shapes {[a.shape for a in placed]}",
+              "err_shape_mismatch")
+    axis_vars: list[Var | None] = [None] * len(out_shape)
+    for k in terms:
+        if isinstance(k, IndexExpr):
+            for v, ax in k.place.items():
+                axis_vars[ax + rank - k.rank] = v
+    arrays = [np.broadcast_to(a, out_shape) for a in placed]
     oob = None
     msg = None
     for d, a in enumerate(arrays):
@@ -288,25 +298,47 @@ def legacy_index(t: NkiTensor, idx) -> LegacyTile:
             continue
         lo, hi = int(a.min()), int(a.max())
         if lo < 0 or hi >= shape[d]:
-            bad = np.broadcast_to((a < 0) | (a >= shape[d]), full)
+            bad = (a < 0) | (a >= shape[d])
             oob = bad if oob is None else (oob | bad)
             if msg is None:
                 msg = (f"Out-of-bound access for tensor `{t.name}` on dimension {d}: index range [{lo}, {hi}] "
                        f"exceed dimension size of {shape[d]}")
             arrays[d] = np.clip(a, 0, shape[d] - 1)
-    if oob is None and all(s is None or s[0] != "gather" for s in slice_like):
-        basic = tuple(int(a) if s is None else slice(s[0], s[0] + s[2] * (s[1] - 1) + 1, s[2])
-                      for a, s in zip(arrays, slice_like))
-        return wrap(NkiTensor.__getitem__(t, basic))
-    key = tuple(np.broadcast_to(a, full) for a in arrays)
-    return LegacyTile(t.alloc, t.base, key, t.name, None if oob is None else (np.array(oob), msg))
+    basic = _as_slices(terms, rank, free_pos) if oob is None else None
+    if basic is not None:
+        out = wrap(NkiTensor.__getitem__(t, basic))
+    else:
+        out = LegacyTile(t.alloc, t.base, tuple(arrays), t.name, None if oob is None else (oob, msg))
+    out.ivars = tuple(v if v is not None else Var(n) for v, n in zip(axis_vars, out_shape))
+    return out
+
+
+def _as_slices(terms: list, rank: int, free_pos: list[int]) -> tuple | None:
+    """The equivalent basic index (ints and slices) when each expression is ``offset + coef·v`` (coef > 0), placed
+    on the axis of its own position among the non-integer indices; None when a gather is needed."""
+    if rank != len(free_pos):
+        return None
+    basic = []
+    for d, k in enumerate(terms):
+        if not isinstance(k, IndexExpr):
+            basic.append(k)
+            continue
+        if k.coefs is None or len(k.vars) != 1 or set(k.coefs) != set(k.vars):
+            return None
+        v = k.vars[0]
+        c = k.coefs[v]
+        if c <= 0 or k.place[v] + rank - k.rank != free_pos.index(d):
+            return None
+        basic.append(slice(k.offset, k.offset + c * (v.n - 1) + 1, c))
+    return tuple(basic)
 
 
 # -- masks -----------------------------------------------------------------------------------------------------
-def mask_array(mask, shape: tuple[int, ...], what: str = "tile") -> np.ndarray | None:
-    """``mask=`` as a bool array of ``shape`` (None: unmasked)."""
+def mask_array(mask, shape: tuple[int, ...], what: str = "tile", like=None) -> np.ndarray | None:
+    """``mask=`` as a bool array of ``shape`` (None: unmasked); aligned by index variable with ``like`` (an
+    ``nl.arange`` access, or a tile loaded from one) when it has them."""
     try:
-        return as_mask(mask, tuple(shape))
+        return as_mask(mask, tuple(shape), getattr(like, "ivars", None))
     except ValueError:
         m = getattr(mask, "values", mask)
         _fail(f"mask of shape {fmt_shape(np.shape(m))} does not match {what} shape {fmt_shape(shape)}",
@@ -319,7 +351,7 @@ def check_access(t, mask, loc=None) -> None:
     if oob is None:
         return
     bad, msg = oob
-    m = mask_array(mask, t.shape) if mask is not None else None
+    m = mask_array(mask, t.shape, like=t) if mask is not None else None
     if (bad if m is None else (bad & m)).any():
         raise NkiValidationError(msg, code="err_tensor_access_out_of_bound", location=loc or kernel_location(3))
 

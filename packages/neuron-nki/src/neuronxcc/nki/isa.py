@@ -78,8 +78,11 @@ def _check(mask, *xs) -> None:
             check_access(x, mask, kernel_location(3))
 
 
-def _done(out: LegacyTile, mask) -> LegacyTile:
-    return instruction_result(out, mask_array(mask, out.shape, "result"))
+def _done(out: LegacyTile, mask, *operands) -> LegacyTile:
+    like = next((o for o in operands if getattr(o, "ivars", None) and o.shape == out.shape), None)
+    r = instruction_result(out, mask_array(mask, out.shape, "result", like=like))
+    r.ivars = getattr(like, "ivars", None)
+    return r
 
 
 def _engine(e):
@@ -120,7 +123,7 @@ def activation(op, data: NkiTensor, *, bias=None, scale=1.0, reduce_op=None, red
     out = _new(data.shape, dtype or data.dtype, sbuf, "activation")
     _c.activation(out, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
                   reduce_cmd=reduce_cmd)
-    return _done(out, mask)
+    return _done(out, mask, data)
 
 
 def activation_reduce(op, data: NkiTensor, *, reduce_op, reduce_res: NkiTensor, bias=None, scale=1.0, mask=None,
@@ -129,7 +132,7 @@ def activation_reduce(op, data: NkiTensor, *, reduce_op, reduce_res: NkiTensor, 
     _check(mask, data, bias, scale)
     out = _new(data.shape, dtype or data.dtype, sbuf, "activation_reduce")
     _c.activation_reduce(out, op, data, reduce_op=reduce_op, reduce_res=reduce_res, bias=bias, scale=scale)
-    return _done(out, mask)
+    return _done(out, mask, data)
 
 
 # -- Vector / GpSimd ---------------------------------------------------------------------------------------------
@@ -140,7 +143,7 @@ def tensor_tensor(data1: NkiTensor, data2: NkiTensor, op, *, dtype=None, mask=No
     _limits.check_same_partitions("tensor_tensor", data1=data1, data2=data2)  # the documented message
     out = _new(data1.shape, dtype or promote(data1, data2), sbuf, "tensor_tensor")
     _c.tensor_tensor(out, data1, data2, op, engine=_engine(engine))
-    return _done(out, mask)
+    return _done(out, mask, data1)
 
 
 def tensor_scalar(data: NkiTensor, op0, operand0, reverse0: bool = False, op1=None, operand1=None,
@@ -149,7 +152,7 @@ def tensor_scalar(data: NkiTensor, op0, operand0, reverse0: bool = False, op1=No
     _check(mask, data, operand0, operand1)
     out = _new(data.shape, dtype or data.dtype, sbuf, "tensor_scalar")
     _c.tensor_scalar(out, data, op0, operand0, reverse0, op1, operand1, reverse1, engine=_engine(engine))
-    return _done(out, mask)
+    return _done(out, mask, data)
 
 
 def scalar_tensor_tensor(*, data: NkiTensor, op0, operand0, op1, operand1: NkiTensor, reverse0: bool = False,
@@ -158,7 +161,7 @@ def scalar_tensor_tensor(*, data: NkiTensor, op0, operand0, op1, operand1: NkiTe
     _check(mask, data, operand0, operand1)
     out = _new(data.shape, dtype or promote(data, operand1), sbuf, "scalar_tensor_tensor")
     _c.scalar_tensor_tensor(out, data, op0, operand0, op1, operand1, reverse0=reverse0, reverse1=reverse1)
-    return _done(out, mask)
+    return _done(out, mask, data)
 
 
 def _reduced_shape(shape, axes, keepdims: bool) -> tuple[int, ...]:
@@ -190,7 +193,7 @@ def tensor_scalar_reduce(*, data: NkiTensor, op0, operand0, reduce_op, reduce_re
     _check(mask, data, operand0)
     out = _new(data.shape, dtype or data.dtype, sbuf, "tensor_scalar_reduce")
     _c.tensor_scalar_reduce(out, data, op0, operand0, reduce_op, reduce_res, reverse0=reverse0)
-    return _done(out, mask)
+    return _done(out, mask, data)
 
 
 def tensor_tensor_scan(data0: NkiTensor, data1: NkiTensor, initial, op0, op1, reverse0: bool = False,
@@ -199,7 +202,7 @@ def tensor_tensor_scan(data0: NkiTensor, data1: NkiTensor, initial, op0, op1, re
     _check(mask, data0, data1, initial)
     out = _new(data0.shape, dtype or promote(data0, data1), sbuf, "tensor_tensor_scan")
     _c.tensor_tensor_scan(out, data0, data1, initial, op0, op1, reverse0=reverse0, reverse1=reverse1)
-    return _done(out, mask)
+    return _done(out, mask, data0)
 
 
 def reciprocal(data: NkiTensor, *, dtype=None, mask=None, **kwargs) -> LegacyTile:
@@ -207,7 +210,7 @@ def reciprocal(data: NkiTensor, *, dtype=None, mask=None, **kwargs) -> LegacyTil
     _check(mask, data)
     out = _new(data.shape, dtype or data.dtype, sbuf, "reciprocal")
     _c.reciprocal(out, data)
-    return _done(out, mask)
+    return _done(out, mask, data)
 
 
 def tensor_copy(src: NkiTensor, *, mask=None, dtype=None, engine=None, **kwargs) -> LegacyTile:
@@ -215,7 +218,7 @@ def tensor_copy(src: NkiTensor, *, mask=None, dtype=None, engine=None, **kwargs)
     _check(mask, src)
     out = _new(src.shape, dtype or src.dtype, sbuf, "tensor_copy")
     _c.tensor_copy(out, src, engine=_engine(engine))
-    return _done(out, mask)
+    return _done(out, mask, src)
 
 
 def tensor_copy_predicated(*, src, dst: NkiTensor, predicate: NkiTensor, mask=None, reverse_pred: bool = False,
@@ -256,10 +259,10 @@ def affine_select(pred, on_true_tile: NkiTensor, on_false_value, *, mask=None, d
         raise NkiValidationError("affine_select expects a predicate over nl.arange expressions, e.g. i_q >= i_k",
                                  code="err_unsupported_expr", location=kernel_location(2))
     out = _new(on_true_tile.shape, dtype or on_true_tile.dtype, sbuf, "affine_select")
-    p = mask_array(pred, on_true_tile.shape, "on_true_tile")
+    p = mask_array(pred, on_true_tile.shape, "on_true_tile", like=on_true_tile)
     out.write(np.where(p, on_true_tile.read_f32(), np.float32(on_false_value)))
     _charge("affine_select", "gpsimd", 150 + out.free_size, (on_true_tile,), (out,))
-    return _done(out, mask)
+    return _done(out, mask, on_true_tile)
 
 
 def range_select(*, on_true_tile: NkiTensor, comp_op0, comp_op1, bound0, bound1,
@@ -272,7 +275,7 @@ def range_select(*, on_true_tile: NkiTensor, comp_op0, comp_op1, bound0, bound1,
     _c.range_select(out, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd,
                     reduce_res=reduce_res, reduce_op=reduce_op, range_start=range_start,
                     on_false_value=on_false_value)
-    return _done(out, mask)
+    return _done(out, mask, on_true_tile)
 
 
 def select_reduce(*, dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_false, reduce_res=None,
@@ -289,7 +292,7 @@ def dropout(data: NkiTensor, prob, *, mask=None, dtype=None, **kwargs) -> Legacy
     _check(mask, data, prob)
     out = _new(data.shape, dtype or data.dtype, sbuf, "dropout")
     _c.dropout(out, data, prob)
-    return _done(out, mask)
+    return _done(out, mask, data)
 
 
 # -- statistics / search -----------------------------------------------------------------------------------------
@@ -298,7 +301,7 @@ def bn_stats(data: NkiTensor, *, mask=None, dtype=None, **kwargs) -> LegacyTile:
     ``data`` excludes elements (ragged tiles); fully masked partitions stay unwritten."""
     _check(mask, data)
     out = _new((data.shape[0], 6), dtype or data.dtype, sbuf, "bn_stats")
-    m = mask_array(mask, data.shape, "bn_stats data") if mask is not None else None
+    m = mask_array(mask, data.shape, "bn_stats data", like=data) if mask is not None else None
     if m is None or m.all():
         _c.bn_stats(out, data)
         return _done(out, None)
@@ -349,7 +352,7 @@ def nc_match_replace8(*, data: NkiTensor, vals: NkiTensor, imm: float, dst_idx=N
     _check(mask, data, vals)
     out = _new(data.shape, dtype or data.dtype, sbuf, "nc_match_replace8")
     _c.nc_match_replace8(out, data, vals, imm, dst_idx=dst_idx)
-    return _done(out, mask)
+    return _done(out, mask, data)
 
 
 def sequence_bounds(*, segment_ids: NkiTensor, dtype=None, **kwargs) -> LegacyTile:
@@ -391,7 +394,7 @@ def dma_copy(*, dst: NkiTensor, src: NkiTensor, mask=None, dst_rmw_op=None, oob_
 
         atomic_rmw(dst, src, dst_rmw_op)
         return
-    m = mask_array(mask, dst.shape, "dma_copy dst")
+    m = mask_array(mask, dst.shape, "dma_copy dst", like=dst)
     if m is None:
         _c.dma_copy(dst, src, oob_mode=oob_mode, dge_mode=dge_mode)
         return

@@ -151,9 +151,13 @@ def _checked(mask, *xs) -> None:
             check_access(x, mask, kernel_location(3))
 
 
-def _masked(result: NkiTensor, mask) -> LegacyTile:
-    """Wrap a fresh result tile, leaving it unwritten where ``mask`` is false."""
-    return instruction_result(result, mask_array(mask, result.shape, "result"))
+def _masked(result: NkiTensor, mask, *operands) -> LegacyTile:
+    """Wrap a fresh result tile, leaving it unwritten where ``mask`` is false. The result inherits the index
+    variables of a same-shaped operand (so masks on chained operations align like on the access)."""
+    like = next((o for o in operands if getattr(o, "ivars", None) and o.shape == result.shape), None)
+    r = instruction_result(result, mask_array(mask, result.shape, "result", like=like))
+    r.ivars = getattr(like, "ivars", None)
+    return r
 
 
 def _align(x, y):
@@ -294,13 +298,16 @@ def load(src: NkiTensor, *, mask=None, dtype=None, **kwargs) -> LegacyTile:
     """HBM → new SBUF tile (DMA). With ``mask`` only the selected elements are read (ragged last tiles)."""
     _context.require("load")
     check_access(src, mask, kernel_location(2))
-    m = mask_array(mask, src.shape, "load source")
+    m = mask_array(mask, src.shape, "load source", like=src)
     if m is None:
-        return instruction_result(_cnl.load(src, dtype=dtype))
-    t = _alloc(src.shape, dtype or src.dtype, sbuf, "load", "load")
-    masked_write(t, np.asarray(src.read(), dtype=np.float32) if _dt.is_float(t.dtype) else src.read(), m)
-    _dma_charge(int(m.sum()) * t.itemsize, t.shape[0] if t.ndim else 1, src, t, "load")
-    return instruction_result(t)
+        t = instruction_result(_cnl.load(src, dtype=dtype))
+    else:
+        t = _alloc(src.shape, dtype or src.dtype, sbuf, "load", "load")
+        masked_write(t, np.asarray(src.read(), dtype=np.float32) if _dt.is_float(t.dtype) else src.read(), m)
+        _dma_charge(int(m.sum()) * t.itemsize, t.shape[0] if t.ndim else 1, src, t, "load")
+        t = instruction_result(t)
+    t.ivars = getattr(src, "ivars", None)  # masks on the loaded tile align with the access's variables
+    return t
 
 
 def store(dst: NkiTensor, value, *, mask=None, **kwargs) -> None:
@@ -310,7 +317,7 @@ def store(dst: NkiTensor, value, *, mask=None, **kwargs) -> None:
     check_access(dst, mask, kernel_location(2))
     if isinstance(value, NkiTensor):
         check_access(value, mask, kernel_location(2))
-    m = mask_array(mask, dst.shape, "store destination")
+    m = mask_array(mask, dst.shape, "store destination", like=dst)
     if m is None:
         _cnl.store(dst, value)
         return
@@ -346,7 +353,7 @@ def _make_binary(name: str, default_dtype=None):
     def f(x, y, *, dtype=default_dtype, mask=None, **kwargs):
         _checked(mask, x, y)
         a, b = _align(x, y)
-        return _masked(core_fn(a, b, dtype=dtype if dtype is not None else promote(x, y)), mask)
+        return _masked(core_fn(a, b, dtype=dtype if dtype is not None else promote(x, y)), mask, x, y)
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Element-wise ``{name}(x, y)`` as a new tile (legacy promotion and broadcasting; ``mask=``)."
@@ -360,7 +367,7 @@ def _make_unary(name: str):
     def f(x, *, dtype=None, mask=None, **kwargs):
         _checked(mask, x)
         r = core_fn(x, dtype=dtype)
-        return _masked(r, mask) if isinstance(r, NkiTensor) else r
+        return _masked(r, mask, x) if isinstance(r, NkiTensor) else r
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Element-wise ``{name}(x)`` as a new tile (float32 math; ``mask=``)."
@@ -442,7 +449,7 @@ def _reduce(api: str, op: str, x: NkiTensor, axis, dtype, mask, keepdims: bool, 
     axes = _axes(x, axis, api)
     spec = resolve(op)
     v = x.read_f32()
-    m = mask_array(mask, x.shape, "input") if mask is not None else None
+    m = mask_array(mask, x.shape, "input", like=x) if mask is not None else None
     with np.errstate(all="ignore"):
         if m is not None:
             v = np.where(m, v, np.float32(spec.identity if spec.identity is not None else 0))
@@ -529,26 +536,27 @@ def transpose(x: NkiTensor, *, dtype=None, mask=None, **kwargs) -> LegacyTile:
 def softmax(x: NkiTensor, axis, *, dtype=None, compute_dtype=None, mask=None, **kwargs) -> LegacyTile:
     """Softmax along a free axis."""
     _checked(mask, x)
-    return _masked(_cnl.softmax(x, axis, dtype=dtype, compute_dtype=compute_dtype), mask)
+    return _masked(_cnl.softmax(x, axis, dtype=dtype, compute_dtype=compute_dtype), mask, x)
 
 
 def rms_norm(x: NkiTensor, w, axis, n, epsilon: float = 1e-6, *, dtype=None, compute_dtype=None, mask=None,
              **kwargs) -> LegacyTile:
     """``x * rsqrt(sum(x²)/n + epsilon) * w``."""
     _checked(mask, x, w)
-    return _masked(_cnl.rms_norm(x, w, axis, n, epsilon, dtype=dtype, compute_dtype=compute_dtype), mask)
+    return _masked(_cnl.rms_norm(x, w, axis, n, epsilon, dtype=dtype, compute_dtype=compute_dtype), mask, x)
 
 
 def where(condition: NkiTensor, x, y, *, dtype=None, mask=None, **kwargs) -> LegacyTile:
     """``x`` where ``condition`` else ``y``."""
     _checked(mask, condition, x, y)
-    return _masked(_cnl.where(condition, x, y, dtype=dtype if dtype is not None else promote(x, y)), mask)
+    return _masked(_cnl.where(condition, x, y, dtype=dtype if dtype is not None else promote(x, y)), mask,
+                   condition, x, y)
 
 
 def dropout(x: NkiTensor, rate, *, dtype=None, mask=None, **kwargs) -> LegacyTile:
     """Zero elements with probability ``rate``."""
     _checked(mask, x)
-    return _masked(_cnl.dropout(x, rate, dtype=dtype), mask)
+    return _masked(_cnl.dropout(x, rate, dtype=dtype), mask, x)
 
 
 def expand_dims(data: NkiTensor, axis: int) -> LegacyTile:

@@ -1,4 +1,9 @@
-"""LayerNorm with ``nisa.bn_stats``/``bn_aggr``: statistics in ≤512-column chunks, ragged rows and columns masked."""
+"""LayerNorm, two versions as in the legacy tutorial.
+
+* ``layernorm_kernel_v1``: ``nl`` only (mean, mean of squares, rsqrt), indices from one 3-D ``nl.mgrid`` whose
+  size-1 axis addresses the [1, N] parameter rows;
+* ``layernorm_kernel``: ``nisa.bn_stats``/``bn_aggr`` in ≤512-column chunks, ragged rows and columns masked.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,24 @@ import numpy as np
 import neuronxcc.nki as nki
 import neuronxcc.nki.isa as nisa
 import neuronxcc.nki.language as nl
+
+
+@nki.jit
+def layernorm_kernel_v1(input_tensor, epsilon, gamma_vector, beta_vector):
+    """``(x - mean) * rsqrt(mean(x²) - mean² + eps) * gamma + beta`` with ``nl`` operations only."""
+    output_tensor = nl.ndarray(input_tensor.shape, dtype=input_tensor.dtype, buffer=nl.shared_hbm)
+    num_rows, num_cols = input_tensor.shape
+    i_p, i_f, i_param = nl.mgrid[0:nl.tile_size.pmax, 0:num_cols, 0:1]
+    gamma = nl.load(gamma_vector.reshape((1, num_cols))[i_param, i_f]).broadcast_to((nl.tile_size.pmax, num_cols))
+    beta = nl.load(beta_vector.reshape((1, num_cols))[i_param, i_f]).broadcast_to((nl.tile_size.pmax, num_cols))
+    for i in nl.affine_range(math.ceil(num_rows / nl.tile_size.pmax)):
+        rows = i * nl.tile_size.pmax + i_p < num_rows
+        x = nl.load(input_tensor[i * nl.tile_size.pmax + i_p, i_f], mask=rows)
+        mean = nl.mean(x, axis=1)
+        var = nl.mean(nl.square(x), axis=1) - mean * mean
+        y = (x - mean) * nl.rsqrt(var + epsilon) * gamma + beta
+        nl.store(output_tensor[i * nl.tile_size.pmax + i_p, i_f], value=y, mask=rows)
+    return output_tensor
 
 
 @nki.jit
