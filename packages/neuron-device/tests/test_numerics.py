@@ -264,6 +264,20 @@ def test_downcast_in_place_and_out_keep_identity_and_dtype(downcast):
     assert out.shape == (8,) and torch.equal(out.cpu(), (an.cpu().float() * 3).double())
 
 
+def test_downcast_updates_arguments_of_ops_that_return_nothing(downcast):
+    """`_foreach_*_` ops (optimizers) write their list arguments and return None."""
+    floats = [torch.randn(4, dtype=torch.float64) for _ in range(2)]
+    ints = [torch.tensor([2**31 - 1, 5]), torch.tensor([-(2**31)])]
+    on_device = [t.to(DEVICE) for t in floats]
+    int_on_device = [t.to(DEVICE) for t in ints]
+    torch._foreach_add_(on_device, 1.0 / 3)
+    torch._foreach_add_(int_on_device, 1)
+    for result, start in zip(on_device, floats, strict=True):
+        assert result.dtype is torch.float64 and torch.equal(result.cpu(), (start.float() + 1.0 / 3).double())
+    for result, start in zip(int_on_device, ints, strict=True):
+        assert result.dtype is torch.int64 and torch.equal(result.cpu(), (start.to(torch.int32) + 1).long())
+
+
 def test_downcast_views_share_memory(downcast):
     an = torch.randn(4, 6, dtype=torch.float64, device=DEVICE)
     view = an.t()[1:]

@@ -147,19 +147,22 @@ def _tensors(values):
             yield from _tensors(value)
 
 
+def _run_cast(op: torch._ops.OpOverload, dtype: torch.dtype, args: tuple, kwargs: dict):
+    """Run `op` with its eligible inputs cast to `dtype`, below the autocast key (casts included)."""
+    with torch._C._ExcludeDispatchKeyGuard(_NO_AUTOCAST):
+        return op(*_cast(args, dtype), **{k: _cast(v, dtype) for k, v in kwargs.items()})
+
+
 def _lower_precision_fp(op: torch._ops.OpOverload) -> Callable:
     def kernel(*args, **kwargs):
-        dtype = torch.get_autocast_dtype(_DEVICE)
-        with torch._C._ExcludeDispatchKeyGuard(_NO_AUTOCAST):
-            return op(*_cast(args, dtype), **{k: _cast(v, dtype) for k, v in kwargs.items()})
+        return _run_cast(op, torch.get_autocast_dtype(_DEVICE), args, kwargs)
 
     return kernel
 
 
 def _fp32(op: torch._ops.OpOverload) -> Callable:
     def kernel(*args, **kwargs):
-        with torch._C._ExcludeDispatchKeyGuard(_NO_AUTOCAST):
-            return op(*_cast(args, torch.float32), **{k: _cast(v, torch.float32) for k, v in kwargs.items()})
+        return _run_cast(op, torch.float32, args, kwargs)
 
     return kernel
 
@@ -205,8 +208,7 @@ def _promote(op: torch._ops.OpOverload) -> Callable:
         for tensor in _tensors((*args, *kwargs.values())):
             if _eligible(tensor):
                 dtype = torch.promote_types(dtype, tensor.dtype)
-        with torch._C._ExcludeDispatchKeyGuard(_NO_AUTOCAST):
-            return op(*_cast(args, dtype), **{k: _cast(v, dtype) for k, v in kwargs.items()})
+        return _run_cast(op, dtype, args, kwargs)
 
     return kernel
 

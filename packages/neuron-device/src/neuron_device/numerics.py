@@ -25,6 +25,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 
@@ -133,39 +134,47 @@ def _round_in_place(tensor: torch.Tensor) -> None:
 
 
 class _Downcast:
-    """One op run with 64-bit inputs narrowed: remembers which narrowed copies stand for which originals."""
+    """One op run with 64-bit inputs narrowed: remembers which arguments the op writes, to update them after."""
 
     def __init__(self) -> None:
-        self.originals: dict[int, torch.Tensor] = {}  # id(narrowed float copy) -> float64 original
+        self.copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(float32 copy) -> (copy, float64 original)
+        self.written_int64: list[torch.Tensor] = []
         self.had_float64 = False
 
-    def narrow(self, value, mutable: bool):
+    def narrow(self, value, written: bool):
         if isinstance(value, (list, tuple)):
-            return type(value)(self.narrow(v, mutable) for v in value)
+            return type(value)(self.narrow(v, written) for v in value)
         if not _is_wide_neuron(value):
             return value
         if value.dtype is torch.int64:
-            if mutable:  # about to be overwritten: hold the 32-bit view of its values in place
-                _round_in_place(value)
-                return value
-            return _narrow_on_host(value)
+            if not written:
+                return _narrow_on_host(value)
+            _round_in_place(value)  # about to be overwritten: it may as well hold the 32-bit view of its values
+            self.written_int64.append(value)
+            return value
         self.had_float64 = True
         narrowed = _narrow_on_host(value)
-        if mutable:
-            self.originals[id(narrowed)] = value
+        if written:
+            self.copies[id(narrowed)] = (narrowed, value)
         return narrowed
+
+    def write_back(self) -> None:
+        """Give written arguments the op's results in their own dtype (also for ops that return nothing)."""
+        for copy, original in self.copies.values():
+            if original.shape != copy.shape:
+                original.resize_(copy.shape)
+            host_alias(original).copy_(host_alias(copy))
+        for tensor in self.written_int64:
+            _round_in_place(tensor)
 
     def widen(self, value, restore_float64: bool):
         if isinstance(value, (list, tuple)):
             return type(value)(self.widen(v, restore_float64) for v in value)
         if not isinstance(value, torch.Tensor) or value.device.type != "neuron":
             return value
-        original = self.originals.get(id(value))
-        if original is not None:  # a float64 argument written by the op (in-place or out=)
-            if original.shape != value.shape:
-                original.resize_(value.shape)
-            host_alias(original).copy_(host_alias(value))
-            return original
+        entry = self.copies.get(id(value))
+        if entry is not None:  # the float32 copy of a written float64 argument
+            return entry[1]
         if value.dtype is torch.float32 and restore_float64:
             return allocator.adopt_tracked(host_alias(value).to(torch.float64), value.device.index)
         if value.dtype in _WIDE:
@@ -173,28 +182,43 @@ class _Downcast:
         return value
 
 
-_plans: dict[torch._ops.OpOverload, tuple[bool, frozenset[str], tuple[int, ...], str | None]] = {}
+class _Plan(NamedTuple):
+    """What `run_downcast` needs from an op's schema, computed once per overload."""
+
+    is_view: bool  # returns a view of an input: moves no data
+    written_names: frozenset[str]  # arguments the op writes (in-place self, out=)
+    written_positions: frozenset[int]
+    dtype_position: int | None  # of a `dtype` argument, which decides the output type when given
 
 
-def _plan(op: torch._ops.OpOverload) -> tuple[bool, frozenset[str], tuple[int, ...], str | None]:
-    """(returns a view of an input, names of written arguments, their positions, position-or-name of `dtype`)."""
+_plans: dict[torch._ops.OpOverload, _Plan] = {}
+
+
+def _plan(op: torch._ops.OpOverload) -> _Plan:
     plan = _plans.get(op)
     if plan is None:
-        schema = op._schema
-        is_view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-        written = [(i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info and a.alias_info.is_write]
-        dtype = next((a.name for a in schema.arguments if a.name == "dtype"), None)
-        plan = _plans[op] = (is_view, frozenset(n for _, n in written), tuple(i for i, _ in written), dtype)
+        arguments = op._schema.arguments
+        written = [(i, a.name) for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write]
+        plan = _plans[op] = _Plan(
+            is_view=any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns),
+            written_names=frozenset(name for _, name in written),
+            written_positions=frozenset(i for i, _ in written),
+            dtype_position=next((i for i, a in enumerate(arguments) if a.name == "dtype"), None),
+        )
     return plan
 
 
-def _explicit_dtype(op: torch._ops.OpOverload, name: str | None, args: tuple, kwargs: dict) -> bool:
-    if name is None:
+def _explicit_dtype(plan: _Plan, args: tuple, kwargs: dict) -> bool:
+    position = plan.dtype_position
+    if position is None:
         return False
-    if kwargs.get(name) is not None:
-        return True
-    position = next(i for i, a in enumerate(op._schema.arguments) if a.name == name)
-    return position < len(args) and args[position] is not None
+    return kwargs.get("dtype") is not None or (position < len(args) and args[position] is not None)
+
+
+def _has_wide(values) -> bool:
+    return any(
+        _is_wide_neuron(v) or (isinstance(v, (list, tuple)) and any(map(_is_wide_neuron, v))) for v in values
+    )
 
 
 def run_downcast(run: Callable, op: torch._ops.OpOverload, args: tuple, kwargs: dict):
@@ -205,16 +229,15 @@ def run_downcast(run: Callable, op: torch._ops.OpOverload, args: tuple, kwargs: 
     arithmetic for +, -, *, bitwise ops, comparisons, sums and products). Written arguments (in-place, out=) are
     updated in their own dtype. View ops move no data and run unchanged.
     """
-    is_view, written_names, written_positions, dtype_name = _plan(op)
-    if is_view or not any(
-        _is_wide_neuron(v) or (isinstance(v, (list, tuple)) and any(map(_is_wide_neuron, v)))
-        for v in (*args, *kwargs.values())
-    ):
-        result = run(op, *args, **kwargs)
-        return result if is_view else _Downcast().widen(result, restore_float64=False)
+    plan = _plan(op)
+    if plan.is_view:
+        return run(op, *args, **kwargs)
     call = _Downcast()
-    narrow_args = tuple(call.narrow(a, i in written_positions) for i, a in enumerate(args))
-    narrow_kwargs = {k: call.narrow(v, k in written_names) for k, v in kwargs.items()}
-    result = run(op, *narrow_args, **narrow_kwargs)
-    restore = call.had_float64 and not _explicit_dtype(op, dtype_name, args, kwargs)
-    return call.widen(result, restore)
+    if _has_wide((*args, *kwargs.values())):
+        args_32 = tuple(call.narrow(a, i in plan.written_positions) for i, a in enumerate(args))
+        kwargs_32 = {k: call.narrow(v, k in plan.written_names) for k, v in kwargs.items()}
+        result = run(op, *args_32, **kwargs_32)
+        call.write_back()
+    else:
+        result = run(op, *args, **kwargs)  # 64-bit results of 32-bit inputs (factories, int32 sums) still narrow
+    return call.widen(result, call.had_float64 and not _explicit_dtype(plan, args, kwargs))
