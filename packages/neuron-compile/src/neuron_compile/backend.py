@@ -1,15 +1,168 @@
-"""The `neuron` Dynamo backend, found through the `torch_dynamo_backends` entry point."""
+"""`torch.compile(backend="neuron")`: TorchNeuron's compile contract around the `compiler` pipeline.
+
+* static shapes: `dynamic=True` is rejected with the alternatives; a new input shape compiles a new graph (with
+  Dynamo's automatic dynamic shapes, the symbolic graph is specialised per concrete shape here) and is counted in
+  `torch.neuron.get_dynamo_metrics()`;
+* `mode` other than "default" warns and compiles as default; `options={"model_name": ..., "fallback_execution": ...}`;
+* a compile failure raises `NeuronCompileError`, unless fallback execution is enabled
+  (`TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0` or `options={"fallback_execution": True}`): then the graph runs
+  eagerly on `neuron`, with a warning;
+* the persistent compile cache (`cache`) and the debug artifacts (`artifacts`).
+"""
 
 from __future__ import annotations
 
+import copy
+import logging
+import time
+import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
+from . import cache, compiler, metrics
+from .artifacts import ArtifactWriter
+from .passes import KernelPlan
+from .runtime import CompiledGraph
+from .settings import ENV, CompileSettings
 
-def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], **kwargs) -> Callable:
-    """Compile an FX graph for the simulated NeuronCore. Not built yet: says so instead of pretending."""
-    raise NotImplementedError(
-        'torch.compile(backend="neuron") is not implemented yet in neuron-compile 0.1.0. '
-        "Run the model eagerly on the 'neuron' device (drop torch.compile) until the compiler lands."
+__all__ = ["DynamicShapesNotSupported", "NeuronCompileError", "neuron_backend"]
+
+log = logging.getLogger(__name__)
+
+class NeuronCompileError(RuntimeError):
+    """A graph failed to compile for `neuron` (and fallback execution is disabled)."""
+
+class DynamicShapesNotSupported(NeuronCompileError):
+    """The graph has symbolic shapes, which TorchNeuron's compiler does not support."""
+
+_DYNAMIC_MESSAGE = (
+    'torch.compile(backend="neuron") compiles static shapes only, and this graph has dynamic (symbolic) shapes {dims}. '
+    "dynamic=True is not supported. Alternatives: leave `dynamic` unset or pass dynamic=False (each new input shape "
+    "then compiles its own graph, counted in torch.neuron.get_dynamo_metrics()); pad or bucket inputs to a few fixed "
+    "shapes to bound the number of compilations."
+)
+
+def _symbolic_dims(inputs: Sequence[Any]) -> list[str]:
+    found = []
+    for position, value in enumerate(inputs):
+        if isinstance(value, torch.SymInt):
+            found.append(f"input {position}")
+        elif isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape):
+            found.append(f"input {position} shape {tuple(value.shape)}")
+    return found
+
+def _device_index(inputs: Sequence[Any]) -> int:
+    for value in inputs:
+        if isinstance(value, torch.Tensor) and value.device.type == "neuron":
+            return value.device.index
+    return torch.neuron.current_device()
+
+def _compile_id() -> tuple[str, bool]:
+    """A name for this compile (Dynamo's frame and compile ids) and whether it recompiles an already compiled frame."""
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    if compile_id is None or compile_id.frame_id is None:
+        return "0", False
+    return f"{compile_id.frame_id}_{compile_id.frame_compile_id}", bool(compile_id.frame_compile_id)
+
+def _eager(gm: torch.fx.GraphModule) -> Callable:
+    def run(*args: Any) -> Any:
+        return gm(*args)
+
+    return run
+
+def _compile_static(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings: CompileSettings, *, name: str, recompile: bool
+) -> CompiledGraph:
+    started = time.perf_counter()
+    metrics.record("compilations")
+    if recompile:
+        metrics.record("recompilations")
+    autocopy = settings.autocopy and compiler.has_cpu_tensor_inputs(example_inputs)
+    index = _device_index(compiler.to_neuron(example_inputs) if autocopy else example_inputs)
+    artifacts = ArtifactWriter(settings.debug_dir, name)
+    plans: dict[str, KernelPlan] = {}
+    try:
+        with cache.entry(gm, example_inputs, settings) as entry:
+            if entry.hit:
+                metrics.record("cache_hits")
+                plans.update(entry.plans)
+            else:
+                metrics.record("cache_misses")
+            fn = compiler.compile_graph(gm, example_inputs, artifacts=artifacts, autocopy=autocopy, plans=plans)
+            if not entry.hit:
+                entry.store(plans)
+    except DynamicShapesNotSupported:
+        raise
+    except Exception as error:
+        metrics.record("failures")
+        log.debug("neuron compilation of graph %s failed", name, exc_info=True)
+        if not settings.fallback_execution:
+            raise NeuronCompileError(
+                f"neuron compilation of graph {name!r} failed: {type(error).__name__}: {error}. To run failing graphs "
+                f"eagerly instead, set {ENV['fallback']}=0 or pass options={{'fallback_execution': True}}."
+            ) from error
+        warnings.warn(
+            f"neuron compilation of graph {name!r} failed ({type(error).__name__}: {error}); running it eagerly on "
+            "'neuron' (fallback execution is enabled).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        metrics.record("fallbacks")
+        return CompiledGraph(_eager(gm), autocopy=autocopy, index=index, forward_seconds=0.0, backward_seconds=0.0)
+    finally:
+        metrics.record("compilations", 0, seconds=time.perf_counter() - started)
+    forward = plans.get("forward") or plans.get("inference")
+    backward = plans.get("backward")
+    return CompiledGraph(
+        fn,
+        autocopy=autocopy,
+        index=index,
+        forward_seconds=forward.seconds if forward else 0.0,
+        backward_seconds=backward.seconds if backward else 0.0,
     )
+
+class _PerShape:
+    """A graph Dynamo made symbolic (automatic dynamic shapes) compiled statically for each concrete shape it meets."""
+
+    def __init__(self, gm: torch.fx.GraphModule, settings: CompileSettings, name: str) -> None:
+        self.gm = gm
+        self.settings = settings
+        self.name = name
+        self.compiled: dict[tuple, CompiledGraph] = {}
+
+    @staticmethod
+    def _signature(args: Sequence[Any]) -> tuple:
+        return tuple(
+            (tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad) if isinstance(a, torch.Tensor) else a
+            for a in args
+        )
+
+    def __call__(self, *args: Any) -> Any:
+        key = self._signature(args)
+        found = self.compiled.get(key)
+        if found is None:
+            name = f"{self.name}_s{len(self.compiled)}"
+            found = _compile_static(copy.deepcopy(self.gm), list(args), self.settings, name=name,
+                                    recompile=True)
+            self.compiled[key] = found
+        return found(*args)
+
+def neuron_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Callable:
+    """The Dynamo backend registered as "neuron" (entry point `torch_dynamo_backends`)."""
+    settings = CompileSettings.resolve(mode, options)
+    suffix, recompile = _compile_id()
+    name = f"{settings.model_name or 'graph'}_{suffix}"
+    dims = _symbolic_dims(example_inputs)
+    if dims:
+        if not torch._dynamo.config.assume_static_by_default:  # dynamic=True
+            raise DynamicShapesNotSupported(_DYNAMIC_MESSAGE.format(dims=", ".join(dims)))
+        return _PerShape(gm, settings, name)
+    return _compile_static(gm, example_inputs, settings, name=name, recompile=recompile)

@@ -1,0 +1,267 @@
+"""The persistent compile cache (`TORCH_NEURONX_NEFF_CACHE_DIR`, default `~/.cache/neuron-compile`).
+
+An entry is keyed on the Dynamo graph's code, its inputs' metadata (shapes, strides, dtypes, devices, grad), the
+graph's constant tensors (content hash), the compile settings, the grad mode and matmul precision, the substitutable
+Neuron kernels installed, and the versions of neuron-compile and torch. It holds the artifacts Inductor produced for
+the graph (its FX-graph and AOTAutograd cache records, the generated Python and the compiled C++ libraries) and the
+kernel plans, under a JSON manifest with the SHA-256 of every file and an HMAC of the manifest.
+
+Safety:
+* Inductor never reads the shared directory. Each process compiles against a private Inductor cache directory; an
+  entry's files are copied into it only after the manifest's HMAC (keyed by a secret this cache created, mode 0600)
+  and every file's digest check out. So nothing is unpickled unless this cache wrote it, and a corrupted or foreign
+  entry is deleted and recompiled, never executed.
+* Concurrent processes: a compile holds an exclusive file lock on its key (`fcntl.flock`), so a second process
+  waits for the first and then hits its entry (`TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT` seconds at most). Entries
+  are written to a temporary directory and renamed into place, so readers never see half an entry.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import __version__, nki_substitution
+from .passes import KernelPlan
+from .settings import ENV, CompileSettings
+
+__all__ = ["CacheEntry", "cache_key", "entry"]
+
+_FORMAT = 1
+_SKIPPED_SUFFIXES = (".lock", ".tmp")
+_private_dir: Path | None = None
+
+
+def _tensor_meta(value: torch.Tensor) -> list[Any]:
+    return [list(value.shape), list(value.stride()), str(value.dtype), value.device.type, value.requires_grad]
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _tensor_meta(value)
+    if isinstance(value, (int, float, bool, str)) or value is None:
+        return value
+    return type(value).__name__
+
+
+def cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings: CompileSettings) -> str:
+    """The entry key of a graph compiled with `example_inputs` and `settings` (hex SHA-256)."""
+    constants = []
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(gm, str(node.target), None)
+            if isinstance(value, torch.Tensor):
+                data = value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if value.numel() else b""
+                constants.append([str(node.target), _tensor_meta(value), hashlib.sha256(data).hexdigest()])
+    fields = {
+        "format": _FORMAT,
+        "graph": gm.code,
+        "inputs": [_describe(v) for v in example_inputs],
+        "constants": constants,
+        "settings": settings.cache_fields(),
+        "grad": torch.is_grad_enabled(),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "substitutions": sorted(str(op) for op in nki_substitution.substitutable_ops()),
+        "neuron_compile": __version__,
+        "torch": torch.__version__,
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _secret(root: Path) -> bytes:
+    """The HMAC key of this cache directory, created (mode 0600) on first use."""
+    path = root / "secret.key"
+    for _ in range(100):
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            temporary = root / f".secret-{uuid.uuid4().hex}.tmp"
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(os.urandom(32))
+            with contextlib.suppress(FileExistsError):
+                os.link(temporary, path)  # atomic: the first process to link wins
+            temporary.unlink()
+            continue
+        if len(data) == 32:
+            return data
+        time.sleep(0.01)
+    raise RuntimeError(f"the compile cache key file {path} is not a 32-byte key; delete it to reset the cache")
+
+
+def _mac(secret: bytes, manifest: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k != "mac"}
+    return hmac.new(secret, json.dumps(body, sort_keys=True).encode(), hashlib.sha256).hexdigest()
+
+
+def private_inductor_dir() -> Path:
+    """This process's Inductor cache directory (removed at exit): Inductor only reads what we put there."""
+    global _private_dir
+    if _private_dir is None:
+        _private_dir = Path(tempfile.mkdtemp(prefix="neuron-compile-inductor-"))
+        atexit.register(shutil.rmtree, _private_dir, True)
+    return _private_dir
+
+
+def _files(directory: Path) -> set[str]:
+    return {
+        str(path.relative_to(directory))
+        for path in directory.rglob("*")
+        if path.is_file() and not path.name.endswith(_SKIPPED_SUFFIXES)
+    }
+
+
+@contextlib.contextmanager
+def _inductor_dir(directory: Path) -> Iterator[None]:
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout: float) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"waited {timeout:g} s for another process compiling the same graph (lock {path}); raise "
+                        f"{ENV['lock_timeout']} or remove the stale lock"
+                    ) from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class CacheEntry:
+    """One key's entry: `hit` after a verified load (its files are then in the private Inductor dir)."""
+
+    def __init__(self, root: Path | None, key: str, inductor: Path | None) -> None:
+        self.root = root
+        self.key = key
+        self.inductor = inductor
+        self.hit = False
+        self.plans: dict[str, KernelPlan] = {}
+        self._before: set[str] = set()
+
+    @property
+    def path(self) -> Path:
+        assert self.root is not None
+        return self.root / "entries" / self.key
+
+    def _discard(self) -> None:
+        trash = self.path.with_name(f".trash-{self.key}-{uuid.uuid4().hex}")
+        with contextlib.suppress(FileNotFoundError):
+            self.path.rename(trash)
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def load(self) -> None:
+        """Verify and install the stored entry; a bad entry is deleted (and the graph recompiled)."""
+        if self.root is None or not (self.path / "manifest.json").exists():
+            return
+        try:
+            manifest = json.loads((self.path / "manifest.json").read_text())
+            if not hmac.compare_digest(str(manifest.get("mac", "")), _mac(_secret(self.root), manifest)):
+                raise ValueError("manifest signature mismatch")
+            if manifest.get("key") != self.key or manifest.get("format") != _FORMAT:
+                raise ValueError("manifest is for another key or format")
+            files: dict[str, str] = manifest["files"]
+            for relative, digest in files.items():
+                source = (self.path / "files" / relative).resolve()
+                if not source.is_relative_to((self.path / "files").resolve()) or _sha256(source) != digest:
+                    raise ValueError(f"file {relative} is corrupted")
+            plans = {stage: KernelPlan.from_json(data) for stage, data in manifest["plans"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            import warnings
+
+            warnings.warn(f"neuron compile cache entry {self.key[:12]} is invalid ({error}); recompiling", stacklevel=4)
+            self._discard()
+            return
+        assert self.inductor is not None
+        for relative in files:
+            target = self.inductor / relative
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(self.path / "files" / relative, target)
+        self.plans = plans
+        self.hit = True
+
+    def store(self, plans: Mapping[str, KernelPlan]) -> None:
+        """Save what this compile added to the private Inductor dir, and the plans, as this key's entry."""
+        if self.root is None or self.inductor is None:
+            return
+        new_files = sorted(_files(self.inductor) - self._before)
+        temporary = self.root / "entries" / f".tmp-{self.key}-{uuid.uuid4().hex}"
+        (temporary / "files").mkdir(parents=True)
+        digests = {}
+        for relative in new_files:
+            target = temporary / "files" / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.inductor / relative, target)
+            digests[relative] = _sha256(target)
+        manifest: dict[str, Any] = {
+            "format": _FORMAT,
+            "key": self.key,
+            "neuron_compile": __version__,
+            "torch": torch.__version__,
+            "files": digests,
+            "plans": {stage: plan.to_json() for stage, plan in plans.items()},
+        }
+        manifest["mac"] = _mac(_secret(self.root), manifest)
+        (temporary / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
+        try:
+            temporary.rename(self.path)
+        except OSError:  # an entry appeared meanwhile (a process without our lock, e.g. cache cleared): keep it
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def entry(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings: CompileSettings) -> Iterator[CacheEntry]:
+    """Hold the key's lock, load its entry if valid, and compile inside the private Inductor cache directory."""
+    if settings.cache_dir is None:
+        yield CacheEntry(None, "", None)
+        return
+    root = settings.cache_dir
+    root.mkdir(parents=True, exist_ok=True)
+    key = cache_key(gm, example_inputs, settings)
+    inductor = private_inductor_dir()
+    with _locked(root / "locks" / f"{key}.lock", settings.lock_timeout), _inductor_dir(inductor):
+        found = CacheEntry(root, key, inductor)
+        found.load()
+        found._before = _files(inductor)
+        yield found

@@ -1,0 +1,82 @@
+"""What Inductor's generated code for a `neuron` graph calls at run time: the host side of "device memory is host
+memory".
+
+A compiled `neuron` graph runs entirely on zero-copy host aliases of its inputs, so every C++ kernel, extern kernel
+(mm, conv) and intermediate buffer is a plain CPU one: no per-op Python, no per-op dispatch through the device.
+Only the graph's boundary touches the device: inputs are aliased once on entry, and each output becomes a `neuron`
+tensor on exit (adopted and charged to the device allocator, or, if it lies in an input's memory, the same view
+of that input).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from neuron_device import allocator
+from neuron_device.hostmem import host_alias
+
+__all__ = ["to_device", "to_host"]
+
+_NEURON = "neuron"
+
+
+def to_host(inputs: Sequence[Any]) -> list[Any]:
+    """Host aliases of the `neuron` tensors among `inputs` (everything else unchanged)."""
+    return [host_alias(v) if isinstance(v, torch.Tensor) and v.device.type == _NEURON else v for v in inputs]
+
+
+def _device_index(inputs: Sequence[Any]) -> int:
+    for value in inputs:
+        if isinstance(value, torch.Tensor) and value.device.type == _NEURON:
+            return value.device.index
+    return torch.neuron.current_device()
+
+
+def _view_of(output: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """The `neuron` view of `base`'s storage at the memory, sizes and strides of the host tensor `output`."""
+    storage = base.untyped_storage()
+    offset = (output.data_ptr() - storage.data_ptr()) // output.element_size()
+    view = torch.empty(0, dtype=output.dtype, device=base.device)
+    return view.set_(storage, offset, output.size(), output.stride())
+
+
+def _whole_storage(output: torch.Tensor, index: int) -> torch.Tensor:
+    """A `neuron` uint8 tensor adopting all of `output`'s host storage, to build several views of it."""
+    return allocator.adopt_tracked(torch.empty(0, dtype=torch.uint8).set_(output.untyped_storage()), index)
+
+
+def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any]) -> tuple[Any, ...]:
+    """Turn the host outputs of a compiled graph into `neuron` tensors.
+
+    `inputs` are the graph's original arguments and `hosts` what `to_host` made of them. An output that is an input
+    alias (or a view of one) maps back to that input's memory; a fresh buffer is adopted by the device allocator,
+    once per storage, so outputs sharing a buffer stay views of one device storage.
+    """
+    bases: dict[int, torch.Tensor] = {}
+    for original, host in zip(inputs, hosts):
+        if host is not original and host.untyped_storage().nbytes():
+            bases[host.untyped_storage().data_ptr()] = original
+    fresh: dict[int, int] = {}  # storage pointer -> how many outputs use it
+    for output in outputs:
+        if isinstance(output, torch.Tensor) and output.device.type == "cpu":
+            pointer = output.untyped_storage().data_ptr()
+            if pointer not in bases:
+                fresh[pointer] = fresh.get(pointer, 0) + 1
+    index = _device_index(inputs)
+    result = []
+    for output in outputs:
+        if not isinstance(output, torch.Tensor) or output.device.type != "cpu":
+            result.append(output)
+            continue
+        pointer = output.untyped_storage().data_ptr()
+        base = bases.get(pointer)
+        if base is None and fresh[pointer] == 1:
+            result.append(allocator.adopt_tracked(output, index))
+            continue
+        if base is None:
+            base = bases[pointer] = _whole_storage(output, index)
+        result.append(_view_of(output, base))
+    return tuple(result)

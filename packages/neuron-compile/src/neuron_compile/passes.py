@@ -1,0 +1,187 @@
+"""Neuron FX passes on an AOT graph: partition it into device kernels, fusing pointwise and reduction chains into
+their producers, and price each kernel with the device's cost model.
+
+The host code Inductor generates computes the results; this plan is what the simulated chip does: one launch per
+fused kernel, whose HBM traffic is only what crosses the kernel's boundary (intermediates stay on chip). Eager mode
+charges every op its own launch and its own reads and writes, so fusion shows up as saved time on the timeline.
+
+Partitioning (greedy, in topological order): metadata-only views cost nothing and stand for their base; a
+pointwise or reduction op joins the most recent kernel among its inputs' kernels when that kernel accepts fusion
+(every kernel except data movement ones); anything else starts a kernel. Joining only the most recent input kernel
+keeps the kernel graph acyclic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from neuron_device import costmodel
+
+__all__ = ["Kernel", "KernelPlan", "plan_kernels"]
+
+aten = torch.ops.aten
+
+_VIEWS = frozenset(
+    {aten.view, aten._unsafe_view, aten.reshape, aten.permute, aten.t, aten.transpose, aten.expand, aten.squeeze,
+     aten.unsqueeze, aten.slice, aten.select, aten.alias, aten.as_strided, aten.split, aten.unbind,
+     aten.split_with_sizes, aten.view_as_real, aten.view_as_complex, aten.detach}
+)
+_MATMULS = frozenset({aten.mm, aten.bmm, aten.addmm, aten.baddbmm, aten.convolution, aten.convolution_backward})
+_TRANSCENDENTAL = frozenset(
+    {aten.exp, aten.log, aten.tanh, aten.sigmoid, aten.rsqrt, aten.sqrt, aten.erf, aten.sin, aten.cos, aten.pow,
+     aten.log1p, aten.expm1, aten.reciprocal, aten.gelu}
+)
+_NO_FUSION_ENGINES = frozenset({"dma", "gpsimd"})
+
+
+@dataclasses.dataclass
+class Kernel:
+    """One device kernel: the FX nodes it runs, its work per engine, its HBM traffic, its compute dtype."""
+
+    nodes: list[str]
+    work: dict[str, float]
+    hbm_bytes: float
+    dtype: torch.dtype
+    anchor_engine: str
+
+    def seconds(self) -> float:
+        return costmodel.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype).seconds
+
+
+@dataclasses.dataclass
+class KernelPlan:
+    """The kernels of one compiled graph and their simulated device time (seconds, on the current target)."""
+
+    kernels: list[Kernel]
+
+    @property
+    def seconds(self) -> float:
+        return sum(kernel.seconds() for kernel in self.kernels)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-safe form (stored in the compile cache next to the compiled code)."""
+        return {"kernels": [{"nodes": k.nodes, "work": k.work, "hbm_bytes": k.hbm_bytes, "dtype": str(k.dtype),
+                             "anchor_engine": k.anchor_engine} for k in self.kernels]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> KernelPlan:
+        kernels = []
+        for k in data["kernels"]:
+            dtype = getattr(torch, str(k["dtype"]).removeprefix("torch."))
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"bad dtype {k['dtype']!r} in a stored kernel plan")
+            kernels.append(Kernel(list(k["nodes"]), {str(e): float(w) for e, w in k["work"].items()},
+                                  float(k["hbm_bytes"]), dtype, str(k["anchor_engine"])))
+        return cls(kernels)
+
+
+def _meta(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _meta(v)]
+    return []
+
+
+def _nbytes(node: torch.fx.Node) -> int:
+    return sum(t.numel() * t.element_size() for t in _meta(node.meta.get("val")))
+
+
+def _numel(node: torch.fx.Node) -> int:
+    return sum(t.numel() for t in _meta(node.meta.get("val")))
+
+
+def _packet(node: torch.fx.Node) -> Any:
+    target = node.target
+    return target.overloadpacket if isinstance(target, torch._ops.OpOverload) else target
+
+
+def _matmul_flops(node: torch.fx.Node) -> float:
+    packet = _packet(node)
+    out = _meta(node.meta.get("val"))
+    if not out:
+        return 0.0
+    args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
+    if packet in (aten.mm, aten.bmm):
+        return 2.0 * out[0].numel() * args[0].shape[-1]
+    if packet in (aten.addmm, aten.baddbmm):
+        return 2.0 * out[0].numel() * args[1].shape[-1]
+    weight = args[1]  # convolution / convolution_backward: 2 x outputs x input channels per group x kernel size
+    macs = weight.shape[1] * math.prod(weight.shape[2:]) if weight is not None and weight.dim() > 1 else 1
+    return 2.0 * out[0].numel() * macs * (2 if packet is aten.convolution_backward else 1)
+
+
+def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
+    """(kind, engine, work) of a call_function node; kind is "view", "matmul", "fusable" or "other"."""
+    packet = _packet(node)
+    if packet in _VIEWS or node.target is getattr:
+        return "view", "", 0.0
+    if packet in _MATMULS:
+        return "matmul", "tensor", _matmul_flops(node)
+    tags = getattr(node.target, "tags", ())
+    if torch.Tag.pointwise in tags:
+        engine = "scalar" if packet in _TRANSCENDENTAL else "vector"
+        return "fusable", engine, float(_numel(node))
+    if torch.Tag.reduction in tags or packet in (aten.sum, aten.mean, aten.amax, aten.amin, aten.var_mean,
+                                                   aten._softmax, aten._log_softmax, aten.native_layer_norm):
+        inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        return "fusable", "vector", float(sum(_numel(a) for a in inputs[:1]))
+    if str(node.target).startswith("neuron_compile.nki_"):
+        return "other", "tensor", float(_numel(node))
+    return "other", "dma" if packet in (aten.cat, aten.copy, aten.clone, aten.index, aten.embedding,
+                                        aten.gather, aten.scatter, aten.index_put) else "gpsimd", float(_numel(node))
+
+
+def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
+    """Partition `gm` (an AOT graph with `val` metadata) into fused kernels."""
+    source: dict[torch.fx.Node, torch.fx.Node] = {}  # view node -> the node whose memory it reads
+    group_of: dict[torch.fx.Node, int] = {}
+    groups: list[list[torch.fx.Node]] = []
+    engines: list[str] = []
+    work: list[dict[str, float]] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        kind, engine, amount = _classify(node)
+        inputs = [source.get(a, a) for a in node.all_input_nodes]
+        if kind == "view":
+            source[node] = inputs[0] if inputs else node
+            continue
+        input_groups = [group_of[a] for a in inputs if a in group_of]
+        latest = max(input_groups, default=None)
+        if kind == "fusable" and latest is not None and engines[latest] not in _NO_FUSION_ENGINES:
+            index = latest
+        else:
+            index = len(groups)
+            groups.append([])
+            engines.append(engine)
+            work.append({})
+        groups[index].append(node)
+        group_of[node] = index
+        work[index][engine] = work[index].get(engine, 0.0) + amount
+    kernels = []
+    for index, members in enumerate(groups):
+        inside = set(members)
+        read = {source.get(a, a) for n in members for a in n.all_input_nodes} - inside
+        written = {n for n in members if any(u not in inside for u in _consumers(n, source))}
+        hbm = sum(_nbytes(n) for n in read) + sum(_nbytes(n) for n in written)
+        tensors = _meta(members[0].meta.get("val"))
+        dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
+        kernels.append(Kernel([n.name for n in members], work[index], float(hbm), dtype, engines[index]))
+    return KernelPlan(kernels)
+
+
+def _consumers(node: torch.fx.Node, source: Mapping[torch.fx.Node, torch.fx.Node]) -> list[torch.fx.Node]:
+    """Users of `node`, looking through views (a view's users read `node`'s memory)."""
+    found = []
+    for user in node.users:
+        if user in source:
+            found.extend(_consumers(user, source))
+        else:
+            found.append(user)
+    return found
