@@ -10,7 +10,10 @@ Differences from the current API, and why:
 * a grid without ``nl.nc`` runs every instance serially on one NeuronCore (the legacy compilation model);
   ``nl.nc``/``nl.spmd_dim`` place instances on cores exactly as the legacy docs' examples describe;
 * there is no device: ``baremetal`` and ``benchmark`` run the simulator and report its *simulated* cost
-  (``CostReport.simulated`` is always True); ``profile`` writes that report as JSON instead of an NTFF trace.
+  (``CostReport.simulated`` is always True); ``profile`` writes that report as JSON instead of an NTFF trace;
+* kernels run eagerly: every loop iteration executes (the legacy tracer ran a loop body once and compiled it),
+  so Python side effects in loops behave like Python. The legacy block-scope rules are still enforced
+  (``_scope``), and outputs come back in their declared dtype.
 """
 
 from __future__ import annotations

@@ -3,12 +3,17 @@
 Why a subclass and not a second tensor type: every instruction of the shared core accepts these tiles unchanged,
 so the legacy API only adds what NKI 0.1 kernels need on top:
 
-* ``t[i_p, i_f]`` with index expressions. Affine single-axis expressions in dimension order become plain strided
+* ``t[i_p, i_f]`` with index expressions: the tile shape is the NumPy broadcast of the placed expressions (tiles
+  used as indices give indirect DMA). Affine single-variable expressions in dimension order become plain strided
   views (fast, writable, reshapable); anything else becomes a gather (the core's advanced-index ``key``).
+* Ints on an on-chip tile's partition/free dimensions keep the dimension (``buf[:, i]`` is ``[P, 1]``); on block
+  dimensions and HBM tensors they drop it, as in NumPy.
 * Ragged tiles: an access that runs past the tensor (``a[i * 128 + i_p, i_f]`` on the last tile) does not fail at
   indexing time. It remembers which elements are out of bounds (``oob``); using it without a ``mask=`` that
   excludes them raises ``err_tensor_access_out_of_bound`` with the documented message.
 * Arithmetic sugar (``a + b``, ``psum += nl.matmul(...)``) routed to the legacy ``nl`` functions.
+* ``dst[...] = op(...)``: a fresh instruction result of the same buffer writes ``dst`` directly (no extra copy
+  cost), and a masked result only updates the masked elements.
 """
 
 from __future__ import annotations
