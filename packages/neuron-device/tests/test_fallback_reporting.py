@@ -75,6 +75,16 @@ def test_fallback_warns_once_per_op_records_and_computes_correctly():
     assert torch.equal(values.cpu(), expected_values) and torch.equal(indices.cpu(), expected_indices)
 
 
+def test_fallback_warning_points_at_the_calling_code():
+    a = torch.ones(2, 2, device="neuron")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.nn.functional.dropout(a, 0.5)  # through torch.nn.functional and the dispatcher
+    assert [(str(w.message), w.filename) for w in caught] == [
+        ("Operator 'aten::native_dropout' fell back to CPU", __file__)
+    ]
+
+
 def test_clear_op_tracking_forgets_and_warns_again():
     a = torch.ones(2, 2, device="neuron")
     _fallback_warnings(lambda: torch.kthvalue(a, 1))

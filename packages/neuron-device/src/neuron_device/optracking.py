@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -258,6 +259,17 @@ def _fallback_enabled() -> bool:
     raise RuntimeError(f"{FALLBACK_ENV}={raw!r} is invalid: use 1/true (fall back to CPU, the default) or 0/false")
 
 
+_LIBRARY_PACKAGES = frozenset({"torch", "neuron_device", "torch_neuronx"})
+
+
+def _user_stacklevel() -> int:
+    """The `stacklevel` that points a warning raised in `admit` at the first frame outside torch and this package."""
+    frame, level = sys._getframe(2), 2  # level 1 is admit, level 2 its caller
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _LIBRARY_PACKAGES:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def admit(op: torch._ops.OpOverload) -> OpInfo:
     """Classify `op` before it runs: a fallback warns once per op, is recorded, and raises in strict mode."""
     info = _infos.get(op) or op_info(op)
@@ -266,7 +278,7 @@ def admit(op: torch._ops.OpOverload) -> OpInfo:
         if name not in _fallbacks:
             _fallbacks.add(name)
             if _fallback_enabled():
-                warnings.warn(f"Operator '{name}' fell back to CPU", stacklevel=3)
+                warnings.warn(f"Operator '{name}' fell back to CPU", stacklevel=_user_stacklevel())
         if not _fallback_enabled():
             raise RuntimeError(
                 f"Operator '{name}' has no Neuron kernel and CPU fallback is disabled ({FALLBACK_ENV}=0); unset "
