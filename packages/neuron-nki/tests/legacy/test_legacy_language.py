@@ -257,7 +257,22 @@ def test_dtypes_constants_and_tile_size():
         "sbuf", "psum", "hbm", "private_hbm", "shared_hbm"}
 
 
+def test_loop_reduce_accumulates_into_its_destination(rng):
+    x = rng.standard_normal((4, 32, 16)).astype(np.float32)
+
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+        b = nl.full((32, 16), -np.inf, dtype=nl.float32)
+        for k_i in nl.affine_range(4):
+            b = nl.loop_reduce(nl.load(a[k_i]), op=np.maximum, loop_indices=[k_i], dtype=nl.float32)
+        nl.store(out, b)
+        return out
+
+    np.testing.assert_array_equal(k(x), x.max(axis=0))
+
+
 def test_not_implemented_entries_name_themselves():
-    for fn, name in ((nl.loop_reduce, "loop_reduce"), (nl.all_reduce, "all_reduce"), (nl.gemm_grid, "gemm_grid")):
+    for fn, name in ((nl.all_reduce, "all_reduce"), (nl.gemm_grid, "gemm_grid")):
         with pytest.raises(NotImplementedError, match=name):
             fn()

@@ -16,15 +16,17 @@ cost, and adds only the legacy surface:
 from __future__ import annotations
 
 import builtins
+import linecache
 import math
 import re
+import sys
 import warnings
 
 import numpy as np
 
 import nki.isa as _cisa
 import nki.language as _cnl
-from nki import _context
+from nki import _context, _errors
 from nki import _dtypes as _dt
 from nki._cost import MIN_II
 from nki._dtypes import (
@@ -511,8 +513,25 @@ def var(x, axis, *, dtype=None, mask=None, **kwargs) -> LegacyTile:
 for _f, _op in ((sum, "add"), (max, "maximum"), (min, "minimum"), (prod, "multiply")):
     _f._nki_op = _op
 
-loop_reduce = unimplemented("neuronxcc.nki.language.loop_reduce",
-                            "a reduction across loop iterations needs the legacy tracer's loop model")
+def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs) -> LegacyTile:
+    """``b = nl.loop_reduce(a, op, loop_indices=[k])``: the destination tile ``b`` is also the operand, i.e.
+    ``b = op(b, a)`` updated in place each iteration (one ``tensor_tensor``). The destination is the variable the
+    kernel line assigns, read from the kernel's frame, so it must already hold a tile."""
+    from . import isa as _lisa
+
+    frame = sys._getframe(1)
+    while frame is not None and _errors._is_internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    m = _ASSIGN.match(linecache.getline(frame.f_code.co_filename, frame.f_lineno)) if frame else None
+    dst = frame.f_locals.get(m.group(1)) if m else None
+    if not isinstance(dst, NkiTensor):
+        raise NkiValidationError("loop_reduce must be assigned to an existing tile, as in "
+                                 "'b = nl.loop_reduce(a, op=np.add, loop_indices=[k])' with b allocated before "
+                                 "the loop", code="err_unsupported_loop_reduce", location=kernel_location(2))
+    dst[...] = _lisa.tensor_tensor(dst, x, op, dtype=dtype or dst.dtype, mask=mask)
+    return dst
+
+
 all_reduce = unimplemented("neuronxcc.nki.language.all_reduce",
                            "collectives across SPMD programs need concurrent instances; legacy grids run serially")
 gemm_grid = unimplemented("neuronxcc.nki.language.gemm_grid", "not documented beyond its name in our references")
