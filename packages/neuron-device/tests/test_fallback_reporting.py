@@ -195,3 +195,19 @@ def test_torch_neuronx_imported_before_torch(python):
     )
     assert result.returncode == 0, result.stderr
     assert "aten::_local_scalar_dense" in result.stdout
+
+
+def test_kernels_outside_the_fallback_are_recorded_and_charged():
+    """What an NKI kernel or a compiled graph reports: executed, compiled once per signature, charged its time."""
+    torch.neuron.synchronize()
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    start.record()
+    optracking.record_kernel("nki::rmsnorm", 0, ((128, 512), torch.bfloat16), 5e-6)
+    optracking.record_kernel("nki::rmsnorm", 0, ((128, 512), torch.bfloat16), 5e-6)
+    end.record()
+    assert start.elapsed_time(end) == pytest.approx(10e-3)
+    assert "nki::rmsnorm" in torch_neuronx.get_executed_ops()
+    stats = torch_neuronx.get_compilation_cache_stats()
+    assert (stats["compilations_per_op"]["nki::rmsnorm"], stats["in_memory_hits"]) == (1, 1)
+    with pytest.raises(ValueError, match="non-negative"):
+        optracking.record_kernel("nki::rmsnorm", 0, "sig", -1.0)

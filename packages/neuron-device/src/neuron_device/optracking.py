@@ -23,7 +23,7 @@ import os
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ __all__ = [
     "get_executed_ops",
     "get_fallback_ops",
     "op_info",
+    "record_kernel",
     "transfer",
 ]
 
@@ -372,6 +373,25 @@ def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> 
         _compilations[info.name] += 1
     else:
         _cache_hits += 1
+    _timeline.charge(index, seconds)
+
+
+def record_kernel(name: str, index: int, signature: Hashable, seconds: float) -> None:
+    """Account one launch of a kernel that does not run through the fallback: an NKI kernel, a compiled graph.
+
+    `signature` identifies the compiled kernel (its first launch counts as a compilation, later ones as cache hits);
+    `seconds` is its device time, e.g. from `costmodel.estimate_kernel`, charged on the current stream of `index`.
+    """
+    global _cache_hits
+    if seconds < 0:
+        raise ValueError(f"a kernel's device time must be non-negative, got {seconds}")
+    _executed.add(name)
+    key = (name, signature)
+    if key in _kernels:
+        _cache_hits += 1
+    else:
+        _kernels[key] = seconds
+        _compilations[name] += 1
     _timeline.charge(index, seconds)
 
 
