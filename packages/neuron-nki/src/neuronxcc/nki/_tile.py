@@ -31,13 +31,20 @@ from nki._tensor import DynSlice, NkiTensor, psum
 
 from ._index import IndexExpr, Var, as_mask
 
-__all__ = ["LegacyTile", "check_access", "mask_array", "masked_write", "wrap"]
+__all__ = [
+    "LegacyTile", "append_ones", "check_access", "check_matmul_operands", "instruction_result", "legacy_index",
+    "mask_array", "masked_write", "reshape_any", "unwritten_outside", "wrap",
+]
 
 
 class LegacyTile(NkiTensor):
-    """A legacy tile or tensor view. ``nblock`` counts leading block dimensions; ``oob`` is ``(bool array, message)`` for a partly out-of-bounds access;
-    ``valid`` marks the elements a masked instruction wrote (None: all), so ``dst[...] = op(..., mask=m)`` only
-    updates ``dst`` where ``m`` holds, as when the legacy compiler makes ``dst`` the instruction's output."""
+    """A legacy tile or tensor view.
+
+    ``oob``: ``(bool array, message)`` for a partly out-of-bounds access; ``valid``: the elements a masked
+    instruction wrote (None: all), so ``dst[...] = op(..., mask=m)`` only updates ``dst`` where ``m`` holds;
+    ``fresh``: an instruction's new result (assigning it elsewhere needs no copy); ``ivars``: the index variable
+    of each dimension of an ``nl.arange`` access; ``nblock``: leading (deprecated) block dimensions.
+    """
 
     __slots__ = ("fresh", "ivars", "nblock", "oob", "valid")
 
@@ -46,8 +53,8 @@ class LegacyTile(NkiTensor):
         self.oob = oob
         self.valid = None
         self.fresh = False
-        self.ivars = None  # index variables of an nl.arange access, one per dimension (aligns masks)
-        self.nblock = 0  # leading (deprecated) block dimensions, before the partition dimension
+        self.ivars = None
+        self.nblock = 0
 
     # -- indexing --------------------------------------------------------------------------------------------
     def __getitem__(self, idx) -> LegacyTile:
