@@ -186,6 +186,12 @@ def test_metrics_counters():
     assert met.get_counter_names() == []
 
 
+def test_torch_neuronx_exposes_the_stream_api():
+    assert torch_neuronx.Stream is torch.neuron.Stream and torch_neuronx.Event is torch.neuron.Event
+    assert torch_neuronx.current_stream() == torch.neuron.current_stream()
+    assert torch_neuronx.synchronize is torch.neuron.synchronize
+
+
 def test_torch_neuronx_imported_before_torch(python):
     """AWS's examples `import torch_neuronx` first; its extras must work from a fresh interpreter."""
     result = python(

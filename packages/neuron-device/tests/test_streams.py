@@ -316,6 +316,7 @@ def test_fsdp2_stream_calls():
     assert shard.sum().item() == 2048
 
 
+@pytest.mark.slow
 def test_fsdp2_forward_backward_uses_its_streams(python):
     """FSDP2 (fully_shard) on neuron, with torch's fake process group standing in for the collectives: its copy-in
     and all-gather streams (priority -1) carry work on the simulated timeline."""

@@ -2,7 +2,8 @@
 (transformers, accelerate, diffusers) find the `neuron` device. Importing it registers the device.
 
 TorchNeuron's extras live here: op tracking (`get_fallback_ops`, `get_executed_ops`, `clear_op_tracking`), the
-kernel compilation cache statistics, and `torch_neuronx.metrics`.
+kernel compilation cache statistics, and `torch_neuronx.metrics`. Like TorchNeuron, it also exposes the stream API
+that `torch.neuron` forwards to (`Stream`, `Event`, `stream`, `current_stream`, ..., `synchronize`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,23 @@ import torch  # noqa: F401  (first: importing torch autoloads and registers neur
 import neuron_device
 from neuron_device import __version__
 from neuron_device import optracking as _optracking
+from neuron_device.neuron import synchronize
+from neuron_device.neuron.streams import Event, Stream, current_stream, default_stream, set_stream, stream
 
 __all__ = [
+    "Event",
+    "Stream",
     "__version__",
     "clear_compilation_cache",
     "clear_op_tracking",
+    "current_stream",
+    "default_stream",
     "get_compilation_cache_stats",
     "get_executed_ops",
     "get_fallback_ops",
+    "set_stream",
+    "stream",
+    "synchronize",
 ]
 
 neuron_device.register()
