@@ -268,3 +268,13 @@ def test_errors_in_shipped_tutorial_kernels_point_at_the_kernel_line():
     with _raises("err_tensor_access_out_of_bound") as info:
         tensor_add.tensor_add_kernel[2, 1](a, a)
     assert info.value.filename.endswith("tensor_add.py") and "nl.load" in info.value.source
+
+
+def test_assigning_a_mismatched_tile_is_reported():
+    @nki.jit
+    def k(x):
+        t = nl.ndarray((128, 128), dtype=x.dtype)
+        t[...] = nl.load(x)
+
+    with pytest.raises(NkiValidationError, match="mismatch"):
+        k(np.ones((64, 256), np.float32))

@@ -70,7 +70,8 @@ class LegacyTile(NkiTensor):
             check_access(value, None, kernel_location(2))
             valid = getattr(value, "valid", None)
             retarget = getattr(value, "fresh", False) and value.buffer is dst.buffer
-            if valid is not None or retarget:
+            same_layout = value.size == dst.size and value.partitions == dst.partitions  # else the core reports it
+            if (valid is not None or retarget) and same_layout:
                 # masked result: only the written elements land in dst; a fresh result of the same buffer is the
                 # instruction writing dst directly (no copy instruction, dst ready when the instruction is)
                 masked_write(dst, np.reshape(value.read(), dst.shape),
@@ -81,7 +82,7 @@ class LegacyTile(NkiTensor):
                     core_isa._charge(_context.require("tensor_copy"), "vector", max(MIN_II, dst.free_size),
                                      (value,), (dst,), "tensor_copy")
                 return
-            if value.shape != dst.shape and value.size == dst.size and value.key is None:
+            if value.shape != dst.shape and same_layout and value.key is None:
                 value = value.reshape(dst.shape)
             core_isa.tensor_copy(dst, value)
         else:
