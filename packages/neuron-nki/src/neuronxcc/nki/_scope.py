@@ -23,6 +23,7 @@ import contextlib
 import functools
 import inspect
 import textwrap
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -175,18 +176,20 @@ class _Rewriter:
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()  # LNC2 launches run cores as threads; sub-kernels may be instrumented from them
 
 
 def instrument(fn: Callable) -> Callable:
     """``fn`` with scope checks (see module docstring), or ``fn`` itself if it cannot be instrumented."""
-    try:
-        return _CACHE[fn]
-    except (KeyError, TypeError):
-        pass
-    new = _instrument(fn)
-    with contextlib.suppress(TypeError):
-        _CACHE[fn] = new
-    return new
+    with _LOCK:
+        try:
+            return _CACHE[fn]
+        except (KeyError, TypeError):
+            pass
+        new = _instrument(fn)
+        with contextlib.suppress(TypeError):
+            _CACHE[fn] = new
+        return new
 
 
 def _instrument(fn: Callable) -> Callable:
