@@ -25,9 +25,6 @@ NOT_APPLICABLE = {
     "cudnn_convolution_transpose": "cuDNN-only op",
     "einsum": "upstream's entry passes the equation as the op's arguments; einsum is tested below instead",
 }
-# Entries that fail on `neuron` even without autocast: torch's composite `lstm_cell`/`gru_cell` choose the CUDA-only
-# fused kernels (`_thnn_fused_*_cell`) for every non-CPU device.
-NO_NEURON_KERNEL = {"lstm_cell", "gru_cell"}
 
 
 def _lists() -> upstream.AutocastTestLists:
@@ -48,10 +45,7 @@ def _entries(list_name: str):
         name = entry[0]
         if name in NOT_APPLICABLE:
             continue
-        marks = ()
-        if name in NO_NEURON_KERNEL:
-            marks = pytest.mark.xfail(raises=NotImplementedError, strict=True, reason="no neuron kernel (see above)")
-        params.append(pytest.param(entry, id=f"{name}-{index}", marks=marks))
+        params.append(pytest.param(entry, id=f"{name}-{index}"))
     return params
 
 
