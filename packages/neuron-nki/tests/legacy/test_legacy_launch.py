@@ -149,6 +149,24 @@ def test_compiler_hints_are_accepted():
         return out
 
     np.testing.assert_array_equal(ncc.force_auto_alloc(k)(_x()), _x())
+
+    @nki.jit
+    def aliased(x):
+        # two PSUM tensors on the same banks, each the whole PSUM: fine with direct allocation
+        a = nl.ndarray((2, 4, nl.par_dim(128), 512), dtype=nl.float32,
+                       buffer=ncc.psum.mod_alloc(base_bank=0, num_bank_tiles=(2, 4)))
+        b = nl.ndarray((2, 4, nl.par_dim(128), 512), dtype=nl.float32,
+                       buffer=ncc.psum.mod_alloc(base_bank=0, num_bank_tiles=(2, 4)))
+        t = nl.load(x)
+        a[1, 3] = nl.matmul(t[:, 0:128], t, transpose_x=True)
+        b[0, 0] = nl.copy(a[1, 3])
+        out = nl.ndarray((64, 64), dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, b[0, 0][0:64, 0:64])
+        return out
+
+    y = np.random.default_rng(1).random((128, 512)).astype(np.float32)
+    with pytest.warns(DeprecationWarning):
+        np.testing.assert_allclose(aliased(y), (y[:, :128].T @ y)[:64, :64], rtol=1e-5)
     assert ncc.multi_buffer(k) is k and ncc.skip_middle_end_transformations()(k) is k
     with pytest.raises(TypeError):
         ncc.sbuf.alloc(42)

@@ -105,6 +105,8 @@ class LegacyTile(NkiTensor):
             # same elements per partition in another free layout ([1, N, 1] → [128, N]): reshape first
             if shape and self.free_size == math.prod(shape[1:]) and self.shape[0] in (1, shape[0]):
                 t = reshape_any(self, (self.shape[0], *shape[1:]))
+        if t.key is not None:  # a gather broadcasts its index arrays
+            return LegacyTile(t.alloc, t.base, tuple(np.broadcast_to(k, shape) for k in t.key), t.name)
         return wrap(NkiTensor.broadcast_to(t, shape))
 
     def expand_dims(self, axis: int) -> LegacyTile:
@@ -317,22 +319,24 @@ def legacy_index(t: NkiTensor, idx) -> LegacyTile:
                 msg = (f"Out-of-bound access for tensor `{t.name}` on dimension {d}: index range [{lo}, {hi}] "
                        f"exceed dimension size of {shape[d]}")
             arrays[d] = np.clip(a, 0, shape[d] - 1)
-    basic = _as_slices(terms, rank, free_pos) if oob is None else None
+    basic = _as_slices(terms) if oob is None else None
     if basic is not None:
         out = wrap(NkiTensor.__getitem__(t, basic))
+        if out.shape != out_shape:  # basic indexing drops ints; the broadcast shape keeps size-1 axes
+            out = wrap(NkiTensor.reshape(out, out_shape))
     else:
         out = LegacyTile(t.alloc, t.base, tuple(arrays), t.name, None if oob is None else (oob, msg))
     out.ivars = tuple(v if v is not None else Var(n) for v, n in zip(axis_vars, out_shape))
     return out
 
 
-def _as_slices(terms: list, rank: int, free_pos: list[int]) -> tuple | None:
-    """The equivalent basic index (ints and slices) when each expression is ``offset + coef·v`` (coef > 0), placed
-    on the axis of its own position among the non-integer indices; None when a gather is needed."""
-    if rank != len(free_pos):
-        return None
+def _as_slices(terms: list) -> tuple | None:
+    """The equivalent basic index (ints and slices) when each expression is ``offset + coef·v`` (coef > 0) of its
+    own variable and the variables are placed on increasing axes in index order (so basic indexing yields them in
+    the same order); None when a gather is needed."""
     basic = []
-    for d, k in enumerate(terms):
+    last = -1
+    for k in terms:
         if not isinstance(k, IndexExpr):
             basic.append(k)
             continue
@@ -340,10 +344,23 @@ def _as_slices(terms: list, rank: int, free_pos: list[int]) -> tuple | None:
             return None
         v = k.vars[0]
         c = k.coefs[v]
-        if c <= 0 or k.place[v] + rank - k.rank != free_pos.index(d):
+        if c <= 0:
             return None
-        basic.append(slice(k.offset, k.offset + c * (v.n - 1) + 1, c))
-    return tuple(basic)
+        basic.append((slice(k.offset, k.offset + c * (v.n - 1) + 1, c), k))
+    # placement axes, aligned to a common rank (NumPy left-pads lower-rank expressions)
+    rank = max((k.rank for _, k in (b for b in basic if isinstance(b, tuple))), default=0)
+    out = []
+    for b in basic:
+        if isinstance(b, tuple):
+            s, k = b
+            axis = k.place[k.vars[0]] + rank - k.rank
+            if axis <= last:
+                return None
+            last = axis
+            out.append(s)
+        else:
+            out.append(b)
+    return tuple(out)
 
 
 # -- masks -----------------------------------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 Why they are accepted rather than modelled: they steer the real compiler's SBUF/PSUM placement and scheduling,
 which the simulator does not model (it has no instruction scheduling and counts capacity, not addresses). So
 ``ncc.sbuf.mod_alloc(...)`` / ``ncc.psum.alloc(func)`` / ``auto_alloc()`` allocate in SBUF / PSUM like
-``nl.sbuf`` / ``nl.psum``, and the decorators return the kernel unchanged. Arguments are still validated where the
+``nl.sbuf`` / ``nl.psum``, and the decorators return the kernel unchanged. Directly allocated tensors
+(``alloc``/``mod_alloc``) are not counted against SBUF/PSUM capacity: their placement (which may deliberately
+alias, e.g. two PSUM tensors on the same banks) is the kernel author's, and the simulator gives each its own
+storage. Arguments are still validated where the
 legacy docs give rules (``mod_alloc`` needs ``base_addr``; ``alloc`` needs a callable).
 """
 
@@ -50,9 +53,15 @@ class _BufferAllocators:
             raise TypeError(f"ncc.{self.buffer.name}.alloc expects a callable (idx, pdim_size, fdim_size) -> address")
         return Allocator(self.buffer, "alloc", func=func)
 
-    def mod_alloc(self, *, base_addr: int, base_partition: int = 0, num_par_tiles=(), num_free_tiles=()) -> Allocator:
-        return Allocator(self.buffer, "mod_alloc", base_addr=int(base_addr), base_partition=int(base_partition),
-                         num_par_tiles=tuple(num_par_tiles), num_free_tiles=tuple(num_free_tiles))
+    def mod_alloc(self, *, base_addr: int | None = None, base_partition: int = 0, num_par_tiles=(),
+                  num_free_tiles=(), base_bank: int | None = None, num_bank_tiles=()) -> Allocator:
+        """Modulo allocation: SBUF takes ``base_addr`` (+ partition/free tile counts), PSUM ``base_bank`` and
+        ``num_bank_tiles``."""
+        if self.buffer.name == "sbuf" and base_addr is None:
+            raise TypeError("ncc.sbuf.mod_alloc needs base_addr=")
+        return Allocator(self.buffer, "mod_alloc", base_addr=base_addr, base_partition=int(base_partition),
+                         num_par_tiles=tuple(num_par_tiles), num_free_tiles=tuple(num_free_tiles),
+                         base_bank=base_bank, num_bank_tiles=tuple(num_bank_tiles))
 
     def __repr__(self) -> str:
         return f"ncc.{self.buffer.name}"

@@ -46,7 +46,18 @@ from nki._dtypes import (
 )
 from nki._errors import NkiValidationError, kernel_location, unimplemented
 from nki._ops import resolve
-from nki._tensor import BUFFERS, Buffer, NkiTensor, allocate, hbm, private_hbm, psum, sbuf, shared_hbm
+from nki._tensor import (
+    BUFFERS,
+    Allocation,
+    Buffer,
+    NkiTensor,
+    allocate,
+    hbm,
+    private_hbm,
+    psum,
+    sbuf,
+    shared_hbm,
+)
 from nki.language import (
     affine_range,
     bf16,
@@ -203,10 +214,31 @@ def _assigned_name() -> str:
     return m.group(1) if m else ""
 
 
+def _direct_alloc(shape, dtype, buffer: Buffer, name: str, fill=None, api: str = "ndarray") -> NkiTensor:
+    """A directly allocated (``ncc.*.alloc``/``mod_alloc``) on-chip tensor: partition-checked, own storage, not
+    counted against capacity (see ``nki.compiler``)."""
+    ctx = _context.require(api)
+    dtype = _dt.as_dtype(dtype)
+    if shape and shape[0] > tile_size.pmax:
+        raise NkiValidationError(f"Size of partition dimension {shape[0]} exceeds architecture limitation of "
+                                 f"{tile_size.pmax}.", code="err_num_partition_exceed_arch_limit",
+                                 location=kernel_location(3))
+    sdt = _dt.storage_dtype(dtype, ctx.precise)
+    data = np.full(shape, _dt.uninit_value(dtype), dtype=sdt)
+    if fill is not None:
+        data[...] = _dt.cast_for_store(np.asarray(fill), dtype, sdt, ctx.precise)
+    alloc = Allocation(data, dtype, buffer, name or api, ctx.precise)
+    if fill is not None and alloc.written is not None:
+        alloc.written[...] = True
+    return NkiTensor(alloc, data, None, alloc.name)
+
+
 def _alloc(shape, dtype, buffer, name: str, api: str, fill=None) -> LegacyTile:
     """Allocate, honouring ``nl.par_dim``: dimensions before it are (deprecated) block dimensions, stored
     partition-first so SBUF/PSUM accounting counts ``blocks × free`` bytes per partition."""
     buf = _resolve_buffer(buffer)
+    direct = getattr(buffer, "kind", None) in ("alloc", "mod_alloc")  # nki.compiler direct allocation
+    make = _direct_alloc if direct else allocate
     name = name or _assigned_name()
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     pd = next((i for i, s in enumerate(shape) if isinstance(s, par_dim)), 0)
@@ -215,12 +247,12 @@ def _alloc(shape, dtype, buffer, name: str, api: str, fill=None) -> LegacyTile:
                       "block dimensions are deprecated (NKI 2.24) - use a list of tiles instead",
                       DeprecationWarning, stacklevel=3)
         stored = (shape[pd], *shape[:pd], *shape[pd + 1:])
-        t = allocate(stored, dtype, buf, name, fill=fill, api=api)
+        t = make(stored, dtype, buf, name, fill=fill, api=api)
         order = (*tuple(range(1, pd + 1)), 0, *tuple(range(pd + 1, len(shape))))
         t = wrap(t.permute(order))
         t.nblock = pd
     else:
-        t = allocate(tuple(int(s) for s in shape), dtype, buf, name, fill=fill, api=api)
+        t = make(tuple(int(s) for s in shape), dtype, buf, name, fill=fill, api=api)
     if fill is not None and buf.on_chip:  # a memset on the Vector Engine, as the core's nl.zeros
         n = t.size // (t.shape[pd] if t.shape else 1)
         _charge("vector", _bmax(MIN_II, n // 2 if fill == 0 and t.itemsize == 2 else n), (), (t,), "memset")
