@@ -120,6 +120,23 @@ def _as_declared(out, dtypes):
     return out
 
 
+def _mutable_arguments(sig: inspect.Signature, args, kwargs) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``nt.mutable_tensor`` parameters given as arrays: name → (array, copy before the launch)."""
+    bound = sig.bind_partial(*args, **kwargs).arguments if sig.parameters else {}
+    return {n: (bound[n], bound[n].copy()) for n, p in sig.parameters.items()
+            if n in bound and isinstance(bound[n], np.ndarray) and _is_mutable_annotation(p.annotation)}
+
+
+def _check_mutable_returned(mutable: dict, outputs) -> None:
+    """``err_mutable_parameter_not_returned``: a modified mutable parameter must be among the kernel's outputs."""
+    returned = _returned_arrays(outputs)
+    for n, (a, before) in mutable.items():
+        changed = not np.array_equal(before, a, equal_nan=a.dtype.kind in "fc")
+        if changed and not any(r is a or np.shares_memory(r, a) for r in returned):
+            raise NkiError(f"mutable parameter '{n}' is modified but not returned by the kernel; return it",
+                           code="err_mutable_parameter_not_returned")
+
+
 class LegacyKernel(Kernel):
     """A legacy ``@nki.jit`` kernel; ``kernel[g0, g1, ...]`` binds an SPMD grid, calling it simulates."""
 
@@ -132,6 +149,10 @@ class LegacyKernel(Kernel):
     def __getitem__(self, grid) -> LegacyKernel:
         return LegacyKernel(self.fn, grid, self.mode, **self.options)
 
+    def checked_fn(self) -> Callable:
+        """The kernel function with the legacy scope checks (``_scope``), unless ``check_scopes=False``."""
+        return instrument(self.fn) if self.options.get("check_scopes", True) else self.fn
+
     def run(self, *args, **kwargs) -> KernelRun:
         """Simulate on NumPy arrays; returns outputs and the simulated :class:`~nki.CostReport`."""
         sizes, assign, n_cores = grid_plan(self.grid)
@@ -139,37 +160,28 @@ class LegacyKernel(Kernel):
         target = self.options.get("platform_target") or self.options.get("target")
         sig = inspect.signature(self.fn)
         names = list(sig.parameters)
-        bound = sig.bind_partial(*args, **kwargs).arguments if names else {}
 
         def as_tensor(v, name):
             return wrap(wrap_array(v, name, precise, hbm)) if isinstance(v, np.ndarray) else v
 
         w_args = tuple(as_tensor(a, names[i] if i < len(names) else f"arg{i}") for i, a in enumerate(args))
         w_kwargs = {k: as_tensor(v, k) for k, v in kwargs.items()}
-        mutable = {n: bound[n] for n, p in sig.parameters.items()
-                   if n in bound and isinstance(bound[n], np.ndarray) and _is_mutable_annotation(p.annotation)}
-        before = {n: a.copy() for n, a in mutable.items()}
-        logical: list = []
-
-        fn = instrument(self.fn) if self.options.get("check_scopes", True) else self.fn
+        mutable = _mutable_arguments(sig, args, kwargs)
+        fn = self.checked_fn()
+        declared: list = []
 
         def kernel(*a, **kw):
             out = fn(*a, **kw)
             _reject_out_of_scope(out)
-            if not logical:
-                logical.append(_dtype_tree(out))
+            if not declared:
+                declared.append(_dtype_tree(out))
             return out
 
         run = run_kernel(kernel, w_args, w_kwargs, grid=sizes, target=resolve_target(target) if target else None,
                          precise=precise, lnc=n_cores, core_assignment=assign)
-        if logical:  # fp32-stored narrow floats leave the kernel as their declared dtype
-            run = KernelRun(_as_declared(run.outputs, logical[0]), run.cost)
-        returned = _returned_arrays(run.outputs)
-        for n, a in mutable.items():
-            changed = not np.array_equal(before[n], a, equal_nan=a.dtype.kind in "fc")
-            if changed and not any(r is a or np.shares_memory(r, a) for r in returned):
-                raise NkiError(f"mutable parameter '{n}' is modified but not returned by the kernel; return it",
-                               code="err_mutable_parameter_not_returned")
+        if declared:  # fp32-stored narrow floats leave the kernel as their declared dtype
+            run = KernelRun(_as_declared(run.outputs, declared[0]), run.cost)
+        _check_mutable_returned(mutable, run.outputs)
         self.last_run = run
         return run
 
@@ -178,7 +190,7 @@ class LegacyKernel(Kernel):
             if self.grid not in ((), None):
                 raise NkiError("Calling a NKI kernel with a SPMD grid from another NKI kernel is not supported",
                                code="err_nested_kernel_with_spmd_grid")
-            return (instrument(self.fn) if self.options.get("check_scopes", True) else self.fn)(*args, **kwargs)
+            return self.checked_fn()(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
     def __repr__(self) -> str:
