@@ -42,7 +42,8 @@ SEED = 20260
 # Samples compared per pair. Every pair is swept; beyond this many samples a pair's list is thinned evenly (the
 # same samples every run), which keeps the sweep within CI time without dropping any (op, dtype) pair.
 MAX_SAMPLES = 64
-PAIR_TIMEOUT_S = 240.0  # a worker silent for this long is hung: its pair counts as a crash
+PAIR_TIMEOUT_S = 240.0
+_LOW_PRECISION = (torch.bfloat16, torch.float16)  # a worker silent for this long is hung: its pair counts as a crash
 
 # Upstream's own markers of ops whose output cannot be compared: a skip of `TestCommon.test_compare_cpu` because
 # the "output is non-deterministic" (random ops), or a skip anywhere because it "is not comparable" (`empty*`).
@@ -248,7 +249,11 @@ def _check_sample(op, sample, nondeterministic: bool) -> bool:
 
     _check_device(_leaves(actual)[0], "cpu" if _names_cpu(device_args) else "neuron")
     random = drew_random or nondeterministic
-    _compare(actual, expected, values=not random, what="result")
+    try:
+        _compare(actual, expected, values=not random, what="result")
+    except Mismatch:
+        if not _at_least_as_accurate(op, cpu_args, actual, expected):
+            raise
     _compare(device_args, cpu_args, values=not random, what="inputs after the call", tensors_only=True)
     if drew_random:
         torch.manual_seed(SEED)
@@ -256,6 +261,42 @@ def _check_sample(op, sample, nondeterministic: bool) -> bool:
         _compare(tree_map(_host_copy, again), tree_map(_host_copy, actual), values=True,
                  what="rerun under the same seed")
     return random
+
+
+def _at_least_as_accurate(op, cpu_args, actual, expected) -> bool:
+    """Whether a low-precision `neuron` result that differs from CPU's is at least as close as CPU's to the op
+    computed in float64: the numerics policy may legitimately round differently (bfloat16 matmuls accumulate in
+    float32 and round once), as upstream accepts a reference that is more accurate than torch."""
+    actual_leaves, actual_spec = _leaves(actual)
+    expected_leaves, expected_spec = _leaves(expected)
+    if actual_spec != expected_spec or not any(
+        isinstance(e, torch.Tensor) and e.dtype in _LOW_PRECISION for e in expected_leaves
+    ):
+        return False
+    precise_args = tree_map(
+        lambda v: v.double() if isinstance(v, torch.Tensor) and v.dtype in _LOW_PRECISION else v, cpu_args
+    )
+    try:
+        precise_leaves, precise_spec = _leaves(_call(op, precise_args, "cpu"))
+    except Exception:
+        return False
+    if precise_spec != expected_spec:
+        return False
+    for a, e, p in zip(actual_leaves, expected_leaves, precise_leaves):
+        if not (isinstance(e, torch.Tensor) and e.is_floating_point()):
+            if not (torch.equal(a.cpu(), e) if isinstance(e, torch.Tensor) else a == e):
+                return False
+        elif a.shape != e.shape or a.dtype != e.dtype or _error(a.cpu(), p) > _error(e, p):
+            return False
+    return True
+
+
+def _error(value: torch.Tensor, precise: torch.Tensor) -> float:
+    """Largest absolute difference to the float64 result (NaN where both are NaN is no error; elsewhere infinite)."""
+    value, precise = value.double(), precise.double()
+    both_nan = value.isnan() & precise.isnan()
+    difference = (value - precise).abs().masked_fill(both_nan, 0).nan_to_num(nan=math.inf)
+    return difference.max().item() if difference.numel() else 0.0
 
 
 def _host_copy(value):

@@ -127,6 +127,11 @@ class _Call:
                 return original
             if value.device.type != "cpu":
                 return value
+            if value.layout is not torch.strided:
+                raise NotImplementedError(
+                    f"{self.plan.name} would make a {value.layout} tensor on neuron, but neuron supports only "
+                    "strided (dense) tensors; keep sparse tensors on the CPU"
+                )
             return self._view_of_input(value) or allocator.adopt_tracked(value, self.device_index())
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_device(v) for v in value)
