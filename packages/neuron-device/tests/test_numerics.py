@@ -183,6 +183,32 @@ def test_medium_precision_in_place_and_out(precision):
     assert torch.equal(cn.cpu(), expected)
 
 
+@pytest.fixture
+def new_precision_api():
+    saved = torch.backends.cuda.matmul.fp32_precision, torch.backends.fp32_precision
+    yield
+    torch.backends.cuda.matmul.fp32_precision, torch.backends.fp32_precision = saved
+
+
+def test_cuda_style_precision_settings(precision, new_precision_api):
+    """CUDA scripts enable TF32 with the legacy flag or the new API; neuron reads them as the fast-path request."""
+    a, b = _inputs("mm", torch.float32)
+    rounded = _highest(torch.mm, a.bfloat16().float(), b.bfloat16().float())
+    exact = _highest(torch.mm, a, b)
+    an, bn = _on(DEVICE, (a, b))
+    torch.backends.cuda.matmul.allow_tf32 = True
+    assert torch.equal(torch.mm(an, bn).cpu(), rounded)
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    assert torch.equal(torch.mm(an, bn).cpu(), exact)
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    assert torch.equal(torch.mm(an, bn).cpu(), rounded)
+    torch.backends.cuda.matmul.fp32_precision = "none"  # unset: the generic setting decides
+    torch.backends.fp32_precision = "tf32"
+    assert torch.equal(torch.mm(an, bn).cpu(), rounded)
+    torch.backends.fp32_precision = "ieee"
+    assert torch.equal(torch.mm(an, bn).cpu(), exact)
+
+
 def test_host_precision_setting_is_left_alone(precision):
     """Under "medium" the host's oneDNN runs in bf16: neuron forces IEEE only while it computes, then restores it."""
     precision("medium")

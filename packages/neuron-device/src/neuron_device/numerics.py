@@ -1,7 +1,8 @@
 """The numerics policy of `neuron`: where the simulator computes what a NeuronCore computes rather than what the CPU
 computes. Everything else is bit-for-bit the host CPU kernel (see `docs/numerics.md`).
 
-* **float32 matmuls follow `torch.set_float32_matmul_precision`.** "highest" (torch's default) computes in float32:
+* **float32 matmuls follow `torch.set_float32_matmul_precision`** (and the TF32 flags CUDA code sets, see
+  `fp32_matmul_rounds_to_bf16`). "highest" (torch's default) computes in float32:
   exactly the CPU result. "high" and "medium" round the two matrix operands to bfloat16 (the TensorEngine's input
   type), accumulate in float32 and return float32; a bias, `self` of `addmm`/`baddbmm`/`addmv`, is added in float32
   unrounded. Emulated exactly: operands `.to(bfloat16).to(float32)`, then the float32 CPU kernel.
@@ -72,8 +73,21 @@ def is_downcast_64bit_enabled() -> bool:
 
 
 def fp32_matmul_rounds_to_bf16() -> bool:
-    """True when float32 matmuls on `neuron` take bfloat16-rounded operands ("high" or "medium" precision)."""
-    return torch.get_float32_matmul_precision() != "highest"
+    """True when float32 matmuls on `neuron` take bfloat16-rounded operands.
+
+    `neuron` reads the setting CUDA's matmuls read, so every way CUDA code asks for fast float32 matmuls works:
+    `torch.set_float32_matmul_precision("high"/"medium")`, the legacy `torch.backends.cuda.matmul.allow_tf32 = True`
+    and the new `torch.backends.cuda.matmul.fp32_precision = "tf32"` (unset: `torch.backends.fp32_precision`).
+    (`torch.get_float32_matmul_precision()` is not used: it raises once the legacy and the new API are mixed.)
+    """
+    precision = _fp32_precision("cuda", "matmul")
+    if precision == "none":
+        precision = _fp32_precision("generic", "all")
+    return precision in _FAST
+
+
+_fp32_precision = torch._C._get_fp32_precision_getter
+_FAST = ("tf32", "bf16")
 
 
 # --- IEEE float32 host matmuls ------------------------------------------------------------------------------------
