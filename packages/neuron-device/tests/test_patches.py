@@ -103,6 +103,18 @@ def test_storage_clone_new_and_moves():
         assert torch.arange(3, dtype=torch.uint8).untyped_storage().neuron().device == torch.device("neuron:0")
         back = s.cpu()
         assert back.device.type == "cpu" and back.tolist() == s.tolist()
+        shared = torch.UntypedStorage._new_shared(8, device="neuron:1")  # CUDA-style: a plain device allocation
+        assert shared.device == torch.device("neuron:1") and shared.nbytes() == 8
+    """)
+
+
+def test_from_file_onto_neuron(tmp_path):
+    path = tmp_path / "floats.bin"
+    torch.arange(4, dtype=torch.float32).numpy().tofile(path)
+    run_checked(f"""
+        import torch
+        t = torch.from_file({str(path)!r}, size=4, dtype=torch.float32, device="neuron:1")
+        assert t.device == torch.device("neuron:1") and t.tolist() == [0.0, 1.0, 2.0, 3.0]
     """)
 
 
