@@ -60,6 +60,15 @@ def test_fp32_matmul_uses_bf16_rate_when_matmul_precision_allows(highest_precisi
     assert costmodel.tensor_flops_per_second(TRN2, torch.float32) == 79e12
 
 
+def test_fp32_matmul_op_charged_at_bf16_rate_under_high_precision(highest_precision):
+    a = torch.ones(1024, 1024, device="neuron")
+    torch.set_float32_matmul_precision("high")
+    elapsed = _elapsed_ms(lambda: a @ a)
+    compute, memory = 2 * 1024**3 / 79e12, 3 * 4 * 1024**2 / HBM_PER_CORE_TRN2  # fp32 operands still move 4 bytes
+    assert memory > compute
+    assert elapsed == pytest.approx((memory + LAUNCH) * 1e3)
+
+
 def test_large_elementwise_op_is_hbm_bound():
     n = 1 << 26  # fp32 a + b: two inputs read, one output written
     hbm_bytes = 3 * 4 * n

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 import torch
 
+from . import numerics as _numerics
 from . import topology as _topology
 
 __all__ = [
@@ -91,14 +92,15 @@ def engine_rates(target: _topology.Target) -> EngineRates:
 def tensor_flops_per_second(target: _topology.Target, dtype: torch.dtype) -> float:
     """Tensor engine peak of one physical core for matmul inputs of `dtype`.
 
-    fp32 runs at the fp32 rate unless `torch.set_float32_matmul_precision` allows bf16 inputs ("high"/"medium"),
-    as the numerics policy does; 64-bit and integer inputs are computed in 32 bits, as on the hardware.
+    fp32 runs at the fp32 rate unless the numerics policy rounds fp32 matmul operands to bf16
+    (`torch.set_float32_matmul_precision("high"/"medium")` or CUDA's TF32 flags); 64-bit and integer inputs are
+    computed in 32 bits, as on the hardware.
     """
     if dtype in _16BIT:
         return target.tensor_tflops_bf16 * 1e12
     if dtype in _8BIT:
         return target.tensor_tflops_fp8 * 1e12
-    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+    if dtype == torch.float32 and _numerics.fp32_matmul_rounds_to_bf16():
         return target.tensor_tflops_bf16 * 1e12
     return target.tensor_tflops_fp32 * 1e12
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from . import costmodel as _costmodel
+from . import numerics as _numerics
 from . import timeline as _timeline
 from . import topology as _topology
 
@@ -358,7 +359,7 @@ def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> 
         return
     key = (info.name, _signature(args), (tuple(kwargs), _signature(kwargs.values())) if kwargs else None)
     if engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
-        key += (torch.get_float32_matmul_precision(),)  # the Tensor engine rate of fp32 depends on it
+        key += (_numerics.fp32_matmul_rounds_to_bf16(),)  # the Tensor engine rate of fp32 depends on it
     if engine is None:
         seconds = _seconds.get(key)
         if seconds is None:

@@ -108,11 +108,7 @@ class Stream(torch.Stream):
         The host stands still on the simulated timeline unless it waits, so a query that finds work pending moves
         the host to the moment the work completes (polling takes time): a polling loop ends at its second query.
         """
-        timeline = _timeline.timeline(self.device_index)
-        done = timeline.clocks.get(self.stream_id, 0.0) <= timeline.host
-        if not done:
-            timeline.host_wait(timeline.clocks[self.stream_id])
-        return done
+        return _poll(self.device_index, _timeline.timeline(self.device_index).clocks.get(self.stream_id, 0.0))
 
     def synchronize(self) -> None:
         """The host waits until all work on this stream is done."""
@@ -136,6 +132,16 @@ class Stream(torch.Stream):
 
     def __repr__(self) -> str:
         return f"<torch.neuron.Stream device=neuron:{self.device_index} stream_id={self.stream_id} priority={self.priority}>"
+
+
+def _poll(index: int, when: float) -> bool:
+    """Whether the host has reached simulated time `when` on device `index`; if not, it moves there (a poll takes
+    time), so the next poll succeeds."""
+    timeline = _timeline.timeline(index)
+    if when <= timeline.host:
+        return True
+    timeline.host_wait(when)
+    return False
 
 
 def _as_stream(stream: torch.Stream) -> Stream:
@@ -193,13 +199,7 @@ class Event(torch.Event):
 
     def query(self) -> bool:
         """Whether the work before the event is done, in simulated time (see `Stream.query` on polling)."""
-        if self._time is None:
-            return True
-        timeline = _timeline.timeline(self._index)
-        done = self._time <= timeline.host
-        if not done:
-            timeline.host_wait(self._time)
-        return done
+        return self._time is None or _poll(self._index, self._time)
 
     def synchronize(self) -> None:
         """The host waits until the work before the event is done."""
