@@ -79,18 +79,26 @@ def _compile_static(
     metrics.record("compilations")
     if recompile:
         metrics.record("recompilations")
-    autocopy = settings.autocopy and compiler.has_cpu_tensor_inputs(example_inputs)
-    index = _device_index(compiler.to_neuron(example_inputs) if autocopy else example_inputs)
+    has_cpu = compiler.has_cpu_tensor_inputs(example_inputs)
+    if has_cpu and not settings.autocopy:
+        raise NeuronCompileError(
+            f"graph {name!r} has inputs on the CPU and auto-copy to 'neuron' is disabled ({ENV['autocopy']}=1): "
+            "move the inputs to 'neuron' or unset the variable"
+        )
+    graph_inputs = compiler.to_neuron(example_inputs) if has_cpu else list(example_inputs)
+    autocopy = has_cpu
+    index = _device_index(graph_inputs)
     artifacts = ArtifactWriter(settings.debug_dir, name)
     plans: dict[str, KernelPlan] = {}
+    original = copy.deepcopy(gm) if settings.fallback_execution else None  # compiling rewrites `gm`
     try:
-        with cache.entry(gm, example_inputs, settings) as entry:
+        with cache.entry(gm, graph_inputs, settings) as entry:
             if entry.hit:
                 metrics.record("cache_hits")
                 plans.update(entry.plans)
             else:
                 metrics.record("cache_misses")
-            fn = compiler.compile_graph(gm, example_inputs, artifacts=artifacts, autocopy=autocopy, plans=plans)
+            fn = compiler.compile_graph(gm, graph_inputs, artifacts=artifacts, plans=plans)
             if not entry.hit:
                 entry.store(plans)
     except DynamicShapesNotSupported:
@@ -110,7 +118,7 @@ def _compile_static(
             stacklevel=2,
         )
         metrics.record("fallbacks")
-        return CompiledGraph(_eager(gm), autocopy=autocopy, index=index, forward_seconds=0.0, backward_seconds=0.0)
+        return CompiledGraph(_eager(original), autocopy=autocopy, index=index, forward_seconds=0.0, backward_seconds=0.0)
     finally:
         metrics.record("compilations", 0, seconds=time.perf_counter() - started)
     forward = plans.get("forward") or plans.get("inference")

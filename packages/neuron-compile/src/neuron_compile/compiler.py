@@ -1,7 +1,13 @@
 """The compile pipeline of one graph: AOTAutograd (forward and backward) with the Neuron decomposition table, the
-Neuron FX passes on each AOT graph, then Inductor's C++ host codegen for the `neuron` device.
+Neuron FX passes on each AOT graph, then Inductor's C++ host codegen.
 
-Inputs on the CPU are compiled (and, at run time, copied) as `neuron` tensors: TorchNeuron's auto-copy.
+The graph is compiled as a *host* graph: device memory is host memory, so a `neuron` graph is lowered exactly as
+the same graph on CPU tensors, and run on zero-copy host aliases of its `neuron` arguments (`boundary`). This takes
+Inductor's CPU path as it is tested upstream; registering `neuron` as an Inductor device of its own
+(`inductor_device`, used by plain `torch.compile`) meets CPU-only heuristics keyed on `device.type == "cpu"` across
+Inductor (loop reindexing, indirect-indexing asserts) that fail for another device name.
+
+Inputs on the CPU are copied to `neuron` at run time: TorchNeuron's auto-copy (see `runtime`).
 """
 
 from __future__ import annotations
@@ -12,11 +18,11 @@ from typing import Any
 
 import torch
 
-from . import inductor_device, nki_substitution, passes
+from . import boundary, nki_substitution, passes
 from .artifacts import ArtifactWriter
 from .decompositions import neuron_decompositions
 
-__all__ = ["compile_graph", "has_cpu_tensor_inputs", "to_neuron"]
+__all__ = ["HostGraph", "compile_graph", "has_cpu_tensor_inputs", "to_neuron"]
 
 _DEVICE = "neuron"
 
@@ -31,17 +37,46 @@ def to_neuron(inputs: Sequence[Any]) -> list[Any]:
     return [v.to(_DEVICE) if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v for v in inputs]
 
 
-def _retarget_cpu_devices(gm: torch.fx.GraphModule) -> None:
-    """Tensors the graph creates with `device=cpu` follow its inputs to `neuron` (they were traced from CPU inputs)."""
-    target = torch.device(_DEVICE, torch.neuron.current_device())
+def _retarget_devices_to_host(gm: torch.fx.GraphModule) -> None:
+    """Tensors the graph creates on `neuron` (or moves there) are host tensors of the host graph."""
     changed = False
     for node in gm.graph.nodes:
-        device = node.kwargs.get("device")
-        if isinstance(device, (torch.device, str)) and torch.device(device).type == "cpu":
-            node.update_kwarg("device", target)
-            changed = True
+        for key, value in list(node.kwargs.items()):
+            if isinstance(value, (torch.device, str)) and key == "device" and torch.device(value).type == _DEVICE:
+                node.update_kwarg(key, torch.device("cpu"))
+                changed = True
+        if node.op == "call_method" and node.target == "to":
+            args = [torch.device("cpu") if isinstance(a, (torch.device, str)) and str(a).startswith(_DEVICE) else a
+                    for a in node.args]
+            if args != list(node.args):
+                node.args = tuple(args)
+                changed = True
     if changed:
         gm.recompile()
+
+
+def _host_example(value: Any) -> Any:
+    """The host counterpart of an example input: an alias of a real `neuron` tensor, or a CPU tensor like a fake."""
+    if not isinstance(value, torch.Tensor) or value.device.type != _DEVICE:
+        return value
+    if isinstance(value, torch._subclasses.FakeTensor):
+        host = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="cpu")
+    else:
+        host = boundary.enter([value.detach()])[0]
+    return host.requires_grad_(value.requires_grad)
+
+
+class HostGraph:
+    """A graph compiled for the host, called with `neuron` arguments."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        hosts = boundary.enter(args)
+        return boundary.leave(self.fn(*hosts), args, hosts)
 
 
 def _inner_compile(
@@ -69,21 +104,18 @@ def compile_graph(
     example_inputs: Sequence[Any],
     *,
     artifacts: ArtifactWriter,
-    autocopy: bool,
     plans: dict[str, passes.KernelPlan],
-) -> Callable:
-    """Compile a Dynamo graph with static shapes to a callable taking the same arguments; `plans` receives the
-    kernel plan of each AOT graph compiled ("forward", "backward" or "inference"; none on an AOT cache hit)."""
+) -> HostGraph:
+    """Compile a Dynamo graph of `neuron` tensors with static shapes to a callable taking the same arguments;
+    `plans` receives the kernel plan of each AOT graph compiled ("forward", "backward" or "inference"; none on an
+    AOTAutograd cache hit)."""
     from torch._inductor.compile_fx import compile_fx
 
-    inductor_device.register()
-    inputs = list(example_inputs)
-    if autocopy and has_cpu_tensor_inputs(inputs):
-        inputs = to_neuron(inputs)
-        _retarget_cpu_devices(gm)
     artifacts.write_graph("dynamo", gm)
+    _retarget_devices_to_host(gm)
+    inputs = [_host_example(v) for v in example_inputs]
     inner = functools.partial(_inner_compile, artifacts=artifacts, plans=plans)
     # The backward graph is compiled now, not at the first backward: failures surface at compile time, and the
     # compile cache and the debug artifacts see both graphs.
     with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
-        return compile_fx(gm, inputs, inner_compile=inner, decompositions=neuron_decompositions())
+        return HostGraph(compile_fx(gm, inputs, inner_compile=inner, decompositions=neuron_decompositions()))

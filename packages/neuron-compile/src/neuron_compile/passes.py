@@ -172,7 +172,8 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
         hbm = sum(_nbytes(n) for n in read) + sum(_nbytes(n) for n in written)
         tensors = _meta(members[0].meta.get("val"))
         dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
-        kernels.append(Kernel([n.name for n in members], work[index], float(hbm), dtype, engines[index]))
+        amounts = {engine: float(amount) for engine, amount in work[index].items()}  # static: SymFloat -> float
+        kernels.append(Kernel([n.name for n in members], amounts, float(hbm), dtype, engines[index]))
     return KernelPlan(kernels)
 
 

@@ -1,0 +1,98 @@
+"""The device/host boundary of a compiled graph: `neuron` arguments become zero-copy host aliases on entry, host
+results become `neuron` tensors on exit, and gradients cross the same boundary the other way.
+
+A compiled graph is compiled and run as a host graph (see `compiler`), so only its inputs and outputs touch the
+device. With autograd recording, the crossings are autograd functions: the backward of "to host" adopts the host
+gradient as a `neuron` gradient, the backward of "to device" aliases the `neuron` gradient to the host. Nothing is
+copied either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from neuron_device import allocator
+from neuron_device.hostmem import host_alias
+
+from .host_runtime import to_device as _outputs_to_device
+
+__all__ = ["enter", "leave"]
+
+_NEURON = "neuron"
+
+
+def _adopt_grad(grad: torch.Tensor | None, index: int) -> torch.Tensor | None:
+    if grad is None or grad.device.type != "cpu":
+        return grad
+    return allocator.adopt_tracked(grad if grad.is_contiguous() else grad.contiguous(), index)
+
+
+def _alias_grad(grad: torch.Tensor | None) -> torch.Tensor | None:
+    if grad is None or grad.device.type != _NEURON:
+        return grad
+    return host_alias(grad)
+
+
+class _ToHost(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.indices = [t.device.index for t in tensors]
+        hosts = tuple(host_alias(t) for t in tensors)
+        ctx.mark_non_differentiable(*[h for h, t in zip(hosts, tensors) if not t.requires_grad])
+        return hosts
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        return tuple(_adopt_grad(g, i) for g, i in zip(grads, ctx.indices))
+
+
+class _ToDevice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, inputs: tuple, hosts: tuple, *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        results = _outputs_to_device(outputs, inputs, hosts)
+        ctx.mark_non_differentiable(*[r for r, o in zip(results, outputs) if not o.requires_grad])
+        return results
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
+        return (None, None, *(_alias_grad(g) for g in grads))
+
+
+def _recording(tensors: Sequence[Any]) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def enter(args: Sequence[Any]) -> list[Any]:
+    """Host aliases of the `neuron` tensors among `args` (differentiable when autograd records)."""
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.device.type == _NEURON]
+    hosts = list(args)
+    if not positions:
+        return hosts
+    tensors = [args[i] for i in positions]
+    aliases = _ToHost.apply(*tensors) if _recording(tensors) else [host_alias(t) for t in tensors]
+    for position, alias in zip(positions, aliases):
+        hosts[position] = alias
+    return hosts
+
+
+def leave(outputs: Any, args: Sequence[Any], hosts: Sequence[Any]) -> Any:
+    """`neuron` tensors for the host `outputs` of a compiled graph called with `args` (aliased as `hosts`)."""
+    single = not isinstance(outputs, (list, tuple))
+    items = (outputs,) if single else tuple(outputs)
+    positions = [i for i, o in enumerate(items) if isinstance(o, torch.Tensor) and o.device.type == "cpu"]
+    if not positions:
+        return outputs
+    tensors = [items[i] for i in positions]
+    if _recording(tensors):
+        converted = _ToDevice.apply(tuple(args), tuple(hosts), *tensors)
+    else:
+        converted = _outputs_to_device(tensors, args, hosts)
+    result = list(items)
+    for position, value in zip(positions, converted):
+        result[position] = value
+    if single:
+        return result[0]
+    return type(outputs)(result) if isinstance(outputs, tuple) else result

@@ -1,0 +1,158 @@
+"""TorchNeuron's compile contract: discovery by entry point, static shapes and recompilation metrics, `mode`,
+`options`, fallback execution, auto-copy of CPU inputs, graph breaks, debug artifacts."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import warnings
+
+import pytest
+import torch
+from neuron_device.ops import host_exec
+
+from neuron_compile import backend, compiler
+from neuron_compile.backend import DynamicShapesNotSupported, NeuronCompileError
+
+pytestmark = pytest.mark.compiler
+
+
+def scale_shift(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2 + 1).relu()
+
+
+def _inner(info: pytest.ExceptionInfo) -> BaseException:
+    assert isinstance(info.value, torch._dynamo.exc.BackendCompilerFailed)
+    return info.value.inner_exception
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    torch.neuron.reset_dynamo_metrics()
+    yield
+    torch._dynamo.reset()
+
+
+def test_entry_points_are_declared() -> None:
+    dynamo = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="torch_dynamo_backends")}
+    assert dynamo.get("neuron") == "neuron_compile.backend:neuron_backend"
+    plugins = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="neuron_device.plugins")}
+    assert plugins.get("neuron_compile") == "neuron_compile.plugin"
+
+
+def test_backend_found_by_name_without_import() -> None:
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("neuron") is backend.neuron_backend
+
+
+def test_dynamic_true_is_rejected_naming_the_alternatives() -> None:
+    compiled = torch.compile(scale_shift, backend="neuron", dynamic=True)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        compiled(torch.ones(4, device="neuron"))
+    error = _inner(info)
+    assert isinstance(error, DynamicShapesNotSupported)
+    assert "dynamic=True is not supported" in str(error)
+    assert "dynamic=False" in str(error) and "pad or bucket" in str(error)
+
+
+def test_unknown_option_is_an_error() -> None:
+    compiled = torch.compile(scale_shift, backend="neuron", options={"model_nmae": "x"})
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        compiled(torch.ones(4, device="neuron"))
+    assert "unknown option(s) ['model_nmae']" in str(_inner(info))
+
+
+def test_new_shapes_recompile_and_are_counted() -> None:
+    compiled = torch.compile(scale_shift, backend="neuron")
+    for size in (3, 4, 5, 4):
+        x = torch.randn(size, device="neuron")
+        torch.testing.assert_close(compiled(x).cpu(), scale_shift(x).cpu())
+    metrics = torch.neuron.get_dynamo_metrics()
+    assert metrics["compilations"] == 3  # the repeated shape 4 reuses its graph
+    assert metrics["recompilations"] == 2
+    torch.neuron.reset_dynamo_metrics()
+    assert torch.neuron.get_dynamo_metrics()["compilations"] == 0
+
+
+def test_mode_warns_and_model_name_names_the_debug_artifacts(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", "1")
+    compiled = torch.compile(scale_shift, backend="neuron", mode="max-autotune", options={"model_name": "tiny"})
+    x = torch.randn(6, device="neuron")
+    with pytest.warns(UserWarning, match='supports only mode="default"'):
+        out = compiled(x)
+    torch.testing.assert_close(out.cpu(), scale_shift(x).cpu())
+    graphs = sorted(p.name for p in (tmp_path / "fx_graphs" / "proc_0").iterdir())
+    assert graphs == ["tiny_0_0_dynamo.txt", "tiny_0_0_inference.txt"]
+    code = (tmp_path / "code" / "proc_0" / "tiny_0_0_inference.py").read_text()
+    assert "extern \"C\"" in code and "def call(args)" in code
+
+
+def test_graph_breaks_compile_each_subgraph() -> None:
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        y = scale_shift(x)
+        torch._dynamo.graph_break()
+        return y * 3
+
+    x = torch.randn(5, device="neuron")
+    out = torch.compile(broken, backend="neuron")(x)
+    torch.testing.assert_close(out.cpu(), (scale_shift(x) * 3).cpu())
+    assert torch.neuron.get_dynamo_metrics()["compilations"] == 2
+
+
+def test_cpu_inputs_are_copied_to_neuron(monkeypatch) -> None:
+    x = torch.randn(7)
+    out = torch.compile(scale_shift, backend="neuron")(x)
+    assert out.device.type == "neuron"
+    torch.testing.assert_close(out.cpu(), scale_shift(x))
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "1")
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        torch.compile(scale_shift, backend="neuron")(x)
+    assert "auto-copy to 'neuron' is disabled" in str(_inner(info))
+
+
+def test_compiled_graph_runs_without_per_op_python() -> None:
+    compiled = torch.compile(scale_shift, backend="neuron")
+    x = torch.randn(8, device="neuron")
+    compiled(x)
+    before = sum(host_exec.executed_ops.values())
+    compiled(x)
+    assert sum(host_exec.executed_ops.values()) == before
+
+
+def _failing_compile(*args, **kwargs):
+    raise RuntimeError("lowering exploded")
+
+
+def test_compile_failure_raises_by_default(monkeypatch) -> None:
+    monkeypatch.setattr(compiler, "compile_graph", _failing_compile)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        torch.compile(scale_shift, backend="neuron")(torch.ones(3, device="neuron"))
+    error = _inner(info)
+    assert isinstance(error, NeuronCompileError)
+    assert "lowering exploded" in str(error) and "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0" in str(error)
+
+
+@pytest.mark.parametrize("how", ["env", "option"])
+def test_fallback_execution_runs_the_graph_eagerly_with_a_warning(monkeypatch, how: str) -> None:
+    monkeypatch.setattr(compiler, "compile_graph", _failing_compile)
+    options = None
+    if how == "env":
+        monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
+    else:
+        options = {"fallback_execution": True}
+    x = torch.randn(3, device="neuron")
+    with pytest.warns(RuntimeWarning, match="running it eagerly"):
+        out = torch.compile(scale_shift, backend="neuron", options=options)(x)
+    torch.testing.assert_close(out.cpu(), scale_shift(x).cpu())
+    assert torch.neuron.get_dynamo_metrics()["fallbacks"] == 1
+
+
+def test_bad_environment_value_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "maybe")
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        with warnings.catch_warnings():
+            torch.compile(scale_shift, backend="neuron")(torch.ones(3, device="neuron"))
+    assert "must be 0 or 1" in str(_inner(info))
