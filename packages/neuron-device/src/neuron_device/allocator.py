@@ -49,9 +49,9 @@ MIN_LARGE_ALLOC = 10 << 20
 ROUND_LARGE = 2 << 20  # larger requests get a segment of their size rounded up to this
 
 _POOLS = ("all", "small_pool", "large_pool")
+# The statistics kept. CUDA's "active" and "active_bytes" are reported as copies of "allocation" and
+# "allocated_bytes": without streams, a freed block is never still in use by pending work.
 _STAT_ARRAYS = (
-    "active",
-    "active_bytes",
     "allocated_bytes",
     "allocation",
     "inactive_split",
@@ -60,6 +60,8 @@ _STAT_ARRAYS = (
     "reserved_bytes",
     "segment",
 )
+(ALLOCATED_BYTES, ALLOCATION, INACTIVE_SPLIT, INACTIVE_SPLIT_BYTES, REQUESTED_BYTES, RESERVED_BYTES,
+ SEGMENT) = range(len(_STAT_ARRAYS))
 _COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_ooms", "num_sync_all_streams")
 
 
@@ -78,26 +80,19 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes / 1024**3:.2f} GiB"
 
 
-class _Stat:
-    """One statistic: current and peak value, total increase and total decrease (CUDA's `Stat`)."""
+class _Stats:
+    """CUDA's statistics of one pool ("all", "small_pool" or "large_pool"): for each of `_STAT_ARRAYS`, its current
+    and peak value, total increase ("allocated") and total decrease ("freed"). Lists, for cheap updates."""
 
     __slots__ = ("allocated", "current", "freed", "peak")
 
     def __init__(self) -> None:
-        self.current = self.peak = self.allocated = self.freed = 0
+        count = len(_STAT_ARRAYS)
+        self.current, self.peak, self.allocated, self.freed = [0] * count, [0] * count, [0] * count, [0] * count
 
-    def increase(self, amount: int) -> None:
-        self.current += amount
-        self.allocated += amount
-        if self.current > self.peak:
-            self.peak = self.current
-
-    def decrease(self, amount: int) -> None:
-        self.current -= amount
-        self.freed += amount
-
-    def as_dict(self) -> dict[str, int]:
-        return {"current": self.current, "peak": self.peak, "allocated": self.allocated, "freed": self.freed}
+    def as_dict(self, index: int) -> dict[str, int]:
+        return {"current": self.current[index], "peak": self.peak[index], "allocated": self.allocated[index],
+                "freed": self.freed[index]}
 
 
 class _Block:
@@ -163,23 +158,30 @@ class DeviceAllocator:
         self.pending: collections.deque[_Block] = collections.deque()  # freed by callbacks, not yet returned
         self._pools = {True: _Pool(), False: _Pool()}  # keyed by "small"
         self._next_address = 1 << 40  # simulated device addresses: order and identity of blocks only
-        self._stats = {name: (_Stat(), _Stat(), _Stat()) for name in _STAT_ARRAYS}
+        self._stats = (_Stats(), _Stats(), _Stats())  # all, small pool, large pool
         self._counters = dict.fromkeys(_COUNTERS, 0)
 
     # -- statistics ------------------------------------------------------------------------------------------------
 
-    def _increase(self, name: str, small: bool, amount: int) -> None:
-        stats = self._stats[name]
-        stats[0].increase(amount)
-        stats[1 if small else 2].increase(amount)
-
-    def _decrease(self, name: str, small: bool, amount: int) -> None:
-        stats = self._stats[name]
-        stats[0].decrease(amount)
-        stats[1 if small else 2].decrease(amount)
-
-    def _current(self, name: str) -> int:
-        return self._stats[name][0].current
+    def _change(self, small: bool, changes: list[tuple[int, int]]) -> None:
+        """Apply each (statistic, signed amount) of `changes` to the "all" pool and to the block's pool."""
+        every, pool = self._stats[0], self._stats[1 if small else 2]
+        every_current, pool_current = every.current, pool.current
+        for index, amount in changes:
+            if amount > 0:
+                every.allocated[index] += amount
+                pool.allocated[index] += amount
+                value = every_current[index] = every_current[index] + amount
+                if value > every.peak[index]:
+                    every.peak[index] = value
+                value = pool_current[index] = pool_current[index] + amount
+                if value > pool.peak[index]:
+                    pool.peak[index] = value
+            else:
+                every_current[index] += amount
+                pool_current[index] += amount
+                every.freed[index] -= amount
+                pool.freed[index] -= amount
 
     @property
     def limit(self) -> int:
@@ -195,16 +197,18 @@ class DeviceAllocator:
     def allocated(self) -> int:
         with self.lock:
             self.drain()
-            return self._current("allocated_bytes")
+            return self._stats[0].current[ALLOCATED_BYTES]
 
     def stats_as_nested_dict(self) -> dict:
         """CUDA's `memory_stats_as_nested_dict` layout."""
         with self.lock:
             self.drain()
             result: dict = dict(self._counters)
-            for name, stats in self._stats.items():
-                result[name] = {pool: stat.as_dict() for pool, stat in zip(_POOLS, stats, strict=True)}
-            zero = _Stat().as_dict()
+            for index, name in enumerate(_STAT_ARRAYS):
+                result[name] = {pool: stats.as_dict(index) for pool, stats in zip(_POOLS, self._stats, strict=True)}
+            result["active"] = result["allocation"]
+            result["active_bytes"] = result["allocated_bytes"]
+            zero = _Stats().as_dict(0)
             result["oversize_allocations"] = dict(zero)  # no block is ever oversize: max_split_size is unlimited
             result["oversize_segments"] = dict(zero)
             result["max_split_size"] = -1
@@ -213,16 +217,14 @@ class DeviceAllocator:
     def reset_peak(self) -> None:
         with self.lock:
             self.drain()
-            for stats in self._stats.values():
-                for stat in stats:
-                    stat.peak = stat.current
+            for stats in self._stats:
+                stats.peak[:] = stats.current
 
     def reset_accumulated(self) -> None:
         with self.lock:
             self.drain()
-            for stats in self._stats.values():
-                for stat in stats:
-                    stat.allocated = stat.freed = 0
+            for stats in self._stats:
+                stats.allocated[:] = stats.freed[:] = [0] * len(_STAT_ARRAYS)
             self._counters = dict.fromkeys(_COUNTERS, 0)
 
     def segments(self) -> list[dict]:
@@ -278,12 +280,11 @@ class DeviceAllocator:
             return self._use(block, size, nbytes, pool)
 
     def _new_segment(self, size: int, small: bool) -> _Block | None:
-        if self._current("reserved_bytes") + size > self.limit:
+        if self._stats[0].current[RESERVED_BYTES] + size > self.limit:
             return None
         block = _Block(size, self._next_address, small)
         self._next_address += size
-        self._increase("segment", small, 1)
-        self._increase("reserved_bytes", small, size)
+        self._change(small, [(SEGMENT, 1), (RESERVED_BYTES, size)])
         self._counters["num_device_alloc"] += 1
         return block
 
@@ -292,6 +293,7 @@ class DeviceAllocator:
         small = block.small
         already_split = block.is_split
         remaining = block.size - size
+        changes = [(ALLOCATION, 1), (REQUESTED_BYTES, requested)]
         if (remaining >= MIN_BLOCK_SIZE) if small else (remaining > SMALL_SIZE):
             front = _Block(size, block.address, small)
             front.prev = block.prev
@@ -303,21 +305,16 @@ class DeviceAllocator:
             block.size = remaining
             pool.insert(block)
             if already_split:
-                self._decrease("inactive_split_bytes", small, size)
+                changes.append((INACTIVE_SPLIT_BYTES, -size))
             else:
-                self._increase("inactive_split_bytes", small, remaining)
-                self._increase("inactive_split", small, 1)
+                changes += [(INACTIVE_SPLIT_BYTES, remaining), (INACTIVE_SPLIT, 1)]
             block = front
         elif already_split:
-            self._decrease("inactive_split_bytes", small, block.size)
-            self._decrease("inactive_split", small, 1)
+            changes += [(INACTIVE_SPLIT_BYTES, -block.size), (INACTIVE_SPLIT, -1)]
         block.allocated = True
         block.requested = requested
-        self._increase("allocation", small, 1)
-        self._increase("allocated_bytes", small, block.size)
-        self._increase("active", small, 1)
-        self._increase("active_bytes", small, block.size)
-        self._increase("requested_bytes", small, requested)
+        changes.append((ALLOCATED_BYTES, block.size))
+        self._change(small, changes)
         return block
 
     def _free(self, block: _Block) -> None:
@@ -325,9 +322,7 @@ class DeviceAllocator:
         pool = self._pools[small]
         original = block.size
         block.allocated = False
-        self._decrease("allocation", small, 1)
-        self._decrease("allocated_bytes", small, original)
-        self._decrease("requested_bytes", small, block.requested)
+        changes = [(ALLOCATION, -1), (ALLOCATED_BYTES, -original), (REQUESTED_BYTES, -block.requested)]
         block.requested = 0
         net_blocks = net_bytes = 0
         for neighbour in (block.prev, block.next):
@@ -349,13 +344,11 @@ class DeviceAllocator:
         if block.is_split:
             net_blocks += 1
             net_bytes += block.size
-        for name, change in (("inactive_split", net_blocks), ("inactive_split_bytes", net_bytes)):
-            if change > 0:
-                self._increase(name, small, change)
-            elif change < 0:
-                self._decrease(name, small, -change)
-        self._decrease("active", small, 1)
-        self._decrease("active_bytes", small, original)
+        if net_blocks:
+            changes.append((INACTIVE_SPLIT, net_blocks))
+        if net_bytes:
+            changes.append((INACTIVE_SPLIT_BYTES, net_bytes))
+        self._change(small, changes)
 
     def _release_cached(self) -> None:
         """Give every cached, unsplit segment back to the device (CUDA's `release_cached_blocks`, which first
@@ -368,8 +361,7 @@ class DeviceAllocator:
                 if block.is_split:
                     kept.append(entry)
                     continue
-                self._decrease("segment", small, 1)
-                self._decrease("reserved_bytes", small, block.size)
+                self._change(small, [(SEGMENT, -1), (RESERVED_BYTES, -block.size)])
                 self._counters["num_device_free"] += 1
             pool.entries = kept
 
@@ -385,8 +377,8 @@ class DeviceAllocator:
 
     def _oom_message(self, segment: int) -> str:
         topo = _topology.topology()
-        reserved = self._current("reserved_bytes")
-        allocated = self._current("allocated_bytes")
+        reserved = self._stats[0].current[RESERVED_BYTES]
+        allocated = self._stats[0].current[ALLOCATED_BYTES]
         allowed = f"{format_size(self.limit)} allowed; " if self.fraction < 1.0 else ""
         return (
             f"Neuron out of memory. Tried to allocate {format_size(segment)}. Neuron device {self.index} has a total "
@@ -452,7 +444,7 @@ def _live_blocks(allocator: DeviceAllocator):
 
 def _extent(size, stride, itemsize: int) -> int:
     """Bytes spanned by a tensor of these sizes and strides (torch's `computeStorageNbytes`)."""
-    if any(s == 0 for s in size):
+    if 0 in size:
         return 0
     return itemsize * (1 + sum((s - 1) * st for s, st in zip(size, stride, strict=True)))
 
@@ -471,7 +463,10 @@ def _adopt_with_block(host: torch.Tensor, index: int, allocator: DeviceAllocator
 
 def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     """`hostmem.adopt`, charging the new storage to device `index` (OutOfMemoryError if it does not fit)."""
-    nbytes = _extent(cpu_tensor.shape, cpu_tensor.stride(), cpu_tensor.element_size())
+    if cpu_tensor.is_contiguous():
+        nbytes = cpu_tensor.numel() * cpu_tensor.element_size()
+    else:
+        nbytes = _extent(cpu_tensor.shape, cpu_tensor.stride(), cpu_tensor.element_size())
     allocator = device(index)
     block = allocator.malloc(nbytes) if nbytes else None
     return _adopt_with_block(cpu_tensor, index, allocator, block)
