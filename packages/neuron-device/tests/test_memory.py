@@ -7,6 +7,7 @@ differences on the shared `neuron` devices, after `gc.collect()` so earlier test
 from __future__ import annotations
 
 import gc
+import threading
 
 import pytest
 import torch
@@ -331,3 +332,48 @@ def test_peak_memory_like_accelerate():
     assert peak - begin >= end - begin + 128 * KiB  # the (64, 512) activation lived during the step
     begin, end, peak, _ = measure(step)
     assert end == begin  # the next step leaves nothing behind
+
+
+def test_concurrent_allocations_keep_exact_accounts():
+    gc.collect()
+    base = torch.neuron.memory_stats(2)
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            kept = []
+            for i in range(200):
+                kept.append(torch.empty(1000 + 7 * i + seed, dtype=torch.uint8, device="neuron:2"))
+                if i % 3 == 0:
+                    kept.pop(0)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    gc.collect()
+    stats = torch.neuron.memory_stats(2)
+    assert errors == []
+    assert stats["allocated_bytes.all.current"] == base["allocated_bytes.all.current"]
+    assert stats["allocation.all.allocated"] - base["allocation.all.allocated"] == 800
+    assert stats["allocation.all.freed"] - base["allocation.all.freed"] == 800
+
+
+def test_a_storage_dying_inside_the_allocator_does_not_wait_for_its_lock():
+    """A storage can die while its device's lock is held (garbage collection during an allocation): its block is
+    queued, not freed in place, and counted as free at the next look."""
+    gc.collect()
+    base = torch.neuron.memory_allocated(2)
+    holder = [torch.empty(4096, dtype=torch.uint8, device="neuron:2")]
+    model = allocator.device(2)
+    dropper = threading.Thread(target=holder.clear)
+    with model.lock:
+        dropper.start()
+        dropper.join(timeout=30)
+        assert not dropper.is_alive()
+        assert len(model.pending) == 1
+    assert torch.neuron.memory_allocated(2) == base
+    assert not model.pending
