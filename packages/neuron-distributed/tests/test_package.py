@@ -1,8 +1,8 @@
-"""neuron-distributed 0.1.0 installs beside neuron-device and does not claim the `neuron` c10d backend yet."""
+"""The wheel: dependencies, and the backend registered by the plugin seam with no import of ours."""
 
 import importlib.metadata
-
-import torch.distributed as dist
+import subprocess
+import sys
 
 import neuron_distributed
 
@@ -13,5 +13,19 @@ def test_installed_with_only_declared_dependencies():
     assert neuron_distributed.__version__ == importlib.metadata.version("neuron-distributed")
 
 
-def test_neuron_backend_not_claimed_yet():
-    assert "neuron" not in dist.Backend.backend_list
+def test_backend_registered_by_plugin_without_import():
+    code = (
+        "import sys, torch, torch.distributed as dist\n"
+        "assert 'NEURON' in dist.Backend._plugins, dist.Backend.backend_list\n"
+        "assert dist.Backend.default_device_backend_map['neuron'] == 'neuron'\n"
+        "assert dist.Backend.default_device_backend_map['cpu'] == 'gloo'\n"
+        "print('registered')\n"
+    )
+    env_run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "NEURON_DEVICE_STRICT_PLUGINS": "1"},
+    )
+    assert env_run.stdout.strip() == "registered", env_run.stderr[-3000:]

@@ -1,8 +1,21 @@
 """neuron-distributed: `torch.distributed` on the simulated Trainium device (the c10d backend `neuron`).
 
-Status: the package installs next to neuron-device, but registers no c10d backend yet, so
-`init_process_group(backend="neuron")` fails with torch's own "Invalid backend" error. Use `backend="gloo"` on CPU
-tensors meanwhile.
+Installing the wheel is enough: neuron-device loads it as a plugin during `import torch`, which registers the
+backend, so `dist.init_process_group("neuron")`, `"cpu:gloo,neuron:neuron"` and a bare `init_process_group()` (the
+current accelerator is `neuron`) all work. Importing this package registers it too (`TORCH_DEVICE_BACKEND_AUTOLOAD=0`).
 """
 
+from __future__ import annotations
+
+import torch  # first: its device autoload registers neuron-device, which loads this package's plugin
+
+import neuron_device
+
+from . import plugin
+from .backend import BACKEND_NAME, NeuronProcessGroup
+
+__all__ = ["BACKEND_NAME", "NeuronProcessGroup", "__version__"]
 __version__ = "0.1.0"
+
+neuron_device.register()  # loads the plugins, this one included (idempotent)
+del plugin, torch

@@ -1,0 +1,341 @@
+"""The c10d backend `neuron`: a Python `ProcessGroup` whose collectives run on Gloo over zero-copy host aliases.
+
+torch 2.13 lets Python define a backend only as a `ProcessGroup` subclass (the `PyProcessGroup` trampoline); such a
+group replaces the whole process group, so it serves CPU tensors too (object collectives, `"cpu:gloo,neuron:neuron"`).
+An inner `ProcessGroupGloo` on the same store does the transport, so multi-host works through the same rendezvous;
+it is also registered as the group's backend for `cpu` and `neuron`, which gives the group its name and gives C++
+callers that bypass these methods a backend (they reach it through `kernels`). Each method here charges the
+interconnect time (`costs`) and emulates what Gloo lacks: `PREMUL_SUM`, list `alltoall`.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ProcessGroupGloo,
+    ReduceOp,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+    Work,
+    _create_work_from_future,
+)
+
+from . import costs
+from .hostmap import flat_tensors, to_host
+
+__all__ = ["BACKEND_NAME", "NeuronProcessGroup", "create_process_group", "register_backend"]
+
+BACKEND_NAME = "neuron"
+
+
+def _premul_factor(op: ReduceOp) -> float | None:
+    """The factor of a `PREMUL_SUM` reduce op (Gloo has no such op: we scale, then SUM), else None."""
+    if op.op != ReduceOp.RedOpType.PREMUL_SUM:
+        return None
+    factor = op.factor
+    return float(factor.item()) if isinstance(factor, torch.Tensor) else float(factor)
+
+
+def _with_sum(opts: Any, factory: Callable[[], Any]) -> Any:
+    """A copy of reduce options `opts` with the op replaced by SUM."""
+    copy = factory()
+    copy.reduceOp = ReduceOp.SUM
+    copy.timeout = opts.timeout
+    if hasattr(opts, "rootRank"):
+        copy.rootRank, copy.rootTensor = opts.rootRank, opts.rootTensor
+    return copy
+
+
+def _scaled(tensors: list[torch.Tensor], factor: float) -> list[torch.Tensor]:
+    """Scaled copies of (host) input tensors: the caller's inputs must not change."""
+    return [t * factor for t in tensors]
+
+
+class NeuronProcessGroup(dist.ProcessGroup):
+    """Process group of backend `neuron`. One process per NeuronCore; tensors may be on `neuron` or `cpu`."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)
+        self._timeout = timeout
+        self._gloo = ProcessGroupGloo(store, rank, size, timeout)
+        for device in ("cpu", "neuron"):
+            self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.GLOO, self._gloo)
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def _issue(self, kind: str, inputs: Any, outputs: Any, call: Callable[[], Work]) -> Work:
+        costs.charge(kind, flat_tensors(inputs), flat_tensors(outputs), self.size())
+        return call()
+
+    # Reductions ---------------------------------------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: AllreduceOptions = AllreduceOptions()) -> Work:  # noqa: B008
+        host = to_host(tensors)
+        factor = _premul_factor(opts.reduceOp)
+        if factor is not None:  # in place is fine: the tensors are the result
+            for t in host:
+                t.mul_(factor)
+            opts = _with_sum(opts, AllreduceOptions)
+        return self._issue("allreduce", tensors, tensors, lambda: self._gloo.allreduce(host, opts))
+
+    def allreduce_coalesced(
+        self,
+        tensors: list[torch.Tensor],
+        opts: AllreduceCoalescedOptions = AllreduceCoalescedOptions(),  # noqa: B008
+    ) -> Work:
+        host = to_host(tensors)
+        factor = _premul_factor(opts.reduceOp)
+        if factor is not None:
+            for t in host:
+                t.mul_(factor)
+            opts = _with_sum(opts, AllreduceCoalescedOptions)
+        return self._issue("allreduce_coalesced", tensors, tensors, lambda: self._gloo.allreduce_coalesced(host, opts))
+
+    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions = ReduceOptions()) -> Work:  # noqa: B008
+        host = to_host(tensors)
+        factor = _premul_factor(opts.reduceOp)
+        if factor is not None:
+            for t in host:
+                t.mul_(factor)
+            opts = _with_sum(opts, ReduceOptions)
+        return self._issue("reduce", tensors, tensors, lambda: self._gloo.reduce(host, opts))
+
+    def reduce_scatter(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[list[torch.Tensor]],
+        opts: ReduceScatterOptions = ReduceScatterOptions(),  # noqa: B008
+    ) -> Work:
+        host_in = to_host(inputs)
+        factor = _premul_factor(opts.reduceOp)
+        if factor is not None:
+            host_in = [_scaled(chunk, factor) for chunk in host_in]
+            opts = _with_sum(opts, ReduceScatterOptions)
+        host_out = to_host(outputs)
+        return self._issue("reduce_scatter", inputs, outputs, lambda: self._gloo.reduce_scatter(host_out, host_in, opts))
+
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        opts: ReduceScatterOptions = ReduceScatterOptions(),  # noqa: B008
+    ) -> Work:
+        host_in = to_host(input)
+        factor = _premul_factor(opts.reduceOp)
+        if factor is not None:
+            host_in = host_in * factor
+            opts = _with_sum(opts, ReduceScatterOptions)
+        host_out = to_host(output)
+        return self._issue(
+            "reduce_scatter_single", input, output, lambda: self._gloo._reduce_scatter_base(host_out, host_in, opts)
+        )
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: ReduceScatterOptions = ReduceScatterOptions(),  # noqa: B008
+    ) -> Work:
+        """Gloo has no coalesced reduce-scatter: one reduce-scatter per pair, completed together."""
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return _AllOf(works, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # Gathers, broadcast, scatter -----------------------------------------------------------------------------------
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: BroadcastOptions = BroadcastOptions()) -> Work:  # noqa: B008
+        host = to_host(tensors)
+        return self._issue("broadcast", tensors, tensors, lambda: self._gloo.broadcast(host, opts))
+
+    def allgather(
+        self,
+        outputs: list[list[torch.Tensor]],
+        inputs: list[torch.Tensor],
+        opts: AllgatherOptions = AllgatherOptions(),  # noqa: B008
+    ) -> Work:
+        host_out, host_in = to_host(outputs), to_host(inputs)
+        return self._issue("allgather", inputs, outputs, lambda: self._gloo.allgather(host_out, host_in, opts))
+
+    def allgather_coalesced(
+        self,
+        outputs: list[list[torch.Tensor]],
+        inputs: list[torch.Tensor],
+        opts: AllgatherOptions = AllgatherOptions(),  # noqa: B008
+    ) -> Work:
+        host_out, host_in = to_host(outputs), to_host(inputs)
+        return self._issue(
+            "allgather_coalesced", inputs, outputs, lambda: self._gloo.allgather_coalesced(host_out, host_in, opts)
+        )
+
+    def all_gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        opts: AllgatherOptions = AllgatherOptions(),  # noqa: B008
+    ) -> Work:
+        host_out, host_in = to_host(output), to_host(input)
+        return self._issue(
+            "all_gather_single", input, output, lambda: self._gloo._allgather_base(host_out, host_in, opts)
+        )
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: AllgatherOptions = AllgatherOptions(),  # noqa: B008
+    ) -> Work:
+        """Gloo has no coalesced all-gather into tensors: one all-gather per pair, completed together."""
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return _AllOf(works, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(
+        self,
+        outputs: list[list[torch.Tensor]],
+        inputs: list[torch.Tensor],
+        opts: GatherOptions = GatherOptions(),  # noqa: B008
+    ) -> Work:
+        host_out, host_in = to_host(outputs), to_host(inputs)
+        return self._issue("gather", inputs, outputs, lambda: self._gloo.gather(host_out, host_in, opts))
+
+    def scatter(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[list[torch.Tensor]],
+        opts: ScatterOptions = ScatterOptions(),  # noqa: B008
+    ) -> Work:
+        host_out, host_in = to_host(outputs), to_host(inputs)
+        return self._issue("scatter", inputs, outputs, lambda: self._gloo.scatter(host_out, host_in, opts))
+
+    # All-to-all -----------------------------------------------------------------------------------------------------
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: AllToAllOptions = AllToAllOptions(),  # noqa: B008
+    ) -> Work:
+        host_out, host_in = to_host(output), to_host(input)
+        return self._issue(
+            "alltoall_base",
+            input,
+            output,
+            lambda: self._gloo.alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts),
+        )
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: AllToAllOptions = AllToAllOptions(),  # noqa: B008
+    ) -> Work:
+        """List all-to-all as one `alltoall_base` on flat buffers (Gloo has no list form), then unpacked."""
+        dtypes = {t.dtype for t in (*inputs, *outputs)}
+        if len(dtypes) != 1:
+            raise ValueError(f"all_to_all: every input and output tensor must have the same dtype, got {dtypes}")
+        host_out = to_host(outputs)
+        flat_in = torch.cat([t.reshape(-1) for t in to_host(inputs)])
+        flat_out = torch.empty(sum(t.numel() for t in host_out), dtype=flat_in.dtype)
+        work = self._issue(
+            "alltoall",
+            inputs,
+            outputs,
+            lambda: self._gloo.alltoall_base(
+                flat_out, flat_in, [t.numel() for t in host_out], [t.numel() for t in inputs], opts
+            ),
+        )
+
+        def unpack(_: torch.futures.Future) -> list[torch.Tensor]:
+            for out, chunk in zip(host_out, flat_out.split([t.numel() for t in host_out]), strict=True):
+                out.copy_(chunk.view(out.shape))
+            return outputs
+
+        return _create_work_from_future(work.get_future().then(unpack))
+
+    # Point to point and synchronisation ----------------------------------------------------------------------------
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:
+        host = to_host(tensors)
+        return self._issue("send", tensors, [], lambda: self._gloo.send(host, dst, tag))
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Work:
+        host = to_host(tensors)
+        return self._issue("recv", [], tensors, lambda: self._gloo.recv(host, src, tag))
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Work:
+        host = to_host(tensors)
+        return self._issue("recv", [], tensors, lambda: self._gloo.recv_anysource(host, tag))
+
+    def barrier(self, opts: BarrierOptions = BarrierOptions()) -> Work:  # noqa: B008
+        return self._gloo.barrier(opts)
+
+    def abort(self) -> None:
+        self._gloo.abort()
+
+    def shutdown(self) -> None:
+        self._gloo.shutdown()
+
+
+class _AllOf(Work):
+    """One Work for several: done when each is (Gloo's `_allgather_base` / `_reduce_scatter_base` Works have no
+    future, so the futures cannot simply be combined)."""
+
+    def __init__(self, works: list[Work], result: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._works, self._result = works, result
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        for work in self._works:
+            work.wait(timeout) if timeout else work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        """A completed future: waits first (the parts have no futures to chain)."""
+        self.wait()
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(self._result)
+        return future
+
+
+def create_process_group(
+    store: dist.Store, rank: int, size: int, timeout: datetime.timedelta
+) -> NeuronProcessGroup:
+    """The creator torch calls for backend `neuron` (`init_process_group`, `new_group`, `DeviceMesh`)."""
+    return NeuronProcessGroup(store, rank, size, timeout)
+
+
+def register_backend() -> None:
+    """Make `neuron` a c10d backend for `neuron` devices (idempotent)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["neuron"])

@@ -1,0 +1,76 @@
+"""`neuron` kernels of the `c10d::*` ops, for the C++ callers that bypass the Python process group.
+
+Methods that `PyProcessGroup` does not trampoline (`_allgather_base`, `_reduce_scatter_base`, `reduce`, `gather`,
+`scatter`, `alltoall`, ... when called from C++: the DDP reducer, DTensor's C++ ops) dispatch the `c10d::*` op on
+the tensors' device. The built-in PrivateUse1 kernel would hand `neuron` tensors to Gloo, which rejects them
+("unsupported device type"). These kernels call the same op again on the host aliases, so it reaches the CPU kernel
+and the group's CPU backend (Gloo), and charge the interconnect time.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import costs
+from .hostmap import flat_tensors, to_host
+
+__all__ = ["OPS", "register_kernels"]
+
+# c10d op -> the collective kind of the cost model. The first argument of each op is its output (or in-place) tensors.
+OPS: dict[str, str] = {
+    "allreduce_": "allreduce",
+    "allreduce_coalesced_": "allreduce_coalesced",
+    "broadcast_": "broadcast",
+    "allgather_": "allgather",
+    "_allgather_base_": "all_gather_single",
+    "allgather_coalesced_": "allgather_coalesced",
+    "allgather_into_tensor_coalesced_": "allgather_into_tensor_coalesced",
+    "reduce_scatter_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter_single",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced",
+    "alltoall_": "alltoall",
+    "alltoall_base_": "alltoall_base",
+    "reduce_": "reduce",
+    "gather_": "gather",
+    "scatter_": "scatter",
+    "send": "send",
+    "recv_": "recv",
+    "recv_any_source_": "recv",
+    "barrier": "barrier",
+    "monitored_barrier_": "barrier",
+}
+
+
+def _group_size(args: tuple[Any, ...]) -> int:
+    for arg in args:
+        if isinstance(arg, torch.ScriptObject) and hasattr(arg, "size"):
+            return int(arg.size())
+    return 1
+
+
+def _kernel(op_name: str, kind: str) -> Callable[..., Any]:
+    op = getattr(torch.ops.c10d, op_name).default
+
+    def on_host(*args: Any, **kwargs: Any) -> Any:
+        result = op(*to_host(args), **to_host(kwargs))
+        second = flat_tensors(args[1]) if len(args) > 1 else []
+        costs.charge(kind, second, flat_tensors(args[0]), _group_size(args))
+        if isinstance(result, tuple):  # (outputs, Work): hand back the caller's neuron outputs, not the aliases
+            return (args[0], result[1])
+        return result
+
+    on_host.__name__ = f"c10d_{op_name}_neuron"
+    return on_host
+
+
+def register_kernels(register: Callable[[str, Callable[..., Any]], None]) -> None:
+    """Register the kernels through neuron-device's registry (the `neuron_register` plugin hook)."""
+    with warnings.catch_warnings():
+        # torch warns that a kernel for PrivateUse1 (its own, which cannot work here) is being overridden.
+        warnings.filterwarnings("ignore", message="Warning only once for all operators")
+        for op_name, kind in OPS.items():
+            register(f"c10d::{op_name}", _kernel(op_name, kind))

@@ -1,0 +1,56 @@
+"""Every collective on `neuron` tensors (2 ranks), compared with the same call on CPU tensors over plain Gloo.
+
+One launch per init form serves all checks; each check is its own test item through the per-rank markers.
+"""
+
+import functools
+
+import pytest
+from launcher import assert_check, launch
+
+CHECKS = [
+    "backend_identity",
+    *[f"all_reduce_{op}" for op in ("SUM", "AVG", "MIN", "MAX", "PRODUCT", "PREMUL_SUM")],
+    "all_reduce_async",
+    "all_reduce_dtypes",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor_SUM",
+    "reduce_scatter_tensor_AVG",
+    "reduce_scatter_tensor_PREMUL_SUM",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "send_recv",
+    "batch_isend_irecv",
+    "object_collectives",
+    "coalesced",
+    "coalescing_manager",
+    "functional",
+    "simulated_time",
+    "destroy",
+]
+
+
+@functools.cache
+def _run(form: str, *checks: str):
+    return launch("collectives.py", 2, form, *checks, timeout=240)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("check", CHECKS)
+def test_collective_on_backend_neuron(check):
+    assert_check(*_run("neuron"), check)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("form", ["mixed", "default"])
+@pytest.mark.parametrize("check", ["all_reduce_SUM", "all_gather_into_tensor", "object_collectives", "destroy"])
+def test_other_init_forms(form, check):
+    """`"cpu:gloo,neuron:neuron"` and no backend at all (the current accelerator is neuron) give the same group."""
+    assert_check(*_run(form, "all_reduce_SUM", "all_gather_into_tensor", "object_collectives"), check)
