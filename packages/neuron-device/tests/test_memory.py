@@ -182,6 +182,17 @@ def test_op_results_and_views_are_counted_once():
     assert torch.neuron.memory_allocated() == base
 
 
+def test_adopted_host_memory_is_charged_for_the_whole_storage_it_spans():
+    gc.collect()
+    base = torch.neuron.memory_allocated(2)
+    host = torch.empty(3000, dtype=torch.uint8)
+    whole = allocator.adopt_tracked(torch.empty(0, dtype=torch.uint8).set_(host.untyped_storage()), 2)
+    assert whole.untyped_storage().nbytes() == 3000
+    assert torch.neuron.memory_allocated(2) == base + 3072
+    del whole
+    assert torch.neuron.memory_allocated(2) == base
+
+
 def test_stats_are_per_device():
     gc.collect()
     before = [torch.neuron.memory_allocated(i) for i in range(2)]

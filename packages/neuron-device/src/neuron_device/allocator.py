@@ -449,27 +449,18 @@ def _extent(size, stride, itemsize: int) -> int:
     return itemsize * (1 + sum((s - 1) * st for s, st in zip(size, stride, strict=True)))
 
 
-def _adopt_with_block(host: torch.Tensor, index: int, allocator: DeviceAllocator, block: _Block | None):
-    try:
-        tensor = hostmem.adopt(host, index)
-    except BaseException:
-        if block is not None:
-            allocator.free(block)
-        raise
-    if block is not None:
-        _bind(tensor.untyped_storage(), allocator, block)
-    return tensor
-
-
 def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
-    """`hostmem.adopt`, charging the new storage to device `index` (OutOfMemoryError if it does not fit)."""
-    if cpu_tensor.is_contiguous():
-        nbytes = cpu_tensor.numel() * cpu_tensor.element_size()
-    else:
-        nbytes = _extent(cpu_tensor.shape, cpu_tensor.stride(), cpu_tensor.element_size())
-    allocator = device(index)
-    block = allocator.malloc(nbytes) if nbytes else None
-    return _adopt_with_block(cpu_tensor, index, allocator, block)
+    """`hostmem.adopt`, charging the new storage to device `index` (OutOfMemoryError if it does not fit).
+
+    The host memory exists already, so the storage is adopted first and charged for exactly the bytes it spans.
+    """
+    tensor = hostmem.adopt(cpu_tensor, index)
+    storage = tensor.untyped_storage()
+    nbytes = storage.nbytes()
+    if nbytes:
+        allocator = device(index)
+        _bind(storage, allocator, allocator.malloc(nbytes))
+    return tensor
 
 
 def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=None) -> torch.Tensor:
@@ -489,11 +480,14 @@ def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=No
             host = torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format)
         else:
             host = torch.empty_strided(size, stride, dtype=dtype)
+        tensor = hostmem.adopt(host, index)
     except BaseException:
         if block is not None:
             allocator.free(block)
         raise
-    return _adopt_with_block(host, index, allocator, block)
+    if block is not None:
+        _bind(tensor.untyped_storage(), allocator, block)
+    return tensor
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
