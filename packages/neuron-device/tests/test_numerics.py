@@ -185,9 +185,11 @@ def test_medium_precision_in_place_and_out(precision):
 
 @pytest.fixture
 def new_precision_api():
-    saved = torch.backends.cuda.matmul.fp32_precision, torch.backends.fp32_precision
-    yield
-    torch.backends.cuda.matmul.fp32_precision, torch.backends.fp32_precision = saved
+    """Lets the test set torch.backends flags (frozen once `torch.testing._internal.common_utils` is imported)."""
+    with torch.backends.__allow_nonbracketed_mutation():
+        saved = torch.backends.cuda.matmul.fp32_precision, torch.backends.fp32_precision
+        yield
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.fp32_precision = saved
 
 
 def test_cuda_style_precision_settings(precision, new_precision_api):
