@@ -11,7 +11,8 @@ a GPU of the same size:
   in the small pool, > 1 MiB in the large one); freed blocks merge with free neighbours of their segment;
 * when a new segment does not fit under the capacity (or the `set_per_process_memory_fraction` limit), every
   unsplit cached segment is released and the allocation retried once (`num_alloc_retries`); if it still does not
-  fit, `OutOfMemoryError` is raised (`num_ooms`) before any host memory is taken.
+  fit, `OutOfMemoryError` is raised (`num_ooms`). `empty` checks before it takes any host memory; `adopt_tracked`
+  charges memory an op result already holds on the host, which is dropped with the error.
 
 Streams are not modelled (one stream per device). A storage's block is freed by a weakref callback on the storage's
 Python object, which torch keeps alive exactly as long as the C++ StorageImpl. The callback may run inside any
@@ -33,6 +34,7 @@ from . import hostmem
 from . import topology as _topology
 
 __all__ = [
+    "DeviceAllocator",
     "OutOfMemoryError",
     "adopt_tracked",
     "device",
@@ -206,8 +208,8 @@ class DeviceAllocator:
             result: dict = dict(self._counters)
             for index, name in enumerate(_STAT_ARRAYS):
                 result[name] = {pool: stats.as_dict(index) for pool, stats in zip(_POOLS, self._stats, strict=True)}
-            result["active"] = result["allocation"]
-            result["active_bytes"] = result["allocated_bytes"]
+            result["active"] = {pool: dict(stat) for pool, stat in result["allocation"].items()}
+            result["active_bytes"] = {pool: dict(stat) for pool, stat in result["allocated_bytes"].items()}
             zero = _Stats().as_dict(0)
             result["oversize_allocations"] = dict(zero)  # no block is ever oversize: max_split_size is unlimited
             result["oversize_segments"] = dict(zero)
