@@ -289,11 +289,6 @@ def test_activation_checkpointing(use_reentrant: bool) -> None:
     torch.testing.assert_close(checkpointed, x.grad)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the C++ device guard reports one device, so the autograd engine asserts on neuron:1 unless backward "
-    "runs with torch.autograd.set_multithreading_enabled(False) (DESIGN.md; not patched yet)",
-)
 def test_backward_on_second_device() -> None:
     if torch.neuron.device_count() < 2:
         pytest.skip("needs two neuron devices")

@@ -3,6 +3,7 @@ backend, so each check runs in a fresh interpreter (`run_checked`), where a cras
 
 from __future__ import annotations
 
+import gc
 import io
 import warnings
 from multiprocessing.reduction import ForkingPickler
@@ -199,20 +200,29 @@ def test_tensor_resize_grows_shared_storage():
     """)
 
 
-def test_pin_memory_raises_a_clear_error():
-    message = "pinned host memory is not implemented for the neuron device"
-    with pytest.raises(RuntimeError, match=message):
-        torch.ones(3).pin_memory()
-    with pytest.raises(RuntimeError, match=message):
-        torch.ones(3).pin_memory("neuron")
-    with pytest.raises(RuntimeError, match=message):
-        torch.ones(3).untyped_storage().pin_memory()
+def test_pin_memory_makes_a_pinned_copy():
+    source = torch.arange(6.0).reshape(2, 3).t()  # non-contiguous: strides are preserved, as on CUDA
+    pinned = source.pin_memory()
+    assert pinned.is_pinned() and not source.is_pinned()
+    assert torch.equal(pinned, source) and pinned.stride() == source.stride()
+    assert pinned.data_ptr() != source.data_ptr()
+    assert pinned.pin_memory() is pinned and torch.ones(2).pin_memory("neuron").is_pinned()
+    assert pinned.to("neuron", non_blocking=True).cpu().tolist() == source.tolist()
+    assert torch.ones(3).untyped_storage().pin_memory().is_pinned()
     with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
         torch.ones(3, device="neuron").pin_memory()
     with pytest.raises(TypeError, match="only CPU memory can be pinned"):
         torch.ones(3, device="neuron").untyped_storage().pin_memory()
-    assert not torch.ones(3).is_pinned() and not torch.ones(3, device="neuron").is_pinned()
+    assert not torch.ones(3, device="neuron").is_pinned()
     assert torch.Tensor.pin_memory.__name__ == "pin_memory" and torch.Tensor.pin_memory.__doc__
+
+
+def test_pinned_flag_dies_with_its_storage():
+    pinned = torch.ones(1000).pin_memory()
+    pointer = pinned.untyped_storage().data_ptr()
+    del pinned
+    gc.collect()
+    assert pointer not in _patches._pinned_storages
 
 
 def test_numpy_raises_like_cuda():
@@ -258,21 +268,16 @@ def test_share_memory_is_a_no_op_on_neuron():
     assert storage.share_memory_() is storage and t.data_ptr() == pointer
 
 
-def test_data_loader_pinning_fails_clearly_without_hanging():
-    """DataLoader pins in a helper thread (and with workers); the error must reach the caller, not hang it."""
+def test_data_loader_pins_batches():
+    """DataLoader pins in a helper thread (and with workers), as Trainer and TRL do by default."""
     run_checked("""
         import torch
         from torch.utils.data import DataLoader, TensorDataset
         for workers in (0, 1):
             loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, pin_memory=True, num_workers=workers)
-            try:
-                next(iter(loader))
-            except RuntimeError as e:
-                assert "pinned host memory is not implemented for the neuron device" in str(e), str(e)
-            else:
-                raise AssertionError("pinned without an allocator")
-            unpinned = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, num_workers=workers)
-            assert [b[0].tolist() for b in unpinned] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+            batches = [b[0] for b in loader]
+            assert all(b.is_pinned() for b in batches)
+            assert [b.tolist() for b in batches] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
     """)
 
 

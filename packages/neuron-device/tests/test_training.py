@@ -200,11 +200,6 @@ def test_bfloat16_training_matches_cpu_exactly(
     _assert_same_run(factory, batches(), dtype=torch.bfloat16, tol={"atol": 0.0, "rtol": 0.0})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the C++ device guard reports one device, so the autograd engine asserts on neuron:1 unless backward "
-    "runs with torch.autograd.set_multithreading_enabled(False) (DESIGN.md; not patched yet)",
-)
 def test_trains_on_second_device() -> None:
     """accelerate and DDP put each process on neuron:<local_rank>: everything must stay on that device."""
     if torch.neuron.device_count() < 2:

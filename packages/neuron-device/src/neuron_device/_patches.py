@@ -14,13 +14,14 @@ storage entry points, patched here to allocate through `torch.empty` (our alloca
 `Tensor.new_tensor` / `Tensor.new` rely on the C++ device guard to put results on the source tensor's device; the
 Python guard always reports index 0, so they name the device explicitly.
 
-Pinned memory has no Python-registrable allocator either; `Tensor.pin_memory()` gets a clear error instead of torch's
-message about C++ hook registration.
+Pinned memory has no Python-registrable allocator either; since host memory is device memory, `pin_memory()` makes a
+copy flagged as pinned. Backward on `neuron:1..n` runs the autograd engine without device threads (see below).
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -102,21 +103,52 @@ def _patch_storage_resize() -> None:
     _replace(torch.UntypedStorage, "resize_", resize_, storage_resize_)
 
 
+_pinned_storages: set[int] = set()  # data pointers of host storages made by pin_memory() and still alive
+
+
 def _patch_pin_memory() -> None:
     """Pinning a CPU tensor asks the current accelerator (neuron) for a pinned-memory allocator, which a Python
-    backend cannot register in torch 2.13: say that, instead of torch's message about C++ hook registration."""
-    pin_memory = torch.Tensor.pin_memory
+    backend cannot register in torch 2.13. In the simulator host memory *is* device memory, so page-locking buys
+    nothing: `pin_memory()` returns a copy marked as pinned (`is_pinned()` is True, as on CUDA), which is what
+    `DataLoader(pin_memory=True)` and the Trainer's default pipelines need."""
+    pin_memory, is_pinned = torch.Tensor.pin_memory, torch.Tensor.is_pinned
+
+    def tensor_is_pinned(self: torch.Tensor, device=None) -> bool:
+        if self.device.type == "cpu" and (device is None or _neuron_device(device) is not None):
+            return self.untyped_storage().data_ptr() in _pinned_storages
+        return is_pinned(self) if device is None else is_pinned(self, device)
 
     def tensor_pin_memory(self: torch.Tensor, device=None) -> torch.Tensor:
-        if self.device.type == "cpu" and (device is None or _neuron_device(device) is not None):
-            raise RuntimeError(
-                "pin_memory(): pinned host memory is not implemented for the neuron device yet (torch 2.13 cannot "
-                "register a pinned-memory allocator from Python). Leave memory unpinned, e.g. "
-                "DataLoader(..., pin_memory=False); the simulator's device memory is host memory anyway."
-            )
-        return pin_memory(self) if device is None else pin_memory(self, device)
+        if self.device.type != "cpu" or (device is not None and _neuron_device(device) is None):
+            return pin_memory(self) if device is None else pin_memory(self, device)
+        if tensor_is_pinned(self):
+            return self
+        pinned = torch.empty_like(self, memory_format=torch.preserve_format).copy_(self)
+        storage = pinned.untyped_storage()
+        _pinned_storages.add(storage.data_ptr())
+        weakref.finalize(storage, _pinned_storages.discard, storage.data_ptr())
+        return pinned
 
+    _replace(torch.Tensor, "is_pinned", is_pinned, tensor_is_pinned)
     _replace(torch.Tensor, "pin_memory", pin_memory, tensor_pin_memory)
+
+
+def _patch_backward_single_threaded() -> None:
+    """The C++ device guard of a Python backend reports one device, so the autograd engine, which keeps one worker
+    queue per device, asserts on a graph living on `neuron:1` or higher. Running the engine without device threads
+    avoids the per-device queues. `set_multithreading_enabled` is thread-local, so it is applied where every
+    backward starts (`Tensor.backward` and `torch.autograd.grad` both call `_engine_run_backward`), in any thread."""
+    import torch.autograd.graph as graph
+
+    run_backward = graph._engine_run_backward
+
+    @functools.wraps(run_backward)
+    def engine_run_backward(*args, **kwargs):
+        with torch.autograd.set_multithreading_enabled(False):
+            return run_backward(*args, **kwargs)
+
+    graph._engine_run_backward = engine_run_backward
+    torch.autograd._engine_run_backward = engine_run_backward
 
 
 def _patch_clear_autocast_cache() -> None:
@@ -262,6 +294,7 @@ _PATCHES = (
     _patch_storage_new,
     _patch_storage_resize,
     _patch_pin_memory,
+    _patch_backward_single_threaded,
     _patch_legacy_constructors,
     _patch_storage_non_blocking_copy,
     _patch_process_sharing,
