@@ -75,18 +75,23 @@ def test_new_shapes_recompile_and_are_counted() -> None:
     assert torch.neuron.get_dynamo_metrics()["compilations"] == 0
 
 
-def test_mode_warns_and_model_name_names_the_debug_artifacts(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(tmp_path))
-    monkeypatch.setenv("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", "1")
-    compiled = torch.compile(scale_shift, backend="neuron", mode="max-autotune", options={"model_name": "tiny"})
+def test_mode_other_than_default_warns_and_compiles_as_default() -> None:
+    compiled = torch.compile(scale_shift, backend="neuron", mode="max-autotune")
     x = torch.randn(6, device="neuron")
     with pytest.warns(UserWarning, match='supports only mode="default"'):
         out = compiled(x)
     torch.testing.assert_close(out.cpu(), scale_shift(x).cpu())
+
+
+def test_model_name_names_the_debug_artifacts(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", "1")
+    x = torch.randn(6, device="neuron")
+    torch.compile(scale_shift, backend="neuron", options={"model_name": "tiny"})(x)
     graphs = sorted(p.name for p in (tmp_path / "fx_graphs" / "proc_0").iterdir())
     assert graphs == ["tiny_0_0_dynamo.txt", "tiny_0_0_inference.txt"]
     code = (tmp_path / "code" / "proc_0" / "tiny_0_0_inference.py").read_text()
-    assert "extern \"C\"" in code and "def call(args)" in code
+    assert 'extern "C"' in code and "cpp_fused" in code  # the generated C++ kernels
 
 
 def test_graph_breaks_compile_each_subgraph() -> None:

@@ -111,5 +111,5 @@ class CompileSettings:
         )
 
     def cache_fields(self) -> dict[str, Any]:
-        """The settings that change what is compiled (part of the cache key)."""
-        return {"mode": self.mode, "model_name": self.model_name, "autocopy": self.autocopy}
+        """The options that are part of the cache key (`mode` is not: every mode compiles as "default")."""
+        return {"model_name": self.model_name, "autocopy": self.autocopy}

@@ -1,0 +1,132 @@
+"""The persistent compile cache: keys, integrity (corrupted or foreign entries are recompiled, never loaded), hits
+from another process, and concurrent processes compiling the same graph."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from neuron_compile import cache
+from neuron_compile.passes import KernelPlan
+from neuron_compile.settings import CompileSettings
+
+WORKER = Path(__file__).with_name("cache_worker.py")
+
+
+def _graph(scale: float) -> torch.fx.GraphModule:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * scale + 1
+
+    return torch.fx.symbolic_trace(f)
+
+
+def _settings(cache_dir: Path, **options) -> CompileSettings:
+    os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(cache_dir)
+    try:
+        return CompileSettings.resolve(None, options)
+    finally:
+        os.environ.pop("TORCH_NEURONX_NEFF_CACHE_DIR")
+
+
+def test_key_depends_on_graph_inputs_and_options(tmp_path) -> None:
+    settings = _settings(tmp_path)
+    x = torch.ones(4, device="neuron")
+    key = cache.cache_key(_graph(2.0), [x], settings)
+    assert key == cache.cache_key(_graph(2.0), [x], settings)
+    assert key != cache.cache_key(_graph(3.0), [x], settings)
+    assert key != cache.cache_key(_graph(2.0), [torch.ones(5, device="neuron")], settings)
+    assert key != cache.cache_key(_graph(2.0), [x.double()], settings)
+    assert key != cache.cache_key(_graph(2.0), [x], _settings(tmp_path, model_name="other"))
+
+
+@pytest.fixture(autouse=True)
+def private_inductor_dir(tmp_path, monkeypatch):
+    """Each test sees its own process-private Inductor directory, as a fresh process would."""
+    monkeypatch.setattr(cache, "_private_dir", tmp_path / "inductor")
+    (tmp_path / "inductor").mkdir()
+
+
+def _store_entry(tmp_path: Path) -> cache.CacheEntry:
+    """A stored entry with one artifact file, made without compiling."""
+    settings = _settings(tmp_path / "cache")
+    with cache.entry(_graph(2.0), [torch.ones(2, device="neuron")], settings) as stored:
+        assert not stored.hit
+        artifact = stored.inductor / "xy" / f"artifact-{stored.key[:8]}.py"
+        artifact.parent.mkdir(parents=True, exist_ok=True)
+        artifact.write_text("print('compiled')\n")
+        stored.store({"forward": KernelPlan([])})
+    artifact.unlink()  # a new process would not have it
+    return stored
+
+
+def _lookup(tmp_path: Path) -> cache.CacheEntry:
+    settings = _settings(tmp_path / "cache")
+    with cache.entry(_graph(2.0), [torch.ones(2, device="neuron")], settings) as found:
+        return found
+
+
+def test_valid_entry_is_installed(tmp_path) -> None:
+    stored = _store_entry(tmp_path)
+    found = _lookup(tmp_path)
+    assert found.hit and set(found.plans) == {"forward"}
+    assert (found.inductor / "xy" / f"artifact-{stored.key[:8]}.py").read_text() == "print('compiled')\n"
+
+
+def test_corrupted_file_is_detected_and_the_entry_dropped(tmp_path) -> None:
+    stored = _store_entry(tmp_path)
+    (stored.path / "files" / "xy" / f"artifact-{stored.key[:8]}.py").write_text("import os; os.system('x')\n")
+    with pytest.warns(UserWarning, match="is corrupted"):
+        found = _lookup(tmp_path)
+    assert not found.hit and not stored.path.exists()
+    assert not (found.inductor / "xy" / f"artifact-{stored.key[:8]}.py").exists()
+
+
+def test_entry_not_signed_by_this_cache_is_rejected(tmp_path) -> None:
+    stored = _store_entry(tmp_path)
+    manifest = json.loads((stored.path / "manifest.json").read_text())
+    manifest["plans"]["forward"]["kernels"] = [{"nodes": [], "work": {}, "hbm_bytes": 1e12, "dtype": "torch.float32",
+                                                "anchor_engine": "dma"}]
+    (stored.path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.warns(UserWarning, match="signature mismatch"):
+        assert not _lookup(tmp_path).hit
+
+
+def _run_worker(cache_dir: Path, inductor_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(cache_dir), "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
+    return subprocess.Popen([sys.executable, str(WORKER)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _result(process: subprocess.Popen) -> dict:
+    stdout, stderr = process.communicate(timeout=900)
+    assert process.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.compiler
+@pytest.mark.multiprocess
+def test_second_process_hits_and_a_corrupted_entry_recompiles(tmp_path) -> None:
+    first = _result(_run_worker(tmp_path / "cache", tmp_path / "inductor-1"))
+    assert (first["cache_misses"], first["cache_hits"]) == (1, 0) and first["grad_ok"]
+    second = _result(_run_worker(tmp_path / "cache", tmp_path / "inductor-2"))
+    assert (second["cache_misses"], second["cache_hits"]) == (0, 1) and second["grad_ok"]
+
+    libraries = list((tmp_path / "cache" / "entries").glob("*/files/**/*.so"))
+    assert libraries, "the entry holds the compiled C++ kernels"
+    libraries[0].write_bytes(b"\x7fELF corrupted")
+    third = _result(_run_worker(tmp_path / "cache", tmp_path / "inductor-3"))
+    assert (third["cache_misses"], third["cache_hits"]) == (1, 0) and third["grad_ok"]
+
+
+@pytest.mark.compiler
+@pytest.mark.multiprocess
+def test_two_processes_compiling_the_same_model_both_succeed(tmp_path) -> None:
+    processes = [_run_worker(tmp_path / "cache", tmp_path / f"inductor-{i}") for i in range(2)]
+    results = [_result(p) for p in processes]
+    assert sorted((r["cache_misses"], r["cache_hits"]) for r in results) == [(0, 1), (1, 0)]
