@@ -58,7 +58,8 @@ class Outcome:
     dtype: str
     status: str  # "pass", "fail", "crash"
     reason: str = ""
-    samples: int = 0
+    samples: int = 0  # samples compared
+    available: int = 0  # samples the OpInfo offers (more than `samples` when the list was thinned)
     random: bool = False
     seconds: float = 0.0
 
@@ -318,7 +319,9 @@ def check_pair(op, dtype: torch.dtype) -> Outcome:
     torch.manual_seed(SEED)  # sample generation draws random numbers
     try:
         nondeterministic = _upstream_nondeterministic(op)
-        samples = _thin(list(op.sample_inputs("neuron", dtype, requires_grad=False)), MAX_SAMPLES)
+        samples = list(op.sample_inputs("neuron", dtype, requires_grad=False))
+        outcome.available = len(samples)
+        samples = _thin(samples, MAX_SAMPLES)
         for index, sample in enumerate(samples):
             try:
                 outcome.random |= _check_sample(op, sample, nondeterministic)
@@ -428,6 +431,9 @@ def report(results: Sequence[Outcome]) -> str:
         passed = sum(r.status == "pass" for r in chosen)
         lines.append(f"  {dtype or 'overall':>9}: {passed}/{len(chosen)} = {100 * passed / len(chosen):.2f} %")
     lines.append(f"  random pairs (checked for metadata and seeded reproducibility): {sum(r.random for r in results)}")
+    compared, available = sum(r.samples for r in results), sum(r.available for r in results)
+    thinned = sum(r.available > MAX_SAMPLES for r in results)
+    lines.append(f"  samples compared: {compared} of {available} ({thinned} pairs thinned to {MAX_SAMPLES})")
     lines.append(f"  crashes: {sum(r.status == 'crash' for r in results)}")
     for r in results:
         if r.status != "pass":
