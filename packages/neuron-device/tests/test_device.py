@@ -167,3 +167,16 @@ def test_target_override_changes_properties(python):
     result = python(code, env={"NEURON_PLATFORM_TARGET_OVERRIDE": "trn1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["trn1", "2"]
+
+
+def test_unindexed_neuron_means_the_current_device():
+    with torch.neuron.device(1):
+        expected = torch.device("neuron:1")
+        assert torch.ones(2, device="neuron").device == expected
+        assert torch.ones(2).to("neuron").device == expected
+        assert torch.ones(2).to(torch.device("neuron")).device == expected
+        assert torch.ones(2).to(device="neuron", dtype=torch.float64).device == expected
+        assert torch.nn.Linear(2, 2).to("neuron").weight.device == expected
+        assert torch.ones(2).neuron().device == expected
+        assert torch.ones(2).to("neuron:2").device == torch.device("neuron:2")  # an explicit index wins
+    assert torch.ones(2).to("neuron").device == torch.device("neuron:0")

@@ -133,6 +133,29 @@ def _patch_pin_memory() -> None:
     _replace(torch.Tensor, "pin_memory", pin_memory, tensor_pin_memory)
 
 
+def _with_current_index(device):
+    """`device` with the current `neuron` index filled in when it names `neuron` without one, else `device`."""
+    if device == _NEURON or (isinstance(device, torch.device) and device.type == _NEURON and device.index is None):
+        return torch.device(_NEURON, torch.neuron.current_device())
+    return device
+
+
+def _patch_tensor_to_current_device() -> None:
+    """`tensor.to("neuron")` must land on the current device (`torch.neuron.set_device`, `torch.neuron.device(i)`,
+    `LOCAL_RANK`), as `.to("cuda")` does. torch fills a missing index from the C++ device guard, which for a Python
+    backend always says 0, so the index is filled in here before torch sees the device."""
+    to = torch.Tensor.to
+
+    def tensor_to(self: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if args and (args[0] == _NEURON or isinstance(args[0], torch.device)):
+            args = (_with_current_index(args[0]), *args[1:])
+        elif "device" in kwargs:
+            kwargs["device"] = _with_current_index(kwargs["device"])
+        return to(self, *args, **kwargs)
+
+    _replace(torch.Tensor, "to", to, tensor_to)
+
+
 def _patch_backward_single_threaded() -> None:
     """The C++ device guard of a Python backend reports one device, so the autograd engine, which keeps one worker
     queue per device, asserts on a graph living on `neuron:1` or higher. Running the engine without device threads
@@ -295,6 +318,7 @@ _PATCHES = (
     _patch_storage_resize,
     _patch_pin_memory,
     _patch_backward_single_threaded,
+    _patch_tensor_to_current_device,
     _patch_legacy_constructors,
     _patch_storage_non_blocking_copy,
     _patch_process_sharing,
