@@ -55,12 +55,15 @@ def _retarget_devices_to_host(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
-def _host_example(value: Any) -> Any:
-    """The host counterpart of an example input: an alias of a real `neuron` tensor, or a CPU tensor like a fake."""
+def _host_example(value: Any, traced: Any) -> Any:
+    """The host counterpart of an example input. Under Dynamo, `traced` is the fake tensor Dynamo traced the input
+    as: its CPU copy is made in the same fake mode, so AOTAutograd sees no new (sourceless) symbols. Outside Dynamo,
+    a real `neuron` input is aliased to the host."""
     if not isinstance(value, torch.Tensor) or value.device.type != _DEVICE:
         return value
-    if isinstance(value, torch._subclasses.FakeTensor):
-        host = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="cpu")
+    if isinstance(traced, torch._subclasses.FakeTensor):
+        with traced.fake_mode:
+            host = traced.detach().to("cpu")
     else:
         host = boundary.enter([value.detach()])[0]
     return host.requires_grad_(value.requires_grad)
@@ -113,7 +116,10 @@ def compile_graph(
 
     artifacts.write_graph("dynamo", gm)
     _retarget_devices_to_host(gm)
-    inputs = [_host_example(v) for v in example_inputs]
+    traced = [node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder")]
+    if len(traced) != len(example_inputs):
+        traced = [None] * len(example_inputs)
+    inputs = [_host_example(v, t) for v, t in zip(example_inputs, traced)]
     inner = functools.partial(_inner_compile, artifacts=artifacts, plans=plans)
     # The backward graph is compiled now, not at the first backward: failures surface at compile time, and the
     # compile cache and the debug artifacts see both graphs.
