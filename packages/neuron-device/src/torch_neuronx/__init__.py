@@ -37,6 +37,24 @@ __all__ = [
 neuron_device.register()
 
 
+_NKI_EXPORTS = {"nki": "nki", "nki_op": "nki.torch", "wrap_nki": "nki.torch"}
+
+
+def __getattr__(name: str) -> Any:
+    """TorchNeuron's NKI entry points (`nki`, `nki_op`, `wrap_nki`), provided by neuron-nki when it is installed."""
+    module = _NKI_EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")
+    import importlib
+
+    try:
+        import nki.torch  # noqa: F401  (registers the torch adapter of @nki.jit kernels)
+    except ImportError as error:
+        raise ImportError(f"torch_neuronx.{name} needs the neuron-nki package (pip install neuron-nki)") from error
+    found = importlib.import_module(module)
+    return found if name == "nki" else getattr(found, name)
+
+
 def get_fallback_ops() -> list[str]:
     """Names of the operations that fell back to CPU (e.g. ``'aten::linalg_inv_ex.inverse'``), sorted."""
     return _optracking.get_fallback_ops()

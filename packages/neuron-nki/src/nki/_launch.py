@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
 import itertools
 import os
@@ -241,8 +242,16 @@ def register_framework(name: str, predicate: Callable[[Any], bool], runner: Call
     _FRAMEWORKS.insert(0, (name, predicate, runner))
 
 
+# top-level module of an argument's type -> the integration that registers its framework (imported on first use)
+_INTEGRATIONS = {"torch": "nki.torch"}
+
+
 def _framework_for(args, kwargs):
     vals = list(args) + list(kwargs.values())
+    for v in vals:
+        integration = _INTEGRATIONS.get(type(v).__module__.partition(".")[0])
+        if integration is not None and integration not in sys.modules:
+            importlib.import_module(integration)
     for name, pred, runner in _FRAMEWORKS:
         if any(pred(v) for v in vals):
             return name, runner
