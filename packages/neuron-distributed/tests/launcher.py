@@ -23,8 +23,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(script: str, world_size: int, *args: str, timeout: float = 180.0, env: dict[str, str] | None = None):
-    """Run `workers/<script>` on `world_size` ranks; return ({rank: {check: (status, reason)}}, {rank: output})."""
+def launch(
+    script: str,
+    world_size: int,
+    *args: str,
+    timeout: float = 180.0,
+    env: dict[str, str] | None = None,
+    core_per_rank: bool = False,
+):
+    """Run `workers/<script>` on `world_size` ranks; return ({rank: {check: (status, reason)}}, {rank: output}).
+
+    `core_per_rank` gives rank r only NeuronCore r (`NEURON_RT_VISIBLE_CORES`), so it works on `neuron:0`.
+    """
     port = free_port()
     procs = []
     for rank in range(world_size):
@@ -39,6 +49,8 @@ def launch(script: str, world_size: int, *args: str, timeout: float = 180.0, env
             "PYTHONWARNINGS": "ignore",
             **(env or {}),
         }
+        if core_per_rank:
+            rank_env["NEURON_RT_VISIBLE_CORES"] = str(rank)
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(WORKERS / script), *args],
@@ -70,4 +82,6 @@ def assert_check(results, outputs, check: str) -> None:
     """Every rank reported `check` as OK."""
     for rank, checks in results.items():
         status, reason = checks.get(check, ("MISSING", ""))
-        assert status == "OK", f"rank {rank}: check {check} {status} {reason}\n--- output ---\n{outputs[rank][-4000:]}"
+        assert status == "OK", (
+            f"rank {rank}: check {check} {status} {reason}\n--- output ---\n{outputs[rank][-4000:]}"
+        )

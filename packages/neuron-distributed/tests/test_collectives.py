@@ -33,6 +33,7 @@ CHECKS = [
     "coalescing_manager",
     "functional",
     "simulated_time",
+    "dtensor_1d",
     "destroy",
 ]
 
@@ -50,7 +51,9 @@ def test_collective_on_backend_neuron(check):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("form", ["mixed", "default"])
-@pytest.mark.parametrize("check", ["all_reduce_SUM", "all_gather_into_tensor", "object_collectives", "destroy"])
+@pytest.mark.parametrize(
+    "check", ["all_reduce_SUM", "all_gather_into_tensor", "object_collectives", "destroy"]
+)
 def test_other_init_forms(form, check):
     """`"cpu:gloo,neuron:neuron"` and no backend at all (the current accelerator is neuron) give the same group."""
     assert_check(*_run(form, "all_reduce_SUM", "all_gather_into_tensor", "object_collectives"), check)

@@ -103,7 +103,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
             for t in host:
                 t.mul_(factor)
             opts = _with_sum(opts, AllreduceCoalescedOptions)
-        return self._issue("allreduce_coalesced", tensors, tensors, lambda: self._gloo.allreduce_coalesced(host, opts))
+        return self._issue(
+            "allreduce_coalesced", tensors, tensors, lambda: self._gloo.allreduce_coalesced(host, opts)
+        )
 
     def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions = ReduceOptions()) -> Work:  # noqa: B008
         host = to_host(tensors)
@@ -126,7 +128,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
             host_in = [_scaled(chunk, factor) for chunk in host_in]
             opts = _with_sum(opts, ReduceScatterOptions)
         host_out = to_host(outputs)
-        return self._issue("reduce_scatter", inputs, outputs, lambda: self._gloo.reduce_scatter(host_out, host_in, opts))
+        return self._issue(
+            "reduce_scatter", inputs, outputs, lambda: self._gloo.reduce_scatter(host_out, host_in, opts)
+        )
 
     def reduce_scatter_single(
         self,
@@ -141,7 +145,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
             opts = _with_sum(opts, ReduceScatterOptions)
         host_out = to_host(output)
         return self._issue(
-            "reduce_scatter_single", input, output, lambda: self._gloo._reduce_scatter_base(host_out, host_in, opts)
+            "reduce_scatter_single",
+            input,
+            output,
+            lambda: self._gloo._reduce_scatter_base(host_out, host_in, opts),
         )
 
     _reduce_scatter_base = reduce_scatter_single
@@ -171,7 +178,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts: AllgatherOptions = AllgatherOptions(),  # noqa: B008
     ) -> Work:
         host_out, host_in = to_host(outputs), to_host(inputs)
-        return self._issue("allgather", inputs, outputs, lambda: self._gloo.allgather(host_out, host_in, opts))
+        return self._issue(
+            "allgather", inputs, outputs, lambda: self._gloo.allgather(host_out, host_in, opts)
+        )
 
     def allgather_coalesced(
         self,
@@ -181,7 +190,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
     ) -> Work:
         host_out, host_in = to_host(outputs), to_host(inputs)
         return self._issue(
-            "allgather_coalesced", inputs, outputs, lambda: self._gloo.allgather_coalesced(host_out, host_in, opts)
+            "allgather_coalesced",
+            inputs,
+            outputs,
+            lambda: self._gloo.allgather_coalesced(host_out, host_in, opts),
         )
 
     def all_gather_single(
@@ -256,7 +268,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         """List all-to-all as one `alltoall_base` on flat buffers (Gloo has no list form), then unpacked."""
         dtypes = {t.dtype for t in (*inputs, *outputs)}
         if len(dtypes) != 1:
-            raise ValueError(f"all_to_all: every input and output tensor must have the same dtype, got {dtypes}")
+            raise ValueError(
+                f"all_to_all: every input and output tensor must have the same dtype, got {dtypes}"
+            )
         host_out = to_host(outputs)
         flat_in = torch.cat([t.reshape(-1) for t in to_host(inputs)])
         flat_out = torch.empty(sum(t.numel() for t in host_out), dtype=flat_in.dtype)

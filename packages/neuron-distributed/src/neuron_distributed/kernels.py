@@ -59,7 +59,9 @@ def _kernel(op_name: str, kind: str) -> Callable[..., Any]:
         result = op(*to_host(args), **to_host(kwargs))
         second = flat_tensors(args[1]) if len(args) > 1 else []
         costs.charge(kind, second, flat_tensors(args[0]), _group_size(args))
-        if isinstance(result, tuple):  # (outputs, Work): hand back the caller's neuron outputs, not the aliases
+        if isinstance(
+            result, tuple
+        ):  # (outputs, Work): hand back the caller's neuron outputs, not the aliases
             return (args[0], result[1])
         return result
 

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from common import finish, run_checks
+from torch.distributed.device_mesh import init_device_mesh
 
 FORM = sys.argv[1]
 BACKENDS = {"neuron": "neuron", "mixed": "cpu:gloo,neuron:neuron", "default": None}
@@ -32,7 +33,9 @@ def same(got, want) -> None:
             same(g, w)
         return
     assert got.device.type == "neuron", f"result on {got.device}, expected neuron"
-    torch.testing.assert_close(got.cpu(), w := want, rtol=0, atol=0, msg=lambda m: f"{m}\ngot {got.cpu()}\nwant {w}")
+    torch.testing.assert_close(
+        got.cpu(), w := want, rtol=0, atol=0, msg=lambda m: f"{m}\ngot {got.cpu()}\nwant {w}"
+    )
 
 
 def compare(run: Callable[[torch.device, dist.ProcessGroup | None], object]) -> Callable[[], None]:
@@ -241,8 +244,25 @@ def charges_simulated_time() -> None:
     assert after > before, (before, after)
     stream = torch.neuron.Stream()
     with torch.neuron.stream(stream):
-        dist.all_gather_into_tensor(torch.empty(WORLD << 20, device=NEURON), torch.ones(1 << 20, device=NEURON))
+        dist.all_gather_into_tensor(
+            torch.empty(WORLD << 20, device=NEURON), torch.ones(1 << 20, device=NEURON)
+        )
     assert timeline.timeline(index).clocks[stream.stream_id] > 0.0
+
+
+def dtensor_1d() -> None:
+    """DTensor on a 1-D neuron mesh (this rank's device is neuron:LOCAL_RANK): shard, reshard, replicate."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("neuron", (WORLD,))
+    source = torch.arange(24.0).view(4, 6)
+    tensor = distribute_tensor(source.to(NEURON), mesh, [Shard(0)])
+    assert tensor.to_local().device == NEURON and tensor.to_local().shape == (4 // WORLD, 6)
+    columns = tensor.redistribute(mesh, [Shard(1)])  # all-to-all between shard dimensions
+    torch.testing.assert_close(columns.to_local().cpu(), source.chunk(WORLD, dim=1)[RANK], rtol=0, atol=0)
+    torch.testing.assert_close(columns.full_tensor().cpu(), source, rtol=0, atol=0)
+    summed = (tensor @ tensor.redistribute(mesh, [Replicate()]).T).redistribute(mesh, [Replicate()])
+    torch.testing.assert_close(summed.to_local().cpu(), source @ source.T, rtol=0, atol=0)
 
 
 def backend_identity() -> None:
@@ -256,7 +276,10 @@ def backend_identity() -> None:
 
 CHECKS = {
     "backend_identity": backend_identity,
-    **{f"all_reduce_{op}": all_reduce(getattr(dist.ReduceOp, op)) for op in ("SUM", "AVG", "MIN", "MAX", "PRODUCT")},
+    **{
+        f"all_reduce_{op}": all_reduce(getattr(dist.ReduceOp, op))
+        for op in ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
+    },
     "all_reduce_PREMUL_SUM": all_reduce_premul_sum,
     "all_reduce_async": compare(all_reduce_async),
     "all_reduce_dtypes": compare(bf16_and_int),
@@ -280,6 +303,7 @@ CHECKS = {
     "coalescing_manager": compare(coalescing_manager),
     "functional": compare(functional),
     "simulated_time": charges_simulated_time,
+    "dtensor_1d": dtensor_1d,
 }
 
 run_checks(CHECKS, sys.argv[2:])

@@ -16,7 +16,9 @@ def run_checks(checks: dict[str, Callable[[], None]], selected: list[str] | None
             check()
         except Exception as error:  # reported as a FAIL marker, with the traceback for the test's message
             traceback.print_exc()
-            print(f"CHECK {name} FAIL {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+            print(
+                f"CHECK {name} FAIL {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            )
         else:
             print(f"CHECK {name} OK")
         sys.stdout.flush()
