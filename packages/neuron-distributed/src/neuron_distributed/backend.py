@@ -33,7 +33,7 @@ from torch._C._distributed_c10d import (
     _create_work_from_future,
 )
 
-from . import costs
+from . import costs, matching
 from .hostmap import flat_tensors, to_host
 
 __all__ = ["BACKEND_NAME", "NeuronProcessGroup", "create_process_group", "register_backend"]
@@ -77,7 +77,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
-    def _issue(self, kind: str, inputs: Any, outputs: Any, call: Callable[[], Work]) -> Work:
+    def _issue(
+        self, kind: str, inputs: Any, outputs: Any, call: Callable[[], Work], same: Any = None
+    ) -> Work:
+        """Check that the ranks agree on `same` (tensors that must match everywhere), charge the time, then run."""
+        if same is not None:
+            matching.verify_same(self._gloo, kind, flat_tensors(same))
         costs.charge(kind, flat_tensors(inputs), flat_tensors(outputs), self.size())
         return call()
 
@@ -90,7 +95,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             for t in host:
                 t.mul_(factor)
             opts = _with_sum(opts, AllreduceOptions)
-        return self._issue("allreduce", tensors, tensors, lambda: self._gloo.allreduce(host, opts))
+        return self._issue("allreduce", tensors, tensors, lambda: self._gloo.allreduce(host, opts), same=host)
 
     def allreduce_coalesced(
         self,
@@ -104,7 +109,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 t.mul_(factor)
             opts = _with_sum(opts, AllreduceCoalescedOptions)
         return self._issue(
-            "allreduce_coalesced", tensors, tensors, lambda: self._gloo.allreduce_coalesced(host, opts)
+            "allreduce_coalesced",
+            tensors,
+            tensors,
+            lambda: self._gloo.allreduce_coalesced(host, opts),
+            same=host,
         )
 
     def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions = ReduceOptions()) -> Work:  # noqa: B008
@@ -114,7 +123,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             for t in host:
                 t.mul_(factor)
             opts = _with_sum(opts, ReduceOptions)
-        return self._issue("reduce", tensors, tensors, lambda: self._gloo.reduce(host, opts))
+        return self._issue("reduce", tensors, tensors, lambda: self._gloo.reduce(host, opts), same=host)
 
     def reduce_scatter(
         self,
@@ -129,7 +138,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
             opts = _with_sum(opts, ReduceScatterOptions)
         host_out = to_host(outputs)
         return self._issue(
-            "reduce_scatter", inputs, outputs, lambda: self._gloo.reduce_scatter(host_out, host_in, opts)
+            "reduce_scatter",
+            inputs,
+            outputs,
+            lambda: self._gloo.reduce_scatter(host_out, host_in, opts),
+            same=host_out,
         )
 
     def reduce_scatter_single(
@@ -149,6 +162,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             input,
             output,
             lambda: self._gloo._reduce_scatter_base(host_out, host_in, opts),
+            same=host_in,
         )
 
     _reduce_scatter_base = reduce_scatter_single
@@ -169,7 +183,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors: list[torch.Tensor], opts: BroadcastOptions = BroadcastOptions()) -> Work:  # noqa: B008
         host = to_host(tensors)
-        return self._issue("broadcast", tensors, tensors, lambda: self._gloo.broadcast(host, opts))
+        return self._issue("broadcast", tensors, tensors, lambda: self._gloo.broadcast(host, opts), same=host)
 
     def allgather(
         self,
@@ -179,7 +193,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     ) -> Work:
         host_out, host_in = to_host(outputs), to_host(inputs)
         return self._issue(
-            "allgather", inputs, outputs, lambda: self._gloo.allgather(host_out, host_in, opts)
+            "allgather", inputs, outputs, lambda: self._gloo.allgather(host_out, host_in, opts), same=host_in
         )
 
     def allgather_coalesced(
@@ -204,7 +218,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
     ) -> Work:
         host_out, host_in = to_host(output), to_host(input)
         return self._issue(
-            "all_gather_single", input, output, lambda: self._gloo._allgather_base(host_out, host_in, opts)
+            "all_gather_single",
+            input,
+            output,
+            lambda: self._gloo._allgather_base(host_out, host_in, opts),
+            same=host_in,
         )
 
     _allgather_base = all_gather_single
@@ -228,7 +246,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts: GatherOptions = GatherOptions(),  # noqa: B008
     ) -> Work:
         host_out, host_in = to_host(outputs), to_host(inputs)
-        return self._issue("gather", inputs, outputs, lambda: self._gloo.gather(host_out, host_in, opts))
+        return self._issue(
+            "gather", inputs, outputs, lambda: self._gloo.gather(host_out, host_in, opts), same=host_in
+        )
 
     def scatter(
         self,
@@ -237,7 +257,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts: ScatterOptions = ScatterOptions(),  # noqa: B008
     ) -> Work:
         host_out, host_in = to_host(outputs), to_host(inputs)
-        return self._issue("scatter", inputs, outputs, lambda: self._gloo.scatter(host_out, host_in, opts))
+        return self._issue(
+            "scatter", inputs, outputs, lambda: self._gloo.scatter(host_out, host_in, opts), same=host_out
+        )
 
     # All-to-all -----------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,84 @@
+"""Mismatched collectives fail with a clear error on every rank, instead of crashing one.
+
+Gloo does not survive ranks that disagree on a collective's sizes: the receiving rank's IO thread throws
+`gloo::EnforceNotMet` ("Received data size doesn't match expected size") and the process aborts. So before each
+collective whose tensors must agree across ranks, the ranks exchange a fixed-size signature (collective, dtype,
+shape) in one small all-gather and raise `ValueError` naming every rank's view if they differ.
+`NEURON_DISTRIBUTED_CHECK_COLLECTIVES=0` skips the exchange (one small extra message per collective).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import torch
+from torch._C._distributed_c10d import ProcessGroupGloo
+
+__all__ = ["CHECK_ENV", "enabled", "verify_same"]
+
+CHECK_ENV = "NEURON_DISTRIBUTED_CHECK_COLLECTIVES"
+_KINDS = (
+    "allreduce",
+    "allreduce_coalesced",
+    "broadcast",
+    "reduce",
+    "allgather",
+    "all_gather_single",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "gather",
+    "scatter",
+)
+_DTYPES = [getattr(torch, name) for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)]
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(dict.fromkeys(_DTYPES))}
+_SHOWN_DIMS = 4
+_LENGTH = 5 + _SHOWN_DIMS  # kind, tensor count, dtype, ndim, crc of everything, the first dims
+
+
+def enabled() -> bool:
+    return os.environ.get(CHECK_ENV, "1") != "0"
+
+
+def _signature(kind: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    first = tensors[0] if tensors else torch.empty(0)
+    described = repr([(str(t.dtype), tuple(t.shape)) for t in tensors]).encode()
+    dims = [*first.shape[:_SHOWN_DIMS], *[-1] * (_SHOWN_DIMS - first.dim())]
+    return torch.tensor(
+        [
+            _KINDS.index(kind),
+            len(tensors),
+            _DTYPE_CODES[first.dtype],
+            first.dim(),
+            zlib.crc32(described),
+            *dims,
+        ],
+        dtype=torch.int64,
+    )
+
+
+def _describe(row: list[int]) -> str:
+    kind, count, dtype, ndim, _, *dims = row
+    dtype_name = str(next(d for d, c in _DTYPE_CODES.items() if c == dtype)).removeprefix("torch.")
+    shape = ", ".join(str(d) for d in dims[: min(ndim, _SHOWN_DIMS)]) + (
+        ", ..." if ndim > _SHOWN_DIMS else ""
+    )
+    more = f" (+{count - 1} more tensors)" if count > 1 else ""
+    return f"{_KINDS[kind]} on {dtype_name}[{shape}]{more}"
+
+
+def verify_same(gloo: ProcessGroupGloo, kind: str, tensors: list[torch.Tensor]) -> None:
+    """Raise ValueError on every rank if the ranks disagree on `kind` or on `tensors`' dtypes and shapes."""
+    if not enabled() or gloo.size() == 1:
+        return
+    mine = _signature(kind, tensors)
+    everyone = torch.empty(gloo.size() * _LENGTH, dtype=torch.int64)
+    gloo._allgather_base(everyone, mine).wait()
+    rows = everyone.view(gloo.size(), _LENGTH)
+    if bool((rows == mine).all()):
+        return
+    views = "; ".join(f"rank {rank}: {_describe(row)}" for rank, row in enumerate(rows.tolist()))
+    raise ValueError(
+        f"mismatched collective across ranks (every rank must call the same one on tensors of the same "
+        f"dtype and shape): {views}"
+    )
