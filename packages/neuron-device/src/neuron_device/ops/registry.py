@@ -26,13 +26,24 @@ def _library(namespace: str) -> torch.library.Library:
     return library
 
 
-def register(name: str, fn: Callable, *, with_keyset: bool = False) -> None:
-    """Register `fn` as the `neuron` kernel of op `name` ("namespace::op.overload")."""
+_AUTOGRAD_KEY = "AutogradPrivateUse1"
+
+
+def register(name: str, fn: Callable, *, with_keyset: bool = False, dispatch_key: str = _DISPATCH_KEY) -> None:
+    """Register `fn` as the `neuron` kernel of op `name` ("namespace::op.overload").
+
+    `dispatch_key="AutogradPrivateUse1"` registers above autograd instead: how a composite op is routed on `neuron`
+    (e.g. `scaled_dot_product_attention` to the fused op that has a `neuron` kernel). Only direct kernels are listed
+    in `kernels`.
+    """
     namespace, _, op = name.partition("::")
     if not op:
         raise ValueError(f"op name {name!r} must be qualified as 'namespace::op[.overload]'")
-    _library(namespace).impl(op, fn, _DISPATCH_KEY, with_keyset=with_keyset)
-    kernels[name] = fn
+    if dispatch_key not in (_DISPATCH_KEY, _AUTOGRAD_KEY):
+        raise ValueError(f"dispatch_key must be {_DISPATCH_KEY!r} or {_AUTOGRAD_KEY!r}, got {dispatch_key!r}")
+    _library(namespace).impl(op, fn, dispatch_key, with_keyset=with_keyset)
+    if dispatch_key == _DISPATCH_KEY:
+        kernels[name] = fn
 
 
 def kernel(*names: str, with_keyset: bool = False) -> Callable[[Callable], Callable]:
