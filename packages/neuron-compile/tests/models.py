@@ -23,7 +23,7 @@ class MLP(nn.Module):
 class CNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)  # BatchNorm follows: a bias would get no gradient
         self.bn = nn.BatchNorm2d(8)
         self.conv2 = nn.Conv2d(8, 8, 3, stride=2)
         self.head = nn.Linear(8, 10)

@@ -8,10 +8,10 @@ import warnings
 
 import pytest
 import torch
-from neuron_device.ops import host_exec
 
 from neuron_compile import backend, compiler
 from neuron_compile.backend import DynamicShapesNotSupported, NeuronCompileError
+from neuron_device.ops import host_exec
 
 pytestmark = pytest.mark.compiler
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from neuron_device.ops import host_exec
-
 from models import MLP
+
+from neuron_device.ops import host_exec
 
 pytestmark = pytest.mark.compiler
 
@@ -30,5 +30,5 @@ def test_inductor_compiles_neuron_graphs() -> None:
 def test_cpp_wrapper_is_refused_clearly() -> None:
     torch._dynamo.reset()
     compiled = torch.compile(lambda x: x + 1, options={"cpp_wrapper": True})
-    with pytest.raises(Exception, match="C\\+\\+ wrapper .* is not implemented for the 'neuron' device"):
+    with pytest.raises(Exception, match=r"C\+\+ wrapper .* is not implemented for the 'neuron' device"):
         compiled(torch.ones(3, device="neuron"))

@@ -7,9 +7,9 @@ import copy
 
 import pytest
 import torch
-from neuron_device import timeline
-
 from models import CNN, MLP, decoder
+
+from neuron_device import timeline
 
 pytestmark = pytest.mark.compiler
 
@@ -42,7 +42,7 @@ def test_forward_and_training_match_eager(name: str) -> None:
     model, batch, target = _model_and_batch(name)
     eager = model.to("neuron")
     compiled_model = copy.deepcopy(eager)
-    compiled = torch.compile(compiled_model, backend="neuron", fullgraph=True)
+    compiled = torch.compile(compiled_model, backend="neuron", fullgraph=True, dynamic=False)
     batch, target = batch.to("neuron"), target.to("neuron")
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, compiled_model)]
     tolerance = {"atol": 1e-4, "rtol": 1e-4}
@@ -67,7 +67,7 @@ def test_forward_and_training_match_eager(name: str) -> None:
 def test_compiled_transformer_step_costs_less_simulated_time_than_eager() -> None:
     model, batch, target = _model_and_batch("llama")
     eager = model.to("neuron")
-    compiled = torch.compile(copy.deepcopy(eager), backend="neuron", fullgraph=True)
+    compiled = torch.compile(copy.deepcopy(eager), backend="neuron", fullgraph=True, dynamic=False)
     batch, target = batch.to("neuron"), target.to("neuron")
     _simulated_step_seconds(compiled, batch, target)  # compile outside the measurement
     eager_seconds = _simulated_step_seconds(eager, batch, target)

@@ -73,7 +73,13 @@ def _eager(gm: torch.fx.GraphModule) -> Callable:
     return run
 
 def _compile_static(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings: CompileSettings, *, name: str, recompile: bool
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    settings: CompileSettings,
+    *,
+    name: str,
+    recompile: bool,
+    traced: bool = True,
 ) -> CompiledGraph:
     started = time.perf_counter()
     metrics.record("compilations")
@@ -98,7 +104,7 @@ def _compile_static(
                 plans.update(entry.plans)
             else:
                 metrics.record("cache_misses")
-            fn = compiler.compile_graph(gm, graph_inputs, artifacts=artifacts, plans=plans)
+            fn = compiler.compile_graph(gm, graph_inputs, artifacts=artifacts, plans=plans, traced=traced)
             if not entry.hit:
                 entry.store(plans)
     except DynamicShapesNotSupported:
@@ -153,7 +159,7 @@ class _PerShape:
         if found is None:
             name = f"{self.name}_s{len(self.compiled)}"
             found = _compile_static(copy.deepcopy(self.gm), list(args), self.settings, name=name,
-                                    recompile=True)
+                                    recompile=True, traced=False)
             self.compiled[key] = found
         return found(*args)
 

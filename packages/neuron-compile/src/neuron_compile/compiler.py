@@ -108,18 +108,20 @@ def compile_graph(
     *,
     artifacts: ArtifactWriter,
     plans: dict[str, passes.KernelPlan],
+    traced: bool = True,
 ) -> HostGraph:
     """Compile a Dynamo graph of `neuron` tensors with static shapes to a callable taking the same arguments;
     `plans` receives the kernel plan of each AOT graph compiled ("forward", "backward" or "inference"; none on an
-    AOTAutograd cache hit)."""
+    AOTAutograd cache hit). `traced=False` compiles from the concrete `example_inputs` alone (a graph Dynamo traced
+    with symbolic shapes, specialised outside Dynamo)."""
     from torch._inductor.compile_fx import compile_fx
 
     artifacts.write_graph("dynamo", gm)
     _retarget_devices_to_host(gm)
-    traced = [node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder")]
-    if len(traced) != len(example_inputs):
-        traced = [None] * len(example_inputs)
-    inputs = [_host_example(v, t) for v, t in zip(example_inputs, traced)]
+    fakes = [node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder")]
+    if not traced or len(fakes) != len(example_inputs):
+        fakes = [None] * len(example_inputs)
+    inputs = [_host_example(v, t) for v, t in zip(example_inputs, fakes)]
     inner = functools.partial(_inner_compile, artifacts=artifacts, plans=plans)
     # The backward graph is compiled now, not at the first backward: failures surface at compile time, and the
     # compile cache and the debug artifacts see both graphs.

@@ -21,8 +21,9 @@ from torch._inductor.codegen.common import register_backend_for_device, register
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 
-__all__ = ["NeuronInterface", "NeuronWrapperCodegen", "register"]
+__all__ = ["CppScheduling", "NeuronInterface", "NeuronWrapperCodegen", "WrapperFxCodegen", "register"]
 
 DEVICE = "neuron"
 
@@ -99,6 +100,8 @@ class NeuronWrapperCodegen(PythonWrapperCodegen):
 class NeuronCppWrapperUnsupported:
     """Stands in for a C++ wrapper: `cpp_wrapper=True` / AOTInductor are not built for `neuron`."""
 
+    supports_caching = False
+
     @staticmethod
     def create(*args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
@@ -134,7 +137,9 @@ def register() -> None:
         register_interface_for_device(DEVICE, NeuronInterface)
         for index in range(torch.neuron.device_count()):
             register_interface_for_device(f"{DEVICE}:{index}", NeuronInterface)
-        register_backend_for_device(DEVICE, CppScheduling, NeuronWrapperCodegen, NeuronCppWrapperUnsupported)
+        register_backend_for_device(
+            DEVICE, CppScheduling, NeuronWrapperCodegen, NeuronCppWrapperUnsupported, WrapperFxCodegen
+        )
         register_device_op_overrides(DEVICE, CpuDeviceOpOverrides())
         _patch_scheduler_host_check()
         _registered = True

@@ -1,7 +1,7 @@
 """neuron-compile's hooks on the device's plugin seam (`neuron_device.plugins`). They run inside `import torch`,
-so nothing here imports torch._dynamo or torch._inductor: the device module gets the compile metrics, and lazy
-hooks through which Inductor's own discovery of a PrivateUse1 backend (`torch.neuron.Scheduling` etc.) registers
-`neuron` with Inductor the first time a plain `torch.compile` meets a `neuron` tensor."""
+so nothing here imports torch._dynamo or torch._inductor: the device module gets the compile metrics, and a lazy
+hook through which Inductor's own discovery of a PrivateUse1 backend (`torch.neuron.Scheduling` etc.) registers
+`neuron` with Dynamo and Inductor the first time Inductor initialises a graph."""
 
 from __future__ import annotations
 
@@ -11,38 +11,30 @@ from neuron_device.plugins import hookimpl
 
 from . import metrics
 
-
-def _register() -> Any:
-    from . import inductor_device
-
-    inductor_device.register()
-    return inductor_device
-
-
-class _LazyScheduling:
-    """`torch.neuron.Scheduling`: Inductor calls it with a scheduler to build the kernel scheduling."""
-
-    def __call__(self, scheduler: Any) -> Any:
-        from torch._inductor.codegen.cpp import CppScheduling
-
-        _register()
-        return CppScheduling(scheduler)
+# Names Inductor's discovery of a PrivateUse1 backend reads from `torch.neuron` -> what `inductor_device` provides.
+_INDUCTOR_HOOKS = {
+    "Scheduling": "CppScheduling",
+    "PythonWrapperCodegen": "NeuronWrapperCodegen",
+    "CppWrapperCodegen": "NeuronCppWrapperUnsupported",
+    "WrapperFxCodegen": "WrapperFxCodegen",
+}
 
 
-class _LazyWrapper:
-    """`torch.neuron.PythonWrapperCodegen`: Inductor calls `.create(...)`."""
+def _lazy_inductor_hooks(original: Any) -> Any:
+    """A module `__getattr__` for `torch.neuron` that registers `neuron` with Dynamo and Inductor on Inductor's first
+    look-up (inside its own initialisation, so importing it then is safe) and answers with our classes."""
 
-    @staticmethod
-    def create(*args: Any, **kwargs: Any) -> Any:
-        return _register().NeuronWrapperCodegen.create(*args, **kwargs)
+    def __getattr__(name: str) -> Any:
+        if name in _INDUCTOR_HOOKS:
+            from . import inductor_device
 
+            inductor_device.register()
+            return getattr(inductor_device, _INDUCTOR_HOOKS[name])
+        if original is None:
+            raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
+        return original(name)
 
-class _LazyCppWrapper:
-    """`torch.neuron.CppWrapperCodegen`: not built for `neuron` (raises a clear error when used)."""
-
-    @staticmethod
-    def create(*args: Any, **kwargs: Any) -> Any:
-        return _register().NeuronCppWrapperUnsupported.create(*args, **kwargs)
+    return __getattr__
 
 
 @hookimpl
@@ -50,6 +42,4 @@ def neuron_device_ready(device_module: Any) -> None:
     """Give `torch.neuron` the compile metrics and Inductor's lazy registration hooks."""
     device_module.get_dynamo_metrics = metrics.get_dynamo_metrics
     device_module.reset_dynamo_metrics = metrics.reset_dynamo_metrics
-    device_module.Scheduling = _LazyScheduling()
-    device_module.PythonWrapperCodegen = _LazyWrapper
-    device_module.CppWrapperCodegen = _LazyCppWrapper
+    device_module.__getattr__ = _lazy_inductor_hooks(getattr(device_module, "__getattr__", None))
