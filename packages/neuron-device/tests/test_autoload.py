@@ -44,3 +44,10 @@ def test_aws_stack_installed_alongside_is_reported(python, tmp_path):
     result = python("import torch", env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode != 0
     assert "AWS's torch-neuronx 2.14.3.0 is installed next to neuron-device" in result.stderr
+
+
+def test_importing_ours_before_torch_works(python):
+    for env in ({"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}):
+        result = python("import neuron_device, torch; print(torch.ones(2, device='neuron').device)", env=env)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "neuron:0"

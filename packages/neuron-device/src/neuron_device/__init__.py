@@ -21,4 +21,8 @@ def register() -> None:
     _register()
 
 
+# Importing torch first lets its autoload run `register()` while torch is half-imported, as it does when torch is
+# imported first; registering from here, before `import torch` finished, would re-enter our half-run modules.
+import torch  # noqa: E402, F401
+
 register()
