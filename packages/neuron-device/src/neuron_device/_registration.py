@@ -82,6 +82,12 @@ def _load_plugins() -> None:
     plugins.load_plugins(registry, torch.neuron)
 
 
+def _install_exit_report() -> None:
+    from . import report  # light: the op tracker and allocator it reads are imported by then
+
+    report.install_exit_report()
+
+
 def register() -> None:
     """Register the `neuron` device with torch (idempotent, thread-safe)."""
     global _registered
@@ -96,3 +102,4 @@ def register() -> None:
         _apply_patches()
         _registered = True
         _load_plugins()
+        _install_exit_report()

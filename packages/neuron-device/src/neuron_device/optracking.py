@@ -36,7 +36,9 @@ from . import topology as _topology
 __all__ = [
     "FALLBACK_ENV",
     "NATIVE",
+    "Launch",
     "OpInfo",
+    "Work",
     "admit",
     "charge",
     "clear_compilation_cache",
@@ -45,6 +47,7 @@ __all__ = [
     "compilation_stats",
     "get_executed_ops",
     "get_fallback_ops",
+    "launches",
     "op_info",
     "record_kernel",
     "transfer",
@@ -328,14 +331,57 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _estimate(info: OpInfo, args: tuple, kwargs: dict, result: Any) -> float:
-    """Device seconds of one call of a signature (computed once per signature)."""
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What one call of a signature does, kept so the run can be re-estimated on another target: work per engine
+    and HBM bytes of a kernel (`costmodel.estimate_kernel`), or the host-link copies of a fallback."""
+
+    engines: tuple[tuple[str, float], ...] = ()
+    hbm_bytes: int = 0
+    dtype: torch.dtype = torch.float32
+    host_copies: tuple[int, ...] = ()  # bytes of each host<->device copy; non-empty means no kernel runs
+
+    def seconds(self, target: _topology.Target) -> float:
+        """Device seconds of one call on `target`."""
+        if self.host_copies:
+            return sum(_costmodel.transfer_seconds(nbytes, target) for nbytes in self.host_copies)
+        return _costmodel.estimate_kernel(dict(self.engines), self.hbm_bytes, dtype=self.dtype, target=target).seconds
+
+
+class Launch:
+    """Calls of one signature since the last `clear_op_tracking()`: its op name, seconds per call on the simulated
+    target, and its `Work` (None for kernels recorded with their time only, e.g. NKI kernels)."""
+
+    __slots__ = ("calls", "name", "seconds", "work")
+
+    def __init__(self, name: str, seconds: float, work: Work | None) -> None:
+        self.name, self.seconds, self.work, self.calls = name, seconds, work, 0
+
+
+_launches: dict[tuple, Launch] = {}
+_works: dict[tuple, Work] = {}  # signature -> its work, beside the cached seconds in `_kernels` / `_seconds`
+
+
+def _launch(key: tuple, name: str, seconds: float) -> None:
+    """Count one call of signature `key`."""
+    entry = _launches.get(key)
+    if entry is None:
+        entry = _launches[key] = Launch(name, seconds, _works.get(key))
+    entry.calls += 1
+
+
+def launches() -> list[Launch]:
+    """Every signature charged to a device since the last `clear_op_tracking()`, with its call count."""
+    return list(_launches.values())
+
+
+def _work(info: OpInfo, args: tuple, kwargs: dict, result: Any) -> Work:
+    """What one call of a signature does (computed once per signature)."""
     outputs = list(_tensors(result))
     # an out= tensor is written, not read: it counts once, as an output
     inputs = list(_tensors(args)) + [t for t in _tensors(list(kwargs.values())) if all(t is not o for o in outputs)]
-    target = _topology.topology().target
     if info.engine is None:
-        return _costmodel.transfer_seconds(_nbytes(inputs), target) + _costmodel.transfer_seconds(_nbytes(outputs), target)
+        return Work(host_copies=(_nbytes(inputs), _nbytes(outputs)))
     first = outputs[0] if outputs else None
     dtype = inputs[0].dtype if inputs else (first.dtype if first is not None else torch.float32)
     out_elements = sum(t.numel() for t in outputs)
@@ -345,9 +391,7 @@ def _estimate(info: OpInfo, args: tuple, kwargs: dict, result: Any) -> float:
         amount = max(sum(t.numel() for t in inputs), out_elements)
     else:
         amount = out_elements or max((t.numel() for t in inputs), default=0)
-    estimate = _costmodel.estimate_kernel({info.engine: amount}, _nbytes(inputs) + _nbytes(outputs), dtype=dtype,
-                                          target=target)
-    return estimate.seconds
+    return Work(((info.engine, amount),), _nbytes(inputs) + _nbytes(outputs), dtype)
 
 
 def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> None:
@@ -360,21 +404,26 @@ def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> 
     key = (info.name, _signature(args), (tuple(kwargs), _signature(kwargs.values())) if kwargs else None)
     if engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
         key += (_numerics.fp32_matmul_rounds_to_bf16(),)  # the Tensor engine rate of fp32 depends on it
+    name = info.name
     if engine is None:
         seconds = _seconds.get(key)
         if seconds is None:
-            seconds = _seconds[key] = _estimate(info, args, kwargs, result)
-        end = _timeline.charge(index, seconds)
+            work = _works[key] = _work(info, args, kwargs, result)
+            seconds = _seconds[key] = work.seconds(_topology.topology().target)
+        _launch(key, name, seconds)
+        end = _timeline.charge(index, seconds, name)
         _timeline.timeline(index).host_wait(end)  # the host ran the op: it waited for its inputs and outputs
         return
-    _executed.add(info.name)
+    _executed.add(name)
     seconds = _kernels.get(key)
     if seconds is None:
-        seconds = _kernels[key] = _estimate(info, args, kwargs, result)
-        _compilations[info.name] += 1
+        work = _works[key] = _work(info, args, kwargs, result)
+        seconds = _kernels[key] = work.seconds(_topology.topology().target)
+        _compilations[name] += 1
     else:
         _cache_hits += 1
-    _timeline.charge(index, seconds)
+    _launch(key, name, seconds)
+    _timeline.charge(index, seconds, name)
 
 
 def record_kernel(name: str, index: int, signature: Hashable, seconds: float) -> None:
@@ -393,7 +442,8 @@ def record_kernel(name: str, index: int, signature: Hashable, seconds: float) ->
     else:
         _kernels[key] = seconds
         _compilations[name] += 1
-    _timeline.charge(index, seconds)
+    _launch(key, name, seconds)
+    _timeline.charge(index, seconds, name)
 
 
 def transfer(name: str, src: torch.Tensor, dst: torch.Tensor, device: torch.device | None = None) -> None:
@@ -411,14 +461,22 @@ def transfer(name: str, src: torch.Tensor, dst: torch.Tensor, device: torch.devi
         key = (name, nbytes)
         seconds = _seconds.get(key)
         if seconds is None:
-            seconds = _seconds[key] = _costmodel.estimate_kernel({}, 2 * nbytes).seconds
-        _timeline.charge(device.index, seconds)
-    elif src_on_device:
-        index = src.device.index
-        end = _timeline.charge(index, _costmodel.transfer_seconds(nbytes))
-        _timeline.timeline(index).host_wait(end)
-    elif device.type == _NEURON:
-        _timeline.charge(device.index, _costmodel.transfer_seconds(nbytes))
+            work = _works[key] = Work(hbm_bytes=2 * nbytes)
+            seconds = _seconds[key] = work.seconds(_topology.topology().target)
+        _launch(key, name, seconds)
+        _timeline.charge(device.index, seconds, name)
+    elif src_on_device or device.type == _NEURON:
+        direction = "device->host" if src_on_device else "host->device"
+        index = src.device.index if src_on_device else device.index
+        key = (name, direction, nbytes)
+        seconds = _seconds.get(key)
+        if seconds is None:
+            work = _works[key] = Work(host_copies=(nbytes,))
+            seconds = _seconds[key] = work.seconds(_topology.topology().target)
+        _launch(key, f"{name} ({direction})", seconds)
+        end = _timeline.charge(index, seconds, f"{name} ({direction})")
+        if src_on_device:
+            _timeline.timeline(index).host_wait(end)
 
 
 def get_fallback_ops() -> list[str]:
@@ -435,6 +493,7 @@ def clear_op_tracking() -> None:
     """Forget executed and fallback ops; a fallback warns again the next time it runs."""
     _executed.clear()
     _fallbacks.clear()
+    _launches.clear()
 
 
 def clear_compilation_counters() -> None:
@@ -448,6 +507,7 @@ def clear_compilation_cache() -> None:
     """Forget every compiled kernel (and its cost estimate) and reset the counters: every signature compiles again."""
     _kernels.clear()
     _seconds.clear()
+    _works.clear()
     clear_compilation_counters()
 
 

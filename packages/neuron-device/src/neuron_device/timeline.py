@@ -13,17 +13,24 @@ Which stream is current is per thread and per device, as in CUDA; stream 0 is ea
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
-__all__ = ["DeviceTimeline", "charge", "current_stream_id", "set_current_stream_id", "timeline"]
+__all__ = ["DeviceTimeline", "Recorder", "charge", "current_stream_id", "set_current_stream_id", "set_recorder",
+           "timeline"]
+
+# Called for every charge while a profiler listens: (name, device index, stream id, start, end), seconds.
+Recorder = Callable[[str, int, int, float, float], None]
+_recorder: Recorder | None = None
 
 
 class DeviceTimeline:
     """The clocks of one device's streams and the host's position on them (seconds)."""
 
-    __slots__ = ("_lock", "clocks", "host")
+    __slots__ = ("_lock", "busy", "clocks", "host")
 
     def __init__(self) -> None:
         self.clocks: dict[int, float] = {0: 0.0}
+        self.busy: dict[int, float] = {}  # stream id -> seconds of work charged to it (clocks also count idle time)
         self.host = 0.0
         self._lock = threading.Lock()
 
@@ -38,6 +45,7 @@ class DeviceTimeline:
             clock, host = self.clocks.get(stream_id, 0.0), self.host
             end = (clock if clock > host else host) + seconds
             self.clocks[stream_id] = end
+            self.busy[stream_id] = self.busy.get(stream_id, 0.0) + seconds
         return end
 
     def wait_until(self, stream_id: int, when: float) -> None:
@@ -88,7 +96,19 @@ def set_current_stream_id(index: int, stream_id: int) -> None:
     _current.ids[index] = stream_id
 
 
-def charge(index: int, seconds: float) -> float:
-    """Queue `seconds` of work on this thread's current stream of device `index`; return its completion time."""
+def set_recorder(recorder: Recorder | None) -> Recorder | None:
+    """Install `recorder` (None: none) to see every charge with its name, e.g. a profiler; return the previous one."""
+    global _recorder
+    previous, _recorder = _recorder, recorder
+    return previous
+
+
+def charge(index: int, seconds: float, name: str = "device work") -> float:
+    """Queue `seconds` of work named `name` on this thread's current stream of device `index`; return its
+    completion time. `name` reaches only an installed recorder (a profiler's device lane)."""
     found = _timelines.get(index) or timeline(index)
-    return found.charge(_current.ids.get(index, 0), seconds)
+    stream_id = _current.ids.get(index, 0)
+    end = found.charge(stream_id, seconds)
+    if _recorder is not None:
+        _recorder(name, index, stream_id, end - seconds, end)
+    return end
