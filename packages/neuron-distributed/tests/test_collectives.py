@@ -38,9 +38,12 @@ CHECKS = [
 ]
 
 
+ENVIRONMENTS = {"all cores": {}, "cores 4-5": {"NEURON_RT_VISIBLE_CORES": "4-5"}}
+
+
 @functools.cache
-def _run(form: str, *checks: str):
-    return launch("collectives.py", 2, form, *checks, timeout=240)
+def _run(form: str, *checks: str, cores: str = "all cores"):
+    return launch("collectives.py", 2, form, *checks, timeout=240, env=ENVIRONMENTS[cores])
 
 
 @pytest.mark.multiprocess

@@ -4,6 +4,7 @@ plain Gloo group. Usage: collectives.py <init form: neuron|mixed|default> [check
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 from collections.abc import Callable
 
@@ -14,8 +15,9 @@ from common import finish, run_checks
 from torch.distributed.device_mesh import init_device_mesh
 
 FORM = sys.argv[1]
-BACKENDS = {"neuron": "neuron", "mixed": "cpu:gloo,neuron:neuron", "default": None}
-dist.init_process_group(BACKENDS[FORM], timeout=datetime.timedelta(seconds=60))
+BACKENDS = {"neuron": "neuron", "mixed": "cpu:gloo,neuron:neuron", "default": None, "device_id": "neuron"}
+OPTIONS = {"device_id": {"device_id": torch.device("neuron", torch.neuron.current_device())}}
+dist.init_process_group(BACKENDS[FORM], timeout=datetime.timedelta(seconds=60), **OPTIONS.get(FORM, {}))
 RANK, WORLD = dist.get_rank(), dist.get_world_size()
 NEURON = torch.device("neuron", torch.neuron.current_device())
 CPU = torch.device("cpu")
@@ -266,12 +268,20 @@ def dtensor_1d() -> None:
 
 
 def backend_identity() -> None:
-    assert NEURON.index == int(__import__("os").environ["LOCAL_RANK"]), NEURON
+    """Each process sees every visible core and works on neuron:<LOCAL_RANK>; the group is backend `neuron`."""
+    from neuron_device.topology import topology
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    assert NEURON.index == local_rank, NEURON
+    visible = os.environ.get("NEURON_RT_VISIBLE_CORES")
+    if visible == "4-5":  # the launch that restricts the process to cores 4 and 5
+        assert torch.neuron.device_count() == 2, torch.neuron.device_count()
+        assert topology().core_id(NEURON.index) == 4 + local_rank, topology()
     group = dist.group.WORLD
     assert group._get_backend(torch.device("neuron")) is not None
     name = dist.get_backend()
     assert name in ("neuron", "undefined"), name  # torch reports "undefined" for Python process groups
-    assert group.getBackendName() == "neuron" if hasattr(group, "getBackendName") else True
+    assert group.getBackendName() == "neuron"
 
 
 CHECKS = {
