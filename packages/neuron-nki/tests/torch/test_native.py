@@ -1,0 +1,210 @@
+"""The NKI kernel library as native `neuron` kernels: numerics vs CPU (forward and backward, fp32/bf16, ragged
+shapes), clean fallback outside the kernels' support, a Llama-style model, and simulated device time per kernel."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torch_neuronx
+from neuron_device import timeline
+from nki.library.attention import flash_attention_bwd, flash_attention_fwd
+from nki.library.matmul import matmul
+from nki.torch import record_launches
+
+_TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 3e-2, "rtol": 3e-2}}
+
+
+def _check(fn: Callable, inputs: list[torch.Tensor], dtype: torch.dtype, kernels: set[str]) -> None:
+    """fn on neuron (dtype) vs fn on CPU in float32 from the same rounded inputs; outputs and input gradients."""
+    torch.manual_seed(0)
+    cpu = [t.to(dtype).float().detach().clone().requires_grad_() for t in inputs]
+    dev = [t.to(dtype).to("neuron").detach().requires_grad_() for t in inputs]
+    with record_launches() as launches:
+        out = fn(*dev)
+        grad = torch.randn(out.shape)
+        out.backward(grad.to(dtype).to("neuron"))
+    ref = fn(*cpu)
+    ref.backward(grad.to(dtype).float())
+    assert {launch.name for launch in launches} >= kernels
+    scale = max(1.0, ref.abs().max().item())
+    tol = {k: v * scale for k, v in _TOL[dtype].items()}
+    torch.testing.assert_close(out.detach().cpu().float(), ref.detach(), **tol)
+    for d, c in zip(dev, cpu, strict=True):
+        gscale = max(1.0, c.grad.abs().max().item())
+        torch.testing.assert_close(d.grad.cpu().float(), c.grad, **{k: v * gscale for k, v in _TOL[dtype].items()})
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+_FLASH = {"nki::flash_attention_fwd", "nki::flash_attention_bwd"}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape, causal", [
+    ((1, 2, 2, 64, 64, 32), True),
+    ((2, 4, 2, 130, 77, 64), False),  # GQA, ragged query and key tiles, Sq > Sk
+    ((1, 2, 1, 200, 200, 128), True),  # multi-query, ragged, head dim 128
+])
+def test_sdpa(shape: tuple, causal: bool, dtype: torch.dtype) -> None:
+    B, H, Hkv, Sq, Sk, d = shape
+    inputs = [torch.randn(B, H, Sq, d), torch.randn(B, Hkv, Sk, d), torch.randn(B, Hkv, Sk, d)]
+    _check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=H != Hkv),
+           inputs, dtype, _FLASH)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 50, 64), (130, 200)], ids=["3d", "ragged"])
+def test_rms_norm(shape: tuple, dtype: torch.dtype) -> None:
+    d = shape[-1]
+    _check(lambda x, w: F.rms_norm(x, (d,), w, 1e-6), [torch.randn(shape), torch.randn(d)], dtype,
+           {"nki::rmsnorm_fwd", "nki::rmsnorm_bwd"})
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 50, 64), (130, 200)], ids=["3d", "ragged"])
+def test_layer_norm(shape: tuple, dtype: torch.dtype) -> None:
+    d = shape[-1]
+    _check(lambda x, w, b: F.layer_norm(x, (d,), w, b), [torch.randn(shape), torch.randn(d), torch.randn(d)],
+           dtype, {"nki::layernorm_fwd", "nki::layernorm_bwd"})
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 50, 64), (130, 200)], ids=["3d", "ragged"])
+def test_softmax(shape: tuple, dtype: torch.dtype) -> None:
+    _check(lambda x: torch.softmax(x * 3, -1), [torch.randn(shape)], dtype, {"nki::softmax_fwd", "nki::softmax_bwd"})
+
+
+def test_sliding_window_kernel_matches_masked_reference() -> None:
+    """The window mask is a library feature (no aten op has it): checked against SDPA with the explicit mask."""
+    B, H, S, d, window = 1, 2, 200, 32, 70
+    q, k, v = (torch.randn(B, H, S, d, requires_grad=True) for _ in range(3))
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=(j <= i) & (i - window < j))
+    grad = torch.randn_like(ref)
+    ref.backward(grad)
+    scale = 1 / math.sqrt(d)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    out, lse = flash_attention_fwd[B, H](qd.transpose(-1, -2), kd.transpose(-1, -2), vd, scale, True, window)
+    torch.testing.assert_close(out, ref.detach(), atol=1e-5, rtol=1e-5)
+    grads = flash_attention_bwd[B, H](qd, qd.transpose(-1, -2), kd, kd.transpose(-1, -2), vd.transpose(-1, -2), out,
+                                      grad, grad.transpose(-1, -2), lse, scale, True, window)
+    for got, t in zip(grads, (q, k, v), strict=True):
+        torch.testing.assert_close(got, t.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matmul_kernel_ragged(dtype: torch.dtype) -> None:
+    a, b = torch.randn(300, 200).to(dtype), torch.randn(200, 600).to(dtype)
+    out = matmul(a.to("neuron").t(), b.to("neuron"))
+    ref = (a.float() @ b.float()).to(dtype)
+    torch.testing.assert_close(out.cpu(), ref, **{k: v * 10 for k, v in _TOL[dtype].items()})
+
+
+@pytest.mark.parametrize("case", ["sdpa_mask", "sdpa_dropout_free_float64", "softmax_dim0", "layer_norm_float64",
+                                  "rms_norm_mixed_dtypes"])
+def test_fallback_outside_support_matches_cpu_without_nki(case: str) -> None:
+    x = torch.randn(2, 2, 40, 16)
+    fns: dict[str, tuple[Callable, list[torch.Tensor]]] = {
+        "sdpa_mask": (lambda q: F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(40, 40, dtype=torch.bool,
+                                                                                            device=q.device)), [x]),
+        "sdpa_dropout_free_float64": (lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+                                      [x.double()]),
+        "softmax_dim0": (lambda t: torch.softmax(t, 0), [x]),
+        "layer_norm_float64": (lambda t: F.layer_norm(t, (16,)), [x.double()]),
+        "rms_norm_mixed_dtypes": (lambda t: F.rms_norm(t.bfloat16(), (16,), t[0, 0, 0]), [x]),
+    }
+    fn, inputs = fns[case]
+    with record_launches() as launches:
+        out = fn(*(t.to("neuron") for t in inputs))
+    assert not launches
+    torch.testing.assert_close(out.cpu(), fn(*inputs), atol=1e-6, rtol=1e-6)
+
+
+class TinyLlama(nn.Module):
+    """Llama-style decoder: RMSNorm, GQA causal SDPA, SwiGLU MLP, tied-free LM head (plain torch)."""
+
+    def __init__(self, vocab: int = 64, dim: int = 64, heads: int = 4, kv_heads: int = 2, layers: int = 2) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList()
+        for _ in range(layers):
+            self.layers.append(nn.ModuleDict({
+                "attn_norm": nn.RMSNorm(dim, eps=1e-6), "q": nn.Linear(dim, dim, bias=False),
+                "k": nn.Linear(dim, kv_heads * self.head_dim, bias=False),
+                "v": nn.Linear(dim, kv_heads * self.head_dim, bias=False), "o": nn.Linear(dim, dim, bias=False),
+                "mlp_norm": nn.RMSNorm(dim, eps=1e-6), "gate": nn.Linear(dim, 2 * dim, bias=False),
+                "up": nn.Linear(dim, 2 * dim, bias=False), "down": nn.Linear(2 * dim, dim, bias=False),
+            }))
+        self.norm = nn.RMSNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        B, S, _ = x.shape
+        for layer in self.layers:
+            h = layer["attn_norm"](x)
+            q = layer["q"](h).view(B, S, self.heads, self.head_dim).transpose(1, 2)
+            k = layer["k"](h).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = layer["v"](h).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + layer["o"](a.transpose(1, 2).reshape(B, S, -1))
+            h = layer["mlp_norm"](x)
+            x = x + layer["down"](F.silu(layer["gate"](h)) * layer["up"](h))
+        return self.head(self.norm(x))
+
+
+def test_tiny_llama_uses_nki_kernels_and_matches_cpu_logits() -> None:
+    torch.manual_seed(0)
+    model = TinyLlama().eval()
+    tokens = torch.randint(0, 64, (2, 40))
+    with torch.no_grad():
+        ref = model(tokens)
+        device_model = model.to("neuron")
+        torch_neuronx.clear_op_tracking()
+        with record_launches() as launches:
+            logits = device_model(tokens.to("neuron"))
+    executed = torch_neuronx.get_executed_ops()
+    assert {"nki::flash_attention_fwd", "nki::rmsnorm_fwd"} <= set(executed)
+    names = [launch.name for launch in launches]
+    assert names.count("nki::flash_attention_fwd") == 2 and names.count("nki::rmsnorm_fwd") == 5
+    torch.testing.assert_close(logits.cpu(), ref, atol=1e-4, rtol=1e-4)
+
+
+def _simulated_seconds(fn: Callable[[], object]) -> float:
+    """Simulated device time of `fn`'s work on neuron:0 (the host waits before and after)."""
+    line = timeline.timeline(0)
+    torch.neuron.synchronize()
+    start = line.host
+    fn()
+    torch.neuron.synchronize()
+    return line.host - start
+
+
+def test_model_forward_device_time_is_reported_per_kernel() -> None:
+    torch.manual_seed(0)
+    model = TinyLlama().to("neuron").eval()
+    tokens = torch.randint(0, 64, (1, 64), device="neuron")
+    with torch.no_grad(), record_launches() as launches:
+        total = _simulated_seconds(lambda: model(tokens))
+    per_kernel: dict[str, float] = {}
+    for launch in launches:
+        per_kernel[launch.name] = per_kernel.get(launch.name, 0.0) + launch.latency_ns * 1e-9
+    assert set(per_kernel) == {"nki::flash_attention_fwd", "nki::rmsnorm_fwd"}
+    assert all(seconds > 0 for seconds in per_kernel.values())
+    assert sum(per_kernel.values()) < total  # the rest is the other (non-NKI) ops of the forward
+
+
+def test_flash_attention_estimate_beats_unfused_eager_sdpa_at_2048() -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 2048, 64, device="neuron") for _ in range(3))
+    with record_launches() as launches:
+        fused = _simulated_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert [launch.name for launch in launches] == ["nki::flash_attention_fwd"]
+    unfused = _simulated_seconds(lambda: torch.ops.aten._scaled_dot_product_attention_math(q, k, v, is_causal=True))
+    assert fused < unfused
