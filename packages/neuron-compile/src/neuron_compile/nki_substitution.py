@@ -61,6 +61,8 @@ def _to_device(value: Any, index: int) -> Any:
         return adopt(value, index)
     if isinstance(value, (list, tuple)):
         return type(value)(_to_device(v, index) for v in value)
+    if isinstance(value, dict):
+        return {key: _to_device(v, index) for key, v in value.items()}
     return value
 
 
@@ -87,7 +89,7 @@ def _replacement(op: torch._ops.OpOverload, kernel: Callable) -> torch._ops.OpOv
         def run_on_device(*args: Any, **kwargs: Any) -> Any:
             index = torch.neuron.current_device()
             substituted_calls[kernel_name] = substituted_calls.get(kernel_name, 0) + 1
-            return _to_host(kernel(*_to_device(args, index), **_to_device(kwargs, index)))
+            return _to_host(kernel(*_to_device(args, index), **_to_device(dict(kwargs), index)))
 
         def meta(*args: Any, **kwargs: Any) -> Any:
             return op(*args, **kwargs)

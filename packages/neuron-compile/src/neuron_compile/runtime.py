@@ -31,14 +31,14 @@ class CompiledGraph:
         self.backward_seconds = backward_seconds
 
     def _charge_backward(self, grad_outputs: Any) -> None:
-        timeline.charge(self.index, self.backward_seconds)
+        timeline.charge(self.index, self.backward_seconds, "neuron_compile::graph_backward")
 
     def __call__(self, *args: Any) -> Any:
         if self.autocopy:
             args = tuple(to_neuron(args))
         outputs = self.fn(*args)
         if self.forward_seconds:
-            timeline.charge(self.index, self.forward_seconds)
+            timeline.charge(self.index, self.forward_seconds, "neuron_compile::graph_forward")
         if self.backward_seconds:
             for output in outputs if isinstance(outputs, (list, tuple)) else (outputs,):
                 if isinstance(output, torch.Tensor) and output.grad_fn is not None:
