@@ -34,6 +34,7 @@ CHECKS = [
     "functional",
     "simulated_time",
     "dtensor_1d",
+    "cpp_callers",
     "destroy",
 ]
 

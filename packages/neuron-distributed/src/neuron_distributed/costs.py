@@ -66,4 +66,4 @@ def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], g
         return
     seconds = collective_seconds(kind, max(_nbytes(inputs), _nbytes(outputs)), group_size)
     for index in devices:
-        timeline.charge(index, seconds)
+        timeline.charge(index, seconds, f"c10d::{kind}")  # the name labels the collective in a profiler trace

@@ -267,6 +267,42 @@ def dtensor_1d() -> None:
     torch.testing.assert_close(summed.to_local().cpu(), source @ source.T, rtol=0, atol=0)
 
 
+def cpp_callers(device, group):
+    """The C++ base methods (what the DDP reducer, DTensor's C++ ops, ... call) dispatch `c10d::*` ops: on neuron
+    tensors they reach neuron-distributed's kernels, on CPU tensors Gloo."""
+    from torch._C._distributed_c10d import AllgatherOptions, ReduceOptions, ReduceScatterOptions
+
+    from neuron_device import timeline
+
+    pg, base = group or dist.group.WORLD, dist.ProcessGroup
+    before = timeline.timeline(NEURON.index).clocks.get(0, 0.0)
+    gathered = torch.empty(6 * WORLD, device=device)
+    base._allgather_base(pg, gathered, data(device), AllgatherOptions()).wait()
+    scattered = torch.empty(3, device=device)
+    base._reduce_scatter_base(pg, scattered, data(device, n=3 * WORLD), ReduceScatterOptions()).wait()
+    reduced = data(device)
+    options = ReduceOptions()
+    options.rootRank = 1
+    base.reduce(pg, [reduced], options).wait()
+    broadcasted = data(device)
+    torch.ops.c10d.broadcast_.default([broadcasted], pg.boxed(), 0, 0, False, -1)[1].wait()
+    exchanged = torch.empty(2 * WORLD, device=device)
+    work = torch.ops.c10d.alltoall_base_.default(
+        exchanged, data(device, n=2 * WORLD), pg.boxed(), [], [], False, -1
+    )
+    work.wait()
+    torch.ops.c10d.barrier.default(torch.empty(0, device=device), pg.boxed(), [], False, -1).wait()
+    if device.type == "neuron":
+        assert timeline.timeline(NEURON.index).clocks.get(0, 0.0) > before, "no interconnect time was charged"
+    return [
+        gathered,
+        scattered,
+        reduced if RANK == 1 else torch.zeros(0, device=device),
+        broadcasted,
+        exchanged,
+    ]
+
+
 def backend_identity() -> None:
     """Each process sees every visible core and works on neuron:<LOCAL_RANK>; the group is backend `neuron`."""
     from neuron_device.topology import topology
@@ -314,6 +350,7 @@ CHECKS = {
     "functional": compare(functional),
     "simulated_time": charges_simulated_time,
     "dtensor_1d": dtensor_1d,
+    "cpp_callers": compare(cpp_callers),
 }
 
 run_checks(CHECKS, sys.argv[2:])
