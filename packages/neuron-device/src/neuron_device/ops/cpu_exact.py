@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from .host_exec import run_on_host
+from .fastpath import run_direct
 from .registry import kernel
 
 __all__ = ["CPU_KERNEL_OVER_COMPOSITE"]
@@ -46,4 +46,13 @@ def _overload(name: str) -> torch._ops.OpOverload:
 
 
 for _name in CPU_KERNEL_OVER_COMPOSITE:
-    kernel(f"aten::{_name}")(functools.partial(run_on_host, _overload(_name)))
+    kernel(f"aten::{_name}")(functools.partial(run_direct, _overload(_name)))
+
+
+@kernel("aten::histc")
+def histc(self: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+    """`histc` of an integer tensor, which CUDA (and transformers' MoE path on `neuron`) relies on but the CPU
+    kernel refuses: counted in fp32 (exact below 2**24 per bin) and returned in the input dtype."""
+    if self.is_floating_point():
+        return run_direct(torch.ops.aten.histc.default, self, bins, min, max)
+    return run_direct(torch.ops.aten.histc.default, self.float(), bins, min, max).to(self.dtype)
