@@ -2,7 +2,8 @@
 (transformers, accelerate, diffusers) find the `neuron` device. Importing it registers the device.
 
 TorchNeuron's extras live here: op tracking (`get_fallback_ops`, `get_executed_ops`, `clear_op_tracking`), the
-kernel compilation cache statistics, and `torch_neuronx.metrics`. Like TorchNeuron, it also exposes the stream API
+kernel compilation cache statistics, `torch_neuronx.metrics`, `NeuronProfiler` (a torch profiler whose trace has
+simulated device lanes) and `simulation_report()` (this process's estimated device time, HBM, fallbacks). Like TorchNeuron, it also exposes the stream API
 that `torch.neuron` forwards to (`Stream`, `Event`, `stream`, `current_stream`, ..., `synchronize`).
 """
 
@@ -17,9 +18,12 @@ from neuron_device import __version__
 from neuron_device import optracking as _optracking
 from neuron_device.neuron import synchronize
 from neuron_device.neuron.streams import Event, Stream, current_stream, default_stream, set_stream, stream
+from neuron_device.profiler import NeuronProfiler
+from neuron_device.report import report as simulation_report
 
 __all__ = [
     "Event",
+    "NeuronProfiler",
     "Stream",
     "__version__",
     "clear_compilation_cache",
@@ -30,6 +34,7 @@ __all__ = [
     "get_executed_ops",
     "get_fallback_ops",
     "set_stream",
+    "simulation_report",
     "stream",
     "synchronize",
 ]
