@@ -1,12 +1,19 @@
 """Eager-mode overhead of the `neuron` device: the same work on `neuron` and on the CPU, as neuron/cpu ratios.
 
-    python benchmarks/eager_overhead.py [--rounds 7] [--json]
+    python benchmarks/eager_overhead.py [--rounds 7] [--json] [--no-rss]
 
 Every `neuron` op runs a CPU kernel on host memory, so the ratio is the per-op cost the device layer adds
 (dispatch to the Python fallback, host aliasing, result adoption, bookkeeping). Tiny ops show the fixed cost; the
 model forward and training step show how much of it a realistic workload pays. Both sides are measured in one run
 with ABBA interleaving on one thread in process CPU time (see `_timing.py`). Each case also checks that both sides
 compute the same result, so a fast wrong answer cannot pass for a speed-up.
+
+Peak host memory: the Llama forward runs in two fresh child processes, one per device, each reporting its peak RSS
+(`ru_maxrss`) and its RSS before building the model; the table gives the ratio of the peaks and of the increases.
+
+neuron-nki, when installed, makes its NKI kernels (flash attention, RMSNorm, softmax) the native `neuron`
+implementation, run in the NKI instruction simulator; `NEURON_NKI_NATIVE_KERNELS=0` measures the device layer alone.
+The report states which was measured.
 """
 
 from __future__ import annotations
@@ -14,7 +21,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
+import resource
+import subprocess
+import sys
 from collections.abc import Callable
 
 import torch
@@ -113,7 +124,39 @@ def measure(rounds: int) -> dict[str, Comparison]:
     return results
 
 
-def _report(results: dict[str, Comparison], rounds: int) -> dict[str, object]:
+def _rss_kib() -> int:
+    """Current resident set size of this process, KiB (Linux)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _rss_child(device: str) -> None:
+    """Child process: run the Llama forward on `device` and print its RSS before the model and its peak RSS (KiB)."""
+    torch.set_num_threads(1)
+    before = _rss_kib()
+    forward = llama_forward(device)
+    for _ in range(3):
+        forward().cpu()
+    print(json.dumps({"before_kib": before, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+
+
+def peak_rss() -> dict[str, object]:
+    """Peak RSS of the Llama forward on `neuron` and on `cpu`, each in a fresh process (run one after the other)."""
+    sides = {}
+    for device in ("neuron", "cpu"):
+        output = subprocess.run([sys.executable, __file__, "--rss-child", device], check=True, capture_output=True,
+                                text=True).stdout
+        sides[device] = json.loads(output.strip().splitlines()[-1])
+    neuron, cpu = sides["neuron"], sides["cpu"]
+    return {
+        "neuron": neuron,
+        "cpu": cpu,
+        "peak_ratio": neuron["peak_kib"] / cpu["peak_kib"],
+        "increase_ratio": (neuron["peak_kib"] - neuron["before_kib"]) / max(cpu["peak_kib"] - cpu["before_kib"], 1),
+    }
+
+
+def _report(results: dict[str, Comparison], rounds: int, rss: dict[str, object] | None) -> dict[str, object]:
     return {
         "benchmark": "eager_overhead",
         "torch": torch.__version__,
@@ -121,6 +164,8 @@ def _report(results: dict[str, Comparison], rounds: int) -> dict[str, object]:
         "threads": torch.get_num_threads(),
         "clock": "process CPU time",
         "rounds": rounds,
+        "nki_native_kernels": os.environ.get("NEURON_NKI_NATIVE_KERNELS", "1") not in ("0", "false"),
+        "peak_rss": rss,
         "results": [
             {
                 "case": name,
@@ -140,17 +185,29 @@ def _print_table(report: dict[str, object]) -> None:
     print(f"{'case':<32} {'neuron us':>11} {'cpu us':>11} {'neuron/cpu':>11}")
     for row in report["results"]:
         print(f"{row['case']:<32} {row['neuron_us']:>11.1f} {row['cpu_us']:>11.1f} {row['ratio']:>10.1f}x")
+    print(f"NKI native kernels: {'on' if report['nki_native_kernels'] else 'off'}")
+    rss = report["peak_rss"]
+    if rss is not None:
+        print(f"peak RSS, llama fwd: neuron {rss['neuron']['peak_kib'] / 1024:.1f} MiB, cpu "
+              f"{rss['cpu']['peak_kib'] / 1024:.1f} MiB: {rss['peak_ratio']:.2f}x "
+              f"(increase over start-up: {rss['increase_ratio']:.2f}x)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="ABBA rounds per case (median taken; at least 5)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS comparison (two child processes)")
+    parser.add_argument("--rss-child", choices=("neuron", "cpu"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rss_child:
+        _rss_child(args.rss_child)
+        return
     if args.rounds < 5:
         parser.error("--rounds must be at least 5")
     torch.set_num_threads(1)
-    report = _report(measure(args.rounds), args.rounds)
+    results = measure(args.rounds)
+    report = _report(results, args.rounds, None if args.no_rss else peak_rss())
     if args.json:
         print(json.dumps(report, indent=2))
     else:

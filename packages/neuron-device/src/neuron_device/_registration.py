@@ -82,6 +82,12 @@ def _load_plugins() -> None:
     plugins.load_plugins(registry, torch.neuron)
 
 
+def _install_fast_path() -> None:
+    from .ops import fastpath
+
+    fastpath.install()  # last: only ops that neither neuron-device nor a plugin gave a direct kernel
+
+
 def _install_exit_report() -> None:
     from . import report  # light: the op tracker and allocator it reads are imported by then
 
@@ -102,4 +108,5 @@ def register() -> None:
         _apply_patches()
         _registered = True
         _load_plugins()
+        _install_fast_path()
         _install_exit_report()

@@ -15,6 +15,7 @@ import torch
 from .. import allocator, numerics
 from .. import optracking as _optracking
 from ..hostmem import host_alias
+from .fastpath import run_direct
 from .host_exec import run_on_host
 from .registry import kernel
 
@@ -81,12 +82,12 @@ def _matmul_kernel(op: torch._ops.OpOverload, functional: torch._ops.OpOverload,
         dtype, index = first.dtype, first.device.index
         if dtype is torch.float32:
             if not numerics.fp32_matmul_rounds_to_bf16() or not _uniform(args, kwargs, dtype, index):
-                return run_on_host(op, *args, **kwargs)
+                return run_direct(op, *args, **kwargs)
             rounded = list(args)
             for position in operands:
                 rounded[position] = _round_to_bf16(args[position])
             with numerics.ieee_host_matmul():
-                return run_on_host(op, *rounded, **kwargs)
+                return run_direct(op, *rounded, **kwargs)
         if dtype not in _LOW or not _uniform(args, kwargs, dtype, index):
             return run_on_host(op, *args, **kwargs)
         if writes_out:

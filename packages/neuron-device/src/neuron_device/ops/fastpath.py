@@ -1,0 +1,207 @@
+"""Direct `neuron` kernels for the hot functional ops: the boxed fallback's work, minus what these ops never need.
+
+The boxed fallback (`host_exec.run_on_host`) handles every op: `out=`, in-place results, generators, views of
+inputs, mixed devices, 64-bit downcasting. Structured ops also reach it as their `.out` overload, after a separate
+`empty` kernel call for the output. For the ops a model runs on every step (pointwise, reductions, softmax,
+copies, embedding and indexing) the common call needs none of that: all tensor arguments are `neuron` tensors of
+one device, and the result is a fresh tensor (or, in place, `self`). A kernel on the overload itself does exactly
+that call, with a plan per overload computed at registration:
+
+* the CPU kernel runs on zero-copy host aliases of the inputs, and its fresh result is adopted as device storage
+  (an in-place op writes device memory through the alias and returns `self`);
+* it is charged to the same `optracking` signature cache as the fallback (one dict lookup per call);
+* anything outside the common call (a CPU tensor, two devices, 64-bit downcasting, a Python number where the
+  schema has a Tensor) goes to `run_on_host` unchanged, so results and errors are the fallback's.
+
+The kernels are installed last (after plugins) and only on overloads that have no direct kernel yet, so a plugin's
+kernel (e.g. neuron-nki's softmax) keeps precedence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .. import allocator
+from .. import numerics as _numerics
+from .. import optracking as _optracking
+from ..hostmem import host_alias
+from . import registry
+from .host_exec import executed_ops, run_on_host
+
+__all__ = ["HOT_OPS", "install", "run_direct"]
+
+_Tensor = torch.Tensor
+_NUMBERS = (bool, int, float, complex)
+
+# Op packets of the hot path (issue 4): every functional overload of each gets a direct kernel.
+HOT_OPS: tuple[str, ...] = (
+    # pointwise
+    "add", "sub", "rsub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "rsqrt", "reciprocal", "abs", "sigmoid",
+    "tanh", "silu", "gelu", "relu", "erf", "sin", "cos", "maximum", "minimum", "clamp", "clamp_min", "clamp_max",
+    "where", "masked_fill", "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "lerp", "addcmul", "addcdiv",
+    "threshold_backward", "gelu_backward", "sigmoid_backward", "tanh_backward", "fill_", "zero_", "add_", "sub_",
+    "mul_", "div_", "addcmul_", "addcdiv_", "lerp_", "sqrt_", "clamp_", "masked_fill_",
+    # reductions
+    "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod", "var", "std", "var_mean",
+    "linalg_vector_norm", "logsumexp", "cumsum", "all", "any",
+    # softmax, norms, losses
+    "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data", "native_layer_norm_backward",
+    "_fused_rms_norm", "nll_loss_forward", "nll_loss_backward",
+    # copies, gather, embedding
+    "clone", "cat", "index", "index_select", "gather", "embedding", "embedding_dense_backward", "tril", "triu",
+)
+
+
+def _is_tensor_type(type_: torch._C.JitType) -> bool:
+    text = str(type_)
+    return text in ("Tensor", "Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]")
+
+
+def _fast_eligible(op: torch._ops.OpOverload) -> bool:
+    """A functional overload (returns fresh tensors) or an in-place one (writes and returns only `self`), taking no
+    generator or device and drawing no random numbers."""
+    schema = op._schema
+    arguments, returns = schema.arguments, schema.returns
+    if not returns or any(str(r.type) != "Tensor" for r in returns):
+        return False
+    in_place = arguments[0].alias_info is not None and arguments[0].alias_info.is_write
+    if in_place:
+        if len(returns) != 1 or returns[0].alias_info is None or any(a.alias_info is not None for a in arguments[1:]):
+            return False
+    elif any(a.alias_info is not None for a in arguments) or any(r.alias_info is not None for r in returns):
+        return False
+    if any(str(a.type) in ("Optional[Generator]", "Optional[Device]", "Device") for a in arguments):
+        return False
+    if torch.Tag.nondeterministic_seeded in op.tags:
+        return False
+    return any(_is_tensor_type(a.type) for a in arguments if not a.kwarg_only)
+
+
+class _Plan:
+    """What one call of a fast kernel needs, computed once per overload."""
+
+    __slots__ = ("info", "name", "op", "scalar_op", "tensor_positions")
+
+    def __init__(self, op: torch._ops.OpOverload) -> None:
+        schema = op._schema
+        self.op = op
+        self.info = _optracking.op_info(op)
+        self.name = self.info.name
+        self.tensor_positions = tuple(
+            i for i, a in enumerate(schema.arguments) if not a.kwarg_only and _is_tensor_type(a.type)
+        )
+        # `x + 0.5` reaches `add.Tensor` with a Python number as `other`: the `.Scalar` overload is what the CPU
+        # runs for it (a wrapped-number tensor), so a number in position 1 calls that overload directly.
+        packet = getattr(torch.ops.aten, schema.name.partition("::")[2])
+        scalar = getattr(packet, "Scalar", None) if schema.overload_name == "Tensor" else None
+        self.scalar_op = scalar if scalar is not None and self._same_arguments(scalar) else None
+
+    def _same_arguments(self, other: torch._ops.OpOverload) -> bool:
+        ours, theirs = self.op._schema.arguments, other._schema.arguments
+        return [a.name for a in ours] == [a.name for a in theirs] and str(theirs[1].type) == "Scalar"
+
+
+def _adopt(result, aliases: list, originals: list, index: int):
+    """The `neuron` form of a host result: an input's own tensor if the kernel returned its alias (in-place ops
+    return `self`), else the fresh result adopted as device storage."""
+    if type(result) is tuple:
+        return tuple(_adopt(r, aliases, originals, index) for r in result)
+    for alias, original in zip(aliases, originals, strict=True):
+        if result is alias:
+            return original
+    return allocator.adopt_tracked(result, index)
+
+
+def _direct(plan: _Plan, args: tuple, kwargs: dict):
+    """Run the common call of `plan.op` on host aliases; None if the call is not the common one."""
+    if _numerics.downcast_64bit:
+        return None
+    for value in kwargs.values():
+        if isinstance(value, _Tensor):
+            return None
+    index = -1
+    host = list(args)
+    aliases: list[torch.Tensor] = []
+    originals: list[torch.Tensor] = []
+    op = plan.op
+    count = len(args)
+    for position in plan.tensor_positions:
+        if position >= count:
+            break
+        value = args[position]
+        if isinstance(value, _Tensor):
+            device = value.get_device()  # -1 for CPU and meta tensors
+            if device < 0 or (index >= 0 and device != index):
+                return None
+            index = device
+            alias = host[position] = host_alias(value)
+            aliases.append(alias)
+            originals.append(value)
+        elif type(value) is list or type(value) is tuple:
+            items = []
+            for item in value:
+                if item is None:
+                    items.append(None)
+                    continue
+                if not isinstance(item, _Tensor):
+                    return None
+                device = item.get_device()
+                if device < 0 or (index >= 0 and device != index):
+                    return None
+                index = device
+                items.append(host_alias(item))
+            host[position] = items
+        elif value is not None:
+            if position != 1 or plan.scalar_op is None or not isinstance(value, _NUMBERS):
+                return None
+            op = plan.scalar_op
+    if index < 0:
+        return None
+    executed_ops[plan.name] += 1
+    result = op(*host, **kwargs)
+    _optracking.charge(plan.info, index, host, kwargs, result)
+    return _adopt(result, aliases, originals, index)
+
+
+def run_direct(op: torch._ops.OpOverload, *args, **kwargs):
+    """`op` on `neuron` tensors: the direct call when it applies, else the boxed fallback."""
+    plan = _plans.get(op) or _plan(op)
+    if plan is not None:
+        result = _direct(plan, args, kwargs)
+        if result is not None:
+            return result
+    return run_on_host(op, *args, **kwargs)
+
+
+_plans: dict[torch._ops.OpOverload, _Plan | None] = {}
+
+
+def _plan(op: torch._ops.OpOverload) -> _Plan | None:
+    plan = _plans[op] = _Plan(op) if _fast_eligible(op) else None
+    return plan
+
+
+def _kernel(op: torch._ops.OpOverload) -> Callable:
+    plan = _plan(op)
+
+    def run(*args, **kwargs):
+        result = _direct(plan, args, kwargs)
+        return run_on_host(op, *args, **kwargs) if result is None else result
+
+    run.__name__ = f"{op._schema.name.partition('::')[2]}_fast"
+    return run
+
+
+def install() -> None:
+    """Register the fast kernels on every eligible overload of `HOT_OPS` that has no direct kernel yet."""
+    aten = torch.ops.aten
+    for packet_name in HOT_OPS:
+        packet = getattr(aten, packet_name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            name = _optracking.op_info(op).name
+            if name in registry.kernels or _optracking.op_info(op).engine is None or not _fast_eligible(op):
+                continue
+            registry.register(name, _kernel(op))
