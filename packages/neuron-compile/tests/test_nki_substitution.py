@@ -1,7 +1,8 @@
 """NKI kernel substitution through the plugin seam: a plugin (installed for the test as a real distribution with a
 `neuron_device.plugins` entry point) registers a `neuron` kernel for `aten::native_layer_norm`; compiled graphs
-then call that kernel as one node instead of lowering the op. neuron-nki's own kernels are a later issue; this
-test's kernel stands in for them."""
+then call that kernel as one node instead of lowering the op. neuron-nki's own native kernels (SDPA, norms,
+softmax) take the same route when installed; they are switched off here so the test's kernel is the only one, and
+they are exercised by the model tests of the all-packages session."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_registered_kernel_replaces_the_op_in_compiled_graphs(tmp_path) -> None:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-nki-plugin\nVersion: 0.0\n")
     (info / "entry_points.txt").write_text("[neuron_device.plugins]\nfake_nki = fake_nki_plugin\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-           "NEURON_DEVICE_STRICT_PLUGINS": "1"}
+           "NEURON_DEVICE_STRICT_PLUGINS": "1", "NEURON_NKI_NATIVE_KERNELS": "0"}  # only the test's kernel
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
