@@ -1,0 +1,129 @@
+"""The eager fast path (`ops/fastpath.py`): direct kernels on hot overloads give the CPU's results, and leave every
+call outside the common case to the boxed fallback."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_neuronx
+from neuron_device import allocator
+from neuron_device.ops import fastpath, registry
+from neuron_device.ops.host_exec import executed_ops
+
+
+def _inputs(*shapes, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(shape, generator=gen).to(dtype) for shape in shapes]
+
+
+CASES = {
+    "add broadcast": (lambda a, b: a + b, [(4, 1), (1, 5)]),
+    "add alpha": (lambda a, b: torch.add(a, b, alpha=0.5), [(3, 4), (3, 4)]),
+    "mul python float": (lambda a: a * 1.3, [(3, 4)]),
+    "sub python int": (lambda a: a - 2, [(3,)]),
+    "div": (lambda a, b: a / b, [(6,), (6,)]),
+    "pow scalar": (lambda a: a.pow(2), [(5,)]),
+    "rsqrt of mean": (lambda a: torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6), [(2, 8)]),
+    "silu": (F.silu, [(7,)]),
+    "log_softmax": (lambda a: torch.log_softmax(a, 0), [(3, 9)]),
+    "sum dtype": (lambda a: a.sum(dtype=torch.float64), [(4, 4)]),
+    "amax": (lambda a: a.amax(1), [(4, 6)]),
+    "cat": (lambda a, b: torch.cat([a, b], 1), [(2, 3), (2, 2)]),
+    "clone non-contiguous": (lambda a: a.t().clone(), [(3, 5)]),
+    "where": (lambda a, b: torch.where(a > 0, a, b), [(6,), (6,)]),
+    "transposed input": (lambda a, b: a.t() * b, [(3, 4), (4, 3)]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_results_equal_cpu(name):
+    fn, shapes = CASES[name]
+    inputs = _inputs(*shapes)
+    expected = fn(*inputs)
+    actual = fn(*(t.to("neuron") for t in inputs))
+    assert actual.device.type == "neuron"
+    assert actual.dtype == expected.dtype and actual.stride() == expected.stride()
+    torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)
+
+
+def test_bfloat16_and_integer_results_equal_cpu():
+    a, b = _inputs((8,), (8,), dtype=torch.bfloat16)
+    torch.testing.assert_close((a.to("neuron") * b.to("neuron") + 1.7).cpu(), a * b + 1.7, rtol=0, atol=0)
+    i = torch.arange(10)
+    torch.testing.assert_close((i.to("neuron") * 3 - i.to("neuron")).cpu(), i * 3 - i, rtol=0, atol=0)
+
+
+def test_hot_ops_take_the_direct_kernel():
+    a, b = (t.to("neuron") for t in _inputs((4,), (4,)))
+    executed_ops.clear()
+    a + b
+    a * 2.0
+    assert executed_ops == {"aten::add.Tensor": 1, "aten::mul.Tensor": 1}
+    assert "aten::add.Tensor" in torch_neuronx.get_executed_ops()
+
+
+def test_embedding_and_index_equal_cpu():
+    weight, = _inputs((10, 4))
+    ids = torch.tensor([[1, 3], [9, 0]])
+    expected = F.embedding(ids, weight)
+    torch.testing.assert_close(F.embedding(ids.to("neuron"), weight.to("neuron")).cpu(), expected, rtol=0, atol=0)
+    torch.testing.assert_close(weight.to("neuron")[ids.to("neuron")].cpu(), weight[ids], rtol=0, atol=0)
+
+
+def test_in_place_returns_self_and_writes_through_views():
+    base = torch.zeros(4, 4).to("neuron")
+    row = base[1]
+    assert row.mul_(3).add_(1) is row
+    base.fill_(0.5)[0].zero_()
+    expected = torch.full((4, 4), 0.5)
+    expected[0] = 0
+    torch.testing.assert_close(base.cpu(), expected, rtol=0, atol=0)
+
+
+def test_cpu_scalar_tensor_is_allowed_and_cpu_tensor_is_an_error():
+    a = torch.ones(3).to("neuron")
+    torch.testing.assert_close((a * torch.tensor(2.0)).cpu(), torch.full((3,), 2.0))
+    with pytest.raises(RuntimeError, match="same device"):
+        a + torch.ones(3)
+
+
+def test_devices_are_checked():
+    if torch.neuron.device_count() < 2:
+        pytest.skip("needs two neuron devices")
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(3, device="neuron:0") + torch.ones(3, device="neuron:1")
+    out = torch.ones(3, device="neuron:1") * 2
+    assert out.device == torch.device("neuron:1")
+
+
+def test_64bit_downcast_still_applies():
+    big = torch.tensor([2**31 - 1], dtype=torch.int64)
+    torch.neuron.set_downcast_64bit(True)
+    try:
+        wrapped = (big.to("neuron") + 1).cpu()
+    finally:
+        torch.neuron.set_downcast_64bit(False)
+    assert wrapped.item() == -(2**31)
+    assert (big.to("neuron") + 1).cpu().item() == 2**31
+
+
+def test_results_are_charged_to_the_allocator():
+    a = torch.ones(1024).to("neuron")
+    before = allocator.device(0).allocated()
+    result = a * 2
+    assert allocator.device(0).allocated() == before + 4096
+    del result
+    assert allocator.device(0).allocated() == before
+
+
+def test_existing_direct_kernels_keep_precedence():
+    assert registry.kernels["aten::mm"].__name__ == "mm_neuron_numerics"
+    assert registry.kernels["aten::add.Tensor"].__name__ == "add_fast"
+    assert "aten::add.out" not in registry.kernels  # out= calls keep the boxed fallback
+
+
+def test_run_direct_falls_back_for_out_and_ineligible_calls():
+    a = torch.ones(3).to("neuron")
+    out = torch.empty(0).to("neuron")
+    assert fastpath.run_direct(torch.ops.aten.add.out, a, a, out=out) is out
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 2.0))
