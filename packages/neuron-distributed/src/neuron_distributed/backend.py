@@ -69,7 +69,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
-        self._timeout = timeout
         self._gloo = ProcessGroupGloo(store, rank, size, timeout)
         for device in ("cpu", "neuron"):
             self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.GLOO, self._gloo)
