@@ -44,7 +44,9 @@ def test_forward_and_training_match_eager(name: str) -> None:
     compiled_model = copy.deepcopy(eager)
     compiled = torch.compile(compiled_model, backend="neuron", fullgraph=True, dynamic=False)
     batch, target = batch.to("neuron"), target.to("neuron")
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager, compiled_model)]
+    # SGD, not Adam: Adam normalises gradients that are zero in exact arithmetic (a key bias under softmax) into
+    # full-size steps of rounding noise, which no two summation orders agree on.
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (eager, compiled_model)]
     tolerance = {"atol": 1e-4, "rtol": 1e-4}
 
     with torch.no_grad():
