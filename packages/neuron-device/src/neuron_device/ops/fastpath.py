@@ -194,6 +194,17 @@ def _kernel(op: torch._ops.OpOverload) -> Callable:
     return run
 
 
+def _differentiable_only_by_decomposition(op: torch._ops.OpOverload) -> bool:
+    """A CompositeImplicitAutograd overload with no autograd formula (`min.other`, `where.ScalarOther`, `var.dim`):
+    a backend kernel would replace the decomposition autograd differentiates, and silently cut the graph."""
+    keys = torch._C.DispatchKey
+    try:
+        composite = op.has_kernel_for_dispatch_key(keys.CompositeImplicitAutograd)
+    except RuntimeError:  # an overload only TorchScript knows (`index.Tensor_hacked_twin`)
+        return False
+    return composite and not op.has_kernel_for_dispatch_key(keys.Autograd)
+
+
 def install() -> None:
     """Register the fast kernels on every eligible overload of `HOT_OPS` that has no direct kernel yet."""
     aten = torch.ops.aten
@@ -203,5 +214,7 @@ def install() -> None:
             op = getattr(packet, overload)
             name = _optracking.op_info(op).name
             if name in registry.kernels or _optracking.op_info(op).engine is None or not _fast_eligible(op):
+                continue
+            if _differentiable_only_by_decomposition(op):
                 continue
             registry.register(name, _kernel(op))
