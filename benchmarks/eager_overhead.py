@@ -9,7 +9,7 @@ with ABBA interleaving on one thread in process CPU time (see `_timing.py`). Eac
 compute the same result, so a fast wrong answer cannot pass for a speed-up.
 
 Peak host memory: the Llama forward runs in two fresh child processes, one per device, each reporting its peak RSS
-(`ru_maxrss`) and its RSS before building the model; the table gives the ratio of the peaks and of the increases.
+(VmHWM) and its RSS before building the model; the table gives the ratio of the peaks and of the increases.
 
 neuron-nki, when installed, makes its NKI kernels (flash attention, RMSNorm, softmax) the native `neuron`
 implementation, run in the NKI instruction simulator; `NEURON_NKI_NATIVE_KERNELS=0` measures the device layer alone.
@@ -23,7 +23,6 @@ import copy
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 from collections.abc import Callable
@@ -124,20 +123,26 @@ def measure(rounds: int) -> dict[str, Comparison]:
     return results
 
 
-def _rss_kib() -> int:
-    """Current resident set size of this process, KiB (Linux)."""
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+def _status_kib(field: str) -> int:
+    """A memory field of /proc/self/status in KiB (Linux): VmRSS now, VmHWM the peak.
+
+    Not `ru_maxrss`, which a child process inherits from the parent it was forked from (it survives `exec`).
+    """
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _rss_child(device: str) -> None:
     """Child process: run the Llama forward on `device` and print its RSS before the model and its peak RSS (KiB)."""
     torch.set_num_threads(1)
-    before = _rss_kib()
+    before = _status_kib("VmRSS")
     forward = llama_forward(device)
     for _ in range(3):
         forward().cpu()
-    print(json.dumps({"before_kib": before, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+    print(json.dumps({"before_kib": before, "peak_kib": _status_kib("VmHWM")}))
 
 
 def peak_rss() -> dict[str, object]:
