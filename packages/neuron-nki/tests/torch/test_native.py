@@ -92,7 +92,7 @@ def test_sliding_window_kernel_matches_masked_reference() -> None:
     out, lse = flash_attention_fwd[B, H](qd.transpose(-1, -2), kd.transpose(-1, -2), vd, scale, True, window)
     torch.testing.assert_close(out, ref.detach(), atol=1e-5, rtol=1e-5)
     grads = flash_attention_bwd[B, H](qd, qd.transpose(-1, -2), kd, kd.transpose(-1, -2), vd.transpose(-1, -2), out,
-                                      grad, grad.transpose(-1, -2), lse, scale, True, window)
+                                      grad, grad.transpose(-1, -2), lse.transpose(1, 2), scale, True, window)
     for got, t in zip(grads, (q, k, v), strict=True):
         torch.testing.assert_close(got, t.grad, atol=1e-4, rtol=1e-4)
 
@@ -208,3 +208,40 @@ def test_flash_attention_estimate_beats_unfused_eager_sdpa_at_2048() -> None:
     assert [launch.name for launch in launches] == ["nki::flash_attention_fwd"]
     unfused = _simulated_seconds(lambda: torch.ops.aten._scaled_dot_product_attention_math(q, k, v, is_causal=True))
     assert fused < unfused
+
+
+def test_compiled_model_substitutes_the_nki_flash_attention_and_matches_cpu() -> None:
+    """torch.compile(backend="neuron"): neuron-compile retargets the flash-attention op to the registered kernel."""
+    from neuron_compile import nki_substitution
+
+    torch.manual_seed(0)
+    model = TinyLlama().eval()
+    tokens = torch.randint(0, 64, (2, 40))
+    before = nki_substitution.substituted_calls.get("aten::_scaled_dot_product_flash_attention_for_cpu", 0)
+    with torch.no_grad():
+        ref = model(tokens)
+        compiled = torch.compile(model.to("neuron"), backend="neuron")
+        with record_launches() as launches:
+            logits = compiled(tokens.to("neuron"))
+    torch.testing.assert_close(logits.cpu(), ref, atol=1e-4, rtol=1e-4)
+    assert nki_substitution.substituted_calls["aten::_scaled_dot_product_flash_attention_for_cpu"] - before == 2
+    assert [launch.name for launch in launches].count("nki::flash_attention_fwd") == 2
+
+
+@pytest.mark.optional
+def test_transformers_llama_uses_nki_attention_and_matches_cpu_logits() -> None:
+    """Hugging Face's Llama (sdpa attention) on neuron. Its LlamaRMSNorm is hand-written elementwise code, not
+    F.rms_norm, so only the attention reaches an NKI kernel."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    tokens = torch.randint(0, 64, (2, 40))
+    with torch.no_grad():
+        ref = model(tokens).logits
+        torch_neuronx.clear_op_tracking()
+        logits = model.to("neuron")(tokens.to("neuron")).logits
+    assert "nki::flash_attention_fwd" in torch_neuronx.get_executed_ops()
+    torch.testing.assert_close(logits.cpu(), ref, atol=1e-4, rtol=1e-4)

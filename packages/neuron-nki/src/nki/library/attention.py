@@ -5,7 +5,8 @@ d ≤ 128, any Sq/Sk (ragged last tiles). Transposed operands (``qT`` = q with i
 strided views of the same HBM tensors, so the Tensor Engine gets head-dim-on-partition tiles without copies.
 Masks: ``causal`` keeps key j ≤ query i (top-left aligned, as ``torch.nn.functional.scaled_dot_product_attention``);
 ``window > 0`` additionally keeps only i - window < j (sliding window). Tiles that are fully masked are skipped.
-``lse`` is the logsumexp of each query row of the scaled scores (what the backward pass needs).
+``lse`` is the logsumexp of each query row of the scaled scores (what the backward pass needs), stored [B, Sq, H]
+as torch's CPU kernel stores it.
 Launch grids: forward ``[B, H]`` (one query head per instance), backward ``[B, Hkv]`` (an instance owns one KV
 head and sums the dK/dV contributions of its query-head group).
 """
@@ -63,14 +64,15 @@ def _transpose(x, dtype):
 
 
 @nki.jit
-def flash_attention_fwd(qT, kT, v, scale: float, causal: bool = False, window: int = 0):
-    """qT [B, H, d, Sq], kT [B, Hkv, d, Sk], v [B, Hkv, Sk, d] → (out [B, H, Sq, d], lse [B, H, Sq, 1] fp32)."""
+def flash_attention_fwd(qT, kT, v, scale: float, causal: bool = False, window: int = 0, bshd: bool = False):
+    """qT [B, H, d, Sq], kT [B, Hkv, d, Sk], v [B, Hkv, Sk, d] → (out [B, H, Sq, d], lse [B, Sq, H, 1] fp32);
+    ``bshd=True`` stores out as [B, Sq, H, d] (the layout torch's CPU kernel gives a transposed query)."""
     B, H, d, Sq = qT.shape
     Hkv, Sk = kT.shape[1], kT.shape[3]
     b, h = nl.program_id(0), nl.program_id(1)
     hk = h // (H // Hkv)
-    out = nl.ndarray((B, H, Sq, d), dtype=v.dtype, buffer=nl.shared_hbm)
-    lse = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    out = nl.ndarray((B, Sq, H, d) if bshd else (B, H, Sq, d), dtype=v.dtype, buffer=nl.shared_hbm)
+    lse = nl.ndarray((B, Sq, H, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     for q0, rows in _tiles(Sq):
         q_sb = nl.load(qT[b, h, :, q0:q0 + rows])
         m = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -105,25 +107,27 @@ def flash_attention_fwd(qT, kT, v, scale: float, causal: bool = False, window: i
         nisa.reciprocal(dst=inv, data=denom)
         o = nl.ndarray((rows, d), dtype=v.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=o, data=acc, op0=nl.multiply, operand0=inv)
-        nl.store(out[b, h, q0:q0 + rows, :], o)
+        nl.store(out[b, q0:q0 + rows, h, :] if bshd else out[b, h, q0:q0 + rows, :], o)
         row_lse = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=row_lse, op=nl.log, data=denom)
         nisa.tensor_tensor(dst=row_lse, data1=row_lse, data2=m, op=nl.add)
-        nl.store(lse[b, h, q0:q0 + rows, :], row_lse)
+        nl.store(lse[b, q0:q0 + rows, h, :], row_lse)
     return out, lse
 
 
 @nki.jit
-def flash_attention_bwd(q, qT, k, kT, vT, o, do, doT, lse, scale: float, causal: bool = False, window: int = 0):
+def flash_attention_bwd(q, qT, k, kT, vT, o, do, doT, lse, scale: float, causal: bool = False, window: int = 0,
+                        bshd: bool = False):
     """Gradients of :func:`flash_attention_fwd`: q/o/do [B, H, Sq, d] (+ transposed views qT/doT [B, H, d, Sq]),
-    k [B, Hkv, Sk, d] (+ kT, vT [B, Hkv, d, Sk]), lse [B, H, Sq, 1] → (dq, dk, dv)."""
+    k [B, Hkv, Sk, d] (+ kT, vT [B, Hkv, d, Sk]), lse [B, H, Sq, 1] (a view: forward's lse transposed) → (dq, dk, dv), each [B, S, heads, d] when
+    ``bshd`` (torch's CPU layout for these gradients), else [B, heads, S, d]."""
     B, H, Sq, d = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     group = H // Hkv
     b, hk = nl.program_id(0), nl.program_id(1)
-    dq = nl.ndarray((B, H, Sq, d), dtype=q.dtype, buffer=nl.shared_hbm)
-    dk = nl.ndarray((B, Hkv, Sk, d), dtype=k.dtype, buffer=nl.shared_hbm)
-    dv = nl.ndarray((B, Hkv, Sk, d), dtype=vT.dtype, buffer=nl.shared_hbm)
+    dq = nl.ndarray((B, Sq, H, d) if bshd else (B, H, Sq, d), dtype=q.dtype, buffer=nl.shared_hbm)
+    dk = nl.ndarray((B, Sk, Hkv, d) if bshd else (B, Hkv, Sk, d), dtype=k.dtype, buffer=nl.shared_hbm)
+    dv = nl.ndarray((B, Sk, Hkv, d) if bshd else (B, Hkv, Sk, d), dtype=vT.dtype, buffer=nl.shared_hbm)
     q_tiles = _tiles(Sq)
     # per query tile of each head of the group: D = rowsum(dO ∘ O), -lse, and the dQ accumulator
     stats = []
@@ -182,10 +186,11 @@ def flash_attention_bwd(q, qT, k, kT, vT, o, do, doT, lse, scale: float, causal:
         for acc, dst in ((dk_acc, dk), (dv_acc, dv)):
             t = nl.ndarray((kw, d), dtype=dst.dtype, buffer=nl.sbuf)
             nisa.tensor_copy(dst=t, src=acc)
-            nl.store(dst[b, hk, k0:k0 + kw, :], t)
+            nl.store(dst[b, k0:k0 + kw, hk, :] if bshd else dst[b, hk, k0:k0 + kw, :], t)
     for g in range(group):
         for t, (q0, rows) in enumerate(q_tiles):
             r = nl.ndarray((rows, d), dtype=q.dtype, buffer=nl.sbuf)
             nisa.tensor_copy(dst=r, src=stats[g][t][2])
-            nl.store(dq[b, hk * group + g, q0:q0 + rows, :], r)
+            h = hk * group + g
+            nl.store(dq[b, q0:q0 + rows, h, :] if bshd else dq[b, h, q0:q0 + rows, :], r)
     return dq, dk, dv

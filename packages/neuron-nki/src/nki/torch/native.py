@@ -72,9 +72,13 @@ def _flash_fwd(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=N
                      is_causal, attn_mask=attn_mask, scale=scale)
     B, H = query.shape[:2]
     s = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
+    # torch's CPU kernel (and its meta function) lays out: out like the query ([B, S, H, d] memory for a transposed
+    # query, else contiguous), logsumexp always [B, S, H] memory. Same layouts here, so compiled graphs' stride
+    # checks hold.
+    bshd = query.transpose(1, 2).is_contiguous() and not query.is_contiguous()
     out, lse = _run("attention", "flash_attention_fwd", (B, H), query.transpose(-1, -2), key.transpose(-1, -2),
-                    value, s, bool(is_causal))
-    return out, lse.view(lse.shape[:3])
+                    value, s, bool(is_causal), 0, bshd)
+    return (out.transpose(1, 2) if bshd else out), lse.view(lse.shape[:3]).permute(0, 2, 1)
 
 
 def _flash_bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None):
@@ -84,9 +88,10 @@ def _flash_bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal
                      out, logsumexp, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
     B, Hkv = key.shape[:2]
     s = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
-    return _run("attention", "flash_attention_bwd", (B, Hkv), query, query.transpose(-1, -2), key,
+    grads = _run("attention", "flash_attention_bwd", (B, Hkv), query, query.transpose(-1, -2), key,
                 key.transpose(-1, -2), value.transpose(-1, -2), out, grad_out, grad_out.transpose(-1, -2),
-                logsumexp.unsqueeze(-1), s, bool(is_causal))
+                logsumexp.unsqueeze(-1), s, bool(is_causal), 0, True)
+    return tuple(g.transpose(1, 2) for g in grads)  # [B, S, heads, d] memory, as torch's CPU kernel
 
 
 def _cpu_would_use_flash(q, k, v, attn_mask, dropout_p: float, enable_gqa: bool) -> bool:
