@@ -39,7 +39,7 @@ CHECKS = [
 ]
 
 
-ENVIRONMENTS = {"all cores": {}, "cores 4-5": {"NEURON_RT_VISIBLE_CORES": "4-5"}}
+ENVIRONMENTS = {"all cores": {}, "cores 2-3": {"NEURON_RT_VISIBLE_CORES": "2-3"}}
 
 
 @functools.cache
@@ -53,11 +53,20 @@ def test_collective_on_backend_neuron(check):
     assert_check(*_run("neuron"), check)
 
 
+SHORT = ("backend_identity", "all_reduce_SUM", "all_gather_into_tensor", "object_collectives", "dtensor_1d")
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("form", ["mixed", "default"])
-@pytest.mark.parametrize(
-    "check", ["all_reduce_SUM", "all_gather_into_tensor", "object_collectives", "destroy"]
-)
+@pytest.mark.parametrize("form", ["mixed", "default", "device_id"])
+@pytest.mark.parametrize("check", [*SHORT, "destroy"])
 def test_other_init_forms(form, check):
-    """`"cpu:gloo,neuron:neuron"` and no backend at all (the current accelerator is neuron) give the same group."""
-    assert_check(*_run(form, "all_reduce_SUM", "all_gather_into_tensor", "object_collectives"), check)
+    """`"cpu:gloo,neuron:neuron"`, no backend at all (the current accelerator is neuron) and
+    `device_id=neuron:<LOCAL_RANK>` give the same group."""
+    assert_check(*_run(form, *SHORT), check)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("check", [*SHORT, "destroy"])
+def test_visible_cores_honoured(check):
+    """With NEURON_RT_VISIBLE_CORES=2-3 each process sees two devices and rank r works on neuron:r (core 2 + r)."""
+    assert_check(*_run("neuron", *SHORT, cores="cores 2-3"), check)

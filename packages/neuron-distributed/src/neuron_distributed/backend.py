@@ -59,9 +59,15 @@ def _with_sum(opts: Any, factory: Callable[[], Any]) -> Any:
     return copy
 
 
-def _scaled(tensors: list[torch.Tensor], factor: float) -> list[torch.Tensor]:
-    """Scaled copies of (host) input tensors: the caller's inputs must not change."""
-    return [t * factor for t in tensors]
+def _premul_as_sum(opts: Any, factory: Callable[[], Any], host: list[torch.Tensor], in_place: bool) -> tuple:
+    """Gloo has no PREMUL_SUM: scale the (host) inputs by its factor, then SUM. In place only where the inputs are
+    the result (all-reduce, reduce); otherwise on copies, as the caller's inputs must not change.
+    Returns the options and inputs to hand to Gloo."""
+    factor = _premul_factor(opts.reduceOp)
+    if factor is None:
+        return opts, host
+    scaled = [t.mul_(factor) if in_place else t * factor for t in host]
+    return _with_sum(opts, factory), scaled
 
 
 class NeuronProcessGroup(dist.ProcessGroup):
@@ -88,12 +94,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # Reductions ---------------------------------------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: AllreduceOptions = AllreduceOptions()) -> Work:  # noqa: B008
-        host = to_host(tensors)
-        factor = _premul_factor(opts.reduceOp)
-        if factor is not None:  # in place is fine: the tensors are the result
-            for t in host:
-                t.mul_(factor)
-            opts = _with_sum(opts, AllreduceOptions)
+        opts, host = _premul_as_sum(opts, AllreduceOptions, to_host(tensors), in_place=True)
         return self._issue("allreduce", tensors, tensors, lambda: self._gloo.allreduce(host, opts), same=host)
 
     def allreduce_coalesced(
@@ -101,12 +102,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         tensors: list[torch.Tensor],
         opts: AllreduceCoalescedOptions = AllreduceCoalescedOptions(),  # noqa: B008
     ) -> Work:
-        host = to_host(tensors)
-        factor = _premul_factor(opts.reduceOp)
-        if factor is not None:
-            for t in host:
-                t.mul_(factor)
-            opts = _with_sum(opts, AllreduceCoalescedOptions)
+        opts, host = _premul_as_sum(opts, AllreduceCoalescedOptions, to_host(tensors), in_place=True)
         return self._issue(
             "allreduce_coalesced",
             tensors,
@@ -116,12 +112,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         )
 
     def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions = ReduceOptions()) -> Work:  # noqa: B008
-        host = to_host(tensors)
-        factor = _premul_factor(opts.reduceOp)
-        if factor is not None:
-            for t in host:
-                t.mul_(factor)
-            opts = _with_sum(opts, ReduceOptions)
+        opts, host = _premul_as_sum(opts, ReduceOptions, to_host(tensors), in_place=True)
         return self._issue("reduce", tensors, tensors, lambda: self._gloo.reduce(host, opts), same=host)
 
     def reduce_scatter(
@@ -130,11 +121,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         inputs: list[list[torch.Tensor]],
         opts: ReduceScatterOptions = ReduceScatterOptions(),  # noqa: B008
     ) -> Work:
-        host_in = to_host(inputs)
-        factor = _premul_factor(opts.reduceOp)
-        if factor is not None:
-            host_in = [_scaled(chunk, factor) for chunk in host_in]
-            opts = _with_sum(opts, ReduceScatterOptions)
+        given, host_in = opts, []
+        for chunk in to_host(inputs):
+            opts, chunk = _premul_as_sum(given, ReduceScatterOptions, chunk, in_place=False)
+            host_in.append(chunk)
         host_out = to_host(outputs)
         return self._issue(
             "reduce_scatter",
@@ -150,11 +140,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         input: torch.Tensor,
         opts: ReduceScatterOptions = ReduceScatterOptions(),  # noqa: B008
     ) -> Work:
-        host_in = to_host(input)
-        factor = _premul_factor(opts.reduceOp)
-        if factor is not None:
-            host_in = host_in * factor
-            opts = _with_sum(opts, ReduceScatterOptions)
+        opts, (host_in,) = _premul_as_sum(opts, ReduceScatterOptions, [to_host(input)], in_place=False)
         host_out = to_host(output)
         return self._issue(
             "reduce_scatter_single",

@@ -310,9 +310,9 @@ def backend_identity() -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     assert NEURON.index == local_rank, NEURON
     visible = os.environ.get("NEURON_RT_VISIBLE_CORES")
-    if visible == "4-5":  # the launch that restricts the process to cores 4 and 5
+    if visible == "2-3":  # the launch that restricts the process to cores 2 and 3
         assert torch.neuron.device_count() == 2, torch.neuron.device_count()
-        assert topology().core_id(NEURON.index) == 4 + local_rank, topology()
+        assert topology().core_id(NEURON.index) == 2 + local_rank, topology()
     group = dist.group.WORLD
     assert group._get_backend(torch.device("neuron")) is not None
     name = dist.get_backend()
