@@ -210,9 +210,10 @@ def test_flash_attention_estimate_beats_unfused_eager_sdpa_at_2048() -> None:
     assert fused < unfused
 
 
+@pytest.mark.compiler
 def test_compiled_model_substitutes_the_nki_flash_attention_and_matches_cpu() -> None:
     """torch.compile(backend="neuron"): neuron-compile retargets the flash-attention op to the registered kernel."""
-    from neuron_compile import nki_substitution
+    nki_substitution = pytest.importorskip("neuron_compile.nki_substitution")
 
     torch.manual_seed(0)
     model = TinyLlama().eval()

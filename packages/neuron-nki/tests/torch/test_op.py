@@ -113,7 +113,9 @@ class _Block(torch.nn.Module):
         return scale(tanh(self.lin(x)), 3.0).sum(-1)
 
 
+@pytest.mark.compiler
 def test_compile_neuron_backend_matches_eager_forward_and_backward() -> None:
+    pytest.importorskip("neuron_compile")
     torch.manual_seed(0)
     model = _Block().to("neuron")
     x = torch.randn(8, 32, device="neuron")
