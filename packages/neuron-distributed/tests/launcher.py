@@ -29,12 +29,8 @@ def launch(
     *args: str,
     timeout: float = 180.0,
     env: dict[str, str] | None = None,
-    core_per_rank: bool = False,
 ):
-    """Run `workers/<script>` on `world_size` ranks; return ({rank: {check: (status, reason)}}, {rank: output}).
-
-    `core_per_rank` gives rank r only NeuronCore r (`NEURON_RT_VISIBLE_CORES`), so it works on `neuron:0`.
-    """
+    """Run `workers/<script>` on `world_size` ranks; return ({rank: {check: (status, reason)}}, {rank: output})."""
     port = free_port()
     procs = []
     for rank in range(world_size):
@@ -49,8 +45,6 @@ def launch(
             "PYTHONWARNINGS": "ignore",
             **(env or {}),
         }
-        if core_per_rank:
-            rank_env["NEURON_RT_VISIBLE_CORES"] = str(rank)
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(WORKERS / script), *args],

@@ -31,10 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 CHECKPOINT_DIR = sys.argv[1]
 dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=90))
 RANK, WORLD = dist.get_rank(), dist.get_world_size()
-DEVICE = torch.device("neuron", torch.neuron.current_device())
-# Initialise the device first, so DeviceMesh keeps it instead of calling set_device(LOCAL_RANK): with one visible core
-# per rank (NEURON_RT_VISIBLE_CORES) this rank's core is neuron:0 whatever its LOCAL_RANK.
-torch.neuron.init()
+DEVICE = torch.device("neuron", torch.neuron.current_device())  # neuron:<LOCAL_RANK>
 STEPS, BATCH, DIM, HIDDEN, LR = 10, 8, 8, 16, 0.05
 TOL = 1e-5
 
@@ -221,6 +218,34 @@ def pipeline(schedule_class: type) -> Callable[[], None]:
     return check
 
 
+def accelerate_multi_neuron() -> None:
+    """accelerate's own MULTI_NEURON path: `Accelerator()` on the running group, DDP with device_ids=[local_rank],
+    its sharded data loader; then its reduce and gather."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    accelerator = Accelerator()
+    assert accelerator.distributed_type == DistributedType.MULTI_NEURON, accelerator.distributed_type
+    assert accelerator.device == DEVICE, accelerator.device
+    steps = [batch(step) for step in range(STEPS)]
+    dataset = torch.utils.data.TensorDataset(
+        torch.cat([x for x, _ in steps]), torch.cat([y for _, y in steps])
+    )
+    model = make_model()
+    # each process takes every WORLD-th batch of BATCH // WORLD samples: together, the reference's batch of each step
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH // WORLD)
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), loader)
+    for x, y in loader:
+        optimizer.zero_grad()
+        accelerator.backward(loss_fn(model(x), y))
+        optimizer.step()
+    assert_matches(accelerator.unwrap_model(model).state_dict())
+    total = accelerator.reduce(torch.ones(1, device=DEVICE), reduction="sum")
+    assert total.item() == WORLD, total
+    gathered = accelerator.gather(torch.full((1,), float(RANK), device=DEVICE))
+    assert gathered.cpu().tolist() == [float(r) for r in range(WORLD)], gathered
+
+
 def checkpoint() -> None:
     """DCP save of an FSDP2 model, load into a differently initialised one: the same full parameters."""
     mesh = init_device_mesh("neuron", (WORLD,))
@@ -261,6 +286,7 @@ CHECKS = {
     "pp_gpipe": pipeline(ScheduleGPipe),
     "pp_1f1b": pipeline(Schedule1F1B),
     "dcp": checkpoint,
+    "accelerate": accelerate_multi_neuron,
     "fsdp_tp_2d": fsdp_tp_2d,
     "dtensor_2d": dtensor_2d,
 }
