@@ -9,7 +9,7 @@ from __future__ import annotations
 import nox
 
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "device", "compile", "distributed", "nki", "all"]
+nox.options.sessions = ["lint", "device", "compile", "distributed", "nki", "all", "docs"]
 
 PYTHON = "3.11"
 DEVICE = "packages/neuron-device"
@@ -50,7 +50,27 @@ def all_packages(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def hf(session: nox.Session) -> None:
+    """The Hugging Face drop-in: pinned transformers, accelerate, diffusers, peft, trl, kernels next to the four
+    wheels; tiny models from configs (no downloads). Not in the default sessions yet (CI time)."""
+    session.install(*TEST_TOOLS, *PATHS.values(), "-r", "requirements-hf.txt")
+    session.env["HF_HUB_OFFLINE"] = "1"
+    _pytest(session, "tests/hf")
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree."""
     session.install("ruff==0.17.6")
     session.run("ruff", "check", ".")
+
+
+DOCS_TOOLS = ["mkdocs==1.6.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"]
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The documentation site (docs/, mkdocs.yml) built with --strict: any warning fails. The API reference is read
+    from the packages' sources; the env-var table is checked against them by tests/test_docs_env_vars.py."""
+    session.install(*DOCS_TOOLS)
+    session.run("mkdocs", "build", "--strict", "--site-dir", f"{session.create_tmp()}/site")

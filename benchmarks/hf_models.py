@@ -48,11 +48,14 @@ TINY_SIZES: dict[str, int] = {
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 32),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 16),
     **dict.fromkeys(("sliding_window", "attention_window_size"), 64),
+    "rotary_dim": 8,
 }
 # Token-id attributes that must stay inside the tiny vocabulary.
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 # Per-layer lists derived from the layer count in `__init__`: dropped so the tiny config recomputes them.
-DERIVED_LISTS = ("layer_types", "block_types", "layers_block_type", "hybrid_override_pattern")
+DERIVED_LISTS = (
+    "layer_types", "block_types", "layers_block_type", "hybrid_override_pattern", "per_layer_config", "attention_layers"
+)
 SEQ, BATCH, NEW_TOKENS = 12, 2, 4
 DEVICE = "neuron"
 
@@ -100,16 +103,13 @@ class Result:
 def _inputs(config: PretrainedConfig) -> torch.Tensor:
     text = config.get_text_config()
     vocab = getattr(text, "vocab_size", None) or 512
-    special = {getattr(text, name, None) for name in TOKEN_IDS} | {getattr(config, name, None) for name in TOKEN_IDS}
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (BATCH, SEQ), generator=generator)
-    # Keep special tokens (pad/eos/image placeholders) out of the prompt: they change masks on both sides alike,
-    # but image placeholders would require pixel inputs.
-    ids[torch.isin(ids, torch.tensor([s for s in special if isinstance(s, int)] or [-1]))] = 1
-    for name in ("image_token_id", "image_token_index", "video_token_id", "audio_token_id"):
-        token = getattr(config, name, None)
-        if isinstance(token, int):
-            ids[ids == token] = 1
+    ids = torch.randint(2, vocab, (BATCH, SEQ), generator=generator)
+    # Keep special tokens (pad/eos, image placeholders that would require pixel inputs) out of the prompt.
+    names = (*TOKEN_IDS, "image_token_id", "image_token_index", "video_token_id", "audio_token_id")
+    special = [getattr(source, name, None) for source in (config, text) for name in names]
+    flat = [token for value in special for token in (value if isinstance(value, list) else [value])]
+    ids[torch.isin(ids, torch.tensor([t for t in flat if isinstance(t, int)] or [-1]))] = 2
     return ids
 
 

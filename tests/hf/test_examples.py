@@ -1,0 +1,23 @@
+"""Each `examples/hf_*.py` runs to completion (each checks its own `neuron` results against the CPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+pytestmark = pytest.mark.optional
+
+
+@pytest.mark.parametrize(
+    ("script", "needs"), [("hf_causal_lm.py", "transformers"), ("hf_lora.py", "peft")], ids=lambda v: str(v)
+)
+def test_example_runs(script, needs):
+    pytest.importorskip(needs)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "== CPU" in result.stdout
