@@ -111,7 +111,7 @@ def collect() -> dict[str, Any]:
     streams = _streams()
     ops_total = sum(op["seconds"] for op in ops)
     busy_total = sum(row["busy_seconds"] for row in streams)
-    # Charges that bypass op tracking (compiled graphs, collectives); ops and streams share one clock of work.
+    # Stream time not in an op signature: compiled graphs, collectives, and ops before the last clear_op_tracking().
     unattributed = max(busy_total - ops_total, 0.0)
     fallback_names = set(_optracking.get_fallback_ops())
     stats = _optracking.compilation_stats()
@@ -146,7 +146,8 @@ def format_text(data: dict[str, Any], top: int = TOP_OPS) -> str:
     lines = [f"Neuron simulation report: target {target['name']}, {target['chips']} chip(s), LNC={target['lnc']}, "
              f"{target['devices']} device(s), {_allocator.format_size(target['hbm_bytes_per_device'])} HBM each",
              "", f"Estimated device time: {_ms(data['device_seconds'])} (ops {_ms(data['ops_seconds'])}, "
-             f"compiled graphs/collectives {_ms(data['unattributed_seconds'])})"]
+             f"other {_ms(data['unattributed_seconds'])}: compiled graphs, collectives, work before "
+             "clear_op_tracking())"]
     lines += [f"  neuron:{row['device']} stream {row['stream']}: busy {_ms(row['busy_seconds'])}, "
               f"completes at {_ms(row['completes_at_seconds'])}" for row in data["streams"]]
     lines += ["", f"Top ops by device time (of {len(data['ops'])}):",
