@@ -127,3 +127,15 @@ def test_run_direct_falls_back_for_out_and_ineligible_calls():
     out = torch.empty(0).to("neuron")
     assert fastpath.run_direct(torch.ops.aten.add.out, a, a, out=out) is out
     torch.testing.assert_close(out.cpu(), torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.where(x > 0, x, 0.0), lambda x: x.var(0), lambda x: torch.min(x, x * 2)],
+                         ids=["where.ScalarOther", "var.dim", "min.other"])
+def test_gradients_of_decomposed_overloads_match_cpu(fn):
+    """Overloads differentiated through their decomposition must keep it (no direct kernel that cuts the graph)."""
+    x, = _inputs((5, 3))
+    cpu = x.clone().requires_grad_()
+    neuron = x.to("neuron").requires_grad_()
+    fn(cpu).sum().backward()
+    fn(neuron).sum().backward()
+    torch.testing.assert_close(neuron.grad.cpu(), cpu.grad, rtol=0, atol=0)
