@@ -1,4 +1,4 @@
-"""Every collective on `neuron` tensors (2 ranks), compared with the same call on CPU tensors over plain Gloo.
+"""Every collective on `neuron` tensors (2 and 4 ranks), compared with the same call on CPU tensors over plain Gloo.
 
 One launch per init form serves all checks; each check is its own test item through the per-rank markers.
 """
@@ -43,14 +43,20 @@ ENVIRONMENTS = {"all cores": {}, "cores 2-3": {"NEURON_RT_VISIBLE_CORES": "2-3"}
 
 
 @functools.cache
-def _run(form: str, *checks: str, cores: str = "all cores"):
-    return launch("collectives.py", 2, form, *checks, timeout=240, env=ENVIRONMENTS[cores])
+def _run(form: str, *checks: str, cores: str = "all cores", world_size: int = 2):
+    return launch("collectives.py", world_size, form, *checks, timeout=240, env=ENVIRONMENTS[cores])
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("check", CHECKS)
 def test_collective_on_backend_neuron(check):
     assert_check(*_run("neuron"), check)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("check", CHECKS)
+def test_collective_on_four_ranks(check):
+    assert_check(*_run("neuron", world_size=4), check)
 
 
 SHORT = ("backend_identity", "all_reduce_SUM", "all_gather_into_tensor", "object_collectives", "dtensor_1d")

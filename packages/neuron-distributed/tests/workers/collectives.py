@@ -199,7 +199,7 @@ def object_collectives() -> None:
 def coalesced(device, group):
     tensors = [data(device, n=4, salt=i) for i in range(3)]
     dist.all_reduce_coalesced(tensors, group=group)
-    outs = [[torch.empty(4, device=device) for _ in range(WORLD)] for _ in range(2)]
+    outs = [[torch.empty(4, device=device) for _ in range(2)] for _ in range(WORLD)]  # [rank][input]
     dist.all_gather_coalesced(outs, [data(device, n=4), data(device, n=4, salt=7)], group=group)
     return [*tensors, *[t for out in outs for t in out]]
 
@@ -257,9 +257,9 @@ def dtensor_1d() -> None:
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     mesh = init_device_mesh("neuron", (WORLD,))
-    source = torch.arange(24.0).view(4, 6)
+    source = torch.arange(32.0).view(4, 8)
     tensor = distribute_tensor(source.to(NEURON), mesh, [Shard(0)])
-    assert tensor.to_local().device == NEURON and tensor.to_local().shape == (4 // WORLD, 6)
+    assert tensor.to_local().device == NEURON and tensor.to_local().shape == (4 // WORLD, 8)
     columns = tensor.redistribute(mesh, [Shard(1)])  # all-to-all between shard dimensions
     torch.testing.assert_close(columns.to_local().cpu(), source.chunk(WORLD, dim=1)[RANK], rtol=0, atol=0)
     torch.testing.assert_close(columns.full_tensor().cpu(), source, rtol=0, atol=0)
