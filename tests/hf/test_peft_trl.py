@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,6 +43,18 @@ def test_lora_finetune_and_merge_match_cpu(tiny_llama):
     torch.testing.assert_close(logits, cpu_logits, rtol=1e-3, atol=1e-4)
 
 
+def _tokenizer():
+    """A word-level tokenizer over the tiny vocabulary, built in memory (nothing can be downloaded)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, 128)}}
+    model = tokenizers.models.WordLevel(vocab=vocab, unk_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer(model), pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
+
+
 def _sft(tiny_llama, tmp_path, use_cpu: bool) -> tuple[object, list[float]]:
     trl = pytest.importorskip("trl")
     datasets = pytest.importorskip("datasets")
@@ -50,7 +63,9 @@ def _sft(tiny_llama, tmp_path, use_cpu: bool) -> tuple[object, list[float]]:
         output_dir=str(tmp_path / str(use_cpu)), use_cpu=use_cpu, max_steps=2, per_device_train_batch_size=2,
         learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no", seed=0, dataloader_pin_memory=False,
     )
-    trainer = trl.SFTTrainer(model=tiny_llama(), args=config, train_dataset=datasets.Dataset.from_list(rows))
+    trainer = trl.SFTTrainer(
+        model=tiny_llama(), args=config, train_dataset=datasets.Dataset.from_list(rows), processing_class=_tokenizer()
+    )
     trainer.train()
     return config, [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
@@ -66,8 +81,7 @@ def test_sft_trainer_runs_on_neuron_with_padding_like_cpu(tiny_llama, tmp_path):
 
 def test_trl_env_reports_the_chip():
     pytest.importorskip("trl")
-    result = subprocess.run(
-        [sys.executable, "-m", "trl.cli", "env"], capture_output=True, text=True, timeout=300, check=False
-    )
+    trl_script = Path(sys.executable).with_name("trl")  # the console script `trl = trl.cli:main`
+    result = subprocess.run([str(trl_script), "env"], capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     assert "trn2" in result.stdout, result.stdout
