@@ -44,9 +44,14 @@ for _package in PACKAGES:
 
 @nox.session(python=PYTHON, name="all")
 def all_packages(session: nox.Session) -> None:
-    """All four wheels together: every package's tests plus the cross-package tests."""
+    """All four wheels together (plugins active): every package's tests plus the cross-package tests.
+
+    The slow and multi-process tests already ran in each package's own session; here they are skipped to keep CI
+    short, unless other pytest arguments are given (`nox -s all -- -m slow`).
+    """
     session.install(*TEST_TOOLS, *PATHS.values())
-    _pytest(session, *(f"{path}/tests" for path in PATHS.values()), "tests")
+    selection = () if session.posargs else ("-m", "not slow and not multiprocess")
+    _pytest(session, *(f"{path}/tests" for path in PATHS.values()), "tests", *selection)
 
 
 @nox.session(python=PYTHON)

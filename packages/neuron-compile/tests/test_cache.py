@@ -109,6 +109,7 @@ def _result(process: subprocess.Popen) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.compiler
 @pytest.mark.multiprocess
 def test_second_process_hits_and_a_corrupted_entry_recompiles(tmp_path) -> None:
@@ -124,6 +125,7 @@ def test_second_process_hits_and_a_corrupted_entry_recompiles(tmp_path) -> None:
     assert (third["cache_misses"], third["cache_hits"]) == (1, 0) and third["grad_ok"]
 
 
+@pytest.mark.slow
 @pytest.mark.compiler
 @pytest.mark.multiprocess
 def test_two_processes_compiling_the_same_model_both_succeed(tmp_path) -> None:
