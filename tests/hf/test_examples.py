@@ -12,7 +12,7 @@ pytestmark = pytest.mark.optional
 
 
 @pytest.mark.parametrize(
-    ("script", "needs"), [("hf_causal_lm.py", "transformers"), ("hf_lora.py", "peft")], ids=lambda v: str(v)
+    ("script", "needs"), [("hf_causal_lm.py", "transformers"), ("hf_lora.py", "peft"), ("hf_diffusion.py", "diffusers")], ids=lambda v: str(v)
 )
 def test_example_runs(script, needs):
     pytest.importorskip(needs)
