@@ -132,6 +132,7 @@ def check(model_type: str, compiled: bool = False, generate: bool = True) -> Res
         config = tiny_config(model_type)
         torch.manual_seed(0)
         cpu_model = AutoModelForCausalLM.from_config(config).eval()
+        dev_model = copy.deepcopy(cpu_model)  # before any CPU run can leave state behind
         ids = _inputs(config)
         cpu_logits, cpu_loss, cpu_grads = _run(cpu_model, ids, compiled=False)
     except Exception as error:
@@ -143,9 +144,7 @@ def check(model_type: str, compiled: bool = False, generate: bool = True) -> Res
         except Exception as error:  # forward + backward still count; generate is not compared
             generate, note = False, f"generate not compared (fails on CPU: {_reason(error)})"
     try:
-        dev_model = copy.deepcopy(cpu_model).to(DEVICE)
-        dev_model.zero_grad(set_to_none=True)
-        logits, loss, grads = _run(dev_model, ids.to(DEVICE), compiled)
+        logits, loss, grads = _run(dev_model.to(DEVICE), ids.to(DEVICE), compiled)
         _compare(cpu_logits, logits, "logits")
         _compare(cpu_loss, loss, "loss")
         if grads.keys() != cpu_grads.keys():
