@@ -139,3 +139,18 @@ def test_gradients_of_decomposed_overloads_match_cpu(fn):
     fn(cpu).sum().backward()
     fn(neuron).sum().backward()
     torch.testing.assert_close(neuron.grad.cpu(), cpu.grad, rtol=0, atol=0)
+
+
+def test_undefined_optional_outputs_stay_none():
+    """Backward kernels leave outputs they were not asked for undefined (None): they must not be adopted."""
+    x = torch.randn(4, 8)
+    weight, bias = torch.randn(8), torch.randn(8)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [8], weight, bias, 1e-5)
+    grad = torch.randn(4, 8)
+    args = (grad, x, [8], mean, rstd, weight, bias, [True, False, False])
+    expected = torch.ops.aten.native_layer_norm_backward(*args)
+    on_device = torch.ops.aten.native_layer_norm_backward(
+        *[a.to("neuron") if isinstance(a, torch.Tensor) else a for a in args]
+    )
+    assert on_device[1] is None and on_device[2] is None
+    assert torch.equal(on_device[0].cpu(), expected[0])

@@ -106,8 +106,10 @@ class _Plan:
 def _adopt(result, aliases: list, originals: list, index: int):
     """The `neuron` form of a host result: an input's own tensor if the kernel returned its alias (in-place ops
     return `self`), else the fresh result adopted as device storage."""
-    if type(result) is tuple:
-        return tuple(_adopt(r, aliases, originals, index) for r in result)
+    if type(result) is tuple or type(result) is list:
+        return type(result)(_adopt(r, aliases, originals, index) for r in result)
+    if not isinstance(result, torch.Tensor):
+        return result  # an optional output left undefined (None), or a number
     for alias, original in zip(aliases, originals, strict=True):
         if result is alias:
             return original
