@@ -246,3 +246,16 @@ def test_transformers_llama_uses_nki_attention_and_matches_cpu_logits() -> None:
         logits = model.to("neuron")(tokens.to("neuron")).logits
     assert "nki::flash_attention_fwd" in torch_neuronx.get_executed_ops()
     torch.testing.assert_close(logits.cpu(), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_sdpa_with_a_mask_that_requires_grad_takes_the_math_path():
+    """The flash op has no mask gradient; CPU takes the math path then, and so must neuron (found by the HF sweep)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    mask = torch.randn(1, 1, 8, 8, requires_grad=True)
+    F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+    on_device = mask.detach().to("neuron").requires_grad_()
+    out = F.scaled_dot_product_attention(q.to("neuron"), k.to("neuron"), v.to("neuron"), attn_mask=on_device)
+    out.sum().backward()
+    assert on_device.grad is not None
+    torch.testing.assert_close(on_device.grad.cpu(), mask.grad, atol=1e-5, rtol=1e-5)

@@ -98,6 +98,8 @@ def _cpu_would_use_flash(q, k, v, attn_mask, dropout_p: float, enable_gqa: bool)
     """CPU's `use_flash_attention_cpp` constraints (and dropout-free): where CPU runs its flash kernel."""
     if not torch.backends.cuda.flash_sdp_enabled() or dropout_p != 0.0:
         return False
+    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+        return False  # the flash op has no gradient for the mask: CPU takes the math path then
     if any(t.is_nested for t in (q, k, v)) or not (q.dim() == k.dim() == v.dim() == 4):
         return False
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.float64, *_FLOATS, torch.float16):
