@@ -153,4 +153,5 @@ def test_undefined_optional_outputs_stay_none():
         *[a.to("neuron") if isinstance(a, torch.Tensor) else a for a in args]
     )
     assert on_device[1] is None and on_device[2] is None
-    assert torch.equal(on_device[0].cpu(), expected[0])
+    # Close rather than equal: with neuron-nki installed its layer-norm kernel computes this backward.
+    torch.testing.assert_close(on_device[0].cpu(), expected[0], atol=1e-5, rtol=1e-5)
