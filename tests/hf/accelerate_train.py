@@ -1,7 +1,9 @@
 """Training script for `accelerate launch --num_processes 2` (run by test_accelerate_launch.py): each rank trains
-its shard of one small regression problem and prints its final weights as JSON."""
+its shard of one small regression problem and writes its final weights to `report-<rank>.json` in the working
+directory (files, not stdout: the ranks' output interleaves)."""
 
 import json
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -40,7 +42,7 @@ def main() -> None:
         "device": str(accelerator.device),
         "weight": weight.tolist(),
     }
-    print(json.dumps(report), flush=True)
+    Path(f"report-{rank}.json").write_text(json.dumps(report))
 
 
 if __name__ == "__main__":
