@@ -5,9 +5,13 @@ For each model type in transformers' causal-LM auto mapping: build the model fro
 logits, loss and every parameter gradient, then compare greedy `generate()` tokens. Architectures whose CPU run
 fails are listed apart and not counted. Prints a per-architecture status table and the coverage figure.
 
-    python benchmarks/hf_models.py [--compile] [--only llama,gpt2] [--limit N]
+    python benchmarks/hf_models.py [--compile] [--only llama,gpt2] [--limit N] [--json FILE [--skip-done]]
+                                   [--timeout SECONDS]
 
 `--compile` runs the `neuron` side under `torch.compile(backend="neuron")` (forward + backward; no generate).
+`--json FILE` appends each result to FILE as a JSON line as soon as it is known; with `--skip-done`, architectures
+already in FILE are not run again (a long sweep resumes after an interruption) and count in the summary.
+`--timeout` fails an architecture that takes longer than SECONDS.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -167,24 +173,68 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[:300]}{where}"
 
 
+class _Timeout(BaseException):
+    """Not an `Exception`: `check` must not report it as a CPU or `neuron` error."""
+
+
+def _raise_timeout(signum: int, frame: object) -> None:
+    raise _Timeout("timed out")
+
+
+def _check_with_timeout(model_type: str, compiled: bool, seconds: int) -> Result:
+    """`check` that is interrupted (and reported as a failure) after `seconds` (0: no limit)."""
+    if not seconds:
+        return check(model_type, compiled=compiled)
+    previous = signal.signal(signal.SIGALRM, _raise_timeout)
+    signal.alarm(seconds)
+    try:
+        return check(model_type, compiled=compiled)
+    except _Timeout:
+        return Result(model_type, "fail", f"timed out after {seconds}s", float(seconds))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _load(path: str) -> dict[str, Result]:
+    """Results already written to the JSON-lines file `path` (none if it does not exist)."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as lines:
+        results = [Result(**json.loads(line)) for line in lines if line.strip()]
+    return {r.model_type: r for r in results}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compile", action="store_true", help="neuron side under torch.compile(backend='neuron')")
     parser.add_argument("--only", default="", help="comma-separated model types")
     parser.add_argument("--limit", type=int, default=0, help="first N model types only")
+    parser.add_argument("--json", default="", help="append each result to this file as a JSON line")
+    parser.add_argument("--skip-done", action="store_true", help="skip the model types already in the --json file")
+    parser.add_argument("--timeout", type=int, default=0, help="fail an architecture after this many seconds")
     args = parser.parse_args(argv)
+    if args.skip_done and not args.json:
+        parser.error("--skip-done needs --json")
     warnings.filterwarnings("ignore")
     model_types = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     if args.only:
         model_types = [name for name in model_types if name in args.only.split(",")]
     if args.limit:
         model_types = model_types[: args.limit]
-    results = []
+    done = _load(args.json) if args.skip_done else {}
+    results = [done[name] for name in model_types if name in done]
     for model_type in model_types:
-        result = check(model_type, compiled=args.compile)
+        if model_type in done:
+            continue
+        result = _check_with_timeout(model_type, args.compile, args.timeout)
         results.append(result)
         print(f"| {result.model_type} | {result.status} | {result.seconds:.1f}s | {result.reason} |", flush=True)
+        if args.json:
+            with open(args.json, "a") as out:
+                out.write(json.dumps(dataclasses.asdict(result)) + "\n")
         torch._dynamo.reset()
+    results.sort(key=lambda r: r.model_type)
     counted = [r for r in results if r.status != "cpu-fail"]
     passed = sum(r.status == "pass" for r in counted)
     mode = "torch.compile(backend='neuron')" if args.compile else "eager"
