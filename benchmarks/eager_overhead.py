@@ -12,8 +12,8 @@ Peak host memory: the Llama forward runs in two fresh child processes, one per d
 (VmHWM) and its RSS before building the model; the table gives the ratio of the peaks and of the increases.
 
 neuron-nki, when installed, makes its NKI kernels (flash attention, RMSNorm, softmax) the native `neuron`
-implementation, run in the NKI instruction simulator; `NEURON_NKI_NATIVE_KERNELS=0` measures the device layer alone.
-The report states which was measured.
+implementation (`NEURON_NKI_NATIVE_KERNELS`: `1` simulates each kernel once per signature, `simulate` every call,
+`0` measures the device layer alone). The report states which was measured.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _report(results: dict[str, Comparison], rounds: int, rss: dict[str, object] 
         "threads": torch.get_num_threads(),
         "clock": "process CPU time",
         "rounds": rounds,
-        "nki_native_kernels": os.environ.get("NEURON_NKI_NATIVE_KERNELS", "1") not in ("0", "false"),
+        "nki_native_kernels": os.environ.get("NEURON_NKI_NATIVE_KERNELS", "1"),
         "peak_rss": rss,
         "results": [
             {
@@ -190,7 +190,7 @@ def _print_table(report: dict[str, object]) -> None:
     print(f"{'case':<32} {'neuron us':>11} {'cpu us':>11} {'neuron/cpu':>11}")
     for row in report["results"]:
         print(f"{row['case']:<32} {row['neuron_us']:>11.1f} {row['cpu_us']:>11.1f} {row['ratio']:>10.1f}x")
-    print(f"NKI native kernels: {'on' if report['nki_native_kernels'] else 'off'}")
+    print(f"NEURON_NKI_NATIVE_KERNELS={report['nki_native_kernels']}")
     rss = report["peak_rss"]
     if rss is not None:
         print(f"peak RSS, llama fwd: neuron {rss['neuron']['peak_kib'] / 1024:.1f} MiB, cpu "

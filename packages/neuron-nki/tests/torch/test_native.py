@@ -15,7 +15,7 @@ import torch_neuronx
 from neuron_device import timeline
 from nki.library.attention import flash_attention_bwd, flash_attention_fwd
 from nki.library.matmul import matmul
-from nki.torch import record_launches
+from nki.torch import native, record_launches
 
 _TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 3e-2, "rtol": 3e-2}}
 
@@ -44,13 +44,26 @@ DTYPES = [torch.float32, torch.bfloat16]
 _FLASH = {"nki::flash_attention_fwd", "nki::flash_attention_bwd"}
 
 
+@pytest.fixture
+def simulate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every call runs its kernel in the instruction simulator: what the numerics tests check."""
+    monkeypatch.setenv(native.ENV, native.SIMULATE)
+
+
+@pytest.fixture
+def fresh_estimates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Estimate mode (the default) with no signature simulated yet."""
+    monkeypatch.delenv(native.ENV, raising=False)
+    monkeypatch.setattr(native, "_estimates", {})
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape, causal", [
     ((1, 2, 2, 64, 64, 32), True),
     ((2, 4, 2, 130, 77, 64), False),  # GQA, ragged query and key tiles, Sq > Sk
     ((1, 2, 1, 200, 200, 128), True),  # multi-query, ragged, head dim 128
 ])
-def test_sdpa(shape: tuple, causal: bool, dtype: torch.dtype) -> None:
+def test_sdpa(shape: tuple, causal: bool, dtype: torch.dtype, simulate: None) -> None:
     B, H, Hkv, Sq, Sk, d = shape
     inputs = [torch.randn(B, H, Sq, d), torch.randn(B, Hkv, Sk, d), torch.randn(B, Hkv, Sk, d)]
     _check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=H != Hkv),
@@ -59,7 +72,7 @@ def test_sdpa(shape: tuple, causal: bool, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(3, 50, 64), (130, 200)], ids=["3d", "ragged"])
-def test_rms_norm(shape: tuple, dtype: torch.dtype) -> None:
+def test_rms_norm(shape: tuple, dtype: torch.dtype, simulate: None) -> None:
     d = shape[-1]
     _check(lambda x, w: F.rms_norm(x, (d,), w, 1e-6), [torch.randn(shape), torch.randn(d)], dtype,
            {"nki::rmsnorm_fwd", "nki::rmsnorm_bwd"})
@@ -67,7 +80,7 @@ def test_rms_norm(shape: tuple, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(3, 50, 64), (130, 200)], ids=["3d", "ragged"])
-def test_layer_norm(shape: tuple, dtype: torch.dtype) -> None:
+def test_layer_norm(shape: tuple, dtype: torch.dtype, simulate: None) -> None:
     d = shape[-1]
     _check(lambda x, w, b: F.layer_norm(x, (d,), w, b), [torch.randn(shape), torch.randn(d), torch.randn(d)],
            dtype, {"nki::layernorm_fwd", "nki::layernorm_bwd"})
@@ -75,7 +88,7 @@ def test_layer_norm(shape: tuple, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(3, 50, 64), (130, 200)], ids=["3d", "ragged"])
-def test_softmax(shape: tuple, dtype: torch.dtype) -> None:
+def test_softmax(shape: tuple, dtype: torch.dtype, simulate: None) -> None:
     _check(lambda x: torch.softmax(x * 3, -1), [torch.randn(shape)], dtype, {"nki::softmax_fwd", "nki::softmax_bwd"})
 
 
@@ -159,7 +172,9 @@ class TinyLlama(nn.Module):
         return self.head(self.norm(x))
 
 
-def test_tiny_llama_uses_nki_kernels_and_matches_cpu_logits() -> None:
+@pytest.mark.parametrize("mode", ["1", native.SIMULATE])
+def test_tiny_llama_uses_nki_kernels_and_matches_cpu_logits(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.ENV, mode)
     torch.manual_seed(0)
     model = TinyLlama().eval()
     tokens = torch.randint(0, 64, (2, 40))
@@ -174,6 +189,49 @@ def test_tiny_llama_uses_nki_kernels_and_matches_cpu_logits() -> None:
     names = [launch.name for launch in launches]
     assert names.count("nki::flash_attention_fwd") == 2 and names.count("nki::rmsnorm_fwd") == 5
     torch.testing.assert_close(logits.cpu(), ref, atol=1e-4, rtol=1e-4)
+
+
+def _count_simulations(monkeypatch: pytest.MonkeyPatch, corrupt: bool = False) -> list[str]:
+    """Record each kernel that really runs in the simulator (optionally doubling its outputs, a broken kernel)."""
+    simulated: list[str] = []
+    run = native._run
+
+    def counting(module: str, kernel: str, *args: object) -> object:
+        simulated.append(kernel)
+        outputs = run(module, kernel, *args)
+        if corrupt:
+            outputs = tuple(o * 2 for o in outputs) if isinstance(outputs, tuple) else outputs * 2
+        return outputs
+
+    monkeypatch.setattr(native, "_run", counting)
+    return simulated
+
+
+def test_estimate_mode_simulates_each_signature_once_and_returns_the_cpu_result(
+        fresh_estimates: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    simulated = _count_simulations(monkeypatch)
+    q, k, v = (torch.randn(1, 2, 100, 32) for _ in range(3))
+    expected = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)[0]
+    on_device = [t.to("neuron") for t in (q, k, v)]
+    with record_launches() as launches:
+        times = [_simulated_seconds(lambda: F.scaled_dot_product_attention(*on_device, is_causal=True))
+                 for _ in range(3)]
+        out = F.scaled_dot_product_attention(*on_device, is_causal=True)
+    assert simulated == ["flash_attention_fwd"]
+    assert torch.equal(out.cpu(), expected)
+    assert [launch.name for launch in launches] == ["nki::flash_attention_fwd"] * 4
+    assert len({launch.latency_ns for launch in launches}) == 1 and times[0] == pytest.approx(times[2])
+    F.scaled_dot_product_attention(*(t[:, :, :50] for t in on_device), is_causal=True)  # a new signature
+    assert simulated == ["flash_attention_fwd"] * 2
+
+
+def test_estimate_mode_warns_when_the_kernel_disagrees_with_the_cpu(
+        fresh_estimates: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    _count_simulations(monkeypatch, corrupt=True)
+    x = torch.randn(4, 64)
+    with pytest.warns(RuntimeWarning, match="nki::softmax_fwd disagrees with torch's CPU kernel"):
+        out = torch.softmax(x.to("neuron"), -1)
+    torch.testing.assert_close(out.cpu(), torch.softmax(x, -1))
 
 
 def _simulated_seconds(fn: Callable[[], object]) -> float:

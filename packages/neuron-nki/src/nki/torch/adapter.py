@@ -24,7 +24,8 @@ import torch
 
 from .._launch import Kernel
 
-__all__ = ["KernelLaunch", "from_numpy", "kernel_log", "launch", "record_launches", "to_numpy"]
+__all__ = ["KernelLaunch", "from_numpy", "kernel_log", "launch", "record_launch", "record_launches", "signature",
+           "to_numpy"]
 
 # torch dtypes NumPy cannot hold: viewed through a same-size integer and reinterpreted as the ml_dtypes type.
 _VIA_INT = {
@@ -144,7 +145,8 @@ def _flatten(values: Any) -> Iterator[Any]:
         yield values
 
 
-def _signature(args: tuple, kwargs: dict) -> tuple:
+def signature(args: tuple, kwargs: dict) -> tuple:
+    """A hashable key of a call: tensors by shape, strides and dtype; other values as they are."""
     def key(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return ("T", tuple(int(s) for s in v.shape), tuple(int(s) for s in v.stride()), v.dtype)
@@ -237,8 +239,14 @@ def launch(kernel: Kernel, grid: Any, args: tuple, kwargs: dict, *, name: str | 
     bound = kernel[grid] if grid != () else kernel
     run = bound.run(*_map(args, conv), **{k: _map(v, conv) for k, v in kwargs.items()})
     kname = name or f"nki::{getattr(kernel.fn, '__name__', 'kernel')}"
-    signature = (repr(grid), _signature(args, kwargs))
-    record = KernelLaunch(kname, signature, run.cost.latency_ns, run.cost)
+    record_launch(KernelLaunch(kname, (repr(grid), signature(args, kwargs)), run.cost.latency_ns, run.cost), device)
+    return _map(run.outputs, lambda o: from_numpy(o, device) if isinstance(o, np.ndarray) else o)
+
+
+def record_launch(record: KernelLaunch, device: torch.device) -> None:
+    """Log one launch and, on a ``neuron`` device, charge its simulated latency to the current stream.
+
+    Also how a launch whose cost is already known is replayed without simulating it again (``native``)."""
     _all_launches.append(record)
     for launches in _log.stack:
         launches.append(record)
@@ -246,5 +254,4 @@ def launch(kernel: Kernel, grid: Any, args: tuple, kwargs: dict, *, name: str | 
         from neuron_device import optracking
 
         index = device.index if device.index is not None else 0
-        optracking.record_kernel(kname, index, signature, run.cost.latency_ns * 1e-9)
-    return _map(run.outputs, lambda o: from_numpy(o, device) if isinstance(o, np.ndarray) else o)
+        optracking.record_kernel(record.name, index, record.signature, record.latency_ns * 1e-9)

@@ -13,7 +13,19 @@ uses the fused ops' derivative formulas: ``scaled_dot_product_attention`` takes 
 ``use_flash_attention_cpp`` would (else torch's math decomposition), and ``rms_norm`` takes ``_fused_rms_norm``
 when the NKI kernel supports the input. ``aten::mm`` is left to neuron-device: its matmul kernel is already a native
 Tensor-engine kernel with the numerics policy, so an NKI replacement would not change the estimate (``nki.library.
-matmul`` is available to ``nki_op`` users and compiled graphs). ``NEURON_NKI_NATIVE_KERNELS=0`` disables all of this.
+matmul`` is available to ``nki_op`` users and compiled graphs).
+
+How the kernels execute is set by ``NEURON_NKI_NATIVE_KERNELS``:
+
+* ``1`` (default), *estimate*: the instruction simulator runs each kernel once per call signature (shapes, strides,
+  dtypes, scalars), on that call's real inputs, to learn its simulated latency and to check its outputs against the
+  host computation (a disagreement warns). Every call's values come from the host computation (torch's CPU kernel of
+  the same op), and its device time is the kernel's simulated latency. Simulating every call would make eager and
+  compiled models tens of times slower than the CPU (the simulator interprets each NKI instruction in NumPy), and
+  the latency of these kernels depends only on the signature.
+* ``simulate``: every call runs the kernel in the instruction simulator and returns its outputs (the kernel's own
+  numerics; use it to test kernels).
+* ``0``: the kernels are not registered; the ops run as neuron-device's CPU-fallback ops.
 """
 
 from __future__ import annotations
@@ -45,6 +57,73 @@ def _run(module: str, kernel: str, grid: Any, *args: Any) -> Any:
     return launch(k, grid, args, {}, name=f"nki::{kernel}")
 
 
+SIMULATE = "simulate"
+_estimates: dict[tuple, list[Any]] = {}  # (host function, call signature) -> the kernel launches one call made
+_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
+
+
+def _mode() -> str:
+    return os.environ.get(ENV, "1").strip().lower()
+
+
+def _native(nki_call: Callable[[], Any], host_fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """One call of a native kernel: ``nki_call()`` runs the NKI kernel; ``host_fn(*args, **kwargs)`` on CPU tensors
+    computes the same outputs. Which one's values are returned, and when the simulator runs: see the module doc."""
+    if _mode() == SIMULATE:
+        return nki_call()
+    from .adapter import record_launch, record_launches, signature
+
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    result = _on_host(host_fn, device, args, kwargs)
+    key = (host_fn, signature(args, kwargs))
+    known = _estimates.get(key)
+    if known is None:
+        with record_launches() as launches:
+            simulated = nki_call()
+        _check_agreement(launches, simulated, result)
+        _estimates[key] = list(launches)
+    else:
+        for launch in known:
+            record_launch(launch, device)
+    return result
+
+
+def _on_host(fn: Callable, device: torch.device, args: tuple, kwargs: dict) -> Any:
+    """``fn`` on host aliases of the ``neuron`` arguments, its tensor results adopted by ``device`` (not charged:
+    the caller charges the kernel's latency instead)."""
+    from neuron_device import allocator
+    from neuron_device.hostmem import host_alias
+
+    def host(v: Any) -> Any:
+        return host_alias(v) if isinstance(v, torch.Tensor) and v.device.type == "neuron" else v
+
+    result = fn(*(host(a) for a in args), **{k: host(v) for k, v in kwargs.items()})
+    if isinstance(result, torch.Tensor):
+        return allocator.adopt_tracked(result, device.index)
+    return tuple(allocator.adopt_tracked(r, device.index) if isinstance(r, torch.Tensor) else r for r in result)
+
+
+def _check_agreement(launches: list[Any], simulated: Any, result: Any) -> None:
+    """Warn when the simulated kernel's outputs differ from the host computation returned in its place."""
+    from neuron_device.hostmem import host_alias
+
+    pairs = [(simulated, result)] if isinstance(result, torch.Tensor) else list(zip(simulated, result, strict=True))
+    for got, expected in pairs:
+        if got is None and expected is None:
+            continue
+        got, expected = host_alias(got), host_alias(expected)
+        tolerance = _TOLERANCE.get(expected.dtype, 1e-4) * max(1.0, expected.float().abs().nan_to_num().max().item())
+        try:
+            torch.testing.assert_close(got, expected, atol=tolerance, rtol=_TOLERANCE.get(expected.dtype, 1e-4),
+                                       equal_nan=True)
+        except AssertionError as error:
+            names = ", ".join(sorted({launch.name for launch in launches}))
+            warnings.warn(f"NKI kernel {names} disagrees with torch's CPU kernel of the same op on this input; the "
+                          f"CPU result is used ({ENV}={SIMULATE} uses the kernel's): {error}", RuntimeWarning,
+                          stacklevel=4)
+            return
+
+
 def _host(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     from neuron_device.ops.host_exec import run_on_host
 
@@ -66,32 +145,43 @@ def _attention_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, drop
             and k.shape[:3] == v.shape[:3] and q.size(1) % k.size(1) == 0)
 
 
+_FLASH_FWD = _aten._scaled_dot_product_flash_attention_for_cpu.default
+_FLASH_BWD = _aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
 def _flash_fwd(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     if not _attention_supported(query, key, value, dropout_p, attn_mask):
-        return _host(_aten._scaled_dot_product_flash_attention_for_cpu.default, query, key, value, dropout_p,
-                     is_causal, attn_mask=attn_mask, scale=scale)
-    B, H = query.shape[:2]
-    s = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
-    # torch's CPU kernel (and its meta function) lays out: out like the query ([B, S, H, d] memory for a transposed
-    # query, else contiguous), logsumexp always [B, S, H] memory. Same layouts here, so compiled graphs' stride
-    # checks hold.
-    bshd = query.transpose(1, 2).is_contiguous() and not query.is_contiguous()
-    out, lse = _run("attention", "flash_attention_fwd", (B, H), query.transpose(-1, -2), key.transpose(-1, -2),
-                    value, s, bool(is_causal), 0, bshd)
-    return (out.transpose(1, 2) if bshd else out), lse.view(lse.shape[:3]).permute(0, 2, 1)
+        return _host(_FLASH_FWD, query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+
+    def nki() -> tuple[torch.Tensor, torch.Tensor]:
+        B, H = query.shape[:2]
+        s = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
+        # torch's CPU kernel (and its meta function) lays out: out like the query ([B, S, H, d] memory for a
+        # transposed query, else contiguous), logsumexp always [B, S, H] memory. Same layouts here, so compiled
+        # graphs' stride checks hold.
+        bshd = query.transpose(1, 2).is_contiguous() and not query.is_contiguous()
+        out, lse = _run("attention", "flash_attention_fwd", (B, H), query.transpose(-1, -2), key.transpose(-1, -2),
+                        value, s, bool(is_causal), 0, bshd)
+        return (out.transpose(1, 2) if bshd else out), lse.view(lse.shape[:3]).permute(0, 2, 1)
+
+    return _native(nki, _FLASH_FWD, query, key, value, dropout_p, is_causal, scale=scale)
 
 
 def _flash_bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None):
     if not (_attention_supported(query, key, value, dropout_p, attn_mask) and _uniform(grad_out, out, query)
             and logsumexp.dtype == torch.float32):
-        return _host(_aten._scaled_dot_product_flash_attention_for_cpu_backward.default, grad_out, query, key, value,
-                     out, logsumexp, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
-    B, Hkv = key.shape[:2]
-    s = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
-    grads = _run("attention", "flash_attention_bwd", (B, Hkv), query, query.transpose(-1, -2), key,
-                key.transpose(-1, -2), value.transpose(-1, -2), out, grad_out, grad_out.transpose(-1, -2),
-                logsumexp.unsqueeze(-1), s, bool(is_causal), 0, True)
-    return tuple(g.transpose(1, 2) for g in grads)  # [B, S, heads, d] memory, as torch's CPU kernel
+        return _host(_FLASH_BWD, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
+                     attn_mask=attn_mask, scale=scale)
+
+    def nki() -> tuple[torch.Tensor, ...]:
+        B, Hkv = key.shape[:2]
+        s = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
+        grads = _run("attention", "flash_attention_bwd", (B, Hkv), query, query.transpose(-1, -2), key,
+                     key.transpose(-1, -2), value.transpose(-1, -2), out, grad_out, grad_out.transpose(-1, -2),
+                     logsumexp.unsqueeze(-1), s, bool(is_causal), 0, True)
+        return tuple(g.transpose(1, 2) for g in grads)  # [B, S, heads, d] memory, as torch's CPU kernel
+
+    return _native(nki, _FLASH_BWD, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, scale=scale)
 
 
 def _cpu_would_use_flash(q, k, v, attn_mask, dropout_p: float, enable_gqa: bool) -> bool:
@@ -148,24 +238,40 @@ def _rms_eps(x: torch.Tensor, eps: float | None) -> float:
     return torch.finfo(x.dtype).eps if eps is None else float(eps)
 
 
+_RMS_NORM = _aten._fused_rms_norm.default.decompose  # no CPU kernel: its decomposition is what CPU runs
+
+
 def _fused_rms_norm(input, normalized_shape, weight=None, eps=None):
     if not _norm_supported(input, normalized_shape, weight):
-        return _aten._fused_rms_norm.default.decompose(input, normalized_shape, weight, eps)
-    n, d = _rows(input, normalized_shape)
-    w = weight.reshape(d) if weight is not None else _ones(d, input)
-    out, rstd = _run("norms", "rmsnorm_fwd", (), input.reshape(n, d), w, _rms_eps(input, eps))
-    return out.view(input.shape), rstd.view(_stat_shape(input, normalized_shape))
+        return _RMS_NORM(input, normalized_shape, weight, eps)
+
+    def nki() -> tuple[torch.Tensor, torch.Tensor]:
+        n, d = _rows(input, normalized_shape)
+        w = weight.reshape(d) if weight is not None else _ones(d, input)
+        out, rstd = _run("norms", "rmsnorm_fwd", (), input.reshape(n, d), w, _rms_eps(input, eps))
+        return out.view(input.shape), rstd.view(_stat_shape(input, normalized_shape))
+
+    return _native(nki, _RMS_NORM, input, normalized_shape, weight, eps)
 
 
 def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
-    n, d = _rows(input, normalized_shape)
-    if _norm_supported(input, normalized_shape, weight) and _uniform(grad_out, input) and rstd.dtype == torch.float32:
+    if not (_norm_supported(input, normalized_shape, weight) and _uniform(grad_out, input)
+            and rstd.dtype == torch.float32):
+        return _rms_norm_backward_formula(grad_out, input, normalized_shape, rstd, weight, output_mask)
+
+    def nki() -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        n, d = _rows(input, normalized_shape)
         w = weight.reshape(d) if weight is not None else _ones(d, input)
         dx, dw = _run("norms", "rmsnorm_bwd", (), grad_out.reshape(n, d), input.reshape(n, d),
                       rstd.reshape(n, 1), w)
         return (dx.view(input.shape) if output_mask[0] else None,
                 dw.view(weight.shape) if output_mask[1] and weight is not None else None)
-    # No CPU kernel exists for this op: the same formula with ordinary ops (below autograd, on neuron).
+
+    return _native(nki, _rms_norm_backward_formula, grad_out, input, normalized_shape, rstd, weight, output_mask)
+
+
+def _rms_norm_backward_formula(grad_out, input, normalized_shape, rstd, weight, output_mask):
+    """`_fused_rms_norm_backward` with ordinary ops: no CPU kernel exists for it."""
     dims = tuple(range(input.dim() - len(normalized_shape), input.dim()))
     x, g, r = input.float(), grad_out.float(), rstd.float()
     xhat = x * r
@@ -182,45 +288,68 @@ def _rms_norm_route(input, normalized_shape, weight=None, eps=None):
     return _aten.rms_norm.default.decompose(input, normalized_shape, weight, eps)
 
 
+_LAYER_NORM = _aten.native_layer_norm.default
+_LAYER_NORM_BWD = _aten.native_layer_norm_backward.default
+
+
 def _layer_norm(input, normalized_shape, weight, bias, eps):
     if not _norm_supported(input, normalized_shape, weight, bias):
-        return _host(_aten.native_layer_norm.default, input, normalized_shape, weight, bias, eps)
-    n, d = _rows(input, normalized_shape)
-    w = weight.reshape(d) if weight is not None else _ones(d, input)
-    b = bias.reshape(d) if bias is not None else torch.zeros(d, dtype=input.dtype, device=input.device)
-    out, mean, rstd = _run("norms", "layernorm_fwd", (), input.reshape(n, d), w, b, float(eps))
-    stat = _stat_shape(input, normalized_shape)
-    return out.view(input.shape), mean.to(input.dtype).view(stat), rstd.to(input.dtype).view(stat)
+        return _host(_LAYER_NORM, input, normalized_shape, weight, bias, eps)
+
+    def nki() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n, d = _rows(input, normalized_shape)
+        w = weight.reshape(d) if weight is not None else _ones(d, input)
+        b = bias.reshape(d) if bias is not None else torch.zeros(d, dtype=input.dtype, device=input.device)
+        out, mean, rstd = _run("norms", "layernorm_fwd", (), input.reshape(n, d), w, b, float(eps))
+        stat = _stat_shape(input, normalized_shape)
+        return out.view(input.shape), mean.to(input.dtype).view(stat), rstd.to(input.dtype).view(stat)
+
+    return _native(nki, _LAYER_NORM, input, normalized_shape, weight, bias, eps)
 
 
 def _layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     if not (_norm_supported(input, normalized_shape, weight, bias) and _uniform(grad_out, input)):
-        return _host(_aten.native_layer_norm_backward.default, grad_out, input, normalized_shape, mean, rstd, weight,
-                     bias, output_mask)
-    n, d = _rows(input, normalized_shape)
-    w = weight.reshape(d) if weight is not None else _ones(d, input)
-    dx, dw, db = _run("norms", "layernorm_bwd", (), grad_out.reshape(n, d), input.reshape(n, d),
-                      mean.reshape(n, 1), rstd.reshape(n, 1), w)
-    return (dx.view(input.shape) if output_mask[0] else None,
-            dw.view(weight.shape) if output_mask[1] and weight is not None else None,
-            db.view(bias.shape) if output_mask[2] and bias is not None else None)
+        return _host(_LAYER_NORM_BWD, grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)
+
+    def nki() -> tuple[torch.Tensor | None, ...]:
+        n, d = _rows(input, normalized_shape)
+        w = weight.reshape(d) if weight is not None else _ones(d, input)
+        dx, dw, db = _run("norms", "layernorm_bwd", (), grad_out.reshape(n, d), input.reshape(n, d),
+                          mean.reshape(n, 1), rstd.reshape(n, 1), w)
+        return (dx.view(input.shape) if output_mask[0] else None,
+                dw.view(weight.shape) if output_mask[1] and weight is not None else None,
+                db.view(bias.shape) if output_mask[2] and bias is not None else None)
+
+    return _native(nki, _LAYER_NORM_BWD, grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)
 
 
 def _last_dim(x: torch.Tensor, dim: int) -> bool:
     return x.dim() >= 1 and dim % x.dim() == x.dim() - 1 and 0 < x.size(-1) <= MAX_ROW
 
 
+_SOFTMAX = _aten._softmax.default
+_SOFTMAX_BWD = _aten._softmax_backward_data.default
+
+
 def _softmax(self, dim, half_to_float):
     if half_to_float or not (_uniform(self) and _last_dim(self, dim)):
-        return _host(_aten._softmax.default, self, dim, half_to_float)
-    return _run("softmax", "softmax_fwd", (), self.reshape(-1, self.size(-1))).view(self.shape)
+        return _host(_SOFTMAX, self, dim, half_to_float)
+
+    def nki() -> torch.Tensor:
+        return _run("softmax", "softmax_fwd", (), self.reshape(-1, self.size(-1))).view(self.shape)
+
+    return _native(nki, _SOFTMAX, self, dim, half_to_float)
 
 
 def _softmax_backward(grad_output, output, dim, input_dtype):
     if input_dtype != output.dtype or not (_uniform(grad_output, output) and _last_dim(output, dim)):
-        return _host(_aten._softmax_backward_data.default, grad_output, output, dim, input_dtype)
-    d = output.size(-1)
-    return _run("softmax", "softmax_bwd", (), grad_output.reshape(-1, d), output.reshape(-1, d)).view(output.shape)
+        return _host(_SOFTMAX_BWD, grad_output, output, dim, input_dtype)
+
+    def nki() -> torch.Tensor:
+        d = output.size(-1)
+        return _run("softmax", "softmax_bwd", (), grad_output.reshape(-1, d), output.reshape(-1, d)).view(output.shape)
+
+    return _native(nki, _SOFTMAX_BWD, grad_output, output, dim, input_dtype)
 
 
 KERNELS: dict[str, Callable] = {
