@@ -12,7 +12,16 @@ pytestmark = pytest.mark.optional
 
 
 @pytest.mark.parametrize(
-    ("script", "needs"), [("hf_causal_lm.py", "transformers"), ("hf_lora.py", "peft"), ("hf_diffusion.py", "diffusers")], ids=lambda v: str(v)
+    ("script", "needs"),
+    [
+        ("hf_causal_lm.py", "transformers"),
+        ("hf_lora.py", "peft"),
+        ("hf_diffusion.py", "diffusers"),
+        ("hf_accelerate.py", "accelerate"),
+        ("hf_trl.py", "trl"),
+        ("hf_kernels.py", "kernels"),
+    ],
+    ids=lambda v: str(v),
 )
 def test_example_runs(script, needs):
     pytest.importorskip(needs)
