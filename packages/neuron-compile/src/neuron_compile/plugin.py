@@ -38,6 +38,14 @@ def _lazy_inductor_hooks(original: Any) -> Any:
 
 
 @hookimpl
+def neuron_fuse(graph_module: Any, example_inputs: list) -> Any:
+    """Adaptive eager hands a repeated run of queued ops over: compile it with Inductor (`fuser`)."""
+    from . import fuser
+
+    return fuser.fuse(graph_module, example_inputs)
+
+
+@hookimpl
 def neuron_device_ready(device_module: Any) -> None:
     """Give `torch.neuron` the compile metrics and Inductor's lazy registration hooks."""
     device_module.get_dynamo_metrics = metrics.get_dynamo_metrics

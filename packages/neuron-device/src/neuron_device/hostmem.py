@@ -68,8 +68,15 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     return _relabel(cpu_tensor, _KDL_EXT_DEV, index)
 
 
+# While adaptive eager has ops queued (`concatenation`), the callable that executes them: every host read of device
+# memory comes through `host_alias`, so this is where queued results get written before anyone looks at them.
+flush_pending = None
+
+
 def host_alias(tensor: torch.Tensor) -> torch.Tensor:
     """Return a CPU tensor that aliases the memory of the `neuron` tensor `tensor` (same sizes, strides, offset)."""
+    if flush_pending is not None:
+        flush_pending()
     conj, neg = tensor.is_conj(), tensor.is_neg()
     if not (conj or neg):
         return _relabel(tensor, _KDL_CPU, 0)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pluggy
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginLoadError", "hookimpl", "hookspec", "load_plugins", "loaded_plugins"]
+__all__ = ["ENTRY_POINT_GROUP", "PluginLoadError", "fuse", "hookimpl", "hookspec", "load_plugins", "loaded_plugins"]
 
 PROJECT = "neuron_device"
 ENTRY_POINT_GROUP = "neuron_device.plugins"
@@ -40,6 +40,16 @@ class NeuronDeviceSpec:
     @hookspec
     def neuron_device_ready(self, device_module: Any) -> None:
         """The device is usable: `device_module` is `torch.neuron`. Register backends, interfaces, etc. here."""
+
+    @hookspec(firstresult=True)
+    def neuron_fuse(self, graph_module: Any, example_inputs: list) -> Any:
+        """Compile a run of queued eager ops (adaptive eager, `concatenation`) into one callable, or return None.
+
+        `graph_module` is an FX graph of ATen ops on CPU tensors returning a tuple; `example_inputs` are the CPU
+        tensors (host aliases) of its first call. The callable is called with tensors of the same sizes, strides and
+        dtypes and must return the graph's outputs (values equal to the graph's, any strides). The first plugin
+        returning a callable wins; with none, runs execute op by op.
+        """
 
 
 _manager: pluggy.PluginManager | None = None
@@ -68,6 +78,13 @@ def _call_each(manager: pluggy.PluginManager, hook: str, **kwargs: Any) -> None:
             impl.function(**kwargs)
         except Exception as error:
             _report(impl.plugin_name, f"run its {hook} hook", error)
+
+
+def fuse(graph_module: Any, example_inputs: list) -> Any:
+    """The compiled form of `graph_module` from the first plugin that fuses it (`neuron_fuse`), or None."""
+    if _manager is None:
+        return None
+    return _manager.hook.neuron_fuse(graph_module=graph_module, example_inputs=example_inputs)
 
 
 def load_plugins(registry: Any, device_module: Any) -> pluggy.PluginManager:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from . import hostmem as _hostmem
+
 __all__ = ["DeviceTimeline", "Recorder", "charge", "current_stream_id", "set_current_stream_id", "set_recorder",
            "timeline"]
 
@@ -72,6 +74,8 @@ _timelines: dict[int, DeviceTimeline] = {}
 
 def timeline(index: int) -> DeviceTimeline:
     """The timeline of device `neuron:index` (created on first use)."""
+    if _hostmem.flush_pending is not None:  # adaptive eager: queued ops reach the clocks before anyone reads them
+        _hostmem.flush_pending()
     found = _timelines.get(index)
     if found is None:
         found = _timelines.setdefault(index, DeviceTimeline())
@@ -93,6 +97,8 @@ def current_stream_id(index: int) -> int:
 
 def set_current_stream_id(index: int, stream_id: int) -> None:
     """Make `stream_id` this thread's current stream on device `index`."""
+    if _hostmem.flush_pending is not None:  # queued ops are charged to the stream they were issued on
+        _hostmem.flush_pending()
     _current.ids[index] = stream_id
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from .. import allocator
+from .. import concatenation as _concatenation
 from .. import numerics as _numerics
 from .. import optracking as _optracking
 from ..hostmem import host_alias
@@ -100,7 +101,7 @@ class _Plan:
 
     def _same_arguments(self, other: torch._ops.OpOverload) -> bool:
         ours, theirs = self.op._schema.arguments, other._schema.arguments
-        return [a.name for a in ours] == [a.name for a in theirs] and str(theirs[1].type) == "Scalar"
+        return [a.name for a in ours] == [a.name for a in theirs] and str(theirs[1].type) in ("Scalar", "number")
 
 
 def _adopt(result, aliases: list, originals: list, index: int):
@@ -118,6 +119,10 @@ def _adopt(result, aliases: list, originals: list, index: int):
 
 def _direct(plan: _Plan, args: tuple, kwargs: dict):
     """Run the common call of `plan.op` on host aliases; None if the call is not the common one."""
+    if _concatenation.enabled:  # adaptive eager: queue the op instead (None: it must run now)
+        result = _concatenation.record(plan, args, kwargs)
+        if result is not None:
+            return result
     if _numerics.downcast_64bit:
         return None
     for value in kwargs.values():

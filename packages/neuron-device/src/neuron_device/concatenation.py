@@ -1,0 +1,554 @@
+"""Adaptive eager (TorchNeuron's "concatenation"): queue fusable eager ops, run each queued run as one kernel.
+
+Why: an eager op on `neuron` pays a fixed host cost (aliasing its inputs, adopting its result, charging it) on top of
+its CPU kernel, and the chip pays a launch and an HBM round trip per op. TorchNeuron's answer is to queue eager ops
+while the program does not look at their values and to fuse what it queued. Ours, opt-in with
+``TORCH_NEURONX_ENABLE_CONCATENATION=1`` (read when the device registers; `set_enabled` toggles it at run time):
+
+* **Record.** A fusable op (a functional, non-random overload of the fast path, `ops/fastpath.py`, on tensors of
+  one `neuron` device) is not executed: its result comes back at once, with the sizes, strides and dtype a meta
+  run of the op's signature gave (one meta run per signature, cached), on device storage that the allocator
+  accounts as usual but that is not written yet. In-place and `out=` ops, random ops, ops whose results or errors
+  depend on index values, and anything outside the fast path's common call run as usual, after a flush.
+* **Flush.** The queue runs, in order, before anything reads device memory on the host: every such read goes
+  through `hostmem.host_alias`, which calls `flush` while ops are queued (so `print`, `.item()`, `.cpu()`,
+  `.tolist()`, a non-fusable op, an in-place op on a queued op's input, a collective all flush). Stream, event and
+  synchronize calls flush through `timeline.timeline`; the queue flushes itself at its size limit, when an op
+  targets another device, and when deterministic algorithms are switched on (`torch.use_deterministic_algorithms`
+  disables recording).
+* **Execute adaptively.** A flushed run is keyed by its structure (ops, signatures, how results feed ops, which
+  results are still referenced). The first time, it runs op by op on host aliases: the same ATen CPU kernels as
+  plain eager, so results are bitwise identical, and each op is charged as in eager. From the second time, the run
+  is handed, as an FX graph of CPU ops, to the `neuron_fuse` plugin hook (neuron-compile compiles it with
+  Inductor); the compiled callable then runs the whole run and the timeline is charged one fused kernel, whose HBM
+  traffic is only the run's inputs and its live outputs. Results nobody references any more are never written.
+
+Errors a kernel raises only when it reads values (integer division by zero) surface at the flush, as asynchronous
+device errors do on an accelerator. Writes into device memory that bypass `host_alias` (DLPack export of a
+`neuron` tensor, raw `data_ptr` access) do not flush: call `flush()` first.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from . import allocator, hostmem
+from . import costmodel as _costmodel
+from . import numerics as _numerics
+from . import optracking as _optracking
+from .ops.host_exec import executed_ops
+
+__all__ = [
+    "BUFFER_SIZE_ENV",
+    "ENABLE_ENV",
+    "FUSE_AFTER",
+    "LOW_THRESHOLD_ENV",
+    "flush",
+    "is_enabled",
+    "pending_ops",
+    "record",
+    "set_enabled",
+    "stats",
+]
+
+ENABLE_ENV = "TORCH_NEURONX_ENABLE_CONCATENATION"
+BUFFER_SIZE_ENV = "TORCH_NEURONX_CONCATENATION_BUFFER_SIZE_LIMIT"
+LOW_THRESHOLD_ENV = "TORCH_NEURONX_CONCATENATION_QUEUE_LOW_THRESHOLD"
+FUSED_KERNEL_NAME = "neuron::concatenated_kernel"
+
+FUSE_AFTER = 2  # a run is compiled the second time its structure is seen
+_MAX_RUNS = 4096  # structures remembered; beyond this the table starts over (a workload whose runs never repeat)
+
+# Their CPU kernels check index values (an out-of-range index raises): they run at once, so the error does too.
+_READS_INDEX_VALUES = frozenset({
+    "index", "index_select", "gather", "embedding", "embedding_dense_backward", "nll_loss_forward",
+    "nll_loss_backward",
+})
+
+
+def _env_int(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise RuntimeError(f"{name}={raw!r} is invalid: use an integer >= {minimum}")
+    return value
+
+
+def _env_flag(name: str) -> bool:
+    raw = os.environ.get(name, "0").strip().lower()
+    if raw in ("1", "true"):
+        return True
+    if raw in ("", "0", "false"):
+        return False
+    raise RuntimeError(f"{name}={raw!r} is invalid: use 1/true (queue and fuse eager ops) or 0/false (the default)")
+
+
+enabled: bool = _env_flag(ENABLE_ENV)  # read by the fast path before every op
+buffer_size_limit: int = _env_int(BUFFER_SIZE_ENV, 512, 1)  # ops queued before the queue flushes itself
+low_threshold: int = _env_int(LOW_THRESHOLD_ENV, 2, 1)  # shorter runs always execute op by op
+
+
+class _External(NamedTuple):
+    """A tensor argument from outside the run: the run's input number `index`."""
+
+    index: int
+
+
+class _Queued(NamedTuple):
+    """A tensor argument that is output `output` of queued op `entry`, or a view of it: (sizes, strides, offset)."""
+
+    entry: int
+    output: int
+    view: tuple | None
+
+
+class _Spec(NamedTuple):
+    """What the meta run of one signature told: each output's (sizes, strides, dtype), and the op's work."""
+
+    outputs: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
+    single: bool  # the op returns one tensor (else a tuple)
+    work: _optracking.Work
+
+
+class _Entry:
+    """One queued op: what to call, its arguments (tensors replaced by `_External`/`_Queued`), its outputs."""
+
+    __slots__ = ("args", "call", "info", "kwargs", "outputs", "signature", "spec")
+
+    def __init__(self, call, args, kwargs, info, spec, signature) -> None:
+        self.call, self.args, self.kwargs, self.info, self.spec = call, args, kwargs, info, spec
+        self.signature = signature
+        self.outputs: list[tuple[torch.Tensor, weakref.ref | None]] = []  # (host buffer, ref to device storage)
+
+
+class _Input:
+    """An external tensor as it was when first recorded (its metadata may change in place before the flush)."""
+
+    __slots__ = ("offset", "size", "storage", "stride", "tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.storage = tensor.untyped_storage()
+        self.size, self.stride, self.offset = tensor.shape, tensor.stride(), tensor.storage_offset()
+
+    def same(self, tensor: torch.Tensor) -> bool:
+        return (tensor.untyped_storage() is self.storage and tensor.shape == self.size
+                and tensor.stride() == self.stride and tensor.storage_offset() == self.offset)
+
+    def host(self) -> torch.Tensor:
+        tensor = self.tensor
+        if not self.same(tensor):  # e.g. `x.unsqueeze_(0)` after x was queued: read x as the op saw it
+            tensor = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
+                self.storage, self.offset, self.size, self.stride)
+        return hostmem.host_alias(tensor)
+
+
+class _Run:
+    """What is known about one run structure: times seen, and its compiled form once fused."""
+
+    __slots__ = ("compiled", "names", "number", "seconds", "seen", "tried")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.seen = 0
+        self.tried = False
+        self.compiled: Callable | None = None
+        self.seconds = 0.0
+        self.names: frozenset[str] = frozenset()
+
+
+_lock = threading.RLock()
+_queue: list[_Entry] = []
+_inputs: list[_Input] = []
+_input_ids: dict[int, int] = {}  # id(tensor) -> input number, for the tensors in `_inputs`
+_queued: dict[int, tuple] = {}  # data pointer of a queued output's storage -> (storage ref, entry, output, spec)
+_device = -1
+_specs: dict[tuple, _Spec | None] = {}  # op signature -> its spec, None if it cannot be queued
+_fusable: dict[Any, bool] = {}  # fast-path plan -> whether its op may be queued
+_runs: dict[tuple, _Run] = {}
+_counters = dict.fromkeys(("recorded", "flushes", "op_by_op_runs", "fused_runs", "compiled", "fuse_failures"), 0)
+
+_CPU_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+_Tensor = torch.Tensor
+_NUMBERS = (bool, int, float, complex)
+
+
+def is_enabled() -> bool:
+    """Whether eager ops are being queued (adaptive eager)."""
+    return enabled
+
+
+def set_enabled(flag: bool) -> bool:
+    """Switch adaptive eager on or off at run time (switching off flushes the queue); return the previous state."""
+    global enabled
+    previous = enabled
+    if not flag:
+        flush()
+    enabled = bool(flag)
+    return previous
+
+
+def pending_ops() -> int:
+    """Number of ops queued and not yet executed."""
+    return len(_queue)
+
+
+def stats() -> dict[str, int]:
+    """Counters since start-up: ops recorded, flushes, runs executed op by op / fused, runs compiled, failures."""
+    return dict(_counters)
+
+
+def _plan_fusable(plan: Any) -> bool:
+    """A functional overload (fresh results, no input written) whose CPU kernel does not check index values."""
+    schema = plan.op._schema
+    fusable = not any(a.alias_info is not None for a in schema.arguments) and (
+        schema.name.partition("::")[2] not in _READS_INDEX_VALUES)
+    _fusable[plan] = fusable
+    return fusable
+
+
+def _key(value: Any) -> Any:
+    """A hashable form of a non-tensor argument (lists become tuples)."""
+    if type(value) is list:
+        return tuple(_key(v) for v in value)
+    return value
+
+
+def _meta(value: Any) -> Any:
+    if isinstance(value, _Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if type(value) is list or type(value) is tuple:
+        return type(value)(_meta(v) for v in value)
+    return value
+
+
+def _spec(signature: tuple, call: torch._ops.OpOverload, info: _optracking.OpInfo, args: tuple,
+          kwargs: dict) -> _Spec | None:
+    """Run `call` once on meta tensors shaped like `args`: the outputs' metadata and the op's work, or None."""
+    spec = None
+    meta_args = _meta(args)
+    try:
+        result = call(*meta_args, **kwargs)
+    except Exception:  # torch will raise it again, with the CPU kernel's message, when the op runs unqueued
+        result = None
+    single = isinstance(result, _Tensor)
+    outputs = (result,) if single else result
+    if type(outputs) is tuple and outputs and all(isinstance(t, _Tensor) for t in outputs):
+        metadata = tuple((tuple(t.shape), t.stride(), t.dtype) for t in outputs)
+        spec = _Spec(metadata, single, _optracking._work(info, meta_args, kwargs, result))
+    _specs[signature] = spec
+    return spec
+
+
+def _argument(value: _Tensor, index: int) -> _External | _Queued | None:
+    """The run's reference to tensor argument `value`; None if it cannot be referenced (the caller flushes)."""
+    storage = value.untyped_storage()
+    found = _queued.get(storage.data_ptr())
+    if found is not None and found[0]() is storage:
+        _, entry, output, metadata = found
+        size, stride, dtype = metadata
+        if value.dtype != dtype:
+            return None  # a dtype view of a queued result
+        offset = value.storage_offset()
+        shape, strides = tuple(value.shape), value.stride()
+        view = None if (offset == 0 and shape == size and strides == stride) else (shape, strides, offset)
+        return _Queued(entry, output, view)
+    number = _input_ids.get(id(value))
+    if number is None or not _inputs[number].same(value):
+        number = len(_inputs)
+        _inputs.append(_Input(value))
+        _input_ids[id(value)] = number
+    return _External(number)
+
+
+def record(plan: Any, args: tuple, kwargs: dict):
+    """Queue one call of a fast-path op and return its not-yet-computed result; None if the op must run now.
+
+    Called by the fast path before it touches any data; the caller runs the op itself when this returns None.
+    """
+    fusable = _fusable.get(plan)
+    if fusable is None:
+        fusable = _plan_fusable(plan)
+    if not fusable or _numerics.downcast_64bit:
+        return None
+    if torch.are_deterministic_algorithms_enabled():
+        flush()
+        return None
+    for value in kwargs.values():
+        if isinstance(value, _Tensor):
+            return None
+    with _lock:
+        for _ in range(2):  # a second try after a flush, when an argument could not refer to the queue
+            outcome = _record(plan, args, kwargs)
+            if outcome is not False:
+                return outcome
+            flush()
+        return None
+
+
+def _record(plan: Any, args: tuple, kwargs: dict):
+    """`record` under the lock: the result, None (run the op now), or False (flush, then try again)."""
+    global _device
+    index = -1
+    call = plan.op
+    template = list(args)
+    key: list = [None] * len(args)
+    tensor_positions = plan.tensor_positions
+    for position, value in enumerate(args):
+        if isinstance(value, _Tensor):
+            device = value.get_device()
+            if device < 0 or (index >= 0 and device != index):
+                return None
+            index = device
+            reference = _argument(value, index)
+            if reference is None:
+                return False
+            template[position] = reference
+            key[position] = (value.shape, value.stride(), value.dtype)
+        elif (type(value) is list or type(value) is tuple) and value and position in tensor_positions:
+            items, shapes = [], []
+            for item in value:
+                if item is None:
+                    items.append(None)
+                    shapes.append(None)
+                    continue
+                if not isinstance(item, _Tensor):
+                    return None
+                device = item.get_device()
+                if device < 0 or (index >= 0 and device != index):
+                    return None
+                index = device
+                reference = _argument(item, index)
+                if reference is None:
+                    return False
+                items.append(reference)
+                shapes.append((item.shape, item.stride(), item.dtype))
+            template[position] = items
+            key[position] = tuple(shapes)
+        elif position in tensor_positions and value is not None:
+            if position != 1 or plan.scalar_op is None or not isinstance(value, _NUMBERS):
+                return None
+            call = plan.scalar_op
+            key[position] = (type(value), value)
+        else:
+            key[position] = _key(value)
+    if index < 0:
+        return None
+    if _queue and index != _device:
+        return False
+    signature = (call, tuple(key), tuple((k, _key(v)) for k, v in kwargs.items()) if kwargs else None)
+    spec = _specs.get(signature, False)
+    if spec is False:
+        spec = _spec(signature, call, plan.info, args, kwargs)
+    if spec is None:
+        return None
+    position = len(_queue)
+    entry = _Entry(call, template, kwargs, plan.info, spec,
+                   (signature, tuple(_key(t) if type(t) is list else t for t in template)))
+    results = []
+    for number, metadata in enumerate(spec.outputs):
+        size, stride, dtype = metadata
+        host = torch.empty_strided(size, stride, dtype=dtype)
+        result = allocator.adopt_tracked(host, index)
+        storage = result.untyped_storage()
+        if storage.nbytes():
+            ref = weakref.ref(storage)
+            _queued[storage.data_ptr()] = (ref, position, number, metadata)
+        else:
+            ref = None  # nothing to write
+        entry.outputs.append((host, ref))
+        results.append(result)
+    _queue.append(entry)
+    _device = index
+    _counters["recorded"] += 1
+    executed_ops[plan.name] += 1
+    hostmem.flush_pending = flush
+    if len(_queue) >= buffer_size_limit:
+        flush()
+    return results[0] if spec.single else tuple(results)
+
+
+def flush() -> None:
+    """Execute every queued op, in order (a no-op when nothing is queued)."""
+    global _device
+    with _lock:
+        queue = _queue[:]
+        if not queue:  # nothing queued, or a host read inside this thread's own flush
+            return
+        inputs = _inputs[:]
+        index = _device
+        _queue.clear()
+        _inputs.clear()
+        _input_ids.clear()
+        _queued.clear()
+        _device = -1
+        _counters["flushes"] += 1
+        try:
+            _execute(queue, inputs, index)
+        finally:
+            hostmem.flush_pending = None if not _queue else flush
+
+
+class _HostContext:
+    """Host kernels of a flush run as they would have when queued: outside `torch.autocast("cpu")` regions and
+    dispatch modes that happen to be active where the flush is triggered."""
+
+    def __enter__(self) -> None:
+        self._autocast = torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST)
+        self._autocast.__enter__()
+        self._modes = None
+        if torch._C._len_torch_dispatch_stack():
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            self._modes = _disable_current_modes()
+            self._modes.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._modes is not None:
+            self._modes.__exit__(*exc)
+        self._autocast.__exit__(*exc)
+
+
+def _execute(queue: list[_Entry], inputs: list[_Input], index: int) -> None:
+    live = tuple(tuple(ref is not None and ref() is not None for _, ref in entry.outputs) for entry in queue)
+    structure = (tuple(entry.signature for entry in queue), live)
+    run = _runs.get(structure)
+    if run is None:
+        if len(_runs) >= _MAX_RUNS:
+            _runs.clear()
+        run = _runs[structure] = _Run(len(_runs))
+    run.seen += 1
+    hosts = [item.host() for item in inputs]
+    with _HostContext():
+        if not run.tried and run.seen >= FUSE_AFTER and len(queue) >= low_threshold:
+            run.tried = True
+            _compile(run, queue, hosts, live)
+        if run.compiled is None:
+            _counters["op_by_op_runs"] += 1
+            _op_by_op(queue, hosts, live, index)
+            return
+        _counters["fused_runs"] += 1
+        results = run.compiled(*hosts)
+    written = (host for entry, flags in zip(queue, live) for (host, _), alive in zip(entry.outputs, flags) if alive)
+    for host, result in zip(written, results, strict=True):
+        host.copy_(result)
+    _optracking._executed.update(run.names)  # the ops ran, inside one kernel
+    _optracking.record_kernel(FUSED_KERNEL_NAME, index, run.number, run.seconds)
+
+
+def _resolve(value: Any, hosts: list, values: list) -> Any:
+    kind = type(value)
+    if kind is _External:
+        return hosts[value.index]
+    if kind is _Queued:
+        tensor = values[value.entry][value.output]
+        return tensor if value.view is None else tensor.as_strided(*value.view)
+    if kind is list:
+        return [_resolve(v, hosts, values) for v in value]
+    return value
+
+
+def _op_by_op(queue: list[_Entry], hosts: list, live: tuple, index: int) -> None:
+    """Each op with its own CPU kernel, as plain eager runs it; live outputs are written to device memory."""
+    values: list[list[torch.Tensor]] = []
+    for entry, flags in zip(queue, live):
+        args = [_resolve(v, hosts, values) for v in entry.args]
+        result = entry.call(*args, **entry.kwargs)
+        produced = []
+        for (host, _), output, alive in zip(entry.outputs, (result,) if entry.spec.single else result, flags):
+            if output.stride() != host.stride() or output.storage_offset() or output.shape != host.shape:
+                alive = True  # later views of it are relative to the device layout: read it from there
+                output = host.copy_(output)
+            elif alive:
+                host.copy_(output)
+            produced.append(output)
+        values.append(produced)
+        _optracking.charge(entry.info, index, args, entry.kwargs, result)
+
+
+def _compile(run: _Run, queue: list[_Entry], hosts: list, live: tuple) -> None:
+    """Build the run's FX graph and hand it to the fuser plugin; on success `run` gets the callable and its cost."""
+    from . import plugins
+
+    try:
+        graph_module = _graph(queue, len(hosts), live)
+    except NotImplementedError:
+        return
+    try:
+        compiled = plugins.fuse(graph_module, hosts)
+    except Exception as error:
+        _counters["fuse_failures"] += 1
+        warnings.warn(f"adaptive eager: fusing a run of {len(queue)} ops failed, it runs op by op: "
+                      f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=2)
+        return
+    if compiled is None:
+        return
+    _counters["compiled"] += 1
+    run.compiled = compiled
+    run.names = frozenset(entry.info.name for entry in queue)
+    run.seconds = _fused_seconds(queue, hosts, live)
+
+
+def _graph(queue: list[_Entry], inputs: int, live: tuple) -> torch.fx.GraphModule:
+    """The run as an FX graph of CPU ATen ops: inputs are the external tensors, outputs the live results."""
+    graph = torch.fx.Graph()
+    placeholders = [graph.placeholder(f"input_{n}") for n in range(inputs)]
+    nodes: list[list[torch.fx.Node]] = []
+
+    def lower(value: Any) -> Any:
+        kind = type(value)
+        if kind is _External:
+            return placeholders[value.index]
+        if kind is _Queued:
+            node = nodes[value.entry][value.output]
+            if value.view is None:
+                return node
+            size, stride, _ = queue[value.entry].spec.outputs[value.output]
+            if list(stride) != list(_contiguous(size)):
+                raise NotImplementedError("a view of a queued result with a non-contiguous layout")
+            return graph.call_function(torch.ops.aten.as_strided.default, (node, *value.view))
+        if kind is list:
+            return [lower(v) for v in value]
+        return value
+
+    for entry in queue:
+        node = graph.call_function(entry.call, tuple(lower(v) for v in entry.args), dict(entry.kwargs))
+        if entry.spec.single:
+            nodes.append([node])
+        else:
+            nodes.append([graph.call_function(operator.getitem, (node, n)) for n in range(len(entry.spec.outputs))])
+    graph.output(tuple(node for outputs, flags in zip(nodes, live) for node, alive in zip(outputs, flags) if alive))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _contiguous(size: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for extent in reversed(size):
+        strides.append(step)
+        step *= max(extent, 1)
+    return tuple(reversed(strides))
+
+
+def _fused_seconds(queue: list[_Entry], hosts: list, live: tuple) -> float:
+    """Device time of the run as one kernel: every op's engine work, HBM traffic only across the run's boundary."""
+    work: dict[str, float] = {}
+    for entry in queue:
+        for engine, amount in entry.spec.work.engines:
+            work[engine] = work.get(engine, 0.0) + amount
+    nbytes = sum(h.numel() * h.element_size() for h in hosts)
+    nbytes += sum(host.numel() * host.element_size() for entry, flags in zip(queue, live)
+                  for (host, _), alive in zip(entry.outputs, flags) if alive)
+    return _costmodel.estimate_kernel(work, nbytes, dtype=queue[0].spec.work.dtype).seconds
