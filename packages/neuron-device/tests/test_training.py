@@ -187,8 +187,9 @@ def test_transformer_block_trains_like_cpu(factory: Callable[[], TinyLM]) -> Non
         (ConvNet, _image_batches),
         pytest.param(TinyLM, _token_batches, marks=pytest.mark.xfail(
             strict=True,
-            reason="scaled_dot_product_attention on neuron takes the math decomposition, not CPU's flash kernel: "
-            "its bfloat16 gradients round differently",
+            reason="bfloat16 training of the attention block drifts from the CPU by about one bfloat16 ulp after "
+            "some steps (one step's gradients are bitwise equal; the drift depends on the thread count); cause not "
+            "found yet",
         )),
     ],
     ids=["convnet", "transformer"],

@@ -62,8 +62,8 @@ def _register_device() -> None:
 def _register_kernels() -> None:
     from . import autocast
 
-    # Importing `minimal`, `cpu_exact`, `matmul` and `rnn_cells` registers their kernels.
-    from .ops import cpu_exact, host_exec, matmul, minimal, registry, rnn_cells  # noqa: F401
+    # Importing `minimal`, `cpu_exact`, `matmul`, `attention` and `rnn_cells` registers their kernels.
+    from .ops import attention, cpu_exact, host_exec, matmul, minimal, registry, rnn_cells  # noqa: F401
 
     registry.register_fallback(host_exec.run_on_host)
     autocast.register()

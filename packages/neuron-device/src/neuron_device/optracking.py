@@ -92,6 +92,23 @@ def _convolution_backward_flops(args: tuple, out: Any) -> float:
     return forward * (int(mask[0]) + int(mask[1]))
 
 
+def _attention_flops(query: torch.Tensor, key: torch.Tensor, causal: bool) -> float:
+    """Q K^T and P V: two products of B x H x Sq x Sk x d; a causal mask skips about half."""
+    flops = 4.0 * query.numel() * key.shape[-2]
+    return flops / 2 if causal else flops
+
+
+def _flash_attention_flops(args: tuple, out: Any) -> float:
+    """_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, ...)."""
+    return _attention_flops(args[0], args[1], len(args) > 4 and bool(args[4]))
+
+
+def _flash_attention_backward_flops(args: tuple, out: Any) -> float:
+    """The backward (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal): P recomputed, then dV, dP,
+    dQ and dK, five products to the forward's two."""
+    return 2.5 * _attention_flops(args[1], args[2], len(args) > 7 and bool(args[7]))
+
+
 # Tensor engine ops and their FLOPs.
 _TENSOR: dict[str, _Flops] = {
     "mm": _matmul_flops,
@@ -108,6 +125,8 @@ _TENSOR: dict[str, _Flops] = {
     "convolution": _convolution_flops,
     "_convolution": _convolution_flops,
     "convolution_backward": _convolution_backward_flops,
+    "_scaled_dot_product_flash_attention_for_cpu": _flash_attention_flops,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": _flash_attention_backward_flops,
 }
 
 # Transcendental and activation functions run on the Scalar (activation) engine.

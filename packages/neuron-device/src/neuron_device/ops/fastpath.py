@@ -49,7 +49,8 @@ HOT_OPS: tuple[str, ...] = (
     "linalg_vector_norm", "logsumexp", "cumsum", "all", "any",
     # softmax, norms, losses
     "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data", "native_layer_norm_backward",
-    "_fused_rms_norm", "nll_loss_forward", "nll_loss_backward",
+    "_fused_rms_norm", "nll_loss_forward", "nll_loss_backward", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
     # copies, gather, embedding
     "clone", "cat", "index", "index_select", "gather", "embedding", "embedding_dense_backward", "tril", "triu",
 )

@@ -46,12 +46,12 @@ def register(name: str, fn: Callable, *, with_keyset: bool = False, dispatch_key
         kernels[name] = fn
 
 
-def kernel(*names: str, with_keyset: bool = False) -> Callable[[Callable], Callable]:
-    """Decorator: register the function as the `neuron` kernel of each op in `names`."""
+def kernel(*names: str, with_keyset: bool = False, dispatch_key: str = _DISPATCH_KEY) -> Callable[[Callable], Callable]:
+    """Decorator: register the function as the `neuron` kernel of each op in `names` (see `register`)."""
 
     def decorate(fn: Callable) -> Callable:
         for name in names:
-            register(name, fn, with_keyset=with_keyset)
+            register(name, fn, with_keyset=with_keyset, dispatch_key=dispatch_key)
         return fn
 
     return decorate

@@ -8,10 +8,10 @@ decomposition), so an unsupported input is never computed wrongly:
 * ``_fused_rms_norm`` (+ ``_backward``, which has no CPU kernel at all), ``native_layer_norm`` (+ ``_backward``),
   ``_softmax`` (+ ``_softmax_backward_data``) over the last dim.
 
-Composite ops are routed to those fused ops above autograd (AutogradPrivateUse1), as CPU routes them, so autograd
-uses the fused ops' derivative formulas: ``scaled_dot_product_attention`` takes the flash op wherever CPU's
-``use_flash_attention_cpp`` would (else torch's math decomposition), and ``rms_norm`` takes ``_fused_rms_norm``
-when the NKI kernel supports the input. ``aten::mm`` is left to neuron-device: its matmul kernel is already a native
+Composite ops reach those fused ops above autograd (AutogradPrivateUse1), so autograd uses the fused ops'
+derivative formulas: neuron-device already sends ``scaled_dot_product_attention`` to the flash op wherever CPU's
+``use_flash_attention_cpp`` would (``neuron_device.ops.attention``), and here ``rms_norm`` takes
+``_fused_rms_norm`` when the NKI kernel supports the input. ``aten::mm`` is left to neuron-device: its matmul kernel is already a native
 Tensor-engine kernel with the numerics policy, so an NKI replacement would not change the estimate (``nki.library.
 matmul`` is available to ``nki_op`` users and compiled graphs).
 
@@ -184,35 +184,6 @@ def _flash_bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal
     return _native(nki, _FLASH_BWD, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, scale=scale)
 
 
-def _cpu_would_use_flash(q, k, v, attn_mask, dropout_p: float, enable_gqa: bool) -> bool:
-    """CPU's `use_flash_attention_cpp` constraints (and dropout-free): where CPU runs its flash kernel."""
-    if not torch.backends.cuda.flash_sdp_enabled() or dropout_p != 0.0:
-        return False
-    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
-        return False  # the flash op has no gradient for the mask: CPU takes the math path then
-    if any(t.is_nested for t in (q, k, v)) or not (q.dim() == k.dim() == v.dim() == 4):
-        return False
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.float64, *_FLOATS, torch.float16):
-        return False
-    if not (q.size(-1) == k.size(-1) == v.size(-1)) or min(q.size(2), k.size(2)) == 0:
-        return False
-    if any(t.stride(-1) != 1 for t in (q, k, v)) or not (q.size(0) == k.size(0) == v.size(0)):
-        return False
-    if k.size(1) != v.size(1):
-        return False
-    return q.size(1) == k.size(1) or (enable_gqa and q.size(1) % k.size(1) == 0)
-
-
-def _sdpa_route(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
-    if _cpu_would_use_flash(query, key, value, attn_mask, dropout_p, enable_gqa):
-        if attn_mask is not None and attn_mask.dtype == torch.bool:  # as CPU's convert_boolean_attn_mask
-            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(~attn_mask, -math.inf)
-        return _aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
-                                                                 attn_mask=attn_mask, scale=scale)[0]
-    return _aten.scaled_dot_product_attention.default.decompose(query, key, value, attn_mask, dropout_p, is_causal,
-                                                                scale=scale, enable_gqa=enable_gqa)
-
-
 # -- normalisation and softmax ---------------------------------------------------------------------------------------
 def _rows(x: torch.Tensor, normalized_shape) -> tuple[int, int]:
     d = math.prod(normalized_shape)
@@ -363,7 +334,6 @@ KERNELS: dict[str, Callable] = {
     "aten::_softmax_backward_data": _softmax_backward,
 }
 ROUTES: dict[str, Callable] = {
-    "aten::scaled_dot_product_attention": _sdpa_route,
     "aten::rms_norm": _rms_norm_route,
 }
 
