@@ -130,6 +130,20 @@ def test_current_device_starts_at_local_rank(python):
     assert result.stdout.strip() == "2"
 
 
+def test_set_device_initialises_like_cuda(python):
+    # DeviceMesh reads is_initialized() as "a device was chosen", fake tensors take current_device() only then
+    code = """
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+torch.neuron.set_device(1)
+with FakeTensorMode():
+    print(torch.neuron.is_initialized(), torch.empty(1, device="neuron").device)
+"""
+    result = python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "neuron:1"]
+
+
 def test_use_after_fork_raises_spawn_error(python):
     code = """
 import os, torch

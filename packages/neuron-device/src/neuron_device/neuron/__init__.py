@@ -186,10 +186,14 @@ def _check_index(index: int) -> int:
 
 
 def set_device(device: _Device) -> None:
-    """Set the current `neuron` device of this thread. A negative index is ignored, as in `torch.cuda`."""
+    """Set the current `neuron` device of this thread. A negative index is ignored, as in `torch.cuda`.
+
+    Like `torch.cuda.set_device`, it initialises the runtime: torch reads `is_initialized()` as "a device was chosen"
+    (DeviceMesh then keeps it, fake tensors of DTensor's sharding propagation take `current_device()`, not index 0)."""
     index = _get_device_index(device)
     if index >= 0:
         _current.index = _check_index(index)
+        lazy_init()
 
 
 class device:
