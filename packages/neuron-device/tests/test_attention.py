@@ -59,3 +59,20 @@ def test_boolean_mask_converts_as_on_cpu() -> None:
     mask.fill_diagonal_(True)
     out = F.scaled_dot_product_attention(q.to("neuron"), k.to("neuron"), v.to("neuron"), attn_mask=mask.to("neuron"))
     torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+def test_dropout_draws_from_the_device_generator_and_zero_dropout_draws_nothing() -> None:
+    q = torch.randn(1, 2, 16, 8, device="neuron")
+
+    def attend(p: float) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, q, q, dropout_p=p).cpu()
+
+    torch.neuron.manual_seed(3)
+    first = attend(0.5)
+    state = torch.neuron.get_rng_state()
+    torch.neuron.manual_seed(3)
+    torch.default_generator.manual_seed(123)  # the CPU generator plays no part
+    torch.testing.assert_close(attend(0.5), first)
+    assert not torch.equal(first, attend(0.0))
+    attend(0.0)
+    assert torch.equal(torch.neuron.get_rng_state(), state)  # no dropout, no draw

@@ -61,9 +61,15 @@ def _is_tensor_type(type_: torch._C.JitType) -> bool:
     return text in ("Tensor", "Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]")
 
 
+def _dropout_position(op: torch._ops.OpOverload) -> int | None:
+    """Where a seeded op takes its `dropout_p` (attention): with `dropout_p == 0` it draws no random numbers."""
+    names = [a.name for a in op._schema.arguments]
+    return names.index("dropout_p") if "dropout_p" in names else None
+
+
 def _fast_eligible(op: torch._ops.OpOverload) -> bool:
     """A functional overload (returns fresh tensors) or an in-place one (writes and returns only `self`), taking no
-    generator or device and drawing no random numbers."""
+    generator or device and drawing no random numbers (or only through a `dropout_p` checked per call)."""
     schema = op._schema
     arguments, returns = schema.arguments, schema.returns
     if not returns or any(str(r.type) != "Tensor" for r in returns):
@@ -76,7 +82,7 @@ def _fast_eligible(op: torch._ops.OpOverload) -> bool:
         return False
     if any(str(a.type) in ("Optional[Generator]", "Optional[Device]", "Device") for a in arguments):
         return False
-    if torch.Tag.nondeterministic_seeded in op.tags:
+    if torch.Tag.nondeterministic_seeded in op.tags and _dropout_position(op) is None:
         return False
     return any(_is_tensor_type(a.type) for a in arguments if not a.kwarg_only)
 
@@ -84,13 +90,15 @@ def _fast_eligible(op: torch._ops.OpOverload) -> bool:
 class _Plan:
     """What one call of a fast kernel needs, computed once per overload."""
 
-    __slots__ = ("info", "name", "op", "scalar_op", "tensor_positions")
+    __slots__ = ("dropout_position", "info", "name", "op", "scalar_op", "tensor_positions")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
         self.op = op
         self.info = _optracking.op_info(op)
         self.name = self.info.name
+        seeded = torch.Tag.nondeterministic_seeded in op.tags
+        self.dropout_position = _dropout_position(op) if seeded else None
         self.tensor_positions = tuple(
             i for i, a in enumerate(schema.arguments) if not a.kwarg_only and _is_tensor_type(a.type)
         )
@@ -126,6 +134,9 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
             return result
     if _numerics.downcast_64bit:
         return None
+    dropout = plan.dropout_position
+    if dropout is not None and (args[dropout] if dropout < len(args) else kwargs.get("dropout_p", 0.0)) != 0.0:
+        return None  # draws random numbers: the fallback runs it on the device's generator
     for value in kwargs.values():
         if isinstance(value, _Tensor):
             return None

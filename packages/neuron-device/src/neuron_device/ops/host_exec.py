@@ -40,7 +40,8 @@ class _Plan:
     name: str
     out_names: tuple[str, ...]  # keyword-only arguments written to (out=)
     generator: tuple[int, str] | None  # (position, name) of a Generator? argument
-    seeded: bool  # draws random numbers
+    seeded: bool  # may draw random numbers
+    dropout_position: int | None  # a seeded op's `dropout_p` argument: it draws none when that is 0
     mixed_devices_ok: bool
     tensor_positions: tuple[int, ...]  # positional arguments typed `Tensor` (may arrive as Python numbers)
 
@@ -65,6 +66,7 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
         out_names=out_names,
         generator=generator,
         seeded=torch.Tag.nondeterministic_seeded in op.tags,
+        dropout_position=next((i for i, a in enumerate(schema.arguments) if a.name == "dropout_p"), None),
         mixed_devices_ok=name in _MIXED_DEVICE_OK,
         tensor_positions=tuple(
             i for i, a in enumerate(schema.arguments) if not a.kwarg_only and str(a.type) == "Tensor"
@@ -195,6 +197,14 @@ def _seeded_call(op, index: int, args, kwargs):
         cpu_default.set_state(saved)
 
 
+def _no_dropout(plan: _Plan, args: tuple, kwargs: dict) -> bool:
+    """A seeded op called with `dropout_p == 0` (attention in eval mode) draws no random numbers."""
+    position = plan.dropout_position
+    if position is None:
+        return False
+    return (args[position] if position < len(args) else kwargs.get("dropout_p", 0.0)) == 0.0
+
+
 def _write_back(out: torch.Tensor, result: torch.Tensor) -> None:
     """Give the neuron `out` the result computed into a fresh CPU tensor (resizing `out` only if needed)."""
     if out.untyped_storage().nbytes() == 0 and result.is_contiguous():
@@ -248,7 +258,7 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
         elif host_kwargs.get(name) is None:
             host_kwargs[name] = _random.default_generator(index)
         run = op
-    elif plan.seeded:
+    elif plan.seeded and not _no_dropout(plan, host_args, host_kwargs):
         def run(*a, **k):
             return _seeded_call(op, index, a, k)
     else:
