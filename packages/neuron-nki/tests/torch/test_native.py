@@ -317,3 +317,14 @@ def test_sdpa_with_a_mask_that_requires_grad_takes_the_math_path():
     out.sum().backward()
     assert on_device.grad is not None
     torch.testing.assert_close(on_device.grad.cpu(), mask.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(128, 128, 512), (512, 512, 512), (256, 4096, 1024)], ids=str)
+def test_nki_matmul_does_not_pay_over_the_native_mm(shape: tuple[int, int, int]) -> None:
+    """Why `aten::mm` keeps neuron-device's kernel: the library matmul's simulated latency is above the native
+    Tensor-engine estimate (the roofline at peak). If the kernel ever beats it, register it for mm."""
+    M, K, N = shape
+    a, b = (torch.randn(*s, dtype=torch.bfloat16, device="neuron") for s in ((M, K), (K, N)))
+    with record_launches() as launches:
+        matmul(a.t(), b)
+    assert _simulated_seconds(lambda: a @ b) < launches[-1].latency_ns * 1e-9
