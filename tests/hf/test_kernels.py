@@ -86,12 +86,31 @@ def test_kernelize_llama_rmsnorm_runs_the_nki_kernel(tiny_llama, hub_rmsnorm, mo
         torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_transformers_use_kernels_needs_a_newer_kernels_release(tiny_llama):
-    """Why the fixture above registers the layer: transformers 5.23.0 turns its kernels integration off below
-    kernels 0.18.2, so `use_kernels` fails before any device code runs (revisit when that release exists)."""
+def _transformers_kernels_enabled() -> bool:
     from transformers.utils.import_utils import is_kernels_available
 
-    if is_kernels_available():
-        pytest.skip("this kernels release enables transformers' integration: test `use_kernels=True` directly")
+    return is_kernels_available()
+
+
+@pytest.mark.skipif("not _transformers_kernels_enabled()", reason="transformers gates its kernels path on kernels>=0.18.2")
+def test_transformers_use_kernels_with_the_local_repository(tiny_llama):
+    """transformers' own path (its layers marked for the hub, `KernelConfig` with a local repository). Checked with
+    transformers' version gate forced open on kernels 0.17.2; runs by itself once the installed kernels passes it."""
+    from transformers import KernelConfig
+
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    expected = tiny_llama().eval()(input_ids=ids).logits
+    model = tiny_llama().to("neuron").eval()
+    model.set_use_kernels(True, KernelConfig({"RMSNorm": {"neuron": f"{REPO}:LlamaRMSNorm"}}, use_local_kernel=True))
+    torch_neuronx.clear_op_tracking()
+    logits = model(input_ids=ids.to("neuron")).logits.cpu()
+    assert "nki::rmsnorm_fwd" in torch_neuronx.get_executed_ops()
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif("_transformers_kernels_enabled()", reason="this kernels release passes transformers' gate")
+def test_transformers_use_kernels_needs_a_newer_kernels_release(tiny_llama):
+    """Why the `hub_rmsnorm` fixture registers the layer: transformers 5.23.0 turns its kernels integration off below
+    kernels 0.18.2 (the newest release is 0.17.2), so `use_kernels` fails before any device code runs."""
     with pytest.raises(ValueError, match=r"0\.18\.2 <= version"):
         tiny_llama().to("neuron").set_use_kernels(True)
