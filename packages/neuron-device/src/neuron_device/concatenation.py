@@ -181,6 +181,7 @@ _fusable: dict[Any, bool] = {}  # fast-path plan -> whether its op may be queued
 _runs: dict[tuple, _Run] = {}
 _counters = dict.fromkeys(("recorded", "flushes", "op_by_op_runs", "fused_runs", "compiled", "fuse_failures"), 0)
 
+aten = torch.ops.aten
 _CPU_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 _Tensor = torch.Tensor
 _NUMBERS = (bool, int, float, complex)
@@ -517,9 +518,12 @@ def _graph(queue: list[_Entry], inputs: int, live: tuple) -> torch.fx.GraphModul
             if value.view is None:
                 return node
             size, stride, _ = queue[value.entry].spec.outputs[value.output]
-            if list(stride) != list(_contiguous(size)):
-                raise NotImplementedError("a view of a queued result with a non-contiguous layout")
-            return graph.call_function(torch.ops.aten.as_strided.default, (node, *value.view))
+            if tuple(stride) != _contiguous(size):
+                # The view's strides count in the result's memory order: lay the result out in that order first.
+                order = _memory_order(size, stride)
+                node = graph.call_function(aten.permute.default, (node, order))
+                node = graph.call_function(aten.clone.default, (node,), {"memory_format": torch.contiguous_format})
+            return graph.call_function(aten.as_strided.default, (node, *value.view))
         if kind is list:
             return [lower(v) for v in value]
         return value
@@ -540,6 +544,15 @@ def _contiguous(size: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(step)
         step *= max(extent, 1)
     return tuple(reversed(strides))
+
+
+def _memory_order(size: tuple[int, ...], stride: tuple[int, ...]) -> list[int]:
+    """The permutation of dims that makes a dense result of these sizes and strides contiguous."""
+    order = sorted(range(len(size)), key=lambda d: (-stride[d], -size[d]))
+    permuted = [size[d] for d in order]
+    if any(size[d] > 1 and stride[d] != s for d, s in zip(order, _contiguous(permuted), strict=True)):
+        raise NotImplementedError(f"a view of a queued result with a non-dense layout {stride} for sizes {size}")
+    return order
 
 
 def _fused_seconds(queue: list[_Entry], hosts: list, live: tuple) -> float:

@@ -1,0 +1,371 @@
+"""Adaptive eager (`neuron_device.concatenation`): queued ops, flush points, views, in-place ops, autograd, the
+deterministic switch, the queue limit and what the timeline is charged. Every result is compared with the CPU.
+
+The op-by-op tests keep the fuser out (`FUSE_AFTER` out of reach): they check neuron-device alone. The fused-path
+tests use a fuser that returns the FX graph itself (it runs the same CPU kernels), which checks the graph the run
+becomes, the live outputs written back and the single charge; tests/test_concatenation_fused.py compiles with
+neuron-compile's Inductor fuser.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_device import concatenation, costmodel, optracking, plugins
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    """Adaptive eager on, every run executed op by op."""
+    monkeypatch.setattr(concatenation, "FUSE_AFTER", 1 << 30)
+    previous = concatenation.set_enabled(True)
+    yield
+    concatenation.set_enabled(previous)
+
+
+@pytest.fixture
+def graphs(monkeypatch):
+    """Adaptive eager on, with a fuser that hands back the run's FX graph (kept in the returned list)."""
+    seen: list[torch.fx.GraphModule] = []
+
+    def fuse(graph_module, example_inputs):
+        seen.append(graph_module)
+        return graph_module
+
+    monkeypatch.setattr(plugins, "fuse", fuse)
+    previous = concatenation.set_enabled(True)
+    yield seen
+    concatenation.set_enabled(previous)
+
+
+@pytest.fixture(params=["op by op", "fused"])
+def adaptive(request, monkeypatch):
+    """Adaptive eager on, runs executed op by op or (from their second time) through the graph-returning fuser."""
+    if request.param == "fused":
+        monkeypatch.setattr(plugins, "fuse", lambda graph_module, example_inputs: graph_module)
+    else:
+        monkeypatch.setattr(concatenation, "FUSE_AFTER", 1 << 30)
+    previous = concatenation.set_enabled(True)
+    yield request.param
+    concatenation.set_enabled(previous)
+
+
+def _pair(*shape):
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+    return a, b, a.to("neuron"), b.to("neuron")
+
+
+def _chain(a, b):
+    c = a + b
+    d = (c * 2).exp()
+    e = d.t() @ c
+    return e.sum(0), torch.softmax(e + 0.5, -1), (e > 0).float().mean()
+
+
+def test_ops_are_queued_and_match_the_cpu_bitwise(queued):
+    a, b, na, nb = _pair(8, 8)
+    results = _chain(na, nb)
+    assert concatenation.pending_ops() > 0
+    assert all(r.device.type == "neuron" for r in results)
+    for got, expected in zip(results, _chain(a, b), strict=True):
+        assert got.shape == expected.shape and got.stride() == expected.stride() and got.dtype == expected.dtype
+        assert torch.equal(got.cpu(), expected)
+    assert concatenation.pending_ops() == 0
+
+
+def test_queued_results_are_charged_to_the_allocator(queued):
+    before = torch.neuron.memory_allocated()
+    x = torch.zeros(1024, device="neuron")
+    y = x + 1
+    assert concatenation.pending_ops() == 1
+    assert torch.neuron.memory_allocated() >= before + 2 * 4096
+    del y
+    concatenation.flush()
+
+
+@pytest.mark.parametrize("read", ["print", "item", "cpu", "tolist", "bool", "numpy"])
+def test_every_host_read_flushes(queued, read, capsys):
+    a, b, na, nb = _pair(3)
+    y = (na * nb).sum()
+    assert concatenation.pending_ops() == 2
+    expected = (a * b).sum()
+    if read == "print":
+        print(y)
+        assert f"{expected.item():.4f}" in capsys.readouterr().out
+    elif read == "item":
+        assert y.item() == expected.item()
+    elif read == "cpu":
+        assert torch.equal(y.cpu(), expected)
+    elif read == "tolist":
+        assert y.tolist() == expected.tolist()
+    elif read == "bool":
+        assert bool(y > 0) == bool(expected > 0)
+    else:
+        assert y.cpu().numpy() == expected.numpy()
+    assert concatenation.pending_ops() == 0
+
+
+def test_a_non_fusable_op_flushes_first(queued):
+    a, b, na, nb = _pair(6)
+    y = na - nb
+    assert concatenation.pending_ops() == 1
+    nonzero = torch.nonzero(y > 0)  # data-dependent output shape: never queued
+    assert concatenation.pending_ops() == 0
+    assert torch.equal(nonzero.cpu(), torch.nonzero(a - b > 0))
+
+
+def test_index_ops_run_at_once_with_their_errors(queued):
+    table = torch.randn(4, 3).to("neuron")
+    with pytest.raises(IndexError):
+        torch.nn.functional.embedding(torch.tensor([7], device="neuron"), table)
+
+
+def test_shape_errors_raise_at_the_call(queued):
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        torch.ones(3, device="neuron") + torch.ones(4, device="neuron")
+    assert concatenation.pending_ops() == 0
+
+
+def test_in_place_op_on_an_input_of_a_queued_op(adaptive):
+    for _ in range(3):  # the third time through the fuser in fused mode
+        a, _, na, _ = _pair(5)
+        y = na * 2
+        na.add_(1)  # in place: runs now, after the queued op read the old values
+        assert torch.equal(y.cpu(), a * 2)
+        assert torch.equal(na.cpu(), a + 1)
+
+
+def test_in_place_op_on_a_queued_result(adaptive):
+    for _ in range(3):  # the third time through the fuser in fused mode
+        a, b, na, nb = _pair(5)
+        y = na + nb
+        y.mul_(3)
+        z = y - na
+        expected = (a + b).mul_(3)
+        assert torch.equal(y.cpu(), expected)
+        assert torch.equal(z.cpu(), expected - a)
+
+
+def test_metadata_changed_in_place_before_the_flush(adaptive):
+    for _ in range(3):  # the third time through the fuser in fused mode
+        a, _, na, _ = _pair(4)
+        y = na * 3
+        na.unsqueeze_(0)  # metadata only: no flush, the queued op still reads a 1-d tensor
+        z = na + 1
+        assert y.shape == (4,) and torch.equal(y.cpu(), a * 3)
+        assert torch.equal(z.cpu(), a.unsqueeze(0) + 1)
+
+
+def test_set_on_an_input_of_a_queued_op(queued):
+    a, b, na, nb = _pair(4)
+    y = na + 1
+    na.set_(nb.untyped_storage(), 0, (4,), (1,))
+    assert torch.equal(y.cpu(), a + 1)
+    assert torch.equal(na.cpu(), b)
+
+
+def test_views_of_queued_results(adaptive):
+    a, b, na, nb = _pair(6, 6)
+
+    def views(x, y):
+        p = x @ y
+        q = p.t() * 2  # a transposed view of a queued result
+        r = p[1:, :3] + q[1:, 1:4]  # offset views
+        s = (p.view(36)[::5] + 1).view(-1, 1).expand(8, 3) * 1.5
+        return q, r, s, p.transpose(0, 1).contiguous()
+
+    fused = concatenation.stats()["fused_runs"]
+    for _ in range(3):
+        for got, expected in zip(views(na, nb), views(a, b), strict=True):
+            assert torch.equal(got.cpu(), expected)
+    assert (concatenation.stats()["fused_runs"] > fused) == (adaptive == "fused")
+
+
+def test_views_of_non_contiguous_queued_results(adaptive):
+    a, _, na, _ = _pair(2, 3, 4)
+
+    def chain(x):
+        y = x.transpose(1, 2) * 2  # queued result with the transposed input's layout
+        return y[:, :, 1:] + y.chunk(2, dim=1)[1].sum(1, keepdim=True)[..., :2]
+
+    fused = concatenation.stats()["fused_runs"]
+    for _ in range(3):
+        assert torch.equal(chain(na).cpu(), chain(a))
+    assert (concatenation.stats()["fused_runs"] > fused) == (adaptive == "fused")
+
+
+def test_dtype_view_of_a_queued_result(adaptive):
+    for _ in range(3):  # the third time through the fuser in fused mode
+        a, _, na, _ = _pair(4)
+        y = na * 2
+        bits = y.view(torch.int32) + 1
+        assert torch.equal(bits.cpu(), (a * 2).view(torch.int32) + 1)
+
+
+def test_dead_results_are_not_written(queued):
+    a, b, na, nb = _pair(4)
+    x = na + nb
+    host = concatenation._queue[-1].outputs[0][0]
+    host.fill_(7.0)  # the buffer behind x's device memory
+    del x
+    y = na * nb
+    assert torch.equal(y.cpu(), a * b)
+    assert torch.equal(host, torch.full((4,), 7.0))
+
+
+def test_autograd_forward_and_backward_are_queued(queued):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.GELU(), torch.nn.Linear(5, 2), torch.nn.LogSoftmax(-1))
+    x = torch.randn(4, 6)
+    reference = model(x).sum()
+    reference.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    device_model = model.to("neuron")
+    before = concatenation.stats()["recorded"]
+    loss = device_model(x.to("neuron")).sum()
+    loss.backward()
+    assert concatenation.stats()["recorded"] > before + 6
+    assert torch.equal(loss.cpu(), reference)
+    for parameter, grad in zip(device_model.parameters(), expected, strict=True):
+        assert torch.equal(parameter.grad.cpu(), grad)
+
+
+def test_deterministic_algorithms_disable_queueing(queued):
+    a, b, na, nb = _pair(4)
+    y = na + nb
+    assert concatenation.pending_ops() == 1
+    torch.use_deterministic_algorithms(True)
+    try:
+        z = na * nb  # flushes what was queued and runs directly
+        assert concatenation.pending_ops() == 0
+        w = z - 1
+        assert concatenation.pending_ops() == 0
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert torch.equal(y.cpu(), a + b) and torch.equal(w.cpu(), a * b - 1)
+
+
+def test_queue_flushes_at_its_size_limit(queued, monkeypatch):
+    monkeypatch.setattr(concatenation, "buffer_size_limit", 3)
+    a, _, na, _ = _pair(4)
+    flushes = concatenation.stats()["flushes"]
+    y = na
+    for _ in range(7):
+        y = y + 1
+    assert concatenation.stats()["flushes"] == flushes + 2
+    assert concatenation.pending_ops() == 1
+    assert torch.equal(y.cpu(), a + 7)
+
+
+def test_run_time_switch(queued):
+    a, _, na, _ = _pair(4)
+    y = na + 1
+    assert concatenation.set_enabled(False) is True  # switching off flushes
+    assert concatenation.pending_ops() == 0
+    z = y * 2
+    assert concatenation.pending_ops() == 0
+    assert torch.equal(z.cpu(), (a + 1) * 2)
+
+
+def test_stream_event_and_synchronize_calls_flush(queued):
+    _, _, na, nb = _pair(16)
+    for call in (torch.neuron.synchronize, lambda: torch.neuron.Event().record(),
+                 lambda: torch.neuron.current_stream().synchronize(),
+                 lambda: torch.neuron.set_stream(torch.neuron.Stream())):
+        y = na + nb
+        assert concatenation.pending_ops() == 1
+        call()
+        assert concatenation.pending_ops() == 0
+        del y
+    torch.neuron.set_stream(torch.neuron.default_stream())
+
+
+def test_op_by_op_run_charges_each_op_as_eager(queued):
+    _, _, na, nb = _pair(32, 32)
+    optracking.clear_op_tracking()
+    y = (na @ nb).relu()
+    y.cpu()
+    names = {launch.name for launch in optracking.launches()}
+    assert {"aten::mm", "aten::relu"} <= names
+    assert {"aten::mm", "aten::relu"} <= set(optracking.get_executed_ops())
+
+
+def _device_seconds(fn) -> float:
+    torch.neuron.synchronize()
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    return start.elapsed_time(end) / 1e3
+
+
+def test_fused_run_is_one_graph_with_live_outputs_only(graphs):
+    a, b, na, nb = _pair(8, 8)
+
+    def run(x, y):
+        hidden = (x @ y).relu()  # dead once the run ends
+        return hidden.t() * 0.5 + hidden.sum(0)
+
+    for _ in range(3):
+        got = run(na, nb)
+        assert torch.equal(got.cpu(), run(a, b))
+    assert len(graphs) == 1
+    graph = graphs[0].graph
+    (output,) = graph.find_nodes(op="output")
+    assert len(output.args[0]) == 1  # only the returned tensor is written back
+    targets = [node.target for node in graph.nodes if node.op == "call_function"]
+    assert torch.ops.aten.mm.default in targets and torch.ops.aten.as_strided.default in targets
+    assert concatenation.stats()["fused_runs"] >= 1
+
+
+def test_fused_run_is_charged_once(graphs):
+    _, _, na, nb = _pair(64, 64)
+
+    def run():
+        return ((na @ nb).relu() * 2 + 1).sum().item()
+
+    eager = _device_seconds(run)  # first run: op by op
+    run()  # compiled here
+    optracking.clear_op_tracking()
+    fused = _device_seconds(run)
+    launches = {launch.name: launch for launch in optracking.launches()}
+    kernel = launches[concatenation.FUSED_KERNEL_NAME]
+    assert kernel.calls == 1
+    assert not {"aten::mm", "aten::relu", "aten::sum"} & set(launches)
+    assert {"aten::mm", "aten::relu", "aten::sum"} <= set(optracking.get_executed_ops())
+    # one kernel: the matmul's FLOPs, HBM traffic only for the two inputs and the scalar result
+    expected = costmodel.estimate_kernel({"tensor": 2 * 64**3, "vector": 3 * 64 * 64}, 2 * 64 * 64 * 4 + 4).seconds
+    assert kernel.seconds == pytest.approx(expected)
+    assert fused < eager
+
+
+def test_fused_run_with_autograd(graphs):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    x = torch.randn(4, 6)
+    reference = model(x).pow(2).mean()
+    reference.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    device_model = model.to("neuron")
+    nx = x.to("neuron")
+    for _ in range(3):
+        device_model.zero_grad(set_to_none=True)
+        loss = device_model(nx).pow(2).mean()
+        loss.backward()
+        assert torch.equal(loss.cpu(), reference)
+        for parameter, grad in zip(device_model.parameters(), expected, strict=True):
+            assert torch.equal(parameter.grad.cpu(), grad)
+    assert graphs
+
+
+def test_environment_variable_switches_it_on(python):
+    code = ("import torch, neuron_device.concatenation as c; x = torch.ones(3, device='neuron') + 1; "
+            "print(c.is_enabled(), c.pending_ops(), x.tolist())")
+    result = python(code, env={concatenation.ENABLE_ENV: "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == "True 1 [2.0, 2.0, 2.0]"
+    result = python("import torch", env={concatenation.ENABLE_ENV: "yes"})
+    assert result.returncode != 0 and f"{concatenation.ENABLE_ENV}='yes' is invalid" in result.stderr
