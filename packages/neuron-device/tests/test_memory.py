@@ -388,3 +388,28 @@ def test_a_storage_dying_inside_the_allocator_does_not_wait_for_its_lock():
         assert len(model.pending) == 1
     assert torch.neuron.memory_allocated(2) == base
     assert not model.pending
+
+
+def test_device_conversion_out_of_memory_keeps_the_accounts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`x.to(dtype)` on the device takes its device memory first: an OOM leaves the accounts as they were."""
+    x = torch.ones(1024, device="neuron")
+    gc.collect()
+    before = torch.neuron.memory_allocated()
+
+    def full(nbytes: int) -> None:
+        raise allocator.OutOfMemoryError("full")
+
+    monkeypatch.setattr(allocator.device(x.device.index), "malloc", full)
+    with pytest.raises(torch.OutOfMemoryError, match="full"):
+        x.to(torch.float64)
+    monkeypatch.undo()
+    assert torch.neuron.memory_allocated() == before
+    converted = x.to(torch.float64)
+    assert converted.device == x.device and converted.dtype == torch.float64 and converted.sum().item() == 1024
+
+
+def test_device_tensors_cannot_be_pinned_as_on_cuda() -> None:
+    with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
+        torch.empty(2, device="neuron", pin_memory=True)
+    with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
+        torch.empty_strided((2,), (1,), device="neuron", pin_memory=True)

@@ -24,7 +24,9 @@ def _device_index(device) -> int:
     return torch.neuron._check_index(torch.neuron._get_device_index(device))
 
 
-def _lazy_init_and_index(device) -> int:
+def _lazy_init_and_index(device, pin_memory) -> int:
+    if pin_memory:
+        raise RuntimeError("Only dense CPU tensors can be pinned")  # CUDA's message for a pinned device tensor
     torch.neuron.init()
     return _device_index(device)
 
@@ -32,13 +34,15 @@ def _lazy_init_and_index(device) -> int:
 @kernel("aten::empty.memory_format")
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return allocator.empty(
-        size, dtype=dtype or torch.get_default_dtype(), index=_lazy_init_and_index(device), memory_format=memory_format
+        size, dtype=dtype or torch.get_default_dtype(), index=_lazy_init_and_index(device, pin_memory),
+        memory_format=memory_format,
     )
 
 
 @kernel("aten::empty_strided")
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    return allocator.empty(size, stride, dtype=dtype or torch.get_default_dtype(), index=_lazy_init_and_index(device))
+    return allocator.empty(size, stride, dtype=dtype or torch.get_default_dtype(),
+                           index=_lazy_init_and_index(device, pin_memory))
 
 
 def _metadata_only(overload: torch._ops.OpOverload):
@@ -153,6 +157,12 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     allocator torch 2.13 cannot take from Python; host memory needs no pinning for the copy to be correct.
     """
     target = self.device if device is None else torch.device(device)
+    if target.type == "neuron" and memory_format in (None, torch.preserve_format) and self.is_contiguous():
+        # Device to device: take the device memory (and its capacity check) before any host memory.
+        result = allocator.empty(self.shape, dtype=dtype or self.dtype, index=_device_index(target))
+        host_alias(result).copy_(host_alias(self))
+        _optracking.transfer("aten::_to_copy", self, result)
+        return result
     result = aten._to_copy.default(
         host_alias(self), dtype=dtype, layout=layout, pin_memory=pin_memory, memory_format=memory_format
     )
