@@ -44,6 +44,17 @@ for _package in PACKAGES:
     _package_session(_package)
 
 
+@nox.session(python=PYTHON, name="device-concatenation")
+def device_concatenation(session: nox.Session) -> None:
+    """neuron-device's tests with adaptive eager on (`TORCH_NEURONX_ENABLE_CONCATENATION=1`), neuron-device alone:
+    every queued run executes op by op, so results must stay bitwise those of plain eager. Not slow tests (the
+    OpInfo sweep runs with `nox -s device-concatenation -- -m slow`)."""
+    session.install(*TEST_TOOLS, DEVICE)
+    selection = () if session.posargs else ("-m", "not slow")
+    session.run("python", "-m", "pytest", f"{DEVICE}/tests", *selection, *session.posargs,
+                env={"PYTHONHASHSEED": "0", "TORCH_NEURONX_ENABLE_CONCATENATION": "1"})
+
+
 @nox.session(python=PYTHON, name="all")
 def all_packages(session: nox.Session) -> None:
     """All four wheels together (plugins active): every package's tests plus the cross-package tests.

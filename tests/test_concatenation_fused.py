@@ -1,0 +1,110 @@
+"""Adaptive eager's fused path with neuron-compile installed: a run of queued eager ops seen a second time is
+compiled by the `neuron_fuse` hook (Inductor's CPU backend) and later runs call the compiled kernel. Results are
+compared with the CPU: floating point to a tight tolerance (Inductor may reorder a reduction), integers exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from neuron_device import concatenation, optracking
+
+pytest.importorskip("neuron_compile")
+
+
+@pytest.fixture
+def adaptive():
+    previous = concatenation.set_enabled(True)
+    yield
+    concatenation.set_enabled(previous)
+
+
+class _Block(nn.Module):
+    """RMS norm, a projection, rotary-style halves, softmax attention and a gated MLP: a decoder layer in small."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.up = nn.Linear(dim, 2 * dim)
+        self.down = nn.Linear(dim, dim)
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        first, second = q.chunk(2, dim=-1)
+        q = torch.cat((-second, first), dim=-1) * 0.5 + q
+        scores = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1)
+        x = x + scores @ v
+        gate, up = self.up(x).chunk(2, dim=-1)
+        return x + self.down(nn.functional.silu(gate) * up)
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> None:
+    torch.testing.assert_close(got.cpu(), expected, rtol=2e-6, atol=1e-6)
+
+
+def test_repeated_forward_is_compiled_and_matches_cpu(adaptive):
+    torch.manual_seed(0)
+    model = _Block().eval()
+    x = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        expected = model(x)
+        device_model, nx = model.to("neuron"), x.to("neuron")
+        before = concatenation.stats()
+        for _ in range(4):
+            _close(device_model(nx), expected)
+    after = concatenation.stats()
+    assert after["compiled"] > before["compiled"]
+    assert after["fused_runs"] >= before["fused_runs"] + 2
+    assert after["fuse_failures"] == before["fuse_failures"]
+
+
+def test_fused_integer_run_is_exact(adaptive):
+    values = torch.arange(-20, 20, dtype=torch.int64).reshape(5, 8)
+    device_values = values.to("neuron")
+
+    def run(v: torch.Tensor) -> torch.Tensor:
+        w = (v * 3 + 7).div(4, rounding_mode="floor")
+        return torch.maximum(w, v.t().reshape(5, 8)) - w.sum(0)
+
+    before = concatenation.stats()["fused_runs"]
+    for _ in range(4):
+        assert torch.equal(run(device_values).cpu(), run(values))
+    assert concatenation.stats()["fused_runs"] >= before + 2
+
+
+def test_fused_training_steps_match_cpu(adaptive):
+    torch.manual_seed(0)
+    model = _Block()
+    x = torch.randn(2, 8, 16)
+    loss = model(x).square().mean()
+    loss.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    device_model, nx = model.to("neuron"), x.to("neuron")
+    before = concatenation.stats()["fused_runs"]
+    for _ in range(3):
+        device_model.zero_grad(set_to_none=True)
+        device_loss = device_model(nx).square().mean()
+        device_loss.backward()
+        _close(device_loss, loss.detach())
+        for parameter, grad in zip(device_model.parameters(), expected, strict=True):
+            _close(parameter.grad, grad)
+    assert concatenation.stats()["fused_runs"] > before
+
+
+def test_fused_kernel_is_one_launch(adaptive):
+    a, b = torch.randn(32, 32).to("neuron"), torch.randn(32, 32).to("neuron")
+
+    def run() -> float:
+        return ((a @ b).relu() * 2 + 1).sum().item()
+
+    expected = ((a.cpu() @ b.cpu()).relu() * 2 + 1).sum().item()
+    run()
+    run()
+    optracking.clear_op_tracking()
+    assert run() == pytest.approx(expected, rel=1e-6)
+    launches = {launch.name: launch.calls for launch in optracking.launches()}
+    assert launches.get(concatenation.FUSED_KERNEL_NAME) == 1
+    assert "aten::mm" not in launches and "aten::mm" in optracking.get_executed_ops()
