@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_compile.passes import KernelPlan, plan_kernels
+from neuron_compile.rms_norm import fuse_rms_norm
 
 
 def _plan(fn, *args) -> KernelPlan:
@@ -45,3 +47,61 @@ def test_plan_round_trips_through_json() -> None:
     plan = _plan(lambda x: (x @ x).relu(), torch.randn(4, 4))
     again = KernelPlan.from_json(plan.to_json())
     assert again.to_json() == plan.to_json() and again.seconds == plan.seconds
+
+
+def _llama_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward."""
+    hidden = x.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    return weight * (hidden * torch.rsqrt(variance + 1e-6)).to(x.dtype)
+
+
+def _aot_forward(fn, *args) -> torch.fx.GraphModule:
+    """The forward (or inference) graph AOTAutograd makes of `fn` with Inductor's decompositions."""
+    from torch._functorch.aot_autograd import aot_function
+    from torch._inductor.decomposition import select_decomp_table
+
+    graphs = []
+
+    def capture(gm: torch.fx.GraphModule, inputs) -> torch.fx.GraphModule:
+        graphs.append(gm)
+        return gm
+
+    aot_function(fn, fw_compiler=capture, bw_compiler=capture, decompositions=select_decomp_table())(*args)
+    return graphs[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fn", [_llama_rms_norm, lambda x, w: torch.nn.functional.rms_norm(x, [32], w, 1e-6)],
+                         ids=["llama", "rms_norm"])
+def test_decomposed_rms_norm_becomes_the_fused_op(fn, dtype: torch.dtype) -> None:
+    x, weight = torch.randn(4, 8, 32, dtype=dtype), torch.randn(32, dtype=dtype)
+    gm = _aot_forward(fn, x, weight)
+    assert fuse_rms_norm(gm) == 1
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten._fused_rms_norm.default in targets and torch.ops.aten.rsqrt.default not in targets
+    tolerance = {"rtol": 1e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(gm(x, weight)[0], fn(x, weight), **tolerance)
+
+
+def test_rms_norm_statistics_saved_for_backward_come_from_the_fused_op() -> None:
+    x = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(32, dtype=torch.bfloat16, requires_grad=True)
+    gm = _aot_forward(_llama_rms_norm, x, weight)
+    saved = [n for n in gm.graph.find_nodes(op="output")[0].args[0] if n.target is torch.ops.aten.rsqrt.default]
+    assert saved, "the forward graph saves the pattern's rsqrt for the backward"
+    assert fuse_rms_norm(gm) == 1
+    assert torch.ops.aten.rsqrt.default not in [n.target for n in gm.graph.nodes]
+    hidden = x.detach().float()
+    rstd = torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6)
+    outputs = gm(x.detach(), weight.detach())
+    torch.testing.assert_close(outputs[0], _llama_rms_norm(x, weight).detach(), rtol=1e-2, atol=1e-2)
+    assert any(o.dtype == torch.float32 and o.shape == rstd.shape and torch.allclose(o, rstd) for o in outputs)
+
+
+def test_other_rsqrt_patterns_are_left_alone() -> None:
+    def not_a_norm(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6)  # reduces the first dim
+
+    gm = _aot_forward(not_a_norm, torch.randn(4, 32))
+    assert fuse_rms_norm(gm) == 0

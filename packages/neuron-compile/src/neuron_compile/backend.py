@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import cache, compiler, metrics
+from . import cache, compiler, inductor_device, metrics
 from .artifacts import ArtifactWriter
 from .passes import KernelPlan
 from .runtime import CompiledGraph
@@ -30,6 +30,7 @@ from .settings import ENV, CompileSettings
 __all__ = ["DynamicShapesNotSupported", "NeuronCompileError", "neuron_backend"]
 
 log = logging.getLogger(__name__)
+inductor_device.register()  # before Dynamo traces anything for this backend (it handles neuron's streams)
 
 class NeuronCompileError(RuntimeError):
     """A graph failed to compile for `neuron` (and fallback execution is disabled)."""

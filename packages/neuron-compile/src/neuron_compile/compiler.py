@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import boundary, nki_substitution, passes
+from . import boundary, nki_substitution, passes, rms_norm, rng
 from .artifacts import ArtifactWriter
 from .decompositions import neuron_decompositions
 
@@ -51,6 +51,32 @@ def _retarget_devices_to_host(gm: torch.fx.GraphModule) -> None:
             if args != list(node.args):
                 node.args = tuple(args)
                 changed = True
+    if changed:
+        gm.recompile()
+
+
+_HISTC = (torch.histc, torch.ops.aten.histc.default, torch.ops.aten.histc)
+
+
+def _integer_histc_in_float(gm: torch.fx.GraphModule) -> None:
+    """`histc` of an integer tensor (CUDA and eager `neuron` take it; transformers' MoE load-balancing loss counts
+    expert ids so on accelerators) is refused by the CPU `histc` of a host graph, already while AOTAutograd traces
+    it: count in float32 and return the input dtype, as eager `neuron` does."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        is_histc = (node.op == "call_function" and node.target in _HISTC) or (
+            node.op == "call_method" and node.target == "histc")
+        source = node.args[0] if is_histc and node.args else None
+        value = source.meta.get("example_value") if isinstance(source, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or value.is_floating_point():
+            continue
+        with gm.graph.inserting_before(node):
+            as_float = gm.graph.call_method("float", (source,))
+        with gm.graph.inserting_after(node):
+            counts = gm.graph.call_method("to", (node, value.dtype))
+        node.replace_all_uses_with(counts, delete_user_cb=lambda user, counts=counts: user is not counts)
+        node.replace_input_with(source, as_float)
+        changed = True
     if changed:
         gm.recompile()
 
@@ -94,7 +120,10 @@ def _inner_compile(
     from torch._inductor.compile_fx import compile_fx_inner
 
     stage = "backward" if kwargs.get("is_backward") else ("inference" if kwargs.get("is_inference") else "forward")
+    if torch.ops.aten._fused_rms_norm.default in nki_substitution.substitutable_ops():
+        rms_norm.fuse_rms_norm(gm)
     nki_substitution.substitute(gm)
+    rng.seed_from_device(gm)
     plans[stage] = passes.plan_kernels(gm)
     artifacts.write_graph(stage, gm)
     compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
@@ -118,6 +147,7 @@ def compile_graph(
 
     artifacts.write_graph("dynamo", gm)
     _retarget_devices_to_host(gm)
+    _integer_histc_in_float(gm)
     fakes = [node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder")]
     if not traced or len(fakes) != len(example_inputs):
         fakes = [None] * len(example_inputs)

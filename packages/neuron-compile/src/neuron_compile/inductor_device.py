@@ -122,6 +122,25 @@ def _patch_scheduler_host_check() -> None:
     BaseSchedulerNode.is_cpu = is_cpu
 
 
+def _register_stream_functions() -> None:
+    """Dynamo traces `torch.cuda.current_stream()` / `torch.accelerator.current_stream()` as a stream of the graph
+    (a handler of its own, by function identity). `torch.neuron.current_stream` (which diffusers and trl call as
+    `<device module>.current_stream()`) gets the same handler; inlined instead, it graph-breaks in `torch.Stream`'s
+    C constructor. And the frames of the stream functions themselves (neuron-device's routing of
+    `torch.accelerator`'s, called when a compiled graph rebuilds the current stream) run as plain Python: tracing
+    them as frames would graph-break there too."""
+    from torch._dynamo import trace_rules
+    from torch._dynamo.eval_frame import skip_code
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+    handlers = TorchInGraphFunctionVariable._get_handlers()
+    rules = trace_rules.get_torch_obj_rule_map()
+    handlers.setdefault(torch.neuron.current_stream, handlers[torch.accelerator.current_stream])
+    rules.setdefault(torch.neuron.current_stream, TorchInGraphFunctionVariable)
+    for function in (torch.accelerator.current_stream, torch.neuron.current_stream):
+        skip_code(function.__code__)
+
+
 _lock = threading.Lock()
 _registered = False
 
@@ -142,4 +161,5 @@ def register() -> None:
         )
         register_device_op_overrides(DEVICE, CpuDeviceOpOverrides())
         _patch_scheduler_host_check()
+        _register_stream_functions()
         _registered = True

@@ -7,6 +7,11 @@ compilation keeps the op whole (it is left out of the decomposition table) and t
 `neuron_compile::nki_<op>` custom op with the same schema. Inductor cannot lower that op, so it calls it as one
 extern kernel, whose host implementation runs the registered kernel on `neuron` views of the host buffers. Without
 any registered kernel (neuron-nki not installed) nothing is substituted and the graph is compiled as usual.
+
+Inductor checks every extern kernel's outputs against the sizes and strides of the op's meta function (the layout it
+planned the graph with), while a kernel may lay its outputs out differently (e.g. contiguous where the meta function
+follows a transposed input's memory order). The host implementation therefore copies an output whose strides differ
+into the layout the meta function promises; the promised layouts are computed once per argument signature.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from neuron_device.hostmem import adopt, host_alias
 from neuron_device.ops import registry as _registry
@@ -74,6 +80,49 @@ def _to_host(value: Any) -> Any:
     return value
 
 
+def _signature(args: tuple, kwargs: dict) -> tuple:
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    return str(spec), tuple((tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else v
+                            for v in leaves)
+
+
+def _on_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    return value
+
+
+_Layout = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def _promised_layouts(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[_Layout | None]:
+    """The (sizes, strides) of each output of `op`'s meta function for these arguments (None: not a tensor)."""
+    out = op(*pytree.tree_map(_on_meta, args), **pytree.tree_map(_on_meta, kwargs))
+    return [(tuple(t.shape), t.stride()) if isinstance(t, torch.Tensor) else None for t in pytree.tree_leaves(out)]
+
+
+def _same_layout(tensor: torch.Tensor, layout: _Layout) -> bool:
+    """As Inductor's `assert_size_stride`: sizes equal, strides equal wherever the size is not 1."""
+    sizes, strides = layout
+    return tuple(tensor.shape) == sizes and all(
+        size == 1 or have == want for size, have, want in zip(sizes, tensor.stride(), strides)
+    )
+
+
+def _restride(outputs: Any, layouts: list[_Layout | None]) -> Any:
+    """`outputs` with every tensor in its promised layout (copied only where it differs)."""
+    leaves, spec = pytree.tree_flatten(outputs)
+    if len(leaves) != len(layouts):
+        raise RuntimeError(f"a substituted Neuron kernel returned {len(leaves)} values where its op returns "
+                           f"{len(layouts)}")
+    fixed = []
+    for value, layout in zip(leaves, layouts):
+        if isinstance(value, torch.Tensor) and layout is not None and not _same_layout(value, layout):
+            value = torch.empty_strided(layout[0], layout[1], dtype=value.dtype).copy_(value)
+        fixed.append(value)
+    return pytree.tree_unflatten(fixed, spec)
+
+
 def _replacement(op: torch._ops.OpOverload, kernel: Callable) -> torch._ops.OpOverload:
     """The `neuron_compile::nki_*` op standing for `op` in compiled graphs (defined once per op)."""
     with _lock:
@@ -86,10 +135,17 @@ def _replacement(op: torch._ops.OpOverload, kernel: Callable) -> torch._ops.OpOv
         _library.define(new_name + "(" + str(schema).split("(", 1)[1])
         kernel_name = f"{schema.name}" + (f".{schema.overload_name}" if schema.overload_name else "")
 
+        layouts: dict[tuple, list[_Layout | None]] = {}
+
         def run_on_device(*args: Any, **kwargs: Any) -> Any:
             index = torch.neuron.current_device()
             substituted_calls[kernel_name] = substituted_calls.get(kernel_name, 0) + 1
-            return _to_host(kernel(*_to_device(args, index), **_to_device(dict(kwargs), index)))
+            signature = _signature(args, kwargs)
+            promised = layouts.get(signature)
+            if promised is None:
+                promised = layouts[signature] = _promised_layouts(op, args, kwargs)
+            outputs = _to_host(kernel(*_to_device(args, index), **_to_device(dict(kwargs), index)))
+            return _restride(outputs, promised)
 
         def meta(*args: Any, **kwargs: Any) -> Any:
             return op(*args, **kwargs)

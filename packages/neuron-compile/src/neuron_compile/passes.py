@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from neuron_device import costmodel
 
@@ -37,6 +38,7 @@ _TRANSCENDENTAL = frozenset(
      aten.log1p, aten.expm1, aten.reciprocal, aten.gelu}
 )
 _NO_FUSION_ENGINES = frozenset({"dma", "gpsimd"})
+_UNBACKED_SIZE = 8192  # Inductor's `unbacked_symint_fallback`: the size a data-dependent dim is planned with
 
 
 @dataclasses.dataclass
@@ -88,12 +90,17 @@ def _meta(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def _size(value: int | torch.SymInt) -> int:
+    """A concrete size to price: a data-dependent one (`nonzero`, `bincount`, ...) at Inductor's planning size."""
+    return optimization_hint(value, fallback=_UNBACKED_SIZE)
+
+
 def _nbytes(node: torch.fx.Node) -> int:
-    return sum(t.numel() * t.element_size() for t in _meta(node.meta.get("val")))
+    return sum(_size(t.numel()) * t.element_size() for t in _meta(node.meta.get("val")))
 
 
 def _numel(node: torch.fx.Node) -> int:
-    return sum(t.numel() for t in _meta(node.meta.get("val")))
+    return sum(_size(t.numel()) for t in _meta(node.meta.get("val")))
 
 
 def _packet(node: torch.fx.Node) -> Any:
@@ -107,13 +114,14 @@ def _matmul_flops(node: torch.fx.Node) -> float:
     if not out:
         return 0.0
     args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
+    outputs = _size(out[0].numel())
     if packet in (aten.mm, aten.bmm):
-        return 2.0 * out[0].numel() * args[0].shape[-1]
+        return 2.0 * outputs * _size(args[0].shape[-1])
     if packet in (aten.addmm, aten.baddbmm):
-        return 2.0 * out[0].numel() * args[1].shape[-1]
+        return 2.0 * outputs * _size(args[1].shape[-1])
     weight = args[1]  # convolution / convolution_backward: 2 x outputs x input channels per group x kernel size
-    macs = weight.shape[1] * math.prod(weight.shape[2:]) if weight is not None and weight.dim() > 1 else 1
-    return 2.0 * out[0].numel() * macs * (2 if packet is aten.convolution_backward else 1)
+    macs = _size(weight.shape[1] * math.prod(weight.shape[2:])) if weight is not None and weight.dim() > 1 else 1
+    return 2.0 * outputs * macs * (2 if packet is aten.convolution_backward else 1)
 
 
 def _classify(node: torch.fx.Node) -> tuple[str, str, float]:

@@ -1,0 +1,104 @@
+"""What compiling a `neuron` graph as a host graph must get right beyond lowering: random numbers from the `neuron`
+generator, ops the host's CPU kernels refuse (integer `histc`), data-dependent sizes, the device's streams under
+Dynamo, and substituted kernels' output layouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_compile import nki_substitution
+
+pytestmark = pytest.mark.compiler
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def dropout_and_rand(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+
+def test_compiled_random_ops_draw_from_the_neuron_generator() -> None:
+    compiled = torch.compile(dropout_and_rand, backend="neuron", fullgraph=True)
+    x = torch.ones(64, device="neuron")
+    torch.manual_seed(0)
+    first = compiled(x).cpu()
+    torch.neuron.manual_seed(0)
+    torch.random.default_generator.manual_seed(1234)  # the CPU generator plays no part
+    again = compiled(x).cpu()
+    torch.neuron.manual_seed(1)
+    other = compiled(x).cpu()
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    assert not torch.equal(other, first)
+    assert set(first.floor().unique().tolist()) <= {0.0, 2.0}  # dropout's 0 or 2, plus a uniform in [0, 1)
+
+
+def test_compiled_dropout_trains_reproducibly() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Dropout(0.5)).to("neuron")
+    compiled = torch.compile(model, backend="neuron", fullgraph=True)
+    x = torch.randn(8, 16, device="neuron")
+    grads = []
+    for _ in range(2):
+        torch.neuron.manual_seed(7)
+        model.zero_grad()
+        compiled(x).sum().backward()
+        grads.append(model[0].weight.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
+def expert_counts(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' qwen2_moe load-balancing loss on an accelerator: integer `histc` of the chosen experts."""
+    _, selected = torch.topk(logits.softmax(-1), 2, dim=-1)
+    flat = selected.reshape(-1)
+    return torch.histc(flat.to(torch.int32), bins=8, min=0, max=8), flat.int().histc(bins=8, min=0, max=7)
+
+
+def test_integer_histc_compiles_and_matches_eager() -> None:
+    logits = torch.randn(32, 8, device="neuron")
+    compiled = torch.compile(expert_counts, backend="neuron", fullgraph=True)
+    for got, want in zip(compiled(logits), expert_counts(logits)):
+        assert got.dtype == want.dtype == torch.int32
+        torch.testing.assert_close(got.cpu(), want.cpu())
+
+
+def test_bincount_with_a_data_dependent_size_compiles() -> None:
+    def counts(logits: torch.Tensor) -> torch.Tensor:
+        return torch.bincount(logits.argmax(-1), minlength=8)
+
+    logits = torch.randn(32, 8, device="neuron")
+    got = torch.compile(counts, backend="neuron", fullgraph=True)(logits)
+    torch.testing.assert_close(got.cpu(), counts(logits.cpu()))
+
+
+@pytest.mark.parametrize("current_stream", ["torch.accelerator", "torch.neuron"])
+def test_current_stream_traces_without_graph_breaks(current_stream: str) -> None:
+    module = torch.accelerator if current_stream == "torch.accelerator" else torch.neuron
+
+    def scaled(x: torch.Tensor):
+        stream = module.current_stream()
+        return x * 2, stream
+
+    out, stream = torch.compile(scaled, backend="neuron", fullgraph=True)(torch.ones(4, device="neuron"))
+    assert stream == torch.neuron.current_stream()
+    torch.testing.assert_close(out.cpu(), torch.full((4,), 2.0))
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_substituted_kernel_outputs_take_the_layout_the_meta_function_promises() -> None:
+    """A kernel returning a contiguous result where the op's meta function follows the input's memory order (here
+    `exp` of a transposed, non-dense view) is restrided by the substituted op, as Inductor's stride checks need."""
+    op = torch.ops.aten.exp.default
+    replacement = nki_substitution._replacement(op, lambda x: torch.exp(x).contiguous())
+    base = torch.randn(2, 16, 4, 8)[..., :6]  # non-dense
+    x = base.transpose(1, 2)
+    out = replacement(x)
+    with torch._subclasses.FakeTensorMode() as mode:
+        promised = op(mode.from_tensor(x))
+    assert out.stride() == promised.stride() != torch.exp(x).contiguous().stride()
+    torch.testing.assert_close(out, torch.exp(x))
