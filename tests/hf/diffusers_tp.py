@@ -3,6 +3,7 @@
 torchrun; each rank writes its output and what it saw to `report-<rank>.json` in the working directory (files, not
 stdout: the ranks' output interleaves)."""
 
+import datetime
 import json
 from pathlib import Path
 
@@ -35,7 +36,8 @@ def main() -> None:
     from diffusers import TensorParallelConfig
     from torch.distributed.tensor import DTensor
 
-    torch.distributed.init_process_group("neuron")
+    # a rank whose peer died fails its collectives after this, instead of waiting for the default 10 minutes
+    torch.distributed.init_process_group("neuron", timeout=datetime.timedelta(seconds=120))
     rank = torch.distributed.get_rank()
     net = model()
     net.enable_parallelism(config=TensorParallelConfig(tp_degree=torch.distributed.get_world_size()))
