@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -83,13 +84,14 @@ def _integer_histc_in_float(gm: torch.fx.GraphModule) -> None:
 
 def _host_example(value: Any, traced: Any) -> Any:
     """The host counterpart of an example input. Under Dynamo, `traced` is the fake tensor Dynamo traced the input
-    as: its CPU copy is made in the same fake mode, so AOTAutograd sees no new (sourceless) symbols. Outside Dynamo,
-    a real `neuron` input is aliased to the host."""
+    as: its CPU counterpart is made in the same fake mode, so AOTAutograd sees no new (sourceless) symbols, with the
+    same strides as the host alias the graph runs on (a copy would make an expanded input contiguous, and the
+    compiled graph would then refuse the real one). Outside Dynamo, a real `neuron` input is aliased to the host."""
     if not isinstance(value, torch.Tensor) or value.device.type != _DEVICE:
         return value
     if isinstance(traced, torch._subclasses.FakeTensor):
         with traced.fake_mode:
-            host = traced.detach().to("cpu")
+            host = torch.empty_strided(traced.shape, traced.stride(), dtype=traced.dtype, device="cpu")
     else:
         host = boundary.enter([value.detach()])[0]
     return host.requires_grad_(value.requires_grad)
@@ -143,7 +145,7 @@ def compile_graph(
     `plans` receives the kernel plan of each AOT graph compiled ("forward", "backward" or "inference"; none on an
     AOTAutograd cache hit). `traced=False` compiles from the concrete `example_inputs` alone (a graph Dynamo traced
     with symbolic shapes, specialised outside Dynamo)."""
-    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor import compile_fx as compile_fx_module
 
     artifacts.write_graph("dynamo", gm)
     _retarget_devices_to_host(gm)
@@ -153,7 +155,11 @@ def compile_graph(
         fakes = [None] * len(example_inputs)
     inputs = [_host_example(v, t) for v, t in zip(example_inputs, fakes)]
     inner = functools.partial(_inner_compile, artifacts=artifacts, plans=plans)
+    nki_substitution.define_replacements()  # code loaded from Inductor's caches calls them by name
     # The backward graph is compiled now, not at the first backward: failures surface at compile time, and the
-    # compile cache and the debug artifacts see both graphs.
-    with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
-        return HostGraph(compile_fx(gm, inputs, inner_compile=inner, decompositions=neuron_decompositions()))
+    # compile cache and the debug artifacts see both graphs. Our decomposition table reaches Inductor as the function
+    # `neuron_decompositions` in place of its `select_decomp_table`: passed as a dict (`decompositions=`), it would
+    # be wrapped in an object Inductor's FX-graph cache cannot key, and every graph would bypass that cache.
+    with (torch._functorch.config.patch(force_non_lazy_backward_lowering=True),
+          mock.patch.object(compile_fx_module, "select_decomp_table", neuron_decompositions)):
+        return HostGraph(compile_fx_module.compile_fx(gm, inputs, inner_compile=inner))
