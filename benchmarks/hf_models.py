@@ -6,12 +6,13 @@ logits, loss and every parameter gradient, then compare greedy `generate()` toke
 fails are listed apart and not counted. Prints a per-architecture status table and the coverage figure.
 
     python benchmarks/hf_models.py [--compile] [--only llama,gpt2] [--limit N] [--json FILE [--skip-done]]
-                                   [--timeout SECONDS]
+                                   [--timeout SECONDS] [--shuffle SEED]
 
 `--compile` runs the `neuron` side under `torch.compile(backend="neuron")` (forward + backward; no generate).
 `--json FILE` appends each result to FILE as a JSON line as soon as it is known; with `--skip-done`, architectures
 already in FILE are not run again (a long sweep resumes after an interruption) and count in the summary.
-`--timeout` fails an architecture that takes longer than SECONDS.
+`--timeout` fails an architecture that takes longer than SECONDS. `--shuffle SEED` runs the architectures in a
+seeded random order, so that a sweep stopped early has covered a uniform sample of them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import copy
 import dataclasses
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -213,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="", help="append each result to this file as a JSON line")
     parser.add_argument("--skip-done", action="store_true", help="skip the model types already in the --json file")
     parser.add_argument("--timeout", type=int, default=0, help="fail an architecture after this many seconds")
+    parser.add_argument("--shuffle", type=int, default=None, help="run in a random order from this seed")
     args = parser.parse_args(argv)
     if args.skip_done and not args.json:
         parser.error("--skip-done needs --json")
@@ -222,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         model_types = [name for name in model_types if name in args.only.split(",")]
     if args.limit:
         model_types = model_types[: args.limit]
+    if args.shuffle is not None:
+        random.Random(args.shuffle).shuffle(model_types)
     done = _load(args.json) if args.skip_done else {}
     results = [done[name] for name in model_types if name in done]
     for model_type in model_types:
