@@ -18,6 +18,9 @@ Streams are not modelled (one stream per device). A storage's block is freed by 
 Python object, which torch keeps alive exactly as long as the C++ StorageImpl. The callback may run inside any
 allocation (garbage collection), so it only queues the block; every allocator entry point drains the queue under
 the device lock.
+
+Every op result goes through `malloc` and, when it dies, `_free`, so both are written for speed: each statistic
+changes by one signed amount per call (`_Stats.add`), and the totals that follow from others are derived when read.
 """
 
 from __future__ import annotations
@@ -83,18 +86,47 @@ def format_size(nbytes: int) -> str:
 
 
 class _Stats:
-    """CUDA's statistics of one pool ("all", "small_pool" or "large_pool"): for each of `_STAT_ARRAYS`, its current
-    and peak value, total increase ("allocated") and total decrease ("freed"). Lists, for cheap updates."""
+    """CUDA's statistics of one pool ("small_pool" or "large_pool"): for each of `_STAT_ARRAYS`, its current and peak
+    value and total increase ("allocated"). Lists, for cheap updates.
 
-    __slots__ = ("allocated", "current", "freed", "peak")
+    What follows from these is derived when read, not kept per call: the total decrease ("freed") is
+    `allocated - (current - base)`, `base` being `current` when the totals were last reset; the "all" pool is the sum
+    of the two pools, except for its peak, `peak_all`, which both pools share.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("allocated", "base", "current", "other", "peak", "peak_all")
+
+    def __init__(self, peak_all: list[int]) -> None:
         count = len(_STAT_ARRAYS)
-        self.current, self.peak, self.allocated, self.freed = [0] * count, [0] * count, [0] * count, [0] * count
+        self.current, self.peak, self.allocated, self.base = [0] * count, [0] * count, [0] * count, [0] * count
+        self.peak_all = peak_all
+        self.other: _Stats = self  # the other pool, set by the allocator
+
+    def add(self, index: int, amount: int) -> None:
+        """Change statistic `index` by `amount` (not 0): one net change per call, as CUDA updates its stats."""
+        current = self.current
+        value = current[index] = current[index] + amount
+        if amount > 0:
+            self.allocated[index] += amount
+            if value > self.peak[index]:
+                self.peak[index] = value
+            value += self.other.current[index]
+            if value > self.peak_all[index]:
+                self.peak_all[index] = value
+
+    def freed(self, index: int) -> int:
+        return self.allocated[index] - self.current[index] + self.base[index]
 
     def as_dict(self, index: int) -> dict[str, int]:
         return {"current": self.current[index], "peak": self.peak[index], "allocated": self.allocated[index],
-                "freed": self.freed[index]}
+                "freed": self.freed(index)}
+
+    def as_dict_all(self, index: int) -> dict[str, int]:
+        """The "all" pool: this pool plus the other one."""
+        other = self.other
+        return {"current": self.current[index] + other.current[index], "peak": self.peak_all[index],
+                "allocated": self.allocated[index] + other.allocated[index],
+                "freed": self.freed(index) + other.freed(index)}
 
 
 class _Block:
@@ -117,12 +149,14 @@ class _Block:
 
 
 class _Pool:
-    """Free blocks of one pool, ordered by (size, address) so the best fit is a bisection away."""
+    """One pool of blocks: its free blocks, ordered by (size, address) so the best fit is a bisection away, and the
+    statistics of all its blocks."""
 
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "stats")
 
-    def __init__(self) -> None:
+    def __init__(self, stats: _Stats) -> None:
         self.entries: list[tuple[int, int, _Block]] = []
+        self.stats = stats
 
     def insert(self, block: _Block) -> None:
         bisect.insort(self.entries, (block.size, block.address, block))
@@ -131,10 +165,11 @@ class _Pool:
         del self.entries[bisect.bisect_left(self.entries, (block.size, block.address))]
 
     def take_best_fit(self, size: int) -> _Block | None:
-        position = bisect.bisect_left(self.entries, (size,))
-        if position == len(self.entries):
+        entries = self.entries
+        position = bisect.bisect_left(entries, (size,))
+        if position == len(entries):
             return None
-        return self.entries.pop(position)[2]
+        return entries.pop(position)[2]
 
 
 def _round_size(nbytes: int) -> int:
@@ -158,32 +193,18 @@ class DeviceAllocator:
         self.fraction = 1.0
         self.lock = threading.Lock()
         self.pending: collections.deque[_Block] = collections.deque()  # freed by callbacks, not yet returned
-        self._pools = {True: _Pool(), False: _Pool()}  # keyed by "small"
+        peak_all = [0] * len(_STAT_ARRAYS)
+        small, large = _Stats(peak_all), _Stats(peak_all)
+        small.other, large.other = large, small
+        self._pools = {True: _Pool(small), False: _Pool(large)}  # keyed by "small"
         self._next_address = 1 << 40  # simulated device addresses: order and identity of blocks only
-        self._stats = (_Stats(), _Stats(), _Stats())  # all, small pool, large pool
         self._counters = dict.fromkeys(_COUNTERS, 0)
 
     # -- statistics ------------------------------------------------------------------------------------------------
 
-    def _change(self, small: bool, changes: list[tuple[int, int]]) -> None:
-        """Apply each (statistic, signed amount) of `changes` to the "all" pool and to the block's pool."""
-        every, pool = self._stats[0], self._stats[1 if small else 2]
-        every_current, pool_current = every.current, pool.current
-        for index, amount in changes:
-            if amount > 0:
-                every.allocated[index] += amount
-                pool.allocated[index] += amount
-                value = every_current[index] = every_current[index] + amount
-                if value > every.peak[index]:
-                    every.peak[index] = value
-                value = pool_current[index] = pool_current[index] + amount
-                if value > pool.peak[index]:
-                    pool.peak[index] = value
-            else:
-                every_current[index] += amount
-                pool_current[index] += amount
-                every.freed[index] -= amount
-                pool.freed[index] -= amount
+    def _current(self, index: int) -> int:
+        """Current value of statistic `index` in the "all" pool."""
+        return self._pools[True].stats.current[index] + self._pools[False].stats.current[index]
 
     @property
     def limit(self) -> int:
@@ -199,18 +220,20 @@ class DeviceAllocator:
     def allocated(self) -> int:
         with self.lock:
             self.drain()
-            return self._stats[0].current[ALLOCATED_BYTES]
+            return self._current(ALLOCATED_BYTES)
 
     def stats_as_nested_dict(self) -> dict:
         """CUDA's `memory_stats_as_nested_dict` layout."""
         with self.lock:
             self.drain()
+            small, large = self._pools[True].stats, self._pools[False].stats
             result: dict = dict(self._counters)
             for index, name in enumerate(_STAT_ARRAYS):
-                result[name] = {pool: stats.as_dict(index) for pool, stats in zip(_POOLS, self._stats, strict=True)}
+                result[name] = {"all": small.as_dict_all(index), "small_pool": small.as_dict(index),
+                                "large_pool": large.as_dict(index)}
             result["active"] = {pool: dict(stat) for pool, stat in result["allocation"].items()}
             result["active_bytes"] = {pool: dict(stat) for pool, stat in result["allocated_bytes"].items()}
-            zero = _Stats().as_dict(0)
+            zero = dict.fromkeys(("current", "peak", "allocated", "freed"), 0)
             result["oversize_allocations"] = dict(zero)  # no block is ever oversize: max_split_size is unlimited
             result["oversize_segments"] = dict(zero)
             result["max_split_size"] = -1
@@ -219,14 +242,18 @@ class DeviceAllocator:
     def reset_peak(self) -> None:
         with self.lock:
             self.drain()
-            for stats in self._stats:
-                stats.peak[:] = stats.current
+            small, large = self._pools[True].stats, self._pools[False].stats
+            small.peak[:] = small.current
+            large.peak[:] = large.current
+            small.peak_all[:] = [a + b for a, b in zip(small.current, large.current, strict=True)]
 
     def reset_accumulated(self) -> None:
         with self.lock:
             self.drain()
-            for stats in self._stats:
-                stats.allocated[:] = stats.freed[:] = [0] * len(_STAT_ARRAYS)
+            for pool in self._pools.values():
+                stats = pool.stats
+                stats.allocated[:] = [0] * len(_STAT_ARRAYS)
+                stats.base[:] = stats.current
             self._counters = dict.fromkeys(_COUNTERS, 0)
 
     def segments(self) -> list[dict]:
@@ -266,36 +293,38 @@ class DeviceAllocator:
         size = _round_size(nbytes)
         small = size <= SMALL_SIZE
         with self.lock:
-            self.drain()
+            if self.pending:
+                self.drain()
             pool = self._pools[small]
             block = pool.take_best_fit(size)
             if block is None:
                 segment = _segment_size(size)
-                block = self._new_segment(segment, small)
+                block = self._new_segment(segment, pool, small)
                 if block is None:
                     self._release_cached()
                     self._counters["num_alloc_retries"] += 1
-                    block = self._new_segment(segment, small)
+                    block = self._new_segment(segment, pool, small)
                 if block is None:
                     self._counters["num_ooms"] += 1
                     raise OutOfMemoryError(self._oom_message(segment))
             return self._use(block, size, nbytes, pool)
 
-    def _new_segment(self, size: int, small: bool) -> _Block | None:
-        if self._stats[0].current[RESERVED_BYTES] + size > self.limit:
+    def _new_segment(self, size: int, pool: _Pool, small: bool) -> _Block | None:
+        if self._current(RESERVED_BYTES) + size > self.limit:
             return None
         block = _Block(size, self._next_address, small)
         self._next_address += size
-        self._change(small, [(SEGMENT, 1), (RESERVED_BYTES, size)])
+        pool.stats.add(SEGMENT, 1)
+        pool.stats.add(RESERVED_BYTES, size)
         self._counters["num_device_alloc"] += 1
         return block
 
     def _use(self, block: _Block, size: int, requested: int, pool: _Pool) -> _Block:
         """Hand out `block` (taken from `pool` or fresh), splitting off the rest when worth keeping."""
+        stats = pool.stats
         small = block.small
-        already_split = block.is_split
+        already_split = block.prev is not None or block.next is not None
         remaining = block.size - size
-        changes = [(ALLOCATION, 1), (REQUESTED_BYTES, requested)]
         if (remaining >= MIN_BLOCK_SIZE) if small else (remaining > SMALL_SIZE):
             front = _Block(size, block.address, small)
             front.prev = block.prev
@@ -307,63 +336,73 @@ class DeviceAllocator:
             block.size = remaining
             pool.insert(block)
             if already_split:
-                changes.append((INACTIVE_SPLIT_BYTES, -size))
+                stats.add(INACTIVE_SPLIT_BYTES, -size)
             else:
-                changes += [(INACTIVE_SPLIT_BYTES, remaining), (INACTIVE_SPLIT, 1)]
+                stats.add(INACTIVE_SPLIT_BYTES, remaining)
+                stats.add(INACTIVE_SPLIT, 1)
             block = front
         elif already_split:
-            changes += [(INACTIVE_SPLIT_BYTES, -block.size), (INACTIVE_SPLIT, -1)]
+            stats.add(INACTIVE_SPLIT_BYTES, -block.size)
+            stats.add(INACTIVE_SPLIT, -1)
         block.allocated = True
         block.requested = requested
-        changes.append((ALLOCATED_BYTES, block.size))
-        self._change(small, changes)
+        stats.add(ALLOCATION, 1)
+        stats.add(REQUESTED_BYTES, requested)
+        stats.add(ALLOCATED_BYTES, block.size)
         return block
 
     def _free(self, block: _Block) -> None:
-        small = block.small
-        pool = self._pools[small]
-        original = block.size
+        """Return `block` to its pool, merged with its free neighbours."""
+        pool = self._pools[block.small]
+        stats = pool.stats
+        current = stats.current  # a decrease only lowers `current` (see `_Stats`)
+        current[ALLOCATION] -= 1
+        current[ALLOCATED_BYTES] -= block.size
+        current[REQUESTED_BYTES] -= block.requested
         block.allocated = False
-        changes = [(ALLOCATION, -1), (ALLOCATED_BYTES, -original), (REQUESTED_BYTES, -block.requested)]
         block.requested = 0
         net_blocks = net_bytes = 0
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and not neighbour.allocated:
-                pool.remove(neighbour)
-                if neighbour is block.prev:
-                    block.address = neighbour.address
-                    block.prev = neighbour.prev
-                    if block.prev is not None:
-                        block.prev.next = block
-                else:
-                    block.next = neighbour.next
-                    if block.next is not None:
-                        block.next.prev = block
-                block.size += neighbour.size
-                net_blocks -= 1
-                net_bytes -= neighbour.size
+        neighbour = block.prev
+        if neighbour is not None and not neighbour.allocated:
+            pool.remove(neighbour)
+            block.address = neighbour.address
+            block.size += neighbour.size
+            block.prev = neighbour.prev
+            if block.prev is not None:
+                block.prev.next = block
+            net_blocks -= 1
+            net_bytes -= neighbour.size
+        neighbour = block.next
+        if neighbour is not None and not neighbour.allocated:
+            pool.remove(neighbour)
+            block.size += neighbour.size
+            block.next = neighbour.next
+            if block.next is not None:
+                block.next.prev = block
+            net_blocks -= 1
+            net_bytes -= neighbour.size
         pool.insert(block)
-        if block.is_split:
+        if block.prev is not None or block.next is not None:
             net_blocks += 1
             net_bytes += block.size
         if net_blocks:
-            changes.append((INACTIVE_SPLIT, net_blocks))
+            stats.add(INACTIVE_SPLIT, net_blocks)
         if net_bytes:
-            changes.append((INACTIVE_SPLIT_BYTES, net_bytes))
-        self._change(small, changes)
+            stats.add(INACTIVE_SPLIT_BYTES, net_bytes)
 
     def _release_cached(self) -> None:
         """Give every cached, unsplit segment back to the device (CUDA's `release_cached_blocks`, which first
         synchronises all streams)."""
         self._counters["num_sync_all_streams"] += 1
-        for small, pool in self._pools.items():
+        for pool in self._pools.values():
             kept = []
             for entry in pool.entries:
                 block = entry[2]
                 if block.is_split:
                     kept.append(entry)
                     continue
-                self._change(small, [(SEGMENT, -1), (RESERVED_BYTES, -block.size)])
+                pool.stats.add(SEGMENT, -1)
+                pool.stats.add(RESERVED_BYTES, -block.size)
                 self._counters["num_device_free"] += 1
             pool.entries = kept
 
@@ -379,8 +418,8 @@ class DeviceAllocator:
 
     def _oom_message(self, segment: int) -> str:
         topo = _topology.topology()
-        reserved = self._stats[0].current[RESERVED_BYTES]
-        allocated = self._stats[0].current[ALLOCATED_BYTES]
+        reserved = self._current(RESERVED_BYTES)
+        allocated = self._current(ALLOCATED_BYTES)
         allowed = f"{format_size(self.limit)} allowed; " if self.fraction < 1.0 else ""
         return (
             f"Neuron out of memory. Tried to allocate {format_size(segment)}. Neuron device {self.index} has a total "
@@ -408,40 +447,49 @@ def device(index: int) -> DeviceAllocator:
 
 
 # -- storages <-> blocks ---------------------------------------------------------------------------------------------
-# `_bindings` maps id(weakref to a storage) -> (weakref, binding); a binding is [DeviceAllocator, block or None].
-# A list so `resize` can swap the block of a live storage.
-
-_bindings: dict[int, tuple[weakref.ref, list]] = {}
 
 
-def _storage_died(ref: weakref.ref) -> None:
-    entry = _bindings.pop(id(ref), None)
-    if entry is not None:
-        allocator, block = entry[1]
-        if block is not None:
-            allocator.pending.append(block)  # no lock: this may run inside an allocation (garbage collection)
+class _Binding(weakref.ref):
+    """A weak reference to a `neuron` storage that carries the device block the storage holds (None: no bytes).
+
+    The storage's death calls `_storage_died` with the binding itself, so no lookup is needed to find the block;
+    `resize` swaps the block of a live storage. `_bindings` keeps each binding alive (a dead weakref never calls
+    back) until its storage dies.
+    """
+
+    __slots__ = ("allocator", "block")
 
 
-def _bind(storage: torch.UntypedStorage, allocator: DeviceAllocator, block: _Block | None) -> list:
-    ref = weakref.ref(storage, _storage_died)
-    binding = [allocator, block]
-    _bindings[id(ref)] = (ref, binding)
+_bindings: dict[int, _Binding] = {}  # id(binding) -> binding, one per live storage with a binding
+
+
+def _storage_died(binding: _Binding) -> None:
+    _bindings.pop(id(binding), None)
+    block = binding.block
+    if block is not None:
+        binding.allocator.pending.append(block)  # no lock: this may run inside an allocation (garbage collection)
+
+
+def _bind(storage: torch.UntypedStorage, allocator: DeviceAllocator, block: _Block | None) -> _Binding:
+    binding = _Binding(storage, _storage_died)
+    binding.allocator = allocator
+    binding.block = block
+    _bindings[id(binding)] = binding
     return binding
 
 
-def _binding_of(storage: torch.UntypedStorage) -> list | None:
+def _binding_of(storage: torch.UntypedStorage) -> _Binding | None:
     for ref in weakref.getweakrefs(storage):
-        entry = _bindings.get(id(ref))
-        if entry is not None and entry[0] is ref:
-            return entry[1]
+        if type(ref) is _Binding:
+            return ref
     return None
 
 
 def _live_blocks(allocator: DeviceAllocator):
     """Blocks held by live storages of `allocator`'s device."""
-    for _, (owner, block) in list(_bindings.values()):
-        if owner is allocator and block is not None:
-            yield block
+    for binding in list(_bindings.values()):
+        if binding.allocator is allocator and binding.block is not None:
+            yield binding.block
 
 
 def _extent(size, stride, itemsize: int) -> int:
@@ -529,6 +577,6 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
     if binding is None:  # a storage that started empty: it had no block
         _bind(storage, allocator, block)
         return
-    previous, binding[1] = binding[1], block
+    previous, binding.block = binding.block, block
     if previous is not None:
         allocator.free(previous)
