@@ -36,11 +36,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers")
 # Tiny values for the size attributes configs use (only attributes the default config has are set, and only
 # downwards).
 TINY_SIZES: dict[str, int] = {
     **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "model_dim"), 64),
-    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers"), 2),
+    **dict.fromkeys(LAYER_COUNTS, 2),
     **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads", "decoder_attention_heads"), 4),
     **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"), 2),
     **dict.fromkeys(
@@ -49,7 +50,7 @@ TINY_SIZES: dict[str, int] = {
         128,
     ),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
-    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token"), 2),
+    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token", "moe_k"), 2),
     "head_dim": 16,
     "vocab_size": 512,
     **dict.fromkeys(("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"), 128),
@@ -79,6 +80,11 @@ def tiny_kwargs(config: PretrainedConfig) -> dict:
     heads = ("num_attention_heads", "num_key_value_heads")
     if all(name in kwargs for name in heads) and values[heads[0]] == values[heads[1]]:
         kwargs[heads[1]] = kwargs[heads[0]]  # multi-head models stay multi-head
+    layers = next((kwargs[name] for name in LAYER_COUNTS if name in kwargs), None)
+    pattern = values.get("attention_types")  # GPT-Neo: [[layer kinds, repeats]], expanded to one kind per layer
+    if layers and isinstance(pattern, list) and len(pattern) == 1:
+        kinds = pattern[0][0]
+        kwargs["attention_types"] = [[kinds, max(1, layers // len(kinds))]]
     vocab = kwargs.get("vocab_size", values.get("vocab_size"))
     for name in TOKEN_IDS:
         if isinstance(vocab, int) and isinstance(values.get(name), int) and values[name] >= vocab:
