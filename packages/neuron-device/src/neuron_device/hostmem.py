@@ -6,13 +6,17 @@ through DLPack: torch maps the DLPack device type `kDLExtDev` to PrivateUse1 and
 deleter keeps the original owner alive, so a storage is freed exactly when its last user dies.
 
 We use the legacy (unversioned) DLPack capsule that `torch._C._to_dlpack` produces and relabel its `DLTensor.device`
-in place; the struct is declared with ctypes rather than poked at byte offsets. DLPack has no conjugate or negative
-bit, so those are stripped before export and re-applied on the alias.
+in place. Every op relabels its inputs and result, so the relabel is one 64-bit store: the `DLDevice` word, at the
+offset the ctypes declaration of `DLTensor` gives, of the struct the capsule points to (CPython's capsule keeps that
+pointer right after the object header; checked against `PyCapsule_GetPointer` at import). DLPack has no conjugate
+or negative bit, so those are stripped before export and re-applied on the alias.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import sys
 
 import torch
 
@@ -42,19 +46,45 @@ class _DLTensor(ctypes.Structure):
     ]
 
 
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype = ctypes.c_void_p
-_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
 _to_dlpack = torch._C._to_dlpack
 _from_dlpack = torch._C._from_dlpack
 
+_POINTER_OFFSET = object.__basicsize__  # a PyCapsule: the object header, then `void *pointer`
+_DEVICE_OFFSET = _DLTensor.device.offset
+_pointer_at = ctypes.c_void_p.from_address
+_word_at = ctypes.c_uint64.from_address  # a DLDevice (two int32) is one 64-bit word
 
-def _relabel(tensor: torch.Tensor, device_type: int, device_id: int) -> torch.Tensor:
+
+@functools.cache
+def _device_word(device_type: int, device_id: int) -> int:
+    """A DLDevice as the 64-bit word it is in memory."""
+    return int.from_bytes(bytes(_DLDevice(device_type, device_id)), sys.byteorder)
+
+
+def _check_layout() -> None:
+    """The relabel's two assumptions, checked once on a real capsule: the capsule pointer's place and the word."""
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    capsule = _to_dlpack(torch.empty(0))
+    pointer = get_pointer(capsule, b"dltensor")
+    device = _DLTensor.from_address(pointer).device
+    expected = (
+        ctypes.sizeof(_DLDevice) == 8
+        and _pointer_at(id(capsule) + _POINTER_OFFSET).value == pointer
+        and _word_at(pointer + _DEVICE_OFFSET).value == _device_word(device.device_type, device.device_id)
+    )
+    if not expected:
+        raise ImportError("neuron_device.hostmem: unexpected PyCapsule or DLTensor layout in this Python build")
+
+
+_check_layout()
+_CPU = _device_word(_KDL_CPU, 0)
+
+
+def _relabel(tensor: torch.Tensor, device_word: int) -> torch.Tensor:
+    """`tensor` re-imported through DLPack as the device `device_word` (`_device_word`): same memory, same owner."""
     capsule = _to_dlpack(tensor)
-    device = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor")).device
-    device.device_type = device_type
-    device.device_id = device_id
+    _word_at(_pointer_at(id(capsule) + _POINTER_OFFSET).value + _DEVICE_OFFSET).value = device_word
     return _from_dlpack(capsule)
 
 
@@ -65,7 +95,7 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     """
     if cpu_tensor.is_conj() or cpu_tensor.is_neg():
         cpu_tensor = cpu_tensor.resolve_conj().resolve_neg()
-    return _relabel(cpu_tensor, _KDL_EXT_DEV, index)
+    return _relabel(cpu_tensor, _device_word(_KDL_EXT_DEV, index))
 
 
 # While adaptive eager has ops queued (`concatenation`), the callable that executes them: every host read of device
@@ -79,14 +109,14 @@ def host_alias(tensor: torch.Tensor) -> torch.Tensor:
         flush_pending()
     conj, neg = tensor.is_conj(), tensor.is_neg()
     if not (conj or neg):
-        return _relabel(tensor, _KDL_CPU, 0)
+        return _relabel(tensor, _CPU)
     # Strip the lazy bits (metadata-only views), export the raw memory, then put the bits back on the alias.
     raw = tensor
     if conj:
         raw = raw.conj()
     if neg:
         raw = raw._neg_view()
-    alias = _relabel(raw, _KDL_CPU, 0)
+    alias = _relabel(raw, _CPU)
     if neg:
         alias = alias._neg_view()
     if conj:
