@@ -41,9 +41,9 @@ from typing import Any, NamedTuple
 import torch
 
 from . import allocator, hostmem
-from . import costmodel as _costmodel
 from . import numerics as _numerics
 from . import optracking as _optracking
+from . import topology as _topology
 from .ops.host_exec import executed_ops
 
 __all__ = [
@@ -159,7 +159,7 @@ class _Input:
 class _Run:
     """What is known about one run structure: times seen, and its compiled form once fused."""
 
-    __slots__ = ("compiled", "names", "number", "seconds", "seen", "tried")
+    __slots__ = ("compiled", "names", "number", "seconds", "seen", "tried", "work")
 
     def __init__(self, number: int) -> None:
         self.number = number
@@ -167,6 +167,7 @@ class _Run:
         self.tried = False
         self.compiled: Callable | None = None
         self.seconds = 0.0
+        self.work: _optracking.Work | None = None
         self.names: frozenset[str] = frozenset()
 
 
@@ -177,7 +178,8 @@ _input_ids: dict[int, int] = {}  # id(tensor) -> input number, for the tensors i
 _queued: dict[int, tuple] = {}  # data pointer of a queued output's storage -> (storage ref, entry, output, spec)
 _device = -1
 _specs: dict[tuple, _Spec | None] = {}  # op signature -> its spec, None if it cannot be queued
-_fusable: dict[Any, bool] = {}  # fast-path plan -> whether its op may be queued
+_NO, _YES, _MATMUL = 0, 1, 2
+_fusable: dict[Any, int] = {}  # fast-path plan -> _NO, _YES or _MATMUL (`_plan_kind`)
 _runs: dict[tuple, _Run] = {}
 _counters = dict.fromkeys(("recorded", "flushes", "op_by_op_runs", "fused_runs", "compiled", "fuse_failures"), 0)
 
@@ -185,6 +187,15 @@ aten = torch.ops.aten
 _CPU_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 _Tensor = torch.Tensor
 _NUMBERS = (bool, int, float, complex)
+_matmul_precision = torch._C._get_fp32_precision_getter
+_IEEE = ("none", "ieee")
+# The CPU lacks kernels for many ops in these dtypes while their meta kernels accept them: they run at once, so a
+# missing kernel raises at the call, as in plain eager.
+_PARTIAL_DTYPES = frozenset({
+    torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu,
+    torch.complex32, torch.uint16, torch.uint32, torch.uint64, torch.bits8, torch.bits16, torch.bits1x8,
+    torch.bits2x4, torch.bits4x2, torch.float4_e2m1fn_x2,
+})
 
 
 def is_enabled() -> bool:
@@ -212,13 +223,17 @@ def stats() -> dict[str, int]:
     return dict(_counters)
 
 
-def _plan_fusable(plan: Any) -> bool:
-    """A functional overload (fresh results, no input written) whose CPU kernel does not check index values."""
+def _plan_kind(plan: Any) -> int:
+    """`_NO` unless a functional overload (fresh results, no input written) whose CPU kernel does not check index
+    values; `_MATMUL` for an op whose CPU kernel follows the host's float32 matmul precision."""
     schema = plan.op._schema
-    fusable = not any(a.alias_info is not None for a in schema.arguments) and (
-        schema.name.partition("::")[2] not in _READS_INDEX_VALUES)
-    _fusable[plan] = fusable
-    return fusable
+    name = schema.name.partition("::")[2]
+    if any(a.alias_info is not None for a in schema.arguments) or name in _READS_INDEX_VALUES:
+        kind = _NO
+    else:
+        kind = _MATMUL if plan.info.engine == "tensor" or "attention" in name else _YES
+    _fusable[plan] = kind
+    return kind
 
 
 def _key(value: Any) -> Any:
@@ -280,11 +295,13 @@ def record(plan: Any, args: tuple, kwargs: dict):
 
     Called by the fast path before it touches any data; the caller runs the op itself when this returns None.
     """
-    fusable = _fusable.get(plan)
-    if fusable is None:
-        fusable = _plan_fusable(plan)
-    if not fusable or _numerics.downcast_64bit:
+    kind = _fusable.get(plan)
+    if kind is None:
+        kind = _plan_kind(plan)
+    if not kind or _numerics.downcast_64bit:
         return None
+    if kind == _MATMUL and _matmul_precision("mkldnn", "matmul") not in _IEEE:
+        return None  # a flush computes float32 matmuls in IEEE float32, as eager does under the neuron numerics
     if torch.are_deterministic_algorithms_enabled():
         flush()
         return None
@@ -293,7 +310,15 @@ def record(plan: Any, args: tuple, kwargs: dict):
             return None
     with _lock:
         for _ in range(2):  # a second try after a flush, when an argument could not refer to the queue
-            outcome = _record(plan, args, kwargs)
+            known, queued = len(_inputs), len(_queue)
+            outcome = None
+            try:
+                outcome = _record(plan, args, kwargs)
+            finally:
+                if len(_queue) == queued:  # not queued: the inputs it registered must not stay alive
+                    for item in _inputs[known:]:
+                        _input_ids.pop(id(item.tensor), None)
+                    del _inputs[known:]
             if outcome is not False:
                 return outcome
             flush()
@@ -314,11 +339,14 @@ def _record(plan: Any, args: tuple, kwargs: dict):
             if device < 0 or (index >= 0 and device != index):
                 return None
             index = device
+            dtype = value.dtype
+            if dtype in _PARTIAL_DTYPES:
+                return None
             reference = _argument(value, index)
             if reference is None:
                 return False
             template[position] = reference
-            key[position] = (value.shape, value.stride(), value.dtype)
+            key[position] = (value.shape, value.stride(), dtype)
         elif (type(value) is list or type(value) is tuple) and value and position in tensor_positions:
             items, shapes = [], []
             for item in value:
@@ -332,6 +360,8 @@ def _record(plan: Any, args: tuple, kwargs: dict):
                 if device < 0 or (index >= 0 and device != index):
                     return None
                 index = device
+                if item.dtype in _PARTIAL_DTYPES:
+                    return None
                 reference = _argument(item, index)
                 if reference is None:
                     return False
@@ -363,7 +393,12 @@ def _record(plan: Any, args: tuple, kwargs: dict):
     for number, metadata in enumerate(spec.outputs):
         size, stride, dtype = metadata
         host = torch.empty_strided(size, stride, dtype=dtype)
-        result = allocator.adopt_tracked(host, index)
+        try:
+            result = allocator.adopt_tracked(host, index)
+        except allocator.OutOfMemoryError:
+            if _queue:
+                return False  # the queue holds inputs alive: flush it and try again
+            raise
         storage = result.untyped_storage()
         if storage.nbytes():
             ref = weakref.ref(storage)
@@ -405,11 +440,14 @@ def flush() -> None:
 
 class _HostContext:
     """Host kernels of a flush run as they would have when queued: outside `torch.autocast("cpu")` regions and
-    dispatch modes that happen to be active where the flush is triggered."""
+    dispatch modes that happen to be active where the flush is triggered, with IEEE float32 matmuls (queued
+    matmuls were recorded under them: `record`)."""
 
     def __enter__(self) -> None:
         self._autocast = torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST)
         self._autocast.__enter__()
+        self._ieee = _numerics.ieee_host_matmul()
+        self._ieee.__enter__()
         self._modes = None
         if torch._C._len_torch_dispatch_stack():
             from torch.utils._python_dispatch import _disable_current_modes
@@ -420,6 +458,7 @@ class _HostContext:
     def __exit__(self, *exc: object) -> None:
         if self._modes is not None:
             self._modes.__exit__(*exc)
+        self._ieee.__exit__(*exc)
         self._autocast.__exit__(*exc)
 
 
@@ -446,8 +485,8 @@ def _execute(queue: list[_Entry], inputs: list[_Input], index: int) -> None:
     written = (host for entry, flags in zip(queue, live) for (host, _), alive in zip(entry.outputs, flags) if alive)
     for host, result in zip(written, results, strict=True):
         host.copy_(result)
-    _optracking._executed.update(run.names)  # the ops ran, inside one kernel
-    _optracking.record_kernel(FUSED_KERNEL_NAME, index, run.number, run.seconds)
+    _optracking.mark_executed(run.names)  # the ops ran, inside one kernel
+    _optracking.record_kernel(FUSED_KERNEL_NAME, index, run.number, run.seconds, run.work)
 
 
 def _resolve(value: Any, hosts: list, values: list) -> Any:
@@ -500,7 +539,8 @@ def _compile(run: _Run, queue: list[_Entry], hosts: list, live: tuple) -> None:
     _counters["compiled"] += 1
     run.compiled = compiled
     run.names = frozenset(entry.info.name for entry in queue)
-    run.seconds = _fused_seconds(queue, hosts, live)
+    run.work = _fused_work(queue, hosts, live)
+    run.seconds = run.work.seconds(_topology.topology().target)
 
 
 def _graph(queue: list[_Entry], inputs: int, live: tuple) -> torch.fx.GraphModule:
@@ -555,8 +595,8 @@ def _memory_order(size: tuple[int, ...], stride: tuple[int, ...]) -> list[int]:
     return order
 
 
-def _fused_seconds(queue: list[_Entry], hosts: list, live: tuple) -> float:
-    """Device time of the run as one kernel: every op's engine work, HBM traffic only across the run's boundary."""
+def _fused_work(queue: list[_Entry], hosts: list, live: tuple) -> _optracking.Work:
+    """The run as one kernel: every op's engine work, HBM traffic only across the run's boundary."""
     work: dict[str, float] = {}
     for entry in queue:
         for engine, amount in entry.spec.work.engines:
@@ -564,4 +604,4 @@ def _fused_seconds(queue: list[_Entry], hosts: list, live: tuple) -> float:
     nbytes = sum(h.numel() * h.element_size() for h in hosts)
     nbytes += sum(host.numel() * host.element_size() for entry, flags in zip(queue, live)
                   for (host, _), alive in zip(entry.outputs, flags) if alive)
-    return _costmodel.estimate_kernel(work, nbytes, dtype=queue[0].spec.work.dtype).seconds
+    return _optracking.Work(tuple(work.items()), nbytes, queue[0].spec.work.dtype)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from . import costmodel as _costmodel
+from . import hostmem as _hostmem
 from . import numerics as _numerics
 from . import timeline as _timeline
 from . import topology as _topology
@@ -48,6 +49,7 @@ __all__ = [
     "get_executed_ops",
     "get_fallback_ops",
     "launches",
+    "mark_executed",
     "op_info",
     "record_kernel",
     "transfer",
@@ -389,8 +391,15 @@ def _launch(key: tuple, name: str, seconds: float) -> None:
     entry.calls += 1
 
 
+def _settle() -> None:
+    """Ops queued by adaptive eager (`concatenation`) execute, and are accounted, before the tracking is read."""
+    if _hostmem.flush_pending is not None:
+        _hostmem.flush_pending()
+
+
 def launches() -> list[Launch]:
     """Every signature charged to a device since the last `clear_op_tracking()`, with its call count."""
+    _settle()
     return list(_launches.values())
 
 
@@ -445,11 +454,12 @@ def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> 
     _timeline.charge(index, seconds, name)
 
 
-def record_kernel(name: str, index: int, signature: Hashable, seconds: float) -> None:
+def record_kernel(name: str, index: int, signature: Hashable, seconds: float, work: Work | None = None) -> None:
     """Account one launch of a kernel that does not run through the fallback: an NKI kernel, a compiled graph.
 
     `signature` identifies the compiled kernel (its first launch counts as a compilation, later ones as cache hits);
-    `seconds` is its device time, e.g. from `costmodel.estimate_kernel`, charged on the current stream of `index`.
+    `seconds` is its device time, e.g. from `costmodel.estimate_kernel`, charged on the current stream of `index`;
+    `work`, when given, lets a report re-estimate it on another target.
     """
     global _cache_hits
     if seconds < 0:
@@ -461,6 +471,8 @@ def record_kernel(name: str, index: int, signature: Hashable, seconds: float) ->
     else:
         _kernels[key] = seconds
         _compilations[name] += 1
+        if work is not None:
+            _works[key] = work
     _launch(key, name, seconds)
     _timeline.charge(index, seconds, name)
 
@@ -498,18 +510,26 @@ def transfer(name: str, src: torch.Tensor, dst: torch.Tensor, device: torch.devi
             _timeline.timeline(index).host_wait(end)
 
 
+def mark_executed(names: Iterable[str]) -> None:
+    """Record ops as executed on the device whose time is charged elsewhere (inside one fused kernel)."""
+    _executed.update(names)
+
+
 def get_fallback_ops() -> list[str]:
     """Names of the ops that fell back to CPU since the last `clear_op_tracking()`, sorted."""
+    _settle()
     return sorted(_fallbacks)
 
 
 def get_executed_ops() -> list[str]:
     """Names of the ops that executed on the Neuron device (native kernels) since the last clear, sorted."""
+    _settle()
     return sorted(_executed)
 
 
 def clear_op_tracking() -> None:
     """Forget executed and fallback ops; a fallback warns again the next time it runs."""
+    _settle()
     _executed.clear()
     _fallbacks.clear()
     _launches.clear()
@@ -518,12 +538,14 @@ def clear_op_tracking() -> None:
 def clear_compilation_counters() -> None:
     """Reset the compilation and cache-hit counters; compiled kernels stay cached (a signature seen before hits)."""
     global _cache_hits
+    _settle()
     _compilations.clear()
     _cache_hits = 0
 
 
 def clear_compilation_cache() -> None:
     """Forget every compiled kernel (and its cost estimate) and reset the counters: every signature compiles again."""
+    _settle()
     _kernels.clear()
     _seconds.clear()
     _works.clear()
@@ -532,6 +554,7 @@ def clear_compilation_cache() -> None:
 
 def compilation_stats() -> dict[str, Any]:
     """Kernel-cache counters, named as TorchNeuron's compilation-cache statistics, plus compilations per op."""
+    _settle()
     compilations = sum(_compilations.values())
     return {
         "total_compilations": compilations,
