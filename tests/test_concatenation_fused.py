@@ -108,3 +108,18 @@ def test_fused_kernel_is_one_launch(adaptive):
     launches = {launch.name: launch.calls for launch in optracking.launches()}
     assert launches.get(concatenation.FUSED_KERNEL_NAME) == 1
     assert "aten::mm" not in launches and "aten::mm" in optracking.get_executed_ops()
+
+
+def test_collectives_read_queued_results(adaptive):
+    dist = pytest.importorskip("torch.distributed")
+    pytest.importorskip("neuron_distributed")
+    dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = torch.arange(8, dtype=torch.float32)
+        t = x.to("neuron") * 3 + 1
+        assert concatenation.pending_ops() > 0
+        dist.all_reduce(t)  # reads the queued result: the queue runs first
+        assert concatenation.pending_ops() == 0
+        assert torch.equal(t.cpu(), x * 3 + 1)
+    finally:
+        dist.destroy_process_group()
