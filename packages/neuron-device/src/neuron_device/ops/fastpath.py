@@ -90,11 +90,15 @@ def _fast_eligible(op: torch._ops.OpOverload) -> bool:
 class _Plan:
     """What one call of a fast kernel needs, computed once per overload."""
 
-    __slots__ = ("dropout_position", "info", "name", "op", "scalar_op", "tensor_positions")
+    __slots__ = ("call", "dropout_position", "in_place", "info", "name", "op", "scalar_call", "scalar_op",
+                 "tensor_positions")
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
         self.op = op
+        self.call = op._op  # the C++ callable `OpOverload.__call__` forwards to, minus that Python frame
+        first = schema.arguments[0].alias_info
+        self.in_place = first is not None and first.is_write
         self.info = _optracking.op_info(op)
         self.name = self.info.name
         seeded = torch.Tag.nondeterministic_seeded in op.tags
@@ -107,22 +111,23 @@ class _Plan:
         packet = getattr(torch.ops.aten, schema.name.partition("::")[2])
         scalar = getattr(packet, "Scalar", None) if schema.overload_name == "Tensor" else None
         self.scalar_op = scalar if scalar is not None and self._same_arguments(scalar) else None
+        self.scalar_call = None if self.scalar_op is None else self.scalar_op._op
 
     def _same_arguments(self, other: torch._ops.OpOverload) -> bool:
         ours, theirs = self.op._schema.arguments, other._schema.arguments
         return [a.name for a in ours] == [a.name for a in theirs] and str(theirs[1].type) in ("Scalar", "number")
 
 
-def _adopt(result, aliases: list, originals: list, index: int):
+def _adopt(result, host: list, args: tuple, positions: tuple[int, ...], index: int):
     """The `neuron` form of a host result: an input's own tensor if the kernel returned its alias (in-place ops
     return `self`), else the fresh result adopted as device storage."""
     if type(result) is tuple or type(result) is list:
-        return type(result)(_adopt(r, aliases, originals, index) for r in result)
+        return type(result)(_adopt(r, host, args, positions, index) for r in result)
     if not isinstance(result, torch.Tensor):
         return result  # an optional output left undefined (None), or a number
-    for alias, original in zip(aliases, originals, strict=True):
-        if result is alias:
-            return original
+    for position in positions:
+        if position < len(host) and result is host[position]:
+            return args[position]
     return allocator.adopt_tracked(result, index)
 
 
@@ -137,14 +142,13 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
     dropout = plan.dropout_position
     if dropout is not None and (args[dropout] if dropout < len(args) else kwargs.get("dropout_p", 0.0)) != 0.0:
         return None  # draws random numbers: the fallback runs it on the device's generator
-    for value in kwargs.values():
-        if isinstance(value, _Tensor):
-            return None
+    if kwargs:
+        for value in kwargs.values():
+            if isinstance(value, _Tensor):
+                return None
     index = -1
-    host = list(args)
-    aliases: list[torch.Tensor] = []
-    originals: list[torch.Tensor] = []
-    op = plan.op
+    host = list(args)  # becomes the host arguments: aliases in place of the `neuron` tensors
+    call = plan.call
     count = len(args)
     for position in plan.tensor_positions:
         if position >= count:
@@ -155,9 +159,7 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
             if device < 0 or (index >= 0 and device != index):
                 return None
             index = device
-            alias = host[position] = host_alias(value)
-            aliases.append(alias)
-            originals.append(value)
+            host[position] = host_alias(value)
         elif type(value) is list or type(value) is tuple:
             items = []
             for item in value:
@@ -173,15 +175,17 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
                 items.append(host_alias(item))
             host[position] = items
         elif value is not None:
-            if position != 1 or plan.scalar_op is None or not isinstance(value, _NUMBERS):
+            if position != 1 or plan.scalar_call is None or not isinstance(value, _NUMBERS):
                 return None
-            op = plan.scalar_op
+            call = plan.scalar_call
     if index < 0:
         return None
     executed_ops[plan.name] += 1
-    result = op(*host, **kwargs)
+    result = call(*host, **kwargs)
     _optracking.charge(plan.info, index, host, kwargs, result)
-    return _adopt(result, aliases, originals, index)
+    if type(result) is _Tensor and not plan.in_place:
+        return allocator.adopt_tracked(result, index)  # a functional op's one result is fresh: the common case
+    return _adopt(result, host, args, plan.tensor_positions, index)
 
 
 def run_direct(op: torch._ops.OpOverload, *args, **kwargs):
