@@ -58,12 +58,14 @@ TINY_SIZES: dict[str, int] = {
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 16),
     **dict.fromkeys(("sliding_window", "attention_window_size"), 64),
     "rotary_dim": 8,
+    "n_groups": 2,
 }
 # Token-id attributes that must stay inside the tiny vocabulary.
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 # Per-layer lists derived from the layer count in `__init__`: dropped so the tiny config recomputes them.
 DERIVED_LISTS = (
-    "layer_types", "block_types", "layers_block_type", "hybrid_override_pattern", "per_layer_config", "attention_layers"
+    "layer_types", "block_types", "layers_block_type", "hybrid_override_pattern", "per_layer_config", "attention_layers",
+    "moe_layers", "no_rope_layers",
 )
 SEQ, BATCH, NEW_TOKENS = 12, 2, 4
 DEVICE = "neuron"
@@ -85,6 +87,9 @@ def tiny_kwargs(config: PretrainedConfig) -> dict:
     if layers and isinstance(pattern, list) and len(pattern) == 1:
         kinds = pattern[0][0]
         kwargs["attention_types"] = [[kinds, max(1, layers // len(kinds))]]
+    if all(name in kwargs for name in ("hidden_size", "num_heads", "head_dim")) and "expand" in values:
+        # Mamba-2: the SSM heads span the expanded inner size exactly
+        kwargs["head_dim"] = kwargs["hidden_size"] * values["expand"] // kwargs["num_heads"]
     vocab = kwargs.get("vocab_size", values.get("vocab_size"))
     for name in TOKEN_IDS:
         if isinstance(vocab, int) and isinstance(values.get(name), int) and values[name] >= vocab:
