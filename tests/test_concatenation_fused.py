@@ -94,6 +94,16 @@ def test_fused_training_steps_match_cpu(adaptive):
     assert concatenation.stats()["fused_runs"] > before
 
 
+def test_equal_results_stay_distinct_tensors(adaptive):
+    a, b = torch.randn(128, 256), torch.randn(128, 256)
+    na, nb = a.to("neuron"), b.to("neuron")
+    for _ in range(3):
+        first, second = (na + nb) * 2, (na + nb) * 2  # Inductor computes this once: two outputs, one buffer
+        first.add_(1)
+        assert torch.equal(first.cpu(), (a + b) * 2 + 1)
+        assert torch.equal(second.cpu(), (a + b) * 2)
+
+
 def test_fused_kernel_is_one_launch(adaptive):
     a, b = torch.randn(32, 32).to("neuron"), torch.randn(32, 32).to("neuron")
 

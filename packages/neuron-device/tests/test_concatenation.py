@@ -204,6 +204,21 @@ def test_dtype_view_of_a_queued_result(adaptive):
         assert torch.equal(bits.cpu(), (a * 2).view(torch.int32) + 1)
 
 
+def test_large_results_take_the_computed_memory(adaptive):
+    a, b, na, nb = _pair(128, 256)  # 128 KiB results: given the kernel's memory instead of a copy
+    allocated = torch.neuron.memory_allocated()
+    for _ in range(3):
+        y = na @ nb.t()
+        view = y[3:, 5]  # made before the flush: sees the values through the same storage
+        z = (y * 2).sum(0)
+        assert torch.equal(view.cpu(), (a @ b.t())[3:, 5])
+        assert torch.equal(z.cpu(), ((a @ b.t()) * 2).sum(0))
+        y.add_(1)  # the memory is y's own
+        assert torch.equal(y.cpu(), a @ b.t() + 1)
+    del y, view, z
+    assert torch.neuron.memory_allocated() == allocated
+
+
 def test_dead_results_are_not_written(queued):
     a, b, na, nb = _pair(4)
     x = na + nb

@@ -65,6 +65,7 @@ LOW_THRESHOLD_ENV = "TORCH_NEURONX_CONCATENATION_QUEUE_LOW_THRESHOLD"
 FUSED_KERNEL_NAME = "neuron::concatenated_kernel"
 
 FUSE_AFTER = 2  # a run is compiled the second time its structure is seen
+_ADOPT_BYTES = 64 << 10  # a live output at least this large takes its result's memory instead of a copy of it
 _MAX_RUNS = 4096  # structures remembered; beyond this the table starts over (a workload whose runs never repeat)
 
 # Their CPU kernels check index values (an out-of-range index raises): they run at once, so the error does too.
@@ -482,11 +483,29 @@ def _execute(queue: list[_Entry], inputs: list[_Input], index: int) -> None:
             return
         _counters["fused_runs"] += 1
         results = run.compiled(*hosts)
-    written = (host for entry, flags in zip(queue, live) for (host, _), alive in zip(entry.outputs, flags) if alive)
-    for host, result in zip(written, results, strict=True):
-        host.copy_(result)
+    written = (output for entry, flags in zip(queue, live) for output, alive in zip(entry.outputs, flags) if alive)
+    taken: set[int] = set()
+    for (host, ref), result in zip(written, results, strict=True):
+        _write(host, ref, result, taken)
     _optracking.mark_executed(run.names)  # the ops ran, inside one kernel
     _optracking.record_kernel(FUSED_KERNEL_NAME, index, run.number, run.seconds, run.work)
+
+
+def _write(host: torch.Tensor, ref: weakref.ref, result: torch.Tensor, taken: set[int]) -> None:
+    """Give a queued output its value: the result's own memory when it is large, laid out alike and not given to
+    another output yet (`taken`: data pointers given), else a copy into the output's memory (`host`)."""
+    storage = ref()
+    if storage is None:
+        return
+    nbytes = storage.nbytes()
+    pointer = result.data_ptr()
+    if (nbytes < _ADOPT_BYTES or pointer in taken or result.storage_offset() or result.stride() != host.stride()
+            or result.untyped_storage().nbytes() != nbytes or result.is_conj() or result.is_neg()):
+        host.copy_(result)
+        return
+    taken.add(pointer)
+    # The storage keeps its identity (views, allocator accounting); only its memory becomes the result's.
+    storage._swap_data_ptr_(hostmem.adopt(result, storage.device.index).untyped_storage())
 
 
 def _resolve(value: Any, hosts: list, values: list) -> Any:
@@ -504,16 +523,16 @@ def _resolve(value: Any, hosts: list, values: list) -> Any:
 def _op_by_op(queue: list[_Entry], hosts: list, live: tuple, index: int) -> None:
     """Each op with its own CPU kernel, as plain eager runs it; live outputs are written to device memory."""
     values: list[list[torch.Tensor]] = []
+    taken: set[int] = set()
     for entry, flags in zip(queue, live):
         args = [_resolve(v, hosts, values) for v in entry.args]
         result = entry.call(*args, **entry.kwargs)
         produced = []
-        for (host, _), output, alive in zip(entry.outputs, (result,) if entry.spec.single else result, flags):
+        for (host, ref), output, alive in zip(entry.outputs, (result,) if entry.spec.single else result, flags):
             if output.stride() != host.stride() or output.storage_offset() or output.shape != host.shape:
-                alive = True  # later views of it are relative to the device layout: read it from there
-                output = host.copy_(output)
+                output = host.copy_(output)  # later views of it are relative to the device layout: read it there
             elif alive:
-                host.copy_(output)
+                _write(host, ref, output, taken)
             produced.append(output)
         values.append(produced)
         _optracking.charge(entry.info, index, args, entry.kwargs, result)
