@@ -381,6 +381,9 @@ class Launch:
 
 _launches: dict[tuple, Launch] = {}
 _works: dict[tuple, Work] = {}  # signature -> its work, beside the cached seconds in `_kernels` / `_seconds`
+# `charge`'s one lookup for a signature it has seen since the last clear of either: its Launch and cached seconds.
+# Both clears empty it, so a hit means the kernel is cached, the op is recorded as executed and the Launch is live.
+_charged: dict[tuple, tuple[Launch, float]] = {}
 
 
 def _launch(key: tuple, name: str, seconds: float) -> None:
@@ -422,36 +425,51 @@ def _work(info: OpInfo, args: tuple, kwargs: dict, result: Any) -> Work:
     return Work(((info.engine, amount),), _nbytes(inputs) + _nbytes(outputs), dtype)
 
 
-def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> None:
-    """Account one executed call of `info`'s op on device `index` (host arguments and result)."""
+def _seconds_of(info: OpInfo, key: tuple, args: tuple, kwargs: dict, result: Any) -> float:
+    """Device seconds of a signature `charge` has not seen since the last clear: cached, or estimated now (for a
+    native op, a compilation)."""
     global _cache_hits
-    engine = info.engine
-    if engine == "view":
-        _executed.add(info.name)
-        return
-    key = (info.name, _signature(args), (tuple(kwargs), _signature(kwargs.values())) if kwargs else None)
-    if engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
-        key += (_numerics.fp32_matmul_rounds_to_bf16(),)  # the Tensor engine rate of fp32 depends on it
-    name = info.name
-    if engine is None:
+    if info.engine is None:
         seconds = _seconds.get(key)
         if seconds is None:
             work = _works[key] = _work(info, args, kwargs, result)
             seconds = _seconds[key] = work.seconds(_topology.topology().target)
-        _launch(key, name, seconds)
-        end = _timeline.charge(index, seconds, name)
-        _timeline.timeline(index).host_wait(end)  # the host ran the op: it waited for its inputs and outputs
-        return
-    _executed.add(name)
+        return seconds
+    _executed.add(info.name)
     seconds = _kernels.get(key)
     if seconds is None:
         work = _works[key] = _work(info, args, kwargs, result)
         seconds = _kernels[key] = work.seconds(_topology.topology().target)
-        _compilations[name] += 1
+        _compilations[info.name] += 1
     else:
         _cache_hits += 1
-    _launch(key, name, seconds)
-    _timeline.charge(index, seconds, name)
+    return seconds
+
+
+def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> None:
+    """Account one executed call of `info`'s op on device `index` (host arguments and result)."""
+    global _cache_hits
+    engine = info.engine
+    name = info.name
+    if engine == "view":
+        _executed.add(name)
+        return
+    key = (name, _signature(args), (tuple(kwargs), _signature(kwargs.values())) if kwargs else None)
+    if engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
+        key += (_numerics.fp32_matmul_rounds_to_bf16(),)  # the Tensor engine rate of fp32 depends on it
+    charged = _charged.get(key)
+    if charged is None:
+        seconds = _seconds_of(info, key, args, kwargs, result)
+        _launch(key, name, seconds)
+        _charged[key] = (_launches[key], seconds)
+    else:  # the common call: one lookup
+        launch, seconds = charged
+        launch.calls += 1
+        if engine is not None:
+            _cache_hits += 1
+    end = _timeline.charge(index, seconds, name)
+    if engine is None:
+        _timeline.timeline(index).host_wait(end)  # the host ran the op: it waited for its inputs and outputs
 
 
 def record_kernel(name: str, index: int, signature: Hashable, seconds: float, work: Work | None = None) -> None:
@@ -533,6 +551,7 @@ def clear_op_tracking() -> None:
     _executed.clear()
     _fallbacks.clear()
     _launches.clear()
+    _charged.clear()
 
 
 def clear_compilation_counters() -> None:
@@ -549,6 +568,7 @@ def clear_compilation_cache() -> None:
     _kernels.clear()
     _seconds.clear()
     _works.clear()
+    _charged.clear()
     clear_compilation_counters()
 
 
