@@ -20,8 +20,11 @@ def main() -> None:
     compile_seconds = time.perf_counter() - started
     out.sum().backward()
     torch.testing.assert_close(out.detach().cpu(), model(x).detach().cpu())
+    from torch._dynamo.utils import counters
+
     print(json.dumps({**torch.neuron.get_dynamo_metrics(), "first_call_seconds": compile_seconds,
-                      "grad_ok": bool(model[0].weight.grad is not None)}))
+                      "grad_ok": bool(model[0].weight.grad is not None),
+                      "autograd_cache_hits": counters["aot_autograd"]["autograd_cache_hit"]}))
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ def test_second_process_hits_and_a_corrupted_entry_recompiles(tmp_path) -> None:
     assert (first["cache_misses"], first["cache_hits"]) == (1, 0) and first["grad_ok"]
     second = _result(_run_worker(tmp_path / "cache", tmp_path / "inductor-2"))
     assert (second["cache_misses"], second["cache_hits"]) == (0, 1) and second["grad_ok"]
+    assert second["autograd_cache_hits"] == 1  # nothing traced or lowered again
 
     libraries = list((tmp_path / "cache" / "entries").glob("*/files/**/*.so"))
     assert libraries, "the entry holds the compiled C++ kernels"
@@ -132,3 +133,28 @@ def test_two_processes_compiling_the_same_model_both_succeed(tmp_path) -> None:
     processes = [_run_worker(tmp_path / "cache", tmp_path / f"inductor-{i}") for i in range(2)]
     results = [_result(p) for p in processes]
     assert sorted((r["cache_misses"], r["cache_hits"]) for r in results) == [(0, 1), (1, 0)]
+
+
+@pytest.mark.compiler
+def test_inductor_caches_hit_exactly_when_ours_does(tmp_path, monkeypatch) -> None:
+    """Inductor's FX-graph and AOTAutograd caches serve our hits (nothing is traced or lowered again), and never
+    serve our misses: an AOTAutograd hit would skip the Neuron passes (kernel plan, artifacts)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "cache"))
+    x = torch.randn(16, device="neuron")
+
+    def compile_once(**options) -> dict:
+        torch._dynamo.reset()
+        counters.clear()
+        torch.neuron.reset_dynamo_metrics()
+        out = torch.compile(lambda t: (t * 3 + 1).tanh(), backend="neuron", options=options)(x)
+        torch.testing.assert_close(out.cpu(), (x.cpu() * 3 + 1).tanh())
+        return {**torch.neuron.get_dynamo_metrics(), **counters["aot_autograd"], **counters["inductor"]}
+
+    first = compile_once()
+    assert first["cache_misses"] == 1 and not first.get("fxgraph_cache_bypass")
+    again = compile_once()
+    assert again["cache_hits"] == 1 and again.get("autograd_cache_hit") == 1
+    renamed = compile_once(model_name="renamed")
+    assert renamed["cache_misses"] == 1 and not renamed.get("autograd_cache_hit")

@@ -105,7 +105,8 @@ def _compile_static(
                 plans.update(entry.plans)
             else:
                 metrics.record("cache_misses")
-            fn = compiler.compile_graph(gm, graph_inputs, artifacts=artifacts, plans=plans, traced=traced)
+            fn = compiler.compile_graph(gm, graph_inputs, artifacts=artifacts, plans=plans, traced=traced,
+                                        cache_key=entry.key)
             if not entry.hit:
                 entry.store(plans)
     except DynamicShapesNotSupported:

@@ -12,8 +12,9 @@ Inputs on the CPU are copied to `neuron` at run time: TorchNeuron's auto-copy (s
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from unittest import mock
 
@@ -140,11 +141,13 @@ def compile_graph(
     artifacts: ArtifactWriter,
     plans: dict[str, passes.KernelPlan],
     traced: bool = True,
+    cache_key: str = "",
 ) -> HostGraph:
     """Compile a Dynamo graph of `neuron` tensors with static shapes to a callable taking the same arguments;
     `plans` receives the kernel plan of each AOT graph compiled ("forward", "backward" or "inference"; none on an
     AOTAutograd cache hit). `traced=False` compiles from the concrete `example_inputs` alone (a graph Dynamo traced
-    with symbolic shapes, specialised outside Dynamo)."""
+    with symbolic shapes, specialised outside Dynamo). `cache_key`: the compile cache's key of this graph ("" when
+    the cache is disabled), which Inductor's own caches are keyed on too."""
     from torch._inductor import compile_fx as compile_fx_module
 
     artifacts.write_graph("dynamo", gm)
@@ -161,5 +164,24 @@ def compile_graph(
     # `neuron_decompositions` in place of its `select_decomp_table`: passed as a dict (`decompositions=`), it would
     # be wrapped in an object Inductor's FX-graph cache cannot key, and every graph would bypass that cache.
     with (torch._functorch.config.patch(force_non_lazy_backward_lowering=True),
-          mock.patch.object(compile_fx_module, "select_decomp_table", neuron_decompositions)):
+          mock.patch.object(compile_fx_module, "select_decomp_table", neuron_decompositions),
+          _inductor_caches(cache_key)):
         return HostGraph(compile_fx_module.compile_fx(gm, inputs, inner_compile=inner))
+
+
+@contextlib.contextmanager
+def _inductor_caches(cache_key: str) -> Iterator[None]:
+    """Key Inductor's FX-graph and AOTAutograd caches on our compile-cache key as well.
+
+    On a hit of our cache, AOTAutograd's cache hits the entry's records and nothing is traced or lowered again. On a
+    miss, AOTAutograd must trace: an AOTAutograd hit skips the Neuron passes, so no kernel plan (simulated time) or
+    debug artifact would be made. Our key covers every setting that changes them (AOTAutograd's does not, e.g. the
+    model name), so tagging Inductor's keys with it makes their hits exactly ours. Without our cache (disabled),
+    AOTAutograd's cache is not used."""
+    if not cache_key:
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            yield
+        return
+    tag = torch.compiler.config.cache_key_tag
+    with torch.compiler.config.patch(cache_key_tag=f"{tag}+neuron-compile:{cache_key}" if tag else cache_key):
+        yield

@@ -26,7 +26,7 @@ from torch.utils import _pytree as pytree
 from neuron_device.hostmem import adopt, host_alias
 from neuron_device.ops import registry as _registry
 
-__all__ = ["SUBSTITUTABLE", "substitutable_ops", "substitute", "substituted_calls"]
+__all__ = ["SUBSTITUTABLE", "define_replacements", "substitutable_ops", "substitute", "substituted_calls"]
 
 # Ops a Neuron kernel may replace in compiled graphs: attention and normalisation, as TorchNeuron's NKI library.
 SUBSTITUTABLE = (
@@ -154,6 +154,13 @@ def _replacement(op: torch._ops.OpOverload, kernel: Callable) -> torch._ops.OpOv
         torch.library.register_fake(f"neuron_compile::{new_name}", meta, lib=_library)
         found = _replacements[op] = getattr(torch.ops.neuron_compile, new_name).default
         return found
+
+
+def define_replacements() -> None:
+    """Define the `neuron_compile::nki_*` op of every substitutable op with a registered kernel: code Inductor or
+    AOTAutograd load from their caches (without running the substitution in this process) calls them by name."""
+    for op, kernel in substitutable_ops().items():
+        _replacement(op, kernel)
 
 
 def substitute(gm: torch.fx.GraphModule) -> int:

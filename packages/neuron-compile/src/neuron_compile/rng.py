@@ -18,7 +18,6 @@ import torch
 
 __all__ = ["device_seeds", "seed_from_device"]
 
-_SEEDS = torch.ops.prims.inductor_seeds.default
 _LIMITS = torch.iinfo(torch.int64)
 
 
@@ -36,7 +35,8 @@ def _(count: int) -> torch.Tensor:
 
 def seed_from_device(gm: torch.fx.GraphModule) -> int:
     """Retarget the graph's `inductor_seeds` nodes to `device_seeds`; return how many."""
-    nodes = list(gm.graph.find_nodes(op="call_function", target=_SEEDS))
+    seeds = torch.ops.prims.inductor_seeds.default  # defined when Inductor loads (it calls this pass)
+    nodes = list(gm.graph.find_nodes(op="call_function", target=seeds))
     for node in nodes:
         node.target = torch.ops.neuron_compile.device_seeds.default
         node.args = (node.args[0],)
