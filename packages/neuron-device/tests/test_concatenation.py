@@ -219,6 +219,16 @@ def test_large_results_take_the_computed_memory(adaptive):
     assert torch.neuron.memory_allocated() == allocated
 
 
+def test_results_queued_in_inference_mode(adaptive):
+    a, _, na, _ = _pair(4)
+    for _ in range(3):
+        with torch.inference_mode():
+            y = na + 1
+            z = y * 2
+        assert torch.equal((z + y).cpu(), (a + 1) * 2 + (a + 1))  # queued inside, the last op and flush outside
+        assert torch.is_inference(y) and not torch.is_inference(z + y)
+
+
 def test_dead_results_are_not_written(queued):
     a, b, na, nb = _pair(4)
     x = na + nb

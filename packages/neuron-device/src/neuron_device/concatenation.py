@@ -442,13 +442,16 @@ def flush() -> None:
 class _HostContext:
     """Host kernels of a flush run as they would have when queued: outside `torch.autocast("cpu")` regions and
     dispatch modes that happen to be active where the flush is triggered, with IEEE float32 matmuls (queued
-    matmuls were recorded under them: `record`)."""
+    matmuls were recorded under them: `record`), in inference mode (so outputs recorded inside `inference_mode` can
+    be written outside it; host aliases never need autograd)."""
 
     def __enter__(self) -> None:
         self._autocast = torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST)
         self._autocast.__enter__()
         self._ieee = _numerics.ieee_host_matmul()
         self._ieee.__enter__()
+        self._inference = torch.inference_mode()  # outputs recorded in inference mode are inference tensors
+        self._inference.__enter__()
         self._modes = None
         if torch._C._len_torch_dispatch_stack():
             from torch.utils._python_dispatch import _disable_current_modes
@@ -459,6 +462,7 @@ class _HostContext:
     def __exit__(self, *exc: object) -> None:
         if self._modes is not None:
             self._modes.__exit__(*exc)
+        self._inference.__exit__(*exc)
         self._ieee.__exit__(*exc)
         self._autocast.__exit__(*exc)
 
