@@ -229,6 +229,15 @@ def test_results_queued_in_inference_mode(adaptive):
         assert torch.is_inference(y) and not torch.is_inference(z + y)
 
 
+def test_conjugate_views_of_queued_results(adaptive):
+    values = torch.randn(6, dtype=torch.complex64)
+    device_values = values.to("neuron")
+    for _ in range(3):
+        y = device_values * 2
+        z = y.conj() + 1  # a lazy conjugate view of a queued result
+        assert torch.equal(z.cpu(), (values * 2).conj() + 1)
+
+
 def test_dead_results_are_not_written(queued):
     a, b, na, nb = _pair(4)
     x = na + nb

@@ -341,7 +341,7 @@ def _record(plan: Any, args: tuple, kwargs: dict):
                 return None
             index = device
             dtype = value.dtype
-            if dtype in _PARTIAL_DTYPES:
+            if dtype in _PARTIAL_DTYPES or value.is_conj() or value.is_neg():  # lazy bits: the fast path has them
                 return None
             reference = _argument(value, index)
             if reference is None:
@@ -361,7 +361,7 @@ def _record(plan: Any, args: tuple, kwargs: dict):
                 if device < 0 or (index >= 0 and device != index):
                     return None
                 index = device
-                if item.dtype in _PARTIAL_DTYPES:
+                if item.dtype in _PARTIAL_DTYPES or item.is_conj() or item.is_neg():
                     return None
                 reference = _argument(item, index)
                 if reference is None:
