@@ -105,3 +105,13 @@ def test_other_rsqrt_patterns_are_left_alone() -> None:
 
     gm = _aot_forward(not_a_norm, torch.randn(4, 32))
     assert fuse_rms_norm(gm) == 0
+
+
+def test_substituted_kernels_are_left_out_of_the_plan() -> None:
+    """A substituted Neuron kernel charges its own time when it runs; the plan must not charge it again."""
+    from neuron_compile import nki_substitution
+
+    nki_exp = nki_substitution._replacement(torch.ops.aten.exp.default, torch.exp)
+    plan = _plan(lambda x: nki_exp(x) * 2, torch.randn(64, 64))
+    assert [k.nodes for k in plan.kernels] == [["mul"]]
+    assert plan.kernels[0].hbm_bytes == 2 * 4 * 64 * 64  # the kernel's output is read from HBM, the product written

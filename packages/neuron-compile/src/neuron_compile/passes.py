@@ -8,13 +8,15 @@ charges every op its own launch and its own reads and writes, so fusion shows up
 Partitioning (greedy, in topological order): metadata-only views cost nothing and stand for their base; a
 pointwise or reduction op joins the most recent kernel among its inputs' kernels when that kernel accepts fusion
 (every kernel except data movement ones); anything else starts a kernel. Joining only the most recent input kernel
-keeps the kernel graph acyclic.
+keeps the kernel graph acyclic. Substituted Neuron kernels (`nki_substitution`) are left out: they charge their own
+simulated time each time they run, and their outputs are read from HBM like a graph input.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -125,9 +127,10 @@ def _matmul_flops(node: torch.fx.Node) -> float:
 
 
 def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
-    """(kind, engine, work) of a call_function node; kind is "view", "matmul", "fusable" or "other"."""
+    """(kind, engine, work) of a call_function node; kind is "view", "matmul", "fusable", "substituted" (a Neuron
+    kernel put in by `nki_substitution`) or "other"."""
     packet = _packet(node)
-    if packet in _VIEWS or node.target is getattr:
+    if packet in _VIEWS or node.target in (getattr, operator.getitem):  # getitem: one result of a multi-output op
         return "view", "", 0.0
     if packet in _MATMULS:
         return "matmul", "tensor", _matmul_flops(node)
@@ -140,7 +143,7 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
         inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
         return "fusable", "vector", float(sum(_numel(a) for a in inputs[:1]))
     if str(node.target).startswith("neuron_compile.nki_"):
-        return "other", "tensor", float(_numel(node))
+        return "substituted", "", 0.0
     return "other", "dma" if packet in (aten.cat, aten.copy, aten.clone, aten.index, aten.embedding,
                                         aten.gather, aten.scatter, aten.index_put) else "gpsimd", float(_numel(node))
 
@@ -157,6 +160,8 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
             continue
         kind, engine, amount = _classify(node)
         inputs = [source.get(a, a) for a in node.all_input_nodes]
+        if kind == "substituted":  # a Neuron kernel that charges its own simulated time when it runs
+            continue
         if kind == "view":
             source[node] = inputs[0] if inputs else node
             continue
