@@ -8,6 +8,9 @@ model forward and training step show how much of it a realistic workload pays. B
 with ABBA interleaving on one thread in process CPU time (see `_timing.py`). Each case also checks that both sides
 compute the same result, so a fast wrong answer cannot pass for a speed-up.
 
+"llama fwd, adaptive eager" runs the same forward with adaptive eager on for the `neuron` side (queued ops, repeated
+runs compiled into one kernel; its first calls, in the warm-up, include the compilation).
+
 Peak host memory: the Llama forward runs in two fresh child processes, one per device, each reporting its peak RSS
 (VmHWM) and its RSS before building the model; the table gives the ratio of the peaks and of the increases.
 
@@ -87,6 +90,25 @@ def llama_forward(device: str) -> Callable[[], torch.Tensor]:
     return forward
 
 
+def llama_forward_adaptive(device: str) -> Callable[[], torch.Tensor]:
+    """The inference forward with adaptive eager on the `neuron` side (`TORCH_NEURONX_ENABLE_CONCATENATION`, switched
+    on at run time around each call): ops are queued and repeated runs fused. Switching it off at the end of a call
+    flushes the queue, so every measured call computes its logits. The CPU side is plain eager."""
+    forward = llama_forward(device)
+    if device != "neuron":
+        return forward
+    from neuron_device import concatenation
+
+    def adaptive() -> torch.Tensor:
+        concatenation.set_enabled(True)
+        try:
+            return forward()
+        finally:
+            concatenation.set_enabled(False)
+
+    return adaptive
+
+
 def llama_train_step(device: str) -> Callable[[], torch.Tensor]:
     """One next-token training step: forward, backward, AdamW."""
     model, tokens = _llama(device)
@@ -110,6 +132,7 @@ CASES: dict[str, Case] = {
     "view (16 -> 4x4)": view_16,
     "index (16[8 idx])": index_16,
     "llama fwd (2L, h256, s128, b2)": llama_forward,
+    "llama fwd, adaptive eager": llama_forward_adaptive,
     "llama train step (fwd+bwd+AdamW)": llama_train_step,
 }
 
