@@ -238,6 +238,15 @@ def test_conjugate_views_of_queued_results(adaptive):
         assert torch.equal(z.cpu(), (values * 2).conj() + 1)
 
 
+def test_runs_differing_only_in_a_number_are_different_runs(adaptive):
+    a, _, na, _ = _pair(4)
+    for _ in range(3):
+        for scale in (0.0, -0.0, float("nan")):
+            got = (na.abs() * scale).cpu()
+            expected = a.abs() * scale
+            assert torch.equal(torch.signbit(got), torch.signbit(expected)) and got.isnan().equal(expected.isnan())
+
+
 def test_dead_results_are_not_written(queued):
     a, b, na, nb = _pair(4)
     x = na + nb

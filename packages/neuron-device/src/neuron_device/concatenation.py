@@ -49,6 +49,7 @@ from .ops.host_exec import executed_ops
 __all__ = [
     "BUFFER_SIZE_ENV",
     "ENABLE_ENV",
+    "FUSED_KERNEL_NAME",
     "FUSE_AFTER",
     "LOW_THRESHOLD_ENV",
     "flush",
@@ -180,7 +181,7 @@ _queued: dict[int, tuple] = {}  # data pointer of a queued output's storage -> (
 _device = -1
 _specs: dict[tuple, _Spec | None] = {}  # op signature -> its spec, None if it cannot be queued
 _NO, _YES, _MATMUL = 0, 1, 2
-_fusable: dict[Any, int] = {}  # fast-path plan -> _NO, _YES or _MATMUL (`_plan_kind`)
+_kinds: dict[Any, int] = {}  # fast-path plan -> _NO, _YES or _MATMUL (`_plan_kind`)
 _runs: dict[tuple, _Run] = {}
 _counters = dict.fromkeys(("recorded", "flushes", "op_by_op_runs", "fused_runs", "compiled", "fuse_failures"), 0)
 
@@ -233,13 +234,17 @@ def _plan_kind(plan: Any) -> int:
         kind = _NO
     else:
         kind = _MATMUL if plan.info.engine == "tensor" or "attention" in name else _YES
-    _fusable[plan] = kind
+    _kinds[plan] = kind
     return kind
 
 
 def _key(value: Any) -> Any:
-    """A hashable form of a non-tensor argument (lists become tuples)."""
-    if type(value) is list:
+    """A hashable form of a non-tensor argument that tells apart what the op tells apart: lists become tuples, a
+    float its bits (-0.0 is not 0.0, and a NaN equals itself: a compiled run bakes its numbers in)."""
+    kind = type(value)
+    if kind is float:
+        return (float, value.hex())
+    if kind is list or kind is tuple:
         return tuple(_key(v) for v in value)
     return value
 
@@ -296,7 +301,7 @@ def record(plan: Any, args: tuple, kwargs: dict):
 
     Called by the fast path before it touches any data; the caller runs the op itself when this returns None.
     """
-    kind = _fusable.get(plan)
+    kind = _kinds.get(plan)
     if kind is None:
         kind = _plan_kind(plan)
     if not kind or _numerics.downcast_64bit:
@@ -374,7 +379,7 @@ def _record(plan: Any, args: tuple, kwargs: dict):
             if position != 1 or plan.scalar_op is None or not isinstance(value, _NUMBERS):
                 return None
             call = plan.scalar_op
-            key[position] = (type(value), value)
+            key[position] = (type(value), _key(value))
         else:
             key[position] = _key(value)
     if index < 0:
@@ -389,7 +394,7 @@ def _record(plan: Any, args: tuple, kwargs: dict):
         return None
     position = len(_queue)
     entry = _Entry(call, template, kwargs, plan.info, spec,
-                   (signature, tuple(_key(t) if type(t) is list else t for t in template)))
+                   (signature, tuple(_key(t) for t in template)))
     results = []
     for number, metadata in enumerate(spec.outputs):
         size, stride, dtype = metadata
