@@ -103,7 +103,8 @@ class _Stats:
         self.other: _Stats = self  # the other pool, set by the allocator
 
     def add(self, index: int, amount: int) -> None:
-        """Change statistic `index` by `amount` (not 0): one net change per call, as CUDA updates its stats."""
+        """Change statistic `index` by the signed `amount`. Callers pass one net amount per statistic per call, as
+        CUDA updates its stats: a peak sees the net value, not the steps to it."""
         current = self.current
         value = current[index] = current[index] + amount
         if amount > 0:
