@@ -80,10 +80,15 @@ def _to_host(value: Any) -> Any:
     return value
 
 
-def _signature(args: tuple, kwargs: dict) -> tuple:
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    return str(spec), tuple((tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else v
-                            for v in leaves)
+def _signature(value: Any) -> Any:
+    """A hashable description of an op's arguments: what its meta function's output layouts depend on."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape), value.stride(), value.dtype
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__, tuple(_signature(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((key, _signature(v)) for key, v in value.items())
+    return value
 
 
 def _on_meta(value: Any) -> Any:
@@ -140,7 +145,7 @@ def _replacement(op: torch._ops.OpOverload, kernel: Callable) -> torch._ops.OpOv
         def run_on_device(*args: Any, **kwargs: Any) -> Any:
             index = torch.neuron.current_device()
             substituted_calls[kernel_name] = substituted_calls.get(kernel_name, 0) + 1
-            signature = _signature(args, kwargs)
+            signature = _signature((args, kwargs))
             promised = layouts.get(signature)
             if promised is None:
                 promised = layouts[signature] = _promised_layouts(op, args, kwargs)
