@@ -61,6 +61,25 @@ def test_repeated_forward_is_compiled_and_matches_cpu(adaptive):
     assert after["fuse_failures"] == before["fuse_failures"]
 
 
+def test_fused_views_of_queued_results(adaptive):
+    a, b = torch.randn(6, 6), torch.randn(6, 6)
+    na, nb = a.to("neuron"), b.to("neuron")
+
+    def views(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        p = x @ y
+        q = p.t() * 2  # a transposed view of a queued result
+        r = p[1:, :3] + q[1:, 1:4]  # offset views
+        s = (p.view(36)[::5] + 1).view(-1, 1).expand(8, 3) * 1.5
+        t = (x + 1).unsqueeze(0).expand(2, 6, 6).transpose(1, 2) * 3  # a queued result with a permuted layout
+        return q, r, s, t[:, 2:, 1:] + t[1:, :4, :5].sum(0)
+
+    before = concatenation.stats()["fused_runs"]
+    for _ in range(4):
+        for got, expected in zip(views(na, nb), views(a, b), strict=True):
+            _close(got, expected)
+    assert concatenation.stats()["fused_runs"] >= before + 2
+
+
 def test_fused_integer_run_is_exact(adaptive):
     values = torch.arange(-20, 20, dtype=torch.int64).reshape(5, 8)
     device_values = values.to("neuron")
