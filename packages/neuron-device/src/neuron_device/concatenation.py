@@ -136,23 +136,23 @@ class _Entry:
         self.outputs: list[tuple[torch.Tensor, weakref.ref | None]] = []  # (host buffer, ref to device storage)
 
 
-class _Input:
+class _Input(NamedTuple):
     """An external tensor as it was when first recorded (its metadata may change in place before the flush)."""
 
-    __slots__ = ("offset", "size", "storage", "stride", "tensor")
+    tensor: torch.Tensor
+    storage: torch.UntypedStorage
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
 
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-        self.storage = tensor.untyped_storage()
-        self.size, self.stride, self.offset = tensor.shape, tensor.stride(), tensor.storage_offset()
-
-    def same(self, tensor: torch.Tensor) -> bool:
-        return (tensor.untyped_storage() is self.storage and tensor.shape == self.size
-                and tensor.stride() == self.stride and tensor.storage_offset() == self.offset)
+    def same(self, tensor: torch.Tensor, storage: torch.UntypedStorage, size: torch.Size, stride: tuple) -> bool:
+        return (storage is self.storage and size == self.size and stride == self.stride
+                and tensor.storage_offset() == self.offset)
 
     def host(self) -> torch.Tensor:
         tensor = self.tensor
-        if not self.same(tensor):  # e.g. `x.unsqueeze_(0)` after x was queued: read x as the op saw it
+        if not self.same(tensor, tensor.untyped_storage(), tensor.shape, tensor.stride()):
+            # e.g. `x.unsqueeze_(0)` after x was queued: read x as the op saw it
             tensor = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
                 self.storage, self.offset, self.size, self.stride)
         return hostmem.host_alias(tensor)
@@ -177,6 +177,7 @@ _lock = threading.RLock()
 _queue: list[_Entry] = []
 _inputs: list[_Input] = []
 _input_ids: dict[int, int] = {}  # id(tensor) -> input number, for the tensors in `_inputs`
+_externals: list[_External] = []  # _External(n) for every input number used so far (made once)
 _queued: dict[int, tuple] = {}  # data pointer of a queued output's storage -> (storage ref, entry, output, spec)
 _device = -1
 _specs: dict[tuple, _Spec | None] = {}  # op signature -> its spec, None if it cannot be queued
@@ -260,12 +261,13 @@ def _meta(value: Any) -> Any:
 def _spec(signature: tuple, call: torch._ops.OpOverload, info: _optracking.OpInfo, args: tuple,
           kwargs: dict) -> _Spec | None:
     """Run `call` once on meta tensors shaped like `args`: the outputs' metadata and the op's work, or None."""
-    spec = None
+    spec = result = None
     meta_args = _meta(args)
-    try:
-        result = call(*meta_args, **kwargs)
-    except Exception:  # torch will raise it again, with the CPU kernel's message, when the op runs unqueued
-        result = None
+    if not any(t.dtype in _PARTIAL_DTYPES for t in _tensors(meta_args)):
+        try:
+            result = call(*meta_args, **kwargs)
+        except Exception:  # torch will raise it again, with the CPU kernel's message, when the op runs unqueued
+            result = None
     single = isinstance(result, _Tensor)
     outputs = (result,) if single else result
     if type(outputs) is tuple and outputs and all(isinstance(t, _Tensor) for t in outputs):
@@ -275,25 +277,37 @@ def _spec(signature: tuple, call: torch._ops.OpOverload, info: _optracking.OpInf
     return spec
 
 
-def _argument(value: _Tensor, index: int) -> _External | _Queued | None:
-    """The run's reference to tensor argument `value`; None if it cannot be referenced (the caller flushes)."""
+def _tensors(values: Any):
+    for value in values:
+        if isinstance(value, _Tensor):
+            yield value
+        elif type(value) is list or type(value) is tuple:
+            yield from _tensors(value)
+
+
+def _argument(value: _Tensor, shape: torch.Size, stride: tuple, dtype: torch.dtype) -> _External | _Queued | bool:
+    """The run's reference to tensor argument `value`: True if it must run now (a lazy conjugate or negative bit,
+    which the fast path handles), False if it is a dtype view of a queued result (the caller flushes first)."""
+    if dtype.is_complex and (value.is_conj() or value.is_neg()):  # the bits only complex tensors get
+        return True
     storage = value.untyped_storage()
     found = _queued.get(storage.data_ptr())
     if found is not None and found[0]() is storage:
         _, entry, output, metadata = found
-        size, stride, dtype = metadata
-        if value.dtype != dtype:
-            return None  # a dtype view of a queued result
+        if dtype != metadata[2]:
+            return False
         offset = value.storage_offset()
-        shape, strides = tuple(value.shape), value.stride()
-        view = None if (offset == 0 and shape == size and strides == stride) else (shape, strides, offset)
-        return _Queued(entry, output, view)
+        if offset == 0 and shape == metadata[0] and stride == metadata[1]:
+            return _Queued(entry, output, None)
+        return _Queued(entry, output, (tuple(shape), stride, offset))
     number = _input_ids.get(id(value))
-    if number is None or not _inputs[number].same(value):
+    if number is None or not _inputs[number].same(value, storage, shape, stride):
         number = len(_inputs)
-        _inputs.append(_Input(value))
+        _inputs.append(_Input(value, storage, shape, stride, value.storage_offset()))
         _input_ids[id(value)] = number
-    return _External(number)
+        if number == len(_externals):
+            _externals.append(_External(number))
+    return _externals[number]
 
 
 def record(plan: Any, args: tuple, kwargs: dict):
@@ -301,8 +315,8 @@ def record(plan: Any, args: tuple, kwargs: dict):
 
     Called by the fast path before it touches any data; the caller runs the op itself when this returns None.
     """
-    kind = _kinds.get(plan)
-    if kind is None:
+    kind = _kinds.get(plan, -1)
+    if kind < 0:
         kind = _plan_kind(plan)
     if not kind or _numerics.downcast_64bit:
         return None
@@ -315,20 +329,24 @@ def record(plan: Any, args: tuple, kwargs: dict):
         if isinstance(value, _Tensor):
             return None
     with _lock:
-        for _ in range(2):  # a second try after a flush, when an argument could not refer to the queue
-            known, queued = len(_inputs), len(_queue)
-            outcome = None
-            try:
+        known = len(_inputs)
+        outcome = None
+        try:
+            outcome = _record(plan, args, kwargs)
+            if outcome is False:  # an argument cannot refer to the queue as it is: flush, then it is an input
+                flush()
+                known = 0
                 outcome = _record(plan, args, kwargs)
-            finally:
-                if len(_queue) == queued:  # not queued: the inputs it registered must not stay alive
-                    for item in _inputs[known:]:
-                        _input_ids.pop(id(item.tensor), None)
-                    del _inputs[known:]
-            if outcome is not False:
-                return outcome
-            flush()
-        return None
+        finally:
+            if (outcome is None or outcome is False) and len(_inputs) > known:
+                _forget_inputs(known)  # the op is not queued: what it registered must not stay alive
+        return None if outcome is False else outcome
+
+
+def _forget_inputs(known: int) -> None:
+    for item in _inputs[known:]:
+        _input_ids.pop(id(item.tensor), None)
+    del _inputs[known:]
 
 
 def _record(plan: Any, args: tuple, kwargs: dict):
@@ -337,7 +355,8 @@ def _record(plan: Any, args: tuple, kwargs: dict):
     index = -1
     call = plan.op
     template = list(args)
-    key: list = [None] * len(args)
+    key = list(args)  # the op's signature: tensors by sizes, strides and dtype, numbers by their bits
+    refs = []  # how the tensor arguments connect to the run
     tensor_positions = plan.tensor_positions
     for position, value in enumerate(args):
         if isinstance(value, _Tensor):
@@ -345,14 +364,13 @@ def _record(plan: Any, args: tuple, kwargs: dict):
             if device < 0 or (index >= 0 and device != index):
                 return None
             index = device
-            dtype = value.dtype
-            if dtype in _PARTIAL_DTYPES or value.is_conj() or value.is_neg():  # lazy bits: the fast path has them
-                return None
-            reference = _argument(value, index)
-            if reference is None:
-                return False
+            shape, stride, dtype = value.shape, value.stride(), value.dtype
+            reference = _argument(value, shape, stride, dtype)
+            if type(reference) is bool:
+                return None if reference else False
             template[position] = reference
-            key[position] = (value.shape, value.stride(), dtype)
+            key[position] = (shape, stride, dtype)
+            refs.append(reference)
         elif (type(value) is list or type(value) is tuple) and value and position in tensor_positions:
             items, shapes = [], []
             for item in value:
@@ -366,21 +384,21 @@ def _record(plan: Any, args: tuple, kwargs: dict):
                 if device < 0 or (index >= 0 and device != index):
                     return None
                 index = device
-                if item.dtype in _PARTIAL_DTYPES or item.is_conj() or item.is_neg():
-                    return None
-                reference = _argument(item, index)
-                if reference is None:
-                    return False
+                shape, stride, dtype = item.shape, item.stride(), item.dtype
+                reference = _argument(item, shape, stride, dtype)
+                if type(reference) is bool:
+                    return None if reference else False
                 items.append(reference)
-                shapes.append((item.shape, item.stride(), item.dtype))
+                shapes.append((shape, stride, dtype))
             template[position] = items
             key[position] = tuple(shapes)
+            refs.append(tuple(items))
         elif position in tensor_positions and value is not None:
             if position != 1 or plan.scalar_op is None or not isinstance(value, _NUMBERS):
                 return None
             call = plan.scalar_op
             key[position] = (type(value), _key(value))
-        else:
+        elif type(value) is float or type(value) is list:
             key[position] = _key(value)
     if index < 0:
         return None
@@ -393,9 +411,9 @@ def _record(plan: Any, args: tuple, kwargs: dict):
     if spec is None:
         return None
     position = len(_queue)
-    entry = _Entry(call, template, kwargs, plan.info, spec,
-                   (signature, tuple(_key(t) for t in template)))
-    results = []
+    entry = _Entry(call, template, kwargs, plan.info, spec, (signature, tuple(refs)))
+    outputs = entry.outputs
+    results = None if spec.single else []
     for number, metadata in enumerate(spec.outputs):
         size, stride, dtype = metadata
         host = torch.empty_strided(size, stride, dtype=dtype)
@@ -411,8 +429,9 @@ def _record(plan: Any, args: tuple, kwargs: dict):
             _queued[storage.data_ptr()] = (ref, position, number, metadata)
         else:
             ref = None  # nothing to write
-        entry.outputs.append((host, ref))
-        results.append(result)
+        outputs.append((host, ref))
+        if results is not None:
+            results.append(result)
     _queue.append(entry)
     _device = index
     _counters["recorded"] += 1
@@ -420,7 +439,7 @@ def _record(plan: Any, args: tuple, kwargs: dict):
     hostmem.flush_pending = flush
     if len(_queue) >= buffer_size_limit:
         flush()
-    return results[0] if spec.single else tuple(results)
+    return result if results is None else tuple(results)
 
 
 def flush() -> None:
