@@ -34,3 +34,22 @@ def test_expanded_input_keeps_its_strides() -> None:
     result.backward()
     torch.testing.assert_close(result.cpu(), expected)
     torch.testing.assert_close(x_neuron.grad.cpu(), x.grad)
+
+
+def pick_by_argmax(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    index = (x @ w).argmax(-1, keepdim=True)
+    return x.gather(-1, index).sum()
+
+
+def test_input_used_only_through_indices_gets_no_gradient() -> None:
+    """A parameter that only selects (a sparse-attention indexer's `topk`) has no gradient in eager mode: the
+    compiled graph must not give it a zero one (the sweep compares which parameters have gradients)."""
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(8, 8, requires_grad=True)
+    pick_by_argmax(x, w).backward()
+    assert w.grad is None
+    x_neuron = x.detach().to("neuron").requires_grad_()
+    w_neuron = w.detach().to("neuron").requires_grad_()
+    torch.compile(pick_by_argmax, backend="neuron")(x_neuron, w_neuron).backward()
+    assert w_neuron.grad is None
+    torch.testing.assert_close(x_neuron.grad.cpu(), x.grad)

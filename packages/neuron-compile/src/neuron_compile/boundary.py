@@ -39,6 +39,9 @@ def _alias_grad(grad: torch.Tensor | None) -> torch.Tensor | None:
 class _ToHost(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # An input the graph's result does not depend on differentiably (only through `topk` indices, say) gets no
+        # gradient, as in eager mode: not a materialised zero gradient.
+        ctx.set_materialize_grads(False)
         ctx.indices = [t.device.index for t in tensors]
         hosts = tuple(host_alias(t) for t in tensors)
         ctx.mark_non_differentiable(*[h for h, t in zip(hosts, tensors) if not t.requires_grad])
