@@ -23,3 +23,22 @@ def test_tiny_config_is_tiny():
 
     config = hf_models.tiny_config("llama")
     assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (64, 2, 512)
+
+
+@pytest.mark.parametrize("model_type", ["gpt_neo", "mamba2", "llama4", "ernie4_5_moe"])
+def test_tiny_config_builds(model_type):
+    """Configs whose per-layer patterns or shape constraints the shrinking must keep consistent."""
+    import hf_models
+
+    config = hf_models.tiny_config(model_type)
+    assert config.get_text_config().vocab_size == 512
+
+
+def test_skip_done_resumes_from_the_json_file(tmp_path, capsys):
+    import hf_models
+
+    results = tmp_path / "results.jsonl"
+    results.write_text('{"model_type": "llama", "status": "pass", "reason": "", "seconds": 1.0}\n')
+    assert hf_models.main(["--only", "llama", "--json", str(results), "--skip-done"]) == 0
+    assert results.read_text().count("\n") == 1  # not run again
+    assert "1/1 CPU-runnable architectures pass" in capsys.readouterr().out
