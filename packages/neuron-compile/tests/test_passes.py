@@ -115,3 +115,14 @@ def test_substituted_kernels_are_left_out_of_the_plan() -> None:
     plan = _plan(lambda x: nki_exp(x) * 2, torch.randn(64, 64))
     assert [k.nodes for k in plan.kernels] == [["mul"]]
     assert plan.kernels[0].hbm_bytes == 2 * 4 * 64 * 64  # the kernel's output is read from HBM, the product written
+
+
+def test_only_kernels_a_plugin_registered_are_substituted() -> None:
+    """neuron-device's own kernels for substitutable ops (the CPU kernel on host aliases) stay with Inductor; only a
+    plugin's (neuron-nki's NKI kernels, when installed) replace an op."""
+    from neuron_compile import nki_substitution
+    from neuron_device.ops import registry
+
+    substituted = {id(fn) for fn in nki_substitution.substitutable_ops().values()}
+    for name in ("aten::_softmax", "aten::native_layer_norm"):
+        assert (id(registry.kernels[name]) in substituted) == (name not in registry.builtin), name

@@ -52,10 +52,13 @@ def _overload(name: str) -> torch._ops.OpOverload | None:
 
 
 def substitutable_ops() -> dict[torch._ops.OpOverload, Callable]:
-    """The substitutable ops that have a registered `neuron` kernel, with that kernel."""
+    """The substitutable ops that have a Neuron kernel registered by a plugin, with that kernel.
+
+    neuron-device's own kernels for these ops (the CPU kernel on host aliases) do not count: substituting one would
+    only take the op out of Inductor's hands."""
     found = {}
     for name, fn in list(_registry.kernels.items()):
-        if name.split(".")[0] in SUBSTITUTABLE:
+        if name.split(".")[0] in SUBSTITUTABLE and name not in _registry.builtin:
             op = _overload(name)
             if op is not None:
                 found[op] = fn

@@ -66,6 +66,7 @@ def _register_kernels() -> None:
     from .ops import attention, cpu_exact, host_exec, matmul, minimal, registry, rnn_cells  # noqa: F401
 
     registry.register_fallback(host_exec.run_on_host)
+    registry.builtin.update(registry.kernels)
     autocast.register()
 
 

@@ -241,3 +241,4 @@ def install() -> None:
             if _differentiable_only_by_decomposition(op):
                 continue
             registry.register(name, _kernel(op))
+            registry.builtin.add(name)

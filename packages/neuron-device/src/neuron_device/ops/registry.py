@@ -11,12 +11,15 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["kernel", "kernels", "register", "register_fallback"]
+__all__ = ["builtin", "kernel", "kernels", "register", "register_fallback"]
 
 _DISPATCH_KEY = "PrivateUse1"
 _libraries: dict[str, torch.library.Library] = {}
 _fallback_library: torch.library.Library | None = None
 kernels: dict[str, Callable] = {}  # "aten::add.Tensor" -> kernel, for every op with a direct neuron kernel
+# Ops whose kernel is neuron-device's own (the CPU kernel on host aliases), not one a plugin or a user registered:
+# neuron-compile substitutes only the latter in compiled graphs.
+builtin: set[str] = set()
 
 
 def _library(namespace: str) -> torch.library.Library:
@@ -44,6 +47,7 @@ def register(name: str, fn: Callable, *, with_keyset: bool = False, dispatch_key
     _library(namespace).impl(op, fn, dispatch_key, with_keyset=with_keyset)
     if dispatch_key == _DISPATCH_KEY:
         kernels[name] = fn
+        builtin.discard(name)
 
 
 def kernel(*names: str, with_keyset: bool = False, dispatch_key: str = _DISPATCH_KEY) -> Callable[[Callable], Callable]:
