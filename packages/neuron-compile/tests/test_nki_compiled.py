@@ -16,7 +16,8 @@ B, S, H, D = 2, 16, 4, 8
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo():
+def fresh_dynamo(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("NEURON_NKI_NATIVE_KERNELS", "simulate")  # the kernels replace ops in graphs only then
     if torch.ops.aten._fused_rms_norm.default not in nki_substitution.substitutable_ops():
         pytest.skip("neuron-nki's native kernels are disabled (NEURON_NKI_NATIVE_KERNELS=0)")
     torch._dynamo.reset()

@@ -117,9 +117,10 @@ def test_substituted_kernels_are_left_out_of_the_plan() -> None:
     assert plan.kernels[0].hbm_bytes == 2 * 4 * 64 * 64  # the kernel's output is read from HBM, the product written
 
 
-def test_only_kernels_a_plugin_registered_are_substituted() -> None:
+def test_only_kernels_a_plugin_registered_are_substituted(monkeypatch: pytest.MonkeyPatch) -> None:
     """neuron-device's own kernels for substitutable ops (the CPU kernel on host aliases) stay with Inductor; only a
-    plugin's (neuron-nki's NKI kernels, when installed) replace an op."""
+    plugin's (neuron-nki's NKI kernels, when installed and simulated) replace an op."""
+    monkeypatch.setenv("NEURON_NKI_NATIVE_KERNELS", "simulate")
     from neuron_compile import nki_substitution
     from neuron_device.ops import registry
 

@@ -55,10 +55,13 @@ def substitutable_ops() -> dict[torch._ops.OpOverload, Callable]:
     """The substitutable ops that have a Neuron kernel registered by a plugin, with that kernel.
 
     neuron-device's own kernels for these ops (the CPU kernel on host aliases) do not count: substituting one would
-    only take the op out of Inductor's hands."""
+    only take the op out of Inductor's hands. A kernel with a `substitute_in_graphs()` attribute is asked at compile
+    time (neuron-nki's kernels say yes only when they run in the instruction simulator)."""
     found = {}
     for name, fn in list(_registry.kernels.items()):
-        if name.split(".")[0] in SUBSTITUTABLE and name not in _registry.builtin:
+        wanted = getattr(fn, "substitute_in_graphs", None)
+        if (name.split(".")[0] in SUBSTITUTABLE and name not in _registry.builtin
+                and (wanted is None or wanted())):
             op = _overload(name)
             if op is not None:
                 found[op] = fn

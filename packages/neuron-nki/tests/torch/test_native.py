@@ -269,8 +269,9 @@ def test_flash_attention_estimate_beats_unfused_eager_sdpa_at_2048() -> None:
 
 
 @pytest.mark.compiler
-def test_compiled_model_substitutes_the_nki_flash_attention_and_matches_cpu() -> None:
-    """torch.compile(backend="neuron"): neuron-compile retargets the flash-attention op to the registered kernel."""
+def test_compiled_model_substitutes_the_nki_flash_attention_and_matches_cpu(simulate: None) -> None:
+    """torch.compile(backend="neuron") in simulate mode: neuron-compile retargets the flash-attention op to the
+    registered kernel."""
     nki_substitution = pytest.importorskip("neuron_compile.nki_substitution")
 
     torch.manual_seed(0)
@@ -328,3 +329,20 @@ def test_nki_matmul_does_not_pay_over_the_native_mm(shape: tuple[int, int, int])
     with record_launches() as launches:
         matmul(a.t(), b)
     assert _simulated_seconds(lambda: a @ b) < launches[-1].latency_ns * 1e-9
+
+
+@pytest.mark.compiler
+def test_compiled_model_keeps_inductors_attention_in_estimate_mode(fresh_estimates: None) -> None:
+    """The default mode's values are the CPU kernel's anyway: compiled graphs keep Inductor's code for the ops."""
+    nki_substitution = pytest.importorskip("neuron_compile.nki_substitution")
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyLlama().eval()
+    tokens = torch.randint(0, 64, (2, 40))
+    before = dict(nki_substitution.substituted_calls)
+    with torch.no_grad():
+        ref = model(tokens)
+        logits = torch.compile(model.to("neuron"), backend="neuron")(tokens.to("neuron"))
+    torch.testing.assert_close(logits.cpu(), ref, atol=1e-4, rtol=1e-4)
+    assert nki_substitution.substituted_calls == before

@@ -342,6 +342,16 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false")
 
 
+def substitute_in_graphs() -> bool:
+    """Asked by neuron-compile when it compiles a graph: replace the ops in compiled graphs with these kernels?
+
+    Only in ``simulate`` mode. In the default mode a kernel's values are torch's CPU kernel's anyway, and Inductor's
+    own code for the op is faster than a call into this Python kernel, which would also split Inductor's fusion
+    around it (the tiny Llama's steady state measured 1.37x CPU Inductor with the kernels substituted, 1.05x
+    without)."""
+    return _mode() == SIMULATE
+
+
 def register(registry: Any) -> None:
     """Register the kernels and routes with neuron-device's op registry (the ``neuron_register`` hook)."""
     if not enabled():
@@ -350,6 +360,7 @@ def register(registry: Any) -> None:
         # torch 2.13 itself puts a kernel for native_layer_norm on the PrivateUse1 key; replacing it is the point
         warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel", category=UserWarning)
         for name, fn in KERNELS.items():
+            fn.substitute_in_graphs = substitute_in_graphs
             registry.register(name, fn)
     for name, fn in ROUTES.items():
         registry.register(name, fn, dispatch_key="AutogradPrivateUse1")
