@@ -148,6 +148,19 @@ class _Block:
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
+    def absorb(self, neighbour: _Block) -> None:
+        """Grow over `neighbour`, the free block just before or just after this one in its segment."""
+        self.size += neighbour.size
+        if neighbour is self.prev:
+            self.address = neighbour.address
+            self.prev = neighbour.prev
+            if self.prev is not None:
+                self.prev.next = self
+        else:
+            self.next = neighbour.next
+            if self.next is not None:
+                self.next.prev = self
+
 
 class _Pool:
     """One pool of blocks: its free blocks, ordered by (size, address) so the best fit is a bisection away, and the
@@ -363,25 +376,12 @@ class DeviceAllocator:
         block.allocated = False
         block.requested = 0
         net_blocks = net_bytes = 0
-        neighbour = block.prev
-        if neighbour is not None and not neighbour.allocated:
-            pool.remove(neighbour)
-            block.address = neighbour.address
-            block.size += neighbour.size
-            block.prev = neighbour.prev
-            if block.prev is not None:
-                block.prev.next = block
-            net_blocks -= 1
-            net_bytes -= neighbour.size
-        neighbour = block.next
-        if neighbour is not None and not neighbour.allocated:
-            pool.remove(neighbour)
-            block.size += neighbour.size
-            block.next = neighbour.next
-            if block.next is not None:
-                block.next.prev = block
-            net_blocks -= 1
-            net_bytes -= neighbour.size
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and not neighbour.allocated:
+                pool.remove(neighbour)
+                block.absorb(neighbour)
+                net_blocks -= 1
+                net_bytes -= neighbour.size
         pool.insert(block)
         if block.prev is not None or block.next is not None:
             net_blocks += 1

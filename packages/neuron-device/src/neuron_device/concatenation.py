@@ -44,7 +44,7 @@ from . import allocator, hostmem
 from . import numerics as _numerics
 from . import optracking as _optracking
 from . import topology as _topology
-from .ops.host_exec import executed_ops
+from .ops.host_exec import executed_ops, joined_device
 
 __all__ = [
     "BUFFER_SIZE_ENV",
@@ -285,21 +285,26 @@ def _tensors(values: Any):
             yield from _tensors(value)
 
 
-def _argument(value: _Tensor, shape: torch.Size, stride: tuple, dtype: torch.dtype) -> _External | _Queued | bool:
-    """The run's reference to tensor argument `value`: True if it must run now (a lazy conjugate or negative bit,
-    which the fast path handles), False if it is a dtype view of a queued result (the caller flushes first)."""
+def _argument(value: _Tensor) -> tuple[_External | _Queued | bool, tuple]:
+    """The run's reference to tensor argument `value`, with its part of the op's signature (sizes, strides, dtype).
+
+    The reference is True if the op must run now (a lazy conjugate or negative bit, which the fast path handles),
+    False if `value` is a dtype view of a queued result (the caller flushes first).
+    """
+    shape, stride, dtype = value.shape, value.stride(), value.dtype
+    signature = (shape, stride, dtype)
     if dtype.is_complex and (value.is_conj() or value.is_neg()):  # the bits only complex tensors get
-        return True
+        return True, signature
     storage = value.untyped_storage()
     found = _queued.get(storage.data_ptr())
     if found is not None and found[0]() is storage:
         _, entry, output, metadata = found
         if dtype != metadata[2]:
-            return False
+            return False, signature
         offset = value.storage_offset()
         if offset == 0 and shape == metadata[0] and stride == metadata[1]:
-            return _Queued(entry, output, None)
-        return _Queued(entry, output, (tuple(shape), stride, offset))
+            return _Queued(entry, output, None), signature
+        return _Queued(entry, output, (tuple(shape), stride, offset)), signature
     number = _input_ids.get(id(value))
     if number is None or not _inputs[number].same(value, storage, shape, stride):
         number = len(_inputs)
@@ -307,7 +312,7 @@ def _argument(value: _Tensor, shape: torch.Size, stride: tuple, dtype: torch.dty
         _input_ids[id(value)] = number
         if number == len(_externals):
             _externals.append(_External(number))
-    return _externals[number]
+    return _externals[number], signature
 
 
 def record(plan: Any, args: tuple, kwargs: dict):
@@ -360,16 +365,13 @@ def _record(plan: Any, args: tuple, kwargs: dict):
     tensor_positions = plan.tensor_positions
     for position, value in enumerate(args):
         if isinstance(value, _Tensor):
-            device = value.get_device()
-            if device < 0 or (index >= 0 and device != index):
+            index = joined_device(value, index)
+            if index < 0:
                 return None
-            index = device
-            shape, stride, dtype = value.shape, value.stride(), value.dtype
-            reference = _argument(value, shape, stride, dtype)
+            reference, key[position] = _argument(value)
             if type(reference) is bool:
                 return None if reference else False
             template[position] = reference
-            key[position] = (shape, stride, dtype)
             refs.append(reference)
         elif (type(value) is list or type(value) is tuple) and value and position in tensor_positions:
             items, shapes = [], []
@@ -380,16 +382,14 @@ def _record(plan: Any, args: tuple, kwargs: dict):
                     continue
                 if not isinstance(item, _Tensor):
                     return None
-                device = item.get_device()
-                if device < 0 or (index >= 0 and device != index):
+                index = joined_device(item, index)
+                if index < 0:
                     return None
-                index = device
-                shape, stride, dtype = item.shape, item.stride(), item.dtype
-                reference = _argument(item, shape, stride, dtype)
+                reference, shape_key = _argument(item)
                 if type(reference) is bool:
                     return None if reference else False
                 items.append(reference)
-                shapes.append((shape, stride, dtype))
+                shapes.append(shape_key)
             template[position] = items
             key[position] = tuple(shapes)
             refs.append(tuple(items))

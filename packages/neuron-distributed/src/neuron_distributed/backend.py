@@ -91,6 +91,15 @@ class NeuronProcessGroup(dist.ProcessGroup):
         costs.charge(kind, flat_tensors(inputs), flat_tensors(outputs), self.size())
         return call()
 
+    def _outputs_inputs(
+        self, kind: str, gloo_method: Callable[..., Work], outputs: Any, inputs: Any, *rest: Any, same: str | None = None
+    ) -> Work:
+        """Issue `gloo_method(host outputs, host inputs, *rest)`, Gloo's argument order for every collective that
+        writes outputs from separate inputs; `same` names the side the ranks must agree on ("inputs", "outputs")."""
+        host_out, host_in = to_host(outputs), to_host(inputs)
+        agreed = {None: None, "inputs": host_in, "outputs": host_out}[same]
+        return self._issue(kind, inputs, outputs, lambda: gloo_method(host_out, host_in, *rest), same=agreed)
+
     # Reductions ---------------------------------------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: AllreduceOptions = AllreduceOptions()) -> Work:  # noqa: B008
@@ -176,10 +185,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         inputs: list[torch.Tensor],
         opts: AllgatherOptions = AllgatherOptions(),  # noqa: B008
     ) -> Work:
-        host_out, host_in = to_host(outputs), to_host(inputs)
-        return self._issue(
-            "allgather", inputs, outputs, lambda: self._gloo.allgather(host_out, host_in, opts), same=host_in
-        )
+        return self._outputs_inputs("allgather", self._gloo.allgather, outputs, inputs, opts, same="inputs")
 
     def allgather_coalesced(
         self,
@@ -187,13 +193,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         inputs: list[torch.Tensor],
         opts: AllgatherOptions = AllgatherOptions(),  # noqa: B008
     ) -> Work:
-        host_out, host_in = to_host(outputs), to_host(inputs)
-        return self._issue(
-            "allgather_coalesced",
-            inputs,
-            outputs,
-            lambda: self._gloo.allgather_coalesced(host_out, host_in, opts),
-        )
+        return self._outputs_inputs("allgather_coalesced", self._gloo.allgather_coalesced, outputs, inputs, opts)
 
     def all_gather_single(
         self,
@@ -201,13 +201,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         input: torch.Tensor,
         opts: AllgatherOptions = AllgatherOptions(),  # noqa: B008
     ) -> Work:
-        host_out, host_in = to_host(output), to_host(input)
-        return self._issue(
-            "all_gather_single",
-            input,
-            output,
-            lambda: self._gloo._allgather_base(host_out, host_in, opts),
-            same=host_in,
+        return self._outputs_inputs(
+            "all_gather_single", self._gloo._allgather_base, output, input, opts, same="inputs"
         )
 
     _allgather_base = all_gather_single
@@ -230,10 +225,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         inputs: list[torch.Tensor],
         opts: GatherOptions = GatherOptions(),  # noqa: B008
     ) -> Work:
-        host_out, host_in = to_host(outputs), to_host(inputs)
-        return self._issue(
-            "gather", inputs, outputs, lambda: self._gloo.gather(host_out, host_in, opts), same=host_in
-        )
+        return self._outputs_inputs("gather", self._gloo.gather, outputs, inputs, opts, same="inputs")
 
     def scatter(
         self,
@@ -241,10 +233,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         inputs: list[list[torch.Tensor]],
         opts: ScatterOptions = ScatterOptions(),  # noqa: B008
     ) -> Work:
-        host_out, host_in = to_host(outputs), to_host(inputs)
-        return self._issue(
-            "scatter", inputs, outputs, lambda: self._gloo.scatter(host_out, host_in, opts), same=host_out
-        )
+        return self._outputs_inputs("scatter", self._gloo.scatter, outputs, inputs, opts, same="outputs")
 
     # All-to-all -----------------------------------------------------------------------------------------------------
 
@@ -256,12 +245,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         input_split_sizes: list[int],
         opts: AllToAllOptions = AllToAllOptions(),  # noqa: B008
     ) -> Work:
-        host_out, host_in = to_host(output), to_host(input)
-        return self._issue(
-            "alltoall_base",
-            input,
-            output,
-            lambda: self._gloo.alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts),
+        return self._outputs_inputs(
+            "alltoall_base", self._gloo.alltoall_base, output, input, output_split_sizes, input_split_sizes, opts
         )
 
     alltoall_base = all_to_all_single

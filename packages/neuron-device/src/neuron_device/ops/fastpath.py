@@ -29,7 +29,7 @@ from .. import numerics as _numerics
 from .. import optracking as _optracking
 from ..hostmem import host_alias
 from . import registry
-from .host_exec import executed_ops, run_on_host
+from .host_exec import executed_ops, joined_device, run_on_host
 
 __all__ = ["HOT_OPS", "install", "run_direct"]
 
@@ -155,10 +155,9 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
             break
         value = args[position]
         if isinstance(value, _Tensor):
-            device = value.get_device()  # -1 for CPU and meta tensors
-            if device < 0 or (index >= 0 and device != index):
+            index = joined_device(value, index)
+            if index < 0:
                 return None
-            index = device
             host[position] = host_alias(value)
         elif type(value) is list or type(value) is tuple:
             items = []
@@ -168,10 +167,9 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
                     continue
                 if not isinstance(item, _Tensor):
                     return None
-                device = item.get_device()
-                if device < 0 or (index >= 0 and device != index):
+                index = joined_device(item, index)
+                if index < 0:
                     return None
-                index = device
                 items.append(host_alias(item))
             host[position] = items
         elif value is not None:

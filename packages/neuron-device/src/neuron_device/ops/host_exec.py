@@ -23,7 +23,7 @@ from .. import optracking as _optracking
 from ..hostmem import host_alias
 from ..neuron import random as _random
 
-__all__ = ["executed_ops", "run_on_host"]
+__all__ = ["executed_ops", "joined_device", "run_on_host"]
 
 _NEURON = "neuron"
 executed_ops: Counter[str] = Counter()  # op name -> calls, for op tracking and tests
@@ -157,6 +157,14 @@ class _Call:
                 view = torch.empty(0, dtype=result.dtype, device=tensor.device)
                 return view.set_(storage, offset, result.size(), result.stride())
         return None
+
+
+def joined_device(tensor: torch.Tensor, index: int) -> int:
+    """The device index of an op whose tensor arguments so far were on device `index` (-1: none yet) and which also
+    takes `tensor`; -2 if `tensor` is not a `neuron` tensor of that device (the hot paths' test for the common call,
+    which the boxed fallback handles otherwise)."""
+    device = tensor.get_device()  # -1 for CPU and meta tensors
+    return device if device >= 0 and (index < 0 or device == index) else -2
 
 
 _FULL_PRECISION = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
