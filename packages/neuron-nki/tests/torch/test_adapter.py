@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ import nki.isa as nisa
 import nki.language as nl
 import torch_neuronx
 from neuron_device import timeline
-from nki.torch import record_launches, to_numpy
+from nki.torch import adapter, kernel_log, record_launches, to_numpy
 
 
 @nki.jit
@@ -68,6 +70,18 @@ def test_launch_is_charged_to_the_current_stream_and_tracked() -> None:
     assert line.clocks[stream.stream_id] == pytest.approx(start + launches[0].latency_ns * 1e-9)
     assert line.clocks.get(0, 0.0) == default_before  # nothing charged to the default stream
     assert "nki::add_kernel" in torch_neuronx.get_executed_ops()
+
+
+def test_kernel_log_keeps_the_newest_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long eager run must not grow the process-wide log without bound; `record_launches` still sees every one."""
+    assert adapter._all_launches.maxlen == adapter.KERNEL_LOG_SIZE
+    monkeypatch.setattr(adapter, "_all_launches", collections.deque(maxlen=3))
+    a = torch.randn(128, 8, device="neuron")
+    with record_launches() as launches:
+        for _ in range(5):
+            add_kernel(a, a)
+    assert len(launches) == 5
+    assert kernel_log() == launches[-3:]
 
 
 def test_mixed_devices_are_rejected() -> None:

@@ -12,6 +12,7 @@ once per signature on zero-filled arrays to learn its output shapes and dtypes, 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
@@ -114,12 +115,14 @@ class _Log(threading.local):
 
 
 _log = _Log()
-_all_launches: list[KernelLaunch] = []
+KERNEL_LOG_SIZE = 10_000  # launches kept by `kernel_log`: a long eager run must not grow the log without bound
+_all_launches: collections.deque[KernelLaunch] = collections.deque(maxlen=KERNEL_LOG_SIZE)
 _shape_cache: dict[tuple, Any] = {}
 
 
 def kernel_log() -> list[KernelLaunch]:
-    """Every NKI launch on torch tensors in this process, oldest first (the simulated cost of each)."""
+    """The last `KERNEL_LOG_SIZE` NKI launches on torch tensors in this process, oldest first (the simulated cost of
+    each). `record_launches` collects every launch of a block, however many."""
     return list(_all_launches)
 
 
