@@ -1,5 +1,6 @@
-"""diffusers on `neuron`: tiny UNet2D (DDPM) and DiT pipelines built from configs give the CPU's images, and
-diffusers' tensor-parallel hook shards a tiny Flux transformer over a 2-rank `neuron` mesh with the CPU's output."""
+"""diffusers on `neuron`: tiny UNet2D (DDPM), DiT and Stable Diffusion XL pipelines built from configs give the CPU's
+images, and diffusers' tensor-parallel hook shards a tiny Flux transformer over a 2-rank `neuron` mesh with the CPU's
+output."""
 
 from __future__ import annotations
 
@@ -52,6 +53,23 @@ def _dit() -> diffusers.DiTPipeline:
     )
 
 
+def _sdxl() -> diffusers.StableDiffusionXLPipeline:
+    """SDXL's conditional UNet (cross-attention, "text_time" added conditions) and a one-level VAE; no text encoders
+    or tokenizers (they would need downloaded vocabularies): the call passes prompt embeddings."""
+    torch.manual_seed(0)
+    unet = diffusers.UNet2DConditionModel(
+        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(16, 32),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=(2, 4), norm_num_groups=8, use_linear_projection=True,
+        addition_embed_type="text_time", addition_time_embed_dim=8, projection_class_embeddings_input_dim=32 + 6 * 8,
+    )
+    vae = diffusers.AutoencoderKL(block_out_channels=(16,), norm_num_groups=8, latent_channels=4, sample_size=16)
+    return diffusers.StableDiffusionXLPipeline(
+        vae=vae.eval(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None, unet=unet.eval(),
+        scheduler=diffusers.EulerDiscreteScheduler(num_train_timesteps=50),
+    )
+
+
 def test_unet2d_pipeline_matches_cpu():
     expected = _run(_ddpm(), "cpu", batch_size=2)
     images = _run(_ddpm(), "neuron", batch_size=2)
@@ -64,6 +82,19 @@ def test_dit_pipeline_matches_cpu():
     expected = _run(_dit(), "cpu", **call)
     images = _run(_dit(), "neuron", **call)
     assert images.shape == (2, 8, 8, 3) and images.std() > 0.01  # not a saturated (all-0/all-1) image
+    np.testing.assert_allclose(images, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_sdxl_pipeline_takes_its_neuron_path_and_matches_cpu():
+    """SDXL's pipeline has a `neuron` branch of its own (timesteps kept on the CPU, cast to float32 on the device
+    for the UNet); with classifier-free guidance on prompt embeddings it gives the CPU's images."""
+    generator = torch.Generator().manual_seed(1)
+    call = {"prompt_embeds": torch.randn(1, 7, 32, generator=generator),
+            "pooled_prompt_embeds": torch.randn(1, 32, generator=generator),
+            "height": 16, "width": 16, "guidance_scale": 3.0}
+    expected = _run(_sdxl(), "cpu", **call)
+    images = _run(_sdxl(), "neuron", **call)
+    assert images.shape == (1, 16, 16, 3) and images.std() > 0.01
     np.testing.assert_allclose(images, expected, rtol=1e-4, atol=1e-4)
 
 
