@@ -127,6 +127,27 @@ def test_compiled_graph_runs_without_per_op_python() -> None:
     assert sum(host_exec.executed_ops.values()) == before
 
 
+def _two_matmuls(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    return torch.mm(torch.mm(x, w1).relu(), w2)
+
+
+def test_intermediates_count_toward_peak_memory_as_in_eager() -> None:
+    """The compiled graph's intermediate (the 1 MiB relu result, in a host buffer of Inductor's) is taken from the
+    device allocator while the graph runs: the peak is eager's (intermediate plus result), not the result alone."""
+    x, w1, w2 = (torch.randn(512, 512, device="neuron") for _ in range(3))
+    compiled = torch.compile(_two_matmuls, backend="neuron")
+    compiled(x, w1, w2)
+    peaks = {}
+    for name, fn in (("eager", _two_matmuls), ("compiled", compiled)):
+        torch.neuron.reset_peak_memory_stats()
+        before = torch.neuron.memory_allocated()
+        out = fn(x, w1, w2)
+        peaks[name] = torch.neuron.max_memory_allocated() - before
+        assert torch.neuron.memory_allocated() - before == out.nbytes  # the workspace is given back
+        del out
+    assert peaks["compiled"] == peaks["eager"] == 2 * 512 * 512 * 4
+
+
 def _failing_compile(*args, **kwargs):
     raise RuntimeError("lowering exploded")
 

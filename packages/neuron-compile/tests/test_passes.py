@@ -43,10 +43,33 @@ def test_fusion_lowers_simulated_time() -> None:
     assert fused.seconds < unfused.seconds
 
 
+def test_workspace_is_the_peak_of_intermediates_between_kernels() -> None:
+    """Kernel results read by later kernels are live from their kernel to their last reader; results are not
+    counted (the caller holds them) and neither is what stays inside a fused kernel."""
+    x, w1, w2, w3 = torch.randn(64, 32), torch.randn(32, 16), torch.randn(16, 8), torch.randn(8, 8)
+
+    def chain(x, w1, w2, w3):
+        a = torch.mm(x, w1).relu()  # 64x16: read by the second matmul only
+        b = torch.mm(a, w2)  # 64x8: read by the third matmul, and returned
+        return torch.mm(b, w3) + 1, b
+
+    plan = _plan(chain, x, w1, w2, w3)
+    assert len(plan.kernels) == 3
+    assert plan.workspace_bytes == 4 * 64 * 16
+    assert _plan(lambda x: (x * 2).exp().sum(), x).workspace_bytes == 0  # one fused kernel: nothing in between
+
+    def two_live(x, w1, w2):
+        a, b = torch.mm(x, w1), torch.mm(x, w1 * 2)  # both live until the last matmul reads them
+        return torch.mm(torch.cat([a, b], 1), torch.cat([w2, w2]))
+
+    assert _plan(two_live, x, w1, w2).workspace_bytes >= 2 * 4 * 64 * 16
+
+
 def test_plan_round_trips_through_json() -> None:
-    plan = _plan(lambda x: (x @ x).relu(), torch.randn(4, 4))
+    plan = _plan(lambda x: (x @ x).relu() @ x, torch.randn(4, 4))
     again = KernelPlan.from_json(plan.to_json())
     assert again.to_json() == plan.to_json() and again.seconds == plan.seconds
+    assert again.workspace_bytes == plan.workspace_bytes > 0
 
 
 def _llama_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

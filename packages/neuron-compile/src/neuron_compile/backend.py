@@ -137,6 +137,8 @@ def _compile_static(
         index=index,
         forward_seconds=forward.seconds if forward else 0.0,
         backward_seconds=backward.seconds if backward else 0.0,
+        forward_workspace=forward.workspace_bytes if forward else 0,
+        backward_workspace=backward.workspace_bytes if backward else 0,
     )
 
 class _PerShape:

@@ -41,7 +41,7 @@ from .settings import ENV, CompileSettings
 
 __all__ = ["CacheEntry", "cache_key", "entry"]
 
-_FORMAT = 1
+_FORMAT = 2  # 2: kernel plans carry `workspace_bytes`
 _SKIPPED_SUFFIXES = (".lock", ".tmp")
 _private_dir: Path | None = None
 

@@ -8,6 +8,13 @@ compilation keeps the op whole (it is left out of the decomposition table) and t
 extern kernel, whose host implementation runs the registered kernel on `neuron` views of the host buffers. Without
 any registered kernel (neuron-nki not installed) nothing is substituted and the graph is compiled as usual.
 
+Inductor lays out a custom op's tensor inputs as it likes unless the op is tagged `needs_exact_strides` and its node
+records the traced input values (`eager_input_vals`, which tracing records but a node retargeted after tracing lacks),
+so `substitute` records them: a kernel then gets its inputs with the strides the graph was traced with, as in eager.
+Without that, Inductor freely picked e.g. a head-dim stride of 8 for attention inputs a transposed convolution output
+fed, and torch's CPU flash-attention kernel (the NKI attention kernel's fallback for masks) read such inputs as if
+their last dim were dense: garbage values.
+
 Inductor checks every extern kernel's outputs against the sizes and strides of the op's meta function (the layout it
 planned the graph with), while a kernel may lay its outputs out differently (e.g. contiguous where the meta function
 follows a transposed input's memory order). The host implementation therefore copies an output whose strides differ
@@ -143,7 +150,7 @@ def _replacement(op: torch._ops.OpOverload, kernel: Callable) -> torch._ops.OpOv
         schema = op._schema
         base = schema.name.split("::")[1]
         new_name = f"nki_{base}" + (f"_{schema.overload_name}" if schema.overload_name else "")
-        _library.define(new_name + "(" + str(schema).split("(", 1)[1])
+        _library.define(new_name + "(" + str(schema).split("(", 1)[1], tags=(torch.Tag.needs_exact_strides,))
         kernel_name = f"{schema.name}" + (f".{schema.overload_name}" if schema.overload_name else "")
 
         layouts: dict[tuple, list[_Layout | None]] = {}
@@ -174,6 +181,16 @@ def define_replacements() -> None:
         _replacement(op, kernel)
 
 
+def _traced_inputs(node: torch.fx.Node) -> tuple[tuple, dict]:
+    """`node`'s (args, kwargs) as the fake values they were traced with (None where not a node), as tracing records
+    them in `eager_input_vals` for ops that need exact strides: Inductor then gives the op inputs of those strides."""
+
+    def traced(value: Any) -> Any:
+        return value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+
+    return torch.fx.node.map_aggregate((node.args, node.kwargs), traced)
+
+
 def substitute(gm: torch.fx.GraphModule) -> int:
     """Retarget every node of a substitutable op with a registered kernel; return how many were substituted."""
     kernels = substitutable_ops()
@@ -183,6 +200,7 @@ def substitute(gm: torch.fx.GraphModule) -> int:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in kernels:
             node.target = _replacement(node.target, kernels[node.target])
+            node.meta["eager_input_vals"] = _traced_inputs(node)
             count += 1
     if count:
         gm.recompile()

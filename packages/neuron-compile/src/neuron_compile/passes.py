@@ -59,9 +59,15 @@ class Kernel:
 
 @dataclasses.dataclass
 class KernelPlan:
-    """The kernels of one compiled graph and their simulated device time (seconds, on the current target)."""
+    """The kernels of one compiled graph and their simulated device time (seconds, on the current target).
+
+    `workspace_bytes`: the most device memory the graph's intermediates hold at once (kernel results read by a
+    later kernel, but not returned). A run of the graph takes it from the device allocator for its duration, so
+    peak memory and out-of-memory see what eager mode would have allocated for them.
+    """
 
     kernels: list[Kernel]
+    workspace_bytes: int = 0
 
     @property
     def seconds(self) -> float:
@@ -70,7 +76,8 @@ class KernelPlan:
     def to_json(self) -> dict[str, Any]:
         """JSON-safe form (stored in the compile cache next to the compiled code)."""
         return {"kernels": [{"nodes": k.nodes, "work": k.work, "hbm_bytes": k.hbm_bytes, "dtype": str(k.dtype),
-                             "anchor_engine": k.anchor_engine} for k in self.kernels]}
+                             "anchor_engine": k.anchor_engine} for k in self.kernels],
+                "workspace_bytes": self.workspace_bytes}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KernelPlan:
@@ -81,7 +88,7 @@ class KernelPlan:
                 raise ValueError(f"bad dtype {k['dtype']!r} in a stored kernel plan")
             kernels.append(Kernel(list(k["nodes"]), {str(e): float(w) for e, w in k["work"].items()},
                                   float(k["hbm_bytes"]), dtype, str(k["anchor_engine"])))
-        return cls(kernels)
+        return cls(kernels, int(data["workspace_bytes"]))
 
 
 def _meta(value: Any) -> list[torch.Tensor]:
@@ -178,16 +185,38 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
         group_of[node] = index
         work[index][engine] = work[index].get(engine, 0.0) + amount
     kernels = []
+    lifetimes = []  # (first kernel, last kernel, bytes) of each intermediate written to HBM
     for index, members in enumerate(groups):
         inside = set(members)
         read = {source.get(a, a) for n in members for a in n.all_input_nodes} - inside
-        written = {n for n in members if any(u not in inside for u in _consumers(n, source))}
+        written = {}
+        for node in members:
+            consumers = [u for u in _consumers(node, source) if u not in inside]
+            if consumers:
+                written[node] = consumers
         hbm = sum(_nbytes(n) for n in read) + sum(_nbytes(n) for n in written)
         tensors = _meta(members[0].meta.get("val"))
         dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
         amounts = {engine: float(amount) for engine, amount in work[index].items()}  # static: SymFloat -> float
         kernels.append(Kernel([n.name for n in members], amounts, float(hbm), dtype, engines[index]))
-    return KernelPlan(kernels)
+        for node, consumers in written.items():
+            if all(u.op != "output" for u in consumers):  # a result is the caller's memory, not the graph's
+                last = max((group_of[u] for u in consumers if u in group_of), default=index)
+                lifetimes.append((index, last, _nbytes(node)))
+    return KernelPlan(kernels, _peak_live_bytes(lifetimes, len(groups)))
+
+
+def _peak_live_bytes(lifetimes: list[tuple[int, int, int]], count: int) -> int:
+    """The most bytes live at once over kernels 0..count-1, each buffer live from its first to its last kernel."""
+    change = [0] * (count + 1)
+    for first, last, nbytes in lifetimes:
+        change[first] += nbytes
+        change[last + 1] -= nbytes
+    peak = live = 0
+    for amount in change:
+        live += amount
+        peak = max(peak, live)
+    return peak
 
 
 def _consumers(node: torch.fx.Node, source: Mapping[torch.fx.Node, torch.fx.Node]) -> list[torch.fx.Node]:
