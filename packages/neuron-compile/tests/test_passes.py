@@ -65,6 +65,17 @@ def test_workspace_is_the_peak_of_intermediates_between_kernels() -> None:
     assert _plan(two_live, x, w1, w2).workspace_bytes >= 2 * 4 * 64 * 16
 
 
+def test_attention_is_priced_on_the_tensor_engine_as_in_eager() -> None:
+    """The CPU flash-attention op a compiled graph keeps whole: its two products, halved by the causal mask (the
+    formula eager mode charges), not a data-movement kernel sized by its output."""
+    q, k, v = torch.randn(2, 4, 128, 64), torch.randn(2, 4, 256, 64), torch.randn(2, 4, 256, 64)
+    plan = _plan(lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0],
+                 q, k, v)
+    (kernel,) = plan.kernels
+    assert kernel.anchor_engine == "tensor"
+    assert kernel.work["tensor"] == 4 * q.numel() * 256 / 2
+
+
 def test_plan_round_trips_through_json() -> None:
     plan = _plan(lambda x: (x @ x).relu() @ x, torch.randn(4, 4))
     again = KernelPlan.from_json(plan.to_json())

@@ -24,6 +24,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from neuron_device import costmodel
+from neuron_device import optracking as _optracking
 
 __all__ = ["Kernel", "KernelPlan", "plan_kernels"]
 
@@ -151,6 +152,11 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
         return "fusable", "vector", float(sum(_numel(a) for a in inputs[:1]))
     if str(node.target).startswith("neuron_compile.nki_"):
         return "substituted", "", 0.0
+    info = _optracking.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+    if info is not None and info.engine == "tensor":  # attention and the like: priced as eager prices them
+        args = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args)
+        out = _meta(node.meta.get("val"))
+        return "matmul", "tensor", float(info.flops(args, out[0] if out else None))
     return "other", "dma" if packet in (aten.cat, aten.copy, aten.clone, aten.index, aten.embedding,
                                         aten.gather, aten.scatter, aten.index_put) else "gpsimd", float(_numel(node))
 
