@@ -48,8 +48,10 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 def _metadata_only(overload: torch._ops.OpOverload):
     """A view or `set_` op: the CPU kernel only rewrites sizes/strides/storage, which is valid for host memory."""
 
+    redispatch = overload._handle.redispatch_boxed  # what `overload.redispatch` calls, minus its Python frame
+
     def run(*args, **kwargs):
-        return overload.redispatch(_CPU_KEYSET, *args, **kwargs)
+        return redispatch(_CPU_KEYSET, *args, **kwargs)
 
     run.__name__ = f"{overload._schema.name.split('::')[1]}_metadata_only"
     return run
