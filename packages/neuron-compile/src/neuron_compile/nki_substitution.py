@@ -8,12 +8,12 @@ compilation keeps the op whole (it is left out of the decomposition table) and t
 extern kernel, whose host implementation runs the registered kernel on `neuron` views of the host buffers. Without
 any registered kernel (neuron-nki not installed) nothing is substituted and the graph is compiled as usual.
 
-Inductor lays out a custom op's tensor inputs as it likes unless the op is tagged `needs_exact_strides` and its node
-records the traced input values (`eager_input_vals`, which tracing records but a node retargeted after tracing lacks),
-so `substitute` records them: a kernel then gets its inputs with the strides the graph was traced with, as in eager.
-Without that, Inductor freely picked e.g. a head-dim stride of 8 for attention inputs a transposed convolution output
-fed, and torch's CPU flash-attention kernel (the NKI attention kernel's fallback for masks) read such inputs as if
-their last dim were dense: garbage values.
+Inductor lays out a custom op's inputs as it likes unless the op is tagged `needs_exact_strides` and its node records
+the values it was traced with (`eager_input_vals`: tracing writes them, a node retargeted after tracing lacks them).
+The replacement ops carry that tag and `substitute` records those values, so a kernel gets its inputs with the strides
+the graph was traced with, as in eager. Left free, Inductor laid out attention inputs copied from a channels-first
+convolution output with a strided head dim, which torch's CPU flash-attention kernel (the NKI attention kernel's
+fallback, e.g. for masked calls) reads as if it were dense: garbage.
 
 Inductor checks every extern kernel's outputs against the sizes and strides of the op's meta function (the layout it
 planned the graph with), while a kernel may lay its outputs out differently (e.g. contiguous where the meta function
