@@ -158,3 +158,17 @@ def test_inductor_caches_hit_exactly_when_ours_does(tmp_path, monkeypatch) -> No
     assert again["cache_hits"] == 1 and again.get("autograd_cache_hit") == 1
     renamed = compile_once(model_name="renamed")
     assert renamed["cache_misses"] == 1 and not renamed.get("autograd_cache_hit")
+
+
+def test_disabled_cache_uses_no_inductor_cache_either(monkeypatch) -> None:
+    """With our cache off, Inductor's FX-graph cache is off too: keyed without neuron-compile's version, it could
+    serve code an older neuron-compile generated."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "1")
+    x = torch.randn(16, device="neuron")
+    for _ in range(2):
+        torch._dynamo.reset()
+        counters.clear()
+        torch.compile(lambda t: (t * 5 - 1).sigmoid(), backend="neuron")(x)
+        assert not any(key.startswith("fxgraph_cache") for key in counters["inductor"]), dict(counters["inductor"])

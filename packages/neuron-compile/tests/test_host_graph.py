@@ -39,6 +39,30 @@ def test_compiled_random_ops_draw_from_the_neuron_generator() -> None:
     assert set(first.floor().unique().tolist()) <= {0.0, 2.0}  # dropout's 0 or 2, plus a uniform in [0, 1)
 
 
+def shuffle_and_sample(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ops Inductor leaves to ATen: they run their CPU kernels from the compiled code. (`gather`, because
+    torch 2.13's Inductor fails to compile `x[randperm(n)]` and `index_select` by a permutation, on CPU too.)"""
+    return torch.gather(x, 0, torch.randperm(x.numel(), device=x.device)), torch.multinomial(x.abs() + 0.1, 4)
+
+
+def test_compiled_aten_random_ops_draw_from_the_neuron_generator_as_eager() -> None:
+    """`randperm` and `multinomial` in a compiled graph give eager `neuron`'s numbers for the same device seed,
+    advance the device generator as eager does, and leave the CPU generator alone."""
+    compiled = torch.compile(shuffle_and_sample, backend="neuron", fullgraph=True)
+    x = torch.randn(32, device="neuron")
+    compiled(x)
+    cpu_state = torch.random.default_generator.get_state()
+    results = {}
+    for name, fn in (("eager", shuffle_and_sample), ("compiled", compiled)):
+        torch.neuron.manual_seed(3)
+        results[name] = [[t.cpu() for t in fn(x)] for _ in range(2)]  # two calls: the generator advances
+    assert torch.equal(torch.random.default_generator.get_state(), cpu_state)
+    for (eager_perm, eager_sample), (perm, sample) in zip(results["eager"], results["compiled"]):
+        torch.testing.assert_close(perm, eager_perm, rtol=0, atol=0)
+        torch.testing.assert_close(sample, eager_sample, rtol=0, atol=0)
+    assert not torch.equal(results["compiled"][0][0], results["compiled"][1][0])
+
+
 def test_compiled_dropout_trains_reproducibly() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Dropout(0.5)).to("neuron")
     compiled = torch.compile(model, backend="neuron", fullgraph=True)

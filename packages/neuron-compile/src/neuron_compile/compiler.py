@@ -159,6 +159,7 @@ def compile_graph(
     inputs = [_host_example(v, t) for v, t in zip(example_inputs, fakes)]
     inner = functools.partial(_inner_compile, artifacts=artifacts, plans=plans)
     nki_substitution.define_replacements()  # code loaded from Inductor's caches calls them by name
+    rng.define_device_ops()
     # The backward graph is compiled now, not at the first backward: failures surface at compile time, and the
     # compile cache and the debug artifacts see both graphs. Our decomposition table reaches Inductor as the function
     # `neuron_decompositions` in place of its `select_decomp_table`: passed as a dict (`decompositions=`), it would
@@ -177,9 +178,11 @@ def _inductor_caches(cache_key: str) -> Iterator[None]:
     miss, AOTAutograd must trace: an AOTAutograd hit skips the Neuron passes, so no kernel plan (simulated time) or
     debug artifact would be made. Our key covers every setting that changes them (AOTAutograd's does not, e.g. the
     model name), so tagging Inductor's keys with it makes their hits exactly ours. Without our cache (disabled),
-    AOTAutograd's cache is not used."""
+    neither AOTAutograd's nor Inductor's FX-graph cache is used: keyed without us, they could serve code compiled by
+    another version of neuron-compile."""
     if not cache_key:
-        with torch._functorch.config.patch(enable_autograd_cache=False):
+        with (torch._functorch.config.patch(enable_autograd_cache=False),
+              torch._inductor.config.patch(fx_graph_cache=False)):
             yield
         return
     tag = torch.compiler.config.cache_key_tag

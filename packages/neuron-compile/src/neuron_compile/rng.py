@@ -9,14 +9,22 @@ from the current `neuron` device's generator. As on CUDA, compiled random number
 device seed, though not bitwise equal to eager ones (Inductor's generator is not the eager one).
 
 Random ops Inductor does not lower (e.g. `randperm`, `multinomial`, or every random op with Inductor's
-`fallback_random=True`) run the ATen CPU kernel and still draw from the CPU generator.
+`fallback_random=True`) run their ATen CPU kernel from the compiled code. The pass retargets each to a
+`neuron_compile::device_rng_*` op of the same schema that runs that kernel on the `neuron` generator, as eager
+`neuron` runs it (`host_exec`): these ops give eager's numbers bitwise and advance the device generator as eager
+does. An explicit `generator=` argument is used as given.
 """
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import torch
 
-__all__ = ["device_seeds", "seed_from_device"]
+from neuron_device.ops.host_exec import seeded_call
+
+__all__ = ["define_device_ops", "device_seeds", "seed_from_device"]
 
 _LIMITS = torch.iinfo(torch.int64)
 
@@ -33,14 +41,73 @@ def _(count: int) -> torch.Tensor:
     return torch.empty(count, dtype=torch.int64)
 
 
+_library = torch.library.Library("neuron_compile", "FRAGMENT")
+_lock = threading.Lock()
+_on_device: dict[torch._ops.OpOverload, torch._ops.OpOverload] = {}
+
+
+def _device_rng_op(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
+    """`neuron_compile::device_rng_<op>`: `op`'s schema, drawing from the current `neuron` device's generator."""
+    with _lock:
+        found = _on_device.get(op)
+        if found is not None:
+            return found
+        schema = op._schema
+        name = "device_rng_" + schema.name.split("::")[1] + (f"_{schema.overload_name}" if schema.overload_name else "")
+        _library.define(name + "(" + str(schema).split("(", 1)[1], tags=(torch.Tag.nondeterministic_seeded,))
+        generator = next((a.name for a in schema.arguments if str(a.type) == "Optional[Generator]"), None)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if generator is not None and kwargs.get(generator) is not None:
+                return op(*args, **kwargs)
+            return seeded_call(op, torch.neuron.current_device(), args, kwargs)
+
+        def fake(*args: Any, **kwargs: Any) -> Any:
+            return op(*args, **kwargs)
+
+        _library.impl(name, run, "CompositeExplicitAutograd")  # factories (randperm) have no tensor to dispatch on
+        torch.library.register_fake(f"neuron_compile::{name}", fake, lib=_library)
+        found = _on_device[op] = getattr(torch.ops.neuron_compile, name).default
+        return found
+
+
+def _draws_from_aten(op: Any) -> bool:
+    """A functional random ATen op (what a functionalised graph holds). Attention ops, random only through their
+    `dropout_p`, stay as they are: Inductor has its own handling of them."""
+    if not (isinstance(op, torch._ops.OpOverload) and op.namespace == "aten"
+            and torch.Tag.nondeterministic_seeded in op.tags):
+        return False
+    arguments = op._schema.arguments
+    return all(a.alias_info is None for a in arguments) and all(a.name != "dropout_p" for a in arguments)
+
+
+def define_device_ops() -> None:
+    """Define the `device_rng_*` op of every random ATen op: code Inductor or AOTAutograd load from their caches
+    (without running this pass in this process) calls them by name."""
+    if _on_device:
+        return
+    for name in torch._C._dispatch_get_all_op_names():
+        namespace, _, rest = name.partition("::")
+        if namespace != "aten":
+            continue
+        packet_name, _, overload = rest.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet_name, None), overload or "default", None)
+        if _draws_from_aten(op):
+            _device_rng_op(op)
+
+
 def seed_from_device(gm: torch.fx.GraphModule) -> int:
-    """Retarget the graph's `inductor_seeds` nodes to `device_seeds`; return how many."""
+    """Retarget the graph's `inductor_seeds` nodes to `device_seeds`, and its random ATen ops to their
+    `device_rng_*` forms; return how many nodes changed."""
     seeds = torch.ops.prims.inductor_seeds.default  # defined when Inductor loads (it calls this pass)
     nodes = list(gm.graph.find_nodes(op="call_function", target=seeds))
     for node in nodes:
         node.target = torch.ops.neuron_compile.device_seeds.default
         node.args = (node.args[0],)
         node.kwargs = {}
-    if nodes:
+    random_ops = [node for node in gm.graph.nodes if node.op == "call_function" and _draws_from_aten(node.target)]
+    for node in random_ops:
+        node.target = _device_rng_op(node.target)
+    if nodes or random_ops:
         gm.recompile()
-    return len(nodes)
+    return len(nodes) + len(random_ops)

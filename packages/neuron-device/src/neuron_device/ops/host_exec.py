@@ -23,7 +23,7 @@ from .. import optracking as _optracking
 from ..hostmem import host_alias
 from ..neuron import random as _random
 
-__all__ = ["executed_ops", "joined_device", "run_on_host"]
+__all__ = ["executed_ops", "joined_device", "run_on_host", "seeded_call"]
 
 _NEURON = "neuron"
 executed_ops: Counter[str] = Counter()  # op name -> calls, for op tracking and tests
@@ -192,8 +192,9 @@ def _wrap_numbers(args: tuple, positions: tuple[int, ...]) -> tuple:
     return tuple(wrapped)
 
 
-def _seeded_call(op, index: int, args, kwargs):
-    """Run a random op without a generator argument on the device's generator (swapped in as CPU's default)."""
+def seeded_call(op: torch._ops.OpOverload, index: int, args: tuple, kwargs: dict):
+    """Run a random op without a generator argument on the generator of device `index` (swapped in as CPU's
+    default), on host tensors. Compiled graphs run their random ATen ops through it too (neuron-compile's `rng`)."""
     generator = _random.default_generator(index)
     cpu_default = torch.default_generator
     saved = cpu_default.get_state()
@@ -268,7 +269,7 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
         run = op
     elif plan.seeded and not _no_dropout(plan, host_args, host_kwargs):
         def run(*a, **k):
-            return _seeded_call(op, index, a, k)
+            return seeded_call(op, index, a, k)
     else:
         run = op
 
