@@ -166,6 +166,19 @@ def test_set_on_an_input_of_a_queued_op(queued):
     assert torch.equal(na.cpu(), b)
 
 
+def test_storage_resized_under_a_queued_op(python):
+    """FSDP2 frees an unsharded parameter with `untyped_storage().resize_(0)` while ops reading it may be queued:
+    the resize flushes them first (they used to read freed memory at the flush: a segfault)."""
+    code = ("import torch, neuron_device.concatenation as c\n"
+            "x = torch.arange(4096.0).to('neuron'); y = x * 2; z = (y + 1).sum()\n"
+            "assert c.pending_ops() == 3\n"
+            "x.untyped_storage().resize_(0); w = torch.ones(1 << 20, device='neuron')\n"
+            "print(c.pending_ops(), z.item())")
+    result = python(code, env={concatenation.ENABLE_ENV: "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == f"0 {float((torch.arange(4096.0) * 2 + 1).sum())}"
+
+
 def test_views_of_queued_results(adaptive):
     a, b, na, nb = _pair(6, 6)
 

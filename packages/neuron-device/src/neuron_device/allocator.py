@@ -559,6 +559,8 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
     old = storage.nbytes()
     if nbytes == old:
         return
+    if hostmem.flush_pending is not None:  # adaptive eager: queued ops still read or write the old memory
+        hostmem.flush_pending()
     index = storage.device.index
     allocator = device(index)
     block = allocator.malloc(nbytes) if nbytes else None

@@ -12,7 +12,8 @@ while the program does not look at their values and to fuse what it queued. Ours
   depend on index values, and anything outside the fast path's common call run as usual, after a flush.
 * **Flush.** The queue runs, in order, before anything reads device memory on the host: every such read goes
   through `hostmem.host_alias`, which calls `flush` while ops are queued (so `print`, `.item()`, `.cpu()`,
-  `.tolist()`, a non-fusable op, an in-place op on a queued op's input, a collective all flush). Stream, event and
+  `.tolist()`, a non-fusable op, an in-place op on a queued op's input, a collective all flush), and so does a
+  storage resize (FSDP2 frees and re-allocates its parameters' storages that way). Stream, event and
   synchronize calls flush through `timeline.timeline`; the queue flushes itself at its size limit, when an op
   targets another device, and when deterministic algorithms are switched on (`torch.use_deterministic_algorithms`
   disables recording).
