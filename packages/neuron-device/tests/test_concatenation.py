@@ -179,6 +179,19 @@ def test_storage_resized_under_a_queued_op(python):
     assert result.stdout.split("\n")[0] == f"0 {float((torch.arange(4096.0) * 2 + 1).sum())}"
 
 
+def test_queued_results_have_the_cpu_kernels_dtypes(queued):
+    """A queued result's metadata comes from the CPU kernel, not the op's meta function: for bfloat16 input,
+    `native_layer_norm`'s mean and rstd are bfloat16 on the CPU (float32 on meta, as on CUDA)."""
+    x, w, b = (torch.randn(*shape, dtype=torch.bfloat16) for shape in ((4, 8), (8,), (8,)))
+    expected = torch.ops.aten.native_layer_norm(x, [8], w, b, 1e-5)
+    got = torch.ops.aten.native_layer_norm(x.to("neuron"), [8], w.to("neuron"), b.to("neuron"), 1e-5)
+    if concatenation.pending_ops() == 0:
+        pytest.skip("a plugin's native_layer_norm kernel runs it (not queued)")
+    for result, reference in zip(got, expected, strict=True):
+        assert result.dtype == reference.dtype and result.stride() == reference.stride()
+        torch.testing.assert_close(result.cpu(), reference)
+
+
 def test_views_of_queued_results(adaptive):
     a, b, na, nb = _pair(6, 6)
 

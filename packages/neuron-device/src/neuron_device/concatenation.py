@@ -7,7 +7,7 @@ while the program does not look at their values and to fuse what it queued. Ours
 
 * **Record.** A fusable op (a functional, non-random overload of the fast path, `ops/fastpath.py`, on tensors of
   one `neuron` device) is not executed: its result comes back at once, with the sizes, strides and dtype a meta
-  run of the op's signature gave (one meta run per signature, cached), on device storage that the allocator
+  run of the op's signature on zeros gave (one CPU run per signature, cached), on device storage that the allocator
   accounts as usual but that is not written yet. In-place and `out=` ops, random ops, ops whose results or errors
   depend on index values, and anything outside the fast path's common call run as usual, after a flush.
 * **Flush.** The queue runs, in order, before anything reads device memory on the host: every such read goes
@@ -119,7 +119,7 @@ class _Queued(NamedTuple):
 
 
 class _Spec(NamedTuple):
-    """What the meta run of one signature told: each output's (sizes, strides, dtype), and the op's work."""
+    """What the probe run of one signature told: each output's (sizes, strides, dtype), and the op's work."""
 
     outputs: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
     single: bool  # the op returns one tensor (else a tuple)
@@ -193,13 +193,7 @@ _Tensor = torch.Tensor
 _NUMBERS = (bool, int, float, complex)
 _matmul_precision = torch._C._get_fp32_precision_getter
 _IEEE = ("none", "ieee")
-# The CPU lacks kernels for many ops in these dtypes while their meta kernels accept them: they run at once, so a
-# missing kernel raises at the call, as in plain eager.
-_PARTIAL_DTYPES = frozenset({
-    torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu,
-    torch.complex32, torch.uint16, torch.uint32, torch.uint64, torch.bits8, torch.bits16, torch.bits1x8,
-    torch.bits2x4, torch.bits4x2, torch.float4_e2m1fn_x2,
-})
+_PROBE_BYTES = 16 << 20  # inputs larger than this are not queued: learning their op's layout would copy them
 
 
 def is_enabled() -> bool:
@@ -251,29 +245,36 @@ def _key(value: Any) -> Any:
     return value
 
 
-def _meta(value: Any) -> Any:
+def _probe(value: Any) -> Any:
+    """A zero-filled CPU tensor with `value`'s sizes, strides and dtype (lists and tuples element by element)."""
     if isinstance(value, _Tensor):
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        shape, stride = value.shape, value.stride()
+        extent = 0 if 0 in shape else 1 + sum((size - 1) * step for size, step in zip(shape, stride))
+        return torch.zeros(extent, dtype=value.dtype).as_strided(shape, stride)
     if type(value) is list or type(value) is tuple:
-        return type(value)(_meta(v) for v in value)
+        return type(value)(_probe(v) for v in value)
     return value
 
 
 def _spec(signature: tuple, call: torch._ops.OpOverload, info: _optracking.OpInfo, args: tuple,
           kwargs: dict) -> _Spec | None:
-    """Run `call` once on meta tensors shaped like `args`: the outputs' metadata and the op's work, or None."""
+    """Run `call` once, with its CPU kernel, on zeros laid out like `args`: the outputs' metadata and the op's
+    work, or None (the op is then never queued). The CPU kernel, not the op's meta function: what plain eager
+    returns is what a queued result must look like, and meta functions do not always agree with CPU kernels
+    (`native_layer_norm`'s statistics are float32 for bfloat16 input on meta, bfloat16 on the CPU)."""
     spec = result = None
-    meta_args = _meta(args)
-    if not any(t.dtype in _PARTIAL_DTYPES for t in _tensors(meta_args)):
+    if sum(t.nbytes for t in _tensors(args)) <= _PROBE_BYTES:
+        probes = _probe(args)
         try:
-            result = call(*meta_args, **kwargs)
-        except Exception:  # torch will raise it again, with the CPU kernel's message, when the op runs unqueued
+            with _HostContext():
+                result = call(*probes, **kwargs)
+        except Exception:  # torch raises it again, with the same message, when the op runs unqueued
             result = None
     single = isinstance(result, _Tensor)
     outputs = (result,) if single else result
     if type(outputs) is tuple and outputs and all(isinstance(t, _Tensor) for t in outputs):
         metadata = tuple((tuple(t.shape), t.stride(), t.dtype) for t in outputs)
-        spec = _Spec(metadata, single, _optracking._work(info, meta_args, kwargs, result))
+        spec = _Spec(metadata, single, _optracking._work(info, probes, kwargs, result))
     _specs[signature] = spec
     return spec
 
