@@ -1,6 +1,6 @@
-"""diffusers on `neuron`: tiny UNet2D (DDPM), DiT and Stable Diffusion XL pipelines built from configs give the CPU's
-images, and diffusers' tensor-parallel hook shards a tiny Flux transformer over a 2-rank `neuron` mesh with the CPU's
-output."""
+"""diffusers on `neuron`: tiny UNet2D (DDPM), DiT, Stable Diffusion XL and Flux pipelines built from configs give the
+CPU's images, and diffusers' tensor-parallel hook shards a tiny Flux transformer over a 2-rank `neuron` mesh with the
+CPU's output."""
 
 from __future__ import annotations
 
@@ -70,6 +70,22 @@ def _sdxl() -> diffusers.StableDiffusionXLPipeline:
     )
 
 
+def _flux() -> diffusers.FluxPipeline:
+    """Flux's MMDiT (joint and single-stream blocks, 3-axis RoPE), a one-level VAE with Flux's latent shift and the
+    flow-matching scheduler; no text encoders (the call passes T5 and CLIP embeddings)."""
+    torch.manual_seed(0)
+    transformer = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[2, 2, 4],
+    )
+    vae = diffusers.AutoencoderKL(block_out_channels=(16,), norm_num_groups=8, latent_channels=4, sample_size=16,
+                                  shift_factor=0.0609, scaling_factor=1.5035)
+    return diffusers.FluxPipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae.eval(), text_encoder=None, tokenizer=None,
+        text_encoder_2=None, tokenizer_2=None, transformer=transformer.eval(),
+    )
+
+
 def test_unet2d_pipeline_matches_cpu():
     expected = _run(_ddpm(), "cpu", batch_size=2)
     images = _run(_ddpm(), "neuron", batch_size=2)
@@ -94,6 +110,17 @@ def test_sdxl_pipeline_takes_its_neuron_path_and_matches_cpu():
             "height": 16, "width": 16, "guidance_scale": 3.0}
     expected = _run(_sdxl(), "cpu", **call)
     images = _run(_sdxl(), "neuron", **call)
+    assert images.shape == (1, 16, 16, 3) and images.std() > 0.01
+    np.testing.assert_allclose(images, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_flux_pipeline_matches_cpu():
+    """The embeddings go in on the pipeline's device: Flux's pipeline does not move given embeddings itself."""
+    generator = torch.Generator().manual_seed(2)
+    embeddings = {"prompt_embeds": torch.randn(1, 6, 32, generator=generator),
+                  "pooled_prompt_embeds": torch.randn(1, 32, generator=generator)}
+    expected = _run(_flux(), "cpu", height=16, width=16, **embeddings)
+    images = _run(_flux(), "neuron", height=16, width=16, **{k: v.to("neuron") for k, v in embeddings.items()})
     assert images.shape == (1, 16, 16, 3) and images.std() > 0.01
     np.testing.assert_allclose(images, expected, rtol=1e-4, atol=1e-4)
 
