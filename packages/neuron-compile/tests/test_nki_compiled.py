@@ -50,7 +50,6 @@ def test_attention_on_transposed_views_compiles_with_the_nki_kernel() -> None:
     torch.testing.assert_close(got.cpu(), want.detach(), rtol=1e-4, atol=1e-5)
 
 
-
 def _attention_of_channels_first(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """q/k/v copied contiguous out of a channels-first [B, 3*H*D, S] tensor (as after a short causal conv)."""
     q, k, v = (t.view(B, H, D, S).transpose(-1, -2).contiguous() for t in x.split(H * D, 1))
@@ -69,6 +68,7 @@ def test_substituted_attention_gets_its_inputs_with_the_traced_strides() -> None
                                                                                            mask.to("neuron"))
     assert nki_substitution.substituted_calls == {"aten::_scaled_dot_product_flash_attention_for_cpu": 1}
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+
 
 class LlamaRMSNorm(torch.nn.Module):
     """transformers' LlamaRMSNorm, in plain torch."""
