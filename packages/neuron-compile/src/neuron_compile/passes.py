@@ -9,7 +9,11 @@ Partitioning (greedy, in topological order): metadata-only views cost nothing an
 pointwise or reduction op joins the most recent kernel among its inputs' kernels when that kernel accepts fusion
 (every kernel except data movement ones); anything else starts a kernel. Joining only the most recent input kernel
 keeps the kernel graph acyclic. Substituted Neuron kernels (`nki_substitution`) are left out: they charge their own
-simulated time each time they run, and their outputs are read from HBM like a graph input.
+simulated time each time they run, and their outputs are read from HBM like a graph input. Ops that keep their own
+Tensor-engine kernel (attention) are priced with eager's FLOP formula (`optracking`).
+
+The plan also gives the graph's workspace: the peak bytes of kernel results that later kernels read, each live from
+the kernel that writes it to the last kernel that reads it (results the graph returns belong to the caller).
 """
 
 from __future__ import annotations

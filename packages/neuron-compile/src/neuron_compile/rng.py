@@ -17,6 +17,7 @@ does. An explicit `generator=` argument is used as given.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -81,11 +82,10 @@ def _draws_from_aten(op: Any) -> bool:
     return all(a.alias_info is None for a in arguments) and all(a.name != "dropout_p" for a in arguments)
 
 
+@functools.cache
 def define_device_ops() -> None:
-    """Define the `device_rng_*` op of every random ATen op: code Inductor or AOTAutograd load from their caches
-    (without running this pass in this process) calls them by name."""
-    if _on_device:
-        return
+    """Define the `device_rng_*` op of every random ATen op (once per process): code Inductor or AOTAutograd load
+    from their caches (without running this pass in this process) calls them by name."""
     for name in torch._C._dispatch_get_all_op_names():
         namespace, _, rest = name.partition("::")
         if namespace != "aten":
