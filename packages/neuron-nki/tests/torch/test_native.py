@@ -4,6 +4,9 @@ shapes), clean fallback outside the kernels' support, a Llama-style model, and s
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -232,6 +235,21 @@ def test_estimate_mode_warns_when_the_kernel_disagrees_with_the_cpu(
     with pytest.warns(RuntimeWarning, match="nki::softmax_fwd disagrees with torch's CPU kernel"):
         out = torch.softmax(x.to("neuron"), -1)
     torch.testing.assert_close(out.cpu(), torch.softmax(x, -1))
+
+
+def test_estimate_mode_loads_no_heavy_modules() -> None:
+    """The one-time check of a kernel against the CPU must not import torch.distributed.tensor and sympy
+    (`torch.testing.assert_close` does): ~40 MB of modules, peak memory a model on `neuron` would pay over the CPU."""
+    code = ("import sys, torch\n"
+            "x = torch.randn(4, 64).to('neuron')\n"
+            "assert 'nki::softmax_fwd' not in __import__('torch_neuronx').get_executed_ops()\n"
+            "torch.softmax(x, -1).cpu()\n"
+            "assert 'nki::softmax_fwd' in __import__('torch_neuronx').get_executed_ops()\n"
+            "print(sorted(m for m in ('sympy', 'torch.distributed.tensor') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, native.ENV: "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 def _simulated_seconds(fn: Callable[[], object]) -> float:
