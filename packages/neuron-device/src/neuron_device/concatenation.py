@@ -249,8 +249,7 @@ def _probe(value: Any) -> Any:
     """A zero-filled CPU tensor with `value`'s sizes, strides and dtype (lists and tuples element by element)."""
     if isinstance(value, _Tensor):
         shape, stride = value.shape, value.stride()
-        extent = 0 if 0 in shape else 1 + sum((size - 1) * step for size, step in zip(shape, stride))
-        return torch.zeros(extent, dtype=value.dtype).as_strided(shape, stride)
+        return torch.zeros(allocator._extent(shape, stride, 1), dtype=value.dtype).as_strided(shape, stride)
     if type(value) is list or type(value) is tuple:
         return type(value)(_probe(v) for v in value)
     return value
