@@ -6,6 +6,9 @@ Model: the benchmark tiny Llama (2 layers, hidden 256, batch 2 x 128 tokens), in
 
 * steady state, `backend="neuron"` on `neuron` / Inductor on CPU: the price of the device boundary on compiled code;
 * steady state, `backend="neuron"` / eager, both on `neuron`: what compilation saves over per-op execution;
+* steady state, CPU Inductor / CPU eager: what compiling saves on this model with no device in the way. Compiled
+  `neuron` runs Inductor's host code, so this bounds the previous ratio: compiled / eager on `neuron` is about
+  (Inductor / CPU eager) x (CPU eager / `neuron` eager);
 * first compile, `backend="neuron"` / Inductor (each in a fresh process with empty caches, wall time of the first
   call, which includes tracing, lowering and the C++ compiler);
 * cache hit: a second fresh process with the first one's `TORCH_NEURONX_NEFF_CACHE_DIR`, first-call time / the
@@ -93,11 +96,13 @@ def measure(rounds: int) -> dict[str, object]:
     eager = _forward(model, tokens)
     compiled = _forward(torch.compile(model, backend="neuron", fullgraph=True, dynamic=False), tokens)
     inductor = _forward(torch.compile(cpu_model, fullgraph=True, dynamic=False), cpu_tokens)
+    cpu_eager = _forward(cpu_model, cpu_tokens)
     torch.testing.assert_close(compiled().cpu(), eager().cpu(), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(compiled().cpu(), inductor(), atol=1e-4, rtol=1e-4)
 
     vs_inductor = compare(compiled, inductor, rounds=rounds)
     vs_eager = compare(compiled, eager, rounds=rounds)
+    inductor_vs_cpu_eager = compare(inductor, cpu_eager, rounds=rounds)
     simulated = {"compiled": _simulated_forward_seconds(compiled), "eager": _simulated_forward_seconds(eager)}
     return {
         "model": "tiny Llama, 2 layers, hidden 256, batch 2 x 128, inference forward",
@@ -108,6 +113,9 @@ def measure(rounds: int) -> dict[str, object]:
             "neuron_eager_ms": vs_eager.b_seconds * 1e3,
             "neuron_compiled_over_cpu_inductor": vs_inductor.ratio,
             "neuron_compiled_over_neuron_eager": vs_eager.ratio,
+            "cpu_inductor_over_cpu_eager": inductor_vs_cpu_eager.ratio,
+            "cpu_inductor_vs_cpu_eager_ms": [inductor_vs_cpu_eager.a_seconds * 1e3,
+                                             inductor_vs_cpu_eager.b_seconds * 1e3],
         },
         "first_compile_seconds": compile_times,
         "first_compile_neuron_over_inductor": compile_times["neuron"] / compile_times["inductor"],
@@ -127,6 +135,8 @@ def _print_table(report: dict) -> None:
          f"{steady['neuron_compiled_ms']:.2f} ms vs {steady['cpu_inductor_ms']:.2f} ms"),
         ("steady state: neuron compiled / neuron eager", steady["neuron_compiled_over_neuron_eager"], 0.33,
          f"{steady['neuron_compiled_ms']:.2f} ms vs {steady['neuron_eager_ms']:.2f} ms"),
+        ("steady state: CPU Inductor / CPU eager", steady["cpu_inductor_over_cpu_eager"], None,
+         "{:.2f} ms vs {:.2f} ms".format(*steady["cpu_inductor_vs_cpu_eager_ms"])),
         ("first compile: neuron / Inductor", report["first_compile_neuron_over_inductor"], 1.5,
          f"{first['neuron']:.1f} s vs {first['inductor']:.1f} s"),
         ("cache hit (2nd process) / first compile", report["cache_hit_over_first_compile"], 0.2,

@@ -40,3 +40,25 @@ def test_eager_overhead_benchmark_reports_every_case() -> None:
     assert any(case.startswith("add") for case in cases) and any(case.startswith("llama fwd") for case in cases)
     for row in report["results"]:
         assert row["neuron_us"] > 0 and row["cpu_us"] > 0 and row["ratio"] > 0 and row["calls_per_sample"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not BENCHMARKS.is_dir(), reason="benchmarks/ is not shipped with the wheel")
+def test_python_kernel_floor_benchmark_restores_the_device_kernel() -> None:
+    """The floor benchmark swaps `add`'s kernel, checks each sum, reports every kernel, and leaves the device's own
+    kernel in place (the "neuron" row runs after the swaps)."""
+    code = (
+        "import runpy, sys, torch; sys.argv = ['floor', '--json', '--rounds', '5']; "
+        f"sys.path.insert(0, {str(BENCHMARKS)!r}); "
+        f"runpy.run_path({str(BENCHMARKS / 'python_kernel_floor.py')!r}, run_name='__main__'); "
+        "a = torch.ones(2, device='neuron'); "
+        "assert torch.equal((a + a).cpu(), torch.full((2,), 2.0)); "
+        "from neuron_device.ops.host_exec import executed_ops; before = executed_ops['aten::add.Tensor']; a + a; "
+        "assert executed_ops['aten::add.Tensor'] == before + 1, 'the device kernel is not back'"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert [row["kernel"] for row in report["results"]] == ["dispatch only", "floor", "neuron"]
+    for row in report["results"]:
+        assert row["neuron_us"] > 0 and row["cpu_us"] > 0 and row["ratio"] > 0
