@@ -156,6 +156,12 @@ def _patch_tensor_to_current_device() -> None:
     _replace(torch.Tensor, "to", to, tensor_to)
 
 
+def _patch_lazy_parameters_move_with_neuron() -> None:
+    """A lazy module's uninitialized parameters allow `.cuda()` (a list in `UninitializedTensorMixin`); torch's
+    generated `Tensor.neuron()` is not on it, so `LazyLinear(3).neuron()` raised where `.cuda()` works."""
+    torch.nn.parameter.UninitializedTensorMixin._allowed_methods.append(torch.Tensor.neuron)
+
+
 def _patch_backward_single_threaded() -> None:
     """The C++ device guard of a Python backend reports one device, so the autograd engine, which keeps one worker
     queue per device, asserts on a graph living on `neuron:1` or higher. Running the engine without device threads
@@ -305,11 +311,18 @@ def _patch_process_sharing() -> None:
 
 
 def _replace(owner: type, name: str, original: Callable, replacement: Callable) -> None:
-    """Install `replacement` as `owner.name`, keeping the original's name and docstring for help() and Sphinx."""
+    """Install `replacement` as `owner.name`, keeping the original's name and docstring for help() and Sphinx.
+
+    torch lists a few Tensor methods by identity: the methods an uninitialized (lazy) parameter allows, checked in its
+    `__torch_function__`, which receives whatever `torch.Tensor.<name>` is now. A replacement joins the list its
+    original is on, or `LazyLinear(...).to("cpu")` raises "Attempted to use an uninitialized parameter"."""
     replacement.__name__ = name
     replacement.__qualname__ = f"{owner.__qualname__}.{name}"
     replacement.__doc__ = original.__doc__
     setattr(owner, name, replacement)
+    allowed = torch.nn.parameter.UninitializedTensorMixin._allowed_methods
+    if original in allowed:
+        allowed.append(replacement)
 
 
 _PATCHES = (
@@ -319,6 +332,7 @@ _PATCHES = (
     _patch_pin_memory,
     _patch_backward_single_threaded,
     _patch_tensor_to_current_device,
+    _patch_lazy_parameters_move_with_neuron,
     _patch_legacy_constructors,
     _patch_storage_non_blocking_copy,
     _patch_process_sharing,

@@ -160,8 +160,9 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     """
     target = self.device if device is None else torch.device(device)
     if target.type == "neuron" and memory_format in (None, torch.preserve_format) and self.is_contiguous():
-        # Device to device: take the device memory (and its capacity check) before any host memory.
-        result = allocator.empty(self.shape, dtype=dtype or self.dtype, index=_device_index(target))
+        # Device to device: take the device memory (and its capacity check) before any host memory. `size()`, not
+        # `.shape`: a lazy module's uninitialized parameter refuses `.shape` but moves between devices.
+        result = allocator.empty(self.size(), dtype=dtype or self.dtype, index=_device_index(target))
         host_alias(result).copy_(host_alias(self))
         _optracking.transfer("aten::_to_copy", self, result)
         return result
