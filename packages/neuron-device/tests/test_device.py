@@ -183,6 +183,26 @@ def test_target_override_changes_properties(python):
     assert result.stdout.split() == ["trn1", "2"]
 
 
+def test_torch_accelerator_device_index_is_the_neuron_current_device():
+    """`torch.accelerator`'s index functions read the C++ guard, which said 0 and ignored changes (CUDA's follow
+    `torch.cuda.set_device`); transformers sets the local rank's device through `set_device_index`."""
+    with torch.neuron.device(1):
+        assert torch.accelerator.current_device_index() == 1
+        torch.accelerator.set_device_index(2)
+        assert torch.neuron.current_device() == 2 and torch.accelerator.current_device_index() == 2
+        with torch.accelerator.device_index(3):
+            assert torch.neuron.current_device() == 3
+            assert torch.ones(1).to("neuron").device == torch.device("neuron:3")
+        assert torch.neuron.current_device() == 2
+        with torch.accelerator.device_index(None):
+            assert torch.neuron.current_device() == 2
+        torch.accelerator.set_device_index(-1)  # negative: no change, as documented
+        assert torch.neuron.current_device() == 2
+        torch.accelerator.set_device_index("neuron:1")
+        assert torch.neuron.current_device() == 1
+    assert torch.accelerator.current_device_index() == torch.neuron.current_device()
+
+
 def test_unindexed_neuron_means_the_current_device():
     with torch.neuron.device(1):
         expected = torch.device("neuron:1")

@@ -263,6 +263,37 @@ def _patch_accelerator_streams() -> None:
         setattr(torch.accelerator, name, routed)
 
 
+def _patch_accelerator_device_index() -> None:
+    """torch.accelerator's device-index functions reach the C++ device guard, which for a Python backend always says
+    index 0 and ignores a new one: `current_device_index()` was 0 under `torch.neuron.set_device(1)`, and
+    `set_device_index()` (transformers' distributed set-up calls it with the local rank) and the `device_index(i)`
+    context manager did nothing. Every one of them reads the guard through four `torch._C` functions, looked up at
+    call time; while neuron is the accelerator those use `torch.neuron`'s current device."""
+
+    def exchange(index: int) -> int:
+        previous = torch.neuron.current_device()
+        torch.neuron.set_device(index)  # a negative index changes nothing, as in CUDA's exchange
+        return previous
+
+    routes = {
+        "_accelerator_getDeviceIndex": torch.neuron.current_device,
+        "_accelerator_setDeviceIndex": torch.neuron.set_device,
+        "_accelerator_exchangeDevice": exchange,
+        "_accelerator_maybeExchangeDevice": exchange,
+    }
+    for name, target in routes.items():
+        original = getattr(torch._C, name)
+
+        def routed(*args, _original=original, _target=target):
+            accelerator = torch.accelerator.current_accelerator()
+            if accelerator is None or accelerator.type != _NEURON:
+                return _original(*args)
+            return _target(*args)
+
+        routed.__name__ = routed.__qualname__ = name
+        setattr(torch._C, name, routed)
+
+
 def _patch_storage_non_blocking_copy() -> None:
     """`storage.to("cpu", non_blocking=True)` from a PrivateUse1 device copies into a pinned buffer, which a Python
     backend cannot allocate (see `_patch_pin_memory`). The simulator's copies are synchronous, so pinning would buy
@@ -339,6 +370,7 @@ _PATCHES = (
     _patch_clear_autocast_cache,
     _patch_accelerator_memory,
     _patch_accelerator_streams,
+    _patch_accelerator_device_index,
 )
 
 
