@@ -155,3 +155,21 @@ def test_undefined_optional_outputs_stay_none():
     assert on_device[1] is None and on_device[2] is None
     # Close rather than equal: with neuron-nki installed its layer-norm kernel computes this backward.
     torch.testing.assert_close(on_device[0].cpu(), expected[0], atol=1e-5, rtol=1e-5)
+
+
+def test_fallback_runs_the_decomposition_of_an_op_the_cpu_has_no_kernel_for():
+    """`_fused_rms_norm_backward` has CUDA/MPS kernels and a decomposition, but no CPU kernel: `nn.RMSNorm` training
+    on `neuron` (without neuron-nki's kernel for it) reached the fallback and raised NotImplementedError."""
+    from neuron_device.ops.host_exec import run_on_host
+
+    x, weight, grad = _inputs((3, 5), (5,), (3, 5))
+    x.requires_grad_()
+    weight.requires_grad_()
+    torch.nn.functional.rms_norm(x, (5,), weight).backward(grad)
+    on_neuron = [t.to("neuron") for t in (grad, x.detach(), weight.detach())]
+    rstd = torch.rsqrt(x.detach().pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float32).eps).to("neuron")
+    op = torch.ops.aten._fused_rms_norm_backward.default
+    grad_input, grad_weight = run_on_host(op, on_neuron[0], on_neuron[1], [5], rstd, on_neuron[2], [True, True])
+    assert grad_input.device.type == "neuron" and grad_weight.device.type == "neuron"
+    torch.testing.assert_close(grad_input.cpu(), x.grad)
+    torch.testing.assert_close(grad_weight.cpu(), weight.grad)

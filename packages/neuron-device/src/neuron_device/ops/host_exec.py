@@ -7,13 +7,16 @@ are adopted as device storage without a copy. The semantics follow PyTorch's own
 * in-place ops return `self`; `out=` ops write into `out`, resizing it only when its shape must change;
 * a result that aliases an input becomes a `neuron` view of that input's storage;
 * tensors of one op must share one device (0-dim CPU tensors are allowed as scalars, as on CUDA);
-* random ops draw from the device's generator (`torch.neuron.random`), so they are reproducible per device.
+* random ops draw from the device's generator (`torch.neuron.random`), so they are reproducible per device;
+* an op with no CPU kernel but a decomposition in `torch._decomp` (GPU-only backward kernels such as
+  `_fused_rms_norm_backward`, which `nn.RMSNorm` training reaches on `neuron`) runs that decomposition on the host.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 
@@ -44,6 +47,16 @@ class _Plan:
     dropout_position: int | None  # a seeded op's `dropout_p` argument: it draws none when that is 0
     mixed_devices_ok: bool
     tensor_positions: tuple[int, ...]  # positional arguments typed `Tensor` (may arrive as Python numbers)
+    host_call: Callable  # the op itself, or its decomposition when the CPU has no kernel for it
+
+
+def _host_call(op: torch._ops.OpOverload, name: str) -> Callable:
+    """`op`, unless the CPU cannot run it (no kernel, not even a composite one) and torch has a decomposition."""
+    if torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, "CPU"):
+        return op
+    from torch._decomp import decomposition_table
+
+    return decomposition_table.get(op, op)  # no decomposition either: torch's own error names the op
 
 
 _plans: dict[torch._ops.OpOverload, _Plan] = {}
@@ -71,6 +84,7 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
         tensor_positions=tuple(
             i for i, a in enumerate(schema.arguments) if not a.kwarg_only and str(a.type) == "Tensor"
         ),
+        host_call=_host_call(op, name),
     )
     _plans[op] = plan
     return plan
@@ -192,7 +206,7 @@ def _wrap_numbers(args: tuple, positions: tuple[int, ...]) -> tuple:
     return tuple(wrapped)
 
 
-def seeded_call(op: torch._ops.OpOverload, index: int, args: tuple, kwargs: dict):
+def seeded_call(op: Callable, index: int, args: tuple, kwargs: dict):
     """Run a random op without a generator argument on the generator of device `index` (swapped in as CPU's
     default), on host tensors. Compiled graphs run their random ATen ops through it too (neuron-compile's `rng`)."""
     generator = _random.default_generator(index)
@@ -266,12 +280,12 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
                 host_args = (*host_args[:position], _random.default_generator(index), *host_args[position + 1 :])
         elif host_kwargs.get(name) is None:
             host_kwargs[name] = _random.default_generator(index)
-        run = op
+        run = plan.host_call
     elif plan.seeded and not _no_dropout(plan, host_args, host_kwargs):
         def run(*a, **k):
-            return seeded_call(op, index, a, k)
+            return seeded_call(plan.host_call, index, a, k)
     else:
-        run = op
+        run = plan.host_call
 
     fresh = {key: out for key, out in outs if out.numel() == 0}
     for key, out in fresh.items():
