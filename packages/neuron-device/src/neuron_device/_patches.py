@@ -207,15 +207,7 @@ def _patch_accelerator_memory() -> None:
     )}
     routes["get_memory_info"] = "mem_get_info"
     for name, target in routes.items():
-        original = getattr(accelerator_memory, name)
-
-        def routed(*args, _original=original, _target=target):
-            accelerator = torch.accelerator.current_accelerator()
-            if accelerator is None or accelerator.type != _NEURON:
-                return _original(*args)
-            return getattr(torch.neuron, _target)(*args)
-
-        functools.update_wrapper(routed, original)
+        routed = _while_neuron(getattr(accelerator_memory, name), getattr(torch.neuron, target))
         setattr(accelerator_memory, name, routed)
         setattr(torch.accelerator, name, routed)
 
@@ -251,16 +243,7 @@ def _patch_accelerator_streams() -> None:
     stream 0 and `set_stream()` does nothing. Route them to `torch.neuron`'s streams (simulated time) while neuron
     is the accelerator. (`torch.Stream`/`torch.Event` are immutable C++ types and stay torch's dummies.)"""
     for name in ("current_stream", "set_stream", "synchronize"):
-        original = getattr(torch.accelerator, name)
-
-        def routed(*args, _original=original, _name=name):
-            accelerator = torch.accelerator.current_accelerator()
-            if accelerator is None or accelerator.type != _NEURON:
-                return _original(*args)
-            return getattr(torch.neuron, _name)(*args)
-
-        functools.update_wrapper(routed, original)
-        setattr(torch.accelerator, name, routed)
+        setattr(torch.accelerator, name, _while_neuron(getattr(torch.accelerator, name), getattr(torch.neuron, name)))
 
 
 def _patch_accelerator_device_index() -> None:
@@ -282,16 +265,20 @@ def _patch_accelerator_device_index() -> None:
         "_accelerator_maybeExchangeDevice": exchange,
     }
     for name, target in routes.items():
-        original = getattr(torch._C, name)
+        setattr(torch._C, name, _while_neuron(getattr(torch._C, name), target))
 
-        def routed(*args, _original=original, _target=target):
-            accelerator = torch.accelerator.current_accelerator()
-            if accelerator is None or accelerator.type != _NEURON:
-                return _original(*args)
-            return _target(*args)
 
-        routed.__name__ = routed.__qualname__ = name
-        setattr(torch._C, name, routed)
+def _while_neuron(original: Callable, target: Callable) -> Callable:
+    """`original`, except that while neuron is the current accelerator the call goes to `target` (torch.accelerator's
+    functions serve whichever accelerator is current; other accelerators keep theirs)."""
+
+    def routed(*args):
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator is None or accelerator.type != _NEURON:
+            return original(*args)
+        return target(*args)
+
+    return functools.wraps(original)(routed)
 
 
 def _patch_storage_non_blocking_copy() -> None:
