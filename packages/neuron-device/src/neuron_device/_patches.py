@@ -195,6 +195,19 @@ def _patch_clear_autocast_cache() -> None:
     torch.clear_autocast_cache = clear_autocast_cache
 
 
+def _while_neuron(original: Callable, target: Callable) -> Callable:
+    """`original`, except that while neuron is the current accelerator the call goes to `target` (torch.accelerator's
+    functions serve whichever accelerator is current; other accelerators keep theirs)."""
+
+    def routed(*args):
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator is None or accelerator.type != _NEURON:
+            return original(*args)
+        return target(*args)
+
+    return functools.wraps(original)(routed)
+
+
 def _patch_accelerator_memory() -> None:
     """torch.accelerator's memory functions ask c10's DeviceAllocator registry, which a Python backend cannot join in
     torch 2.13 (INTERNAL ASSERT "Allocator for neuron is not a DeviceAllocator"): route them to `torch.neuron`, whose
@@ -266,19 +279,6 @@ def _patch_accelerator_device_index() -> None:
     }
     for name, target in routes.items():
         setattr(torch._C, name, _while_neuron(getattr(torch._C, name), target))
-
-
-def _while_neuron(original: Callable, target: Callable) -> Callable:
-    """`original`, except that while neuron is the current accelerator the call goes to `target` (torch.accelerator's
-    functions serve whichever accelerator is current; other accelerators keep theirs)."""
-
-    def routed(*args):
-        accelerator = torch.accelerator.current_accelerator()
-        if accelerator is None or accelerator.type != _NEURON:
-            return original(*args)
-        return target(*args)
-
-    return functools.wraps(original)(routed)
 
 
 def _patch_storage_non_blocking_copy() -> None:

@@ -118,10 +118,10 @@ def _check_agreement(launches: list[Any], simulated: Any, result: Any) -> None:
         rtol = _TOLERANCE.get(expected.dtype, 1e-4)
         got, expected = host_alias(got).float(), host_alias(expected).float()
         atol = rtol * max(1.0, expected.abs().nan_to_num().max().item()) if expected.numel() else rtol
-        if got.shape == expected.shape and torch.allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True):
-            continue
         if got.shape != expected.shape:
             detail = f"shape {tuple(got.shape)} != {tuple(expected.shape)}"
+        elif torch.allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True):
+            continue
         else:
             detail = f"greatest absolute difference {(got - expected).abs().nan_to_num(nan=float('inf')).max().item():.3g}"
         names = ", ".join(sorted({launch.name for launch in launches}))
