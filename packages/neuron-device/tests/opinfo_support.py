@@ -26,6 +26,7 @@ import json
 import math
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -221,15 +222,40 @@ def _call(op, call_args, device: str):
         return op(input, *args, **kwargs)
 
 
+class _RecordWarnings(warnings.catch_warnings):
+    """Record every warning raised inside, as text with device names made neutral (`neuron:0` and `cpu` read
+    `<device>`), leaving out the fallback notices the device is meant to give."""
+
+    def __init__(self) -> None:
+        super().__init__(record=True)
+        self.texts: set[str] = set()
+
+    def __enter__(self):
+        self._caught = super().__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        self.texts = {
+            f"{w.category.__name__}: {_DEVICE_NAME.sub('<device>', str(w.message))}"
+            for w in self._caught
+            if "fell back to CPU" not in str(w.message)
+        }
+
+
+_DEVICE_NAME = re.compile(r"\b(neuron|cpu)(:\d+)?\b", re.IGNORECASE)
+
+
 def _check_sample(op, sample, nondeterministic: bool) -> bool:
     """Compare one sample (made on `neuron`) with its CPU copy; return whether it was random. Raises Mismatch."""
     device_args = (sample.input, sample.args, sample.kwargs)
     cpu_args = _copy_sample(device_args, "neuron", "cpu")
     rerun_args = _copy_sample(device_args, "neuron", "neuron")  # pristine inputs for the reproducibility run
     torch.manual_seed(SEED)
-    detector = _SeededOpDetector()
+    detector, cpu_warnings, device_warnings = _SeededOpDetector(), _RecordWarnings(), _RecordWarnings()
     try:
-        with detector:
+        with detector, cpu_warnings:
             expected = _call(op, cpu_args, "cpu")
         cpu_error = None
     except Exception as error:  # the CPU behaviour to reproduce, whatever it is
@@ -239,7 +265,8 @@ def _check_sample(op, sample, nondeterministic: bool) -> bool:
     torch.manual_seed(SEED)
     before = torch.neuron.get_rng_state()
     try:
-        actual = _call(op, device_args, "neuron")
+        with device_warnings:
+            actual = _call(op, device_args, "neuron")
     except Exception as error:
         if cpu_error is not None:
             return drew_random
@@ -256,6 +283,9 @@ def _check_sample(op, sample, nondeterministic: bool) -> bool:
         if not _at_least_as_accurate(op, cpu_args, actual, expected):
             raise
     _compare(device_args, cpu_args, values=not random, what="inputs after the call", tensors_only=True)
+    extra = device_warnings.texts - cpu_warnings.texts
+    if extra:
+        raise Mismatch(f"neuron warned where the CPU did not: {sorted(extra)[0][:300]}")
     if drew_random:
         torch.manual_seed(SEED)
         again = _call(op, rerun_args, "neuron")

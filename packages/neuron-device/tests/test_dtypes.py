@@ -105,3 +105,12 @@ def test_fp8_cast_inside_autograd():
 def test_supported_amp_dtypes():
     assert torch.neuron.get_amp_supported_dtype() == [torch.bfloat16, torch.float16, torch.float32]
     assert torch.neuron.is_bf16_supported()
+
+
+def test_accelerator_capability_names_exactly_the_dtypes_tested_here():
+    """`torch.accelerator.get_device_capability()` promises allocation and conversion for its dtypes: the ones this
+    file moves and casts."""
+    for device in (None, "neuron:1", 1):
+        assert torch.accelerator.get_device_capability(device)["supported_dtypes"] == set(CASTABLE)
+    with pytest.raises(RuntimeError, match="Invalid device index 9"):
+        torch.accelerator.get_device_capability(9)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import warnings
 
 import opinfo_support
 import pytest
@@ -60,6 +61,16 @@ def test_expected_failures_name_real_pairs(ops):
 def test_sparse_results_raise_a_clear_error():
     with pytest.raises(NotImplementedError, match="only strided"):
         torch.ones(2, 2, device="neuron").to_sparse()
+
+
+def test_sparse_neuron_tensors_raise_a_clear_error():
+    """Ops that make or take a sparse `neuron` tensor directly, not through the CPU (torch's own message names a
+    'Sparseneuron' backend); `nn.Embedding(sparse=True)` makes one in backward."""
+    with pytest.raises(NotImplementedError, match=r"_sparse_coo_tensor_with_dims_and_tensors .* only strided"):
+        torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2), (3,), device="neuron")
+    embedding = torch.nn.Embedding(10, 3, sparse=True).to("neuron")
+    with pytest.raises(NotImplementedError, match=r"nn\.Embedding and nn\.EmbeddingBag: sparse=False"):
+        embedding(torch.tensor([1, 2], device="neuron")).sum().backward()
 
 
 def test_cpu_exact_list_is_complete():
@@ -148,6 +159,18 @@ def test_different_mutation_of_an_input_fails():
 
     outcome = opinfo_support.check_pair(_FakeOp(mutates_on_neuron), torch.float32)
     assert outcome.status == "fail" and "inputs after the call" in outcome.reason
+
+
+def test_warning_only_on_neuron_fails():
+    def warns(x, k):
+        warnings.warn(f"tensor on {x.device} ignored", stacklevel=2)  # the same on both devices, names aside
+        if x.device.type == "neuron":
+            warnings.warn("An output with one or more elements was resized", stacklevel=2)
+        return x * k
+
+    outcome = opinfo_support.check_pair(_FakeOp(warns), torch.float32)
+    assert outcome.status == "fail" and "neuron warned where the CPU did not" in outcome.reason
+    assert "resized" in outcome.reason
 
 
 def test_irreproducible_random_op_fails():

@@ -199,11 +199,11 @@ def _while_neuron(original: Callable, target: Callable) -> Callable:
     """`original`, except that while neuron is the current accelerator the call goes to `target` (torch.accelerator's
     functions serve whichever accelerator is current; other accelerators keep theirs)."""
 
-    def routed(*args):
+    def routed(*args, **kwargs):
         accelerator = torch.accelerator.current_accelerator()
         if accelerator is None or accelerator.type != _NEURON:
-            return original(*args)
-        return target(*args)
+            return original(*args, **kwargs)
+        return target(*args, **kwargs)
 
     return functools.wraps(original)(routed)
 
@@ -259,12 +259,28 @@ def _patch_accelerator_streams() -> None:
         setattr(torch.accelerator, name, _while_neuron(getattr(torch.accelerator, name), getattr(torch.neuron, name)))
 
 
+# Every dtype a `neuron` tensor can hold and convert to and from (tests/test_dtypes.py moves and casts each).
+_SUPPORTED_DTYPES = frozenset({
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+    torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
+    torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+    torch.float8_e8m0fnu,
+})
+
+
+def _device_capability(index: int) -> dict[str, set[torch.dtype]]:
+    """`torch.accelerator.get_device_capability()` for a `neuron` device."""
+    torch.neuron.get_device_properties(index)  # names a bad index
+    return {"supported_dtypes": set(_SUPPORTED_DTYPES)}
+
+
 def _patch_accelerator_device_index() -> None:
     """torch.accelerator's device-index functions reach the C++ device guard, which for a Python backend always says
     index 0 and ignores a new one: `current_device_index()` was 0 under `torch.neuron.set_device(1)`, and
     `set_device_index()` (transformers' distributed set-up calls it with the local rank) and the `device_index(i)`
     context manager did nothing. Every one of them reads the guard through four `torch._C` functions, looked up at
-    call time; while neuron is the accelerator those use `torch.neuron`'s current device."""
+    call time; while neuron is the accelerator those use `torch.neuron`'s current device. The same holds for
+    `get_device_capability()`, which raised "Backend doesn't support getting device capabilities"."""
 
     def exchange(index: int) -> int:
         previous = torch.neuron.current_device()
@@ -272,6 +288,7 @@ def _patch_accelerator_device_index() -> None:
         return previous
 
     routes = {
+        "_accelerator_getDeviceCapability": _device_capability,
         "_accelerator_getDeviceIndex": torch.neuron.current_device,
         "_accelerator_setDeviceIndex": torch.neuron.set_device,
         "_accelerator_exchangeDevice": exchange,
@@ -279,6 +296,22 @@ def _patch_accelerator_device_index() -> None:
     }
     for name, target in routes.items():
         setattr(torch._C, name, _while_neuron(getattr(torch._C, name), target))
+
+
+def _patch_data_parallel_comm() -> None:
+    """`nn.DataParallel` moves tensors between devices through `torch.nn.parallel.comm`, whose scatter, gather and
+    broadcasts call C++ functions that only CUDA builds have ("module 'torch._C' has no attribute '_scatter'"), and
+    whose `reduce_add` warns "PyTorch is not compiled with NCCL support" on every backward. While neuron is the
+    accelerator they go to `torch.neuron.comm` (`reduce_add_coalesced` is Python that calls `reduce_add`).
+
+    Scattering a CPU batch copies each chunk on a background stream from `torch.Stream(index)`, which for a Python
+    backend is always a dummy stream of device 0; the main stream of device 1 then refused to wait for it. Those
+    streams are `torch.neuron.Stream`s of the right device instead."""
+    from torch.nn.parallel import _functions, comm
+
+    for name in ("broadcast", "broadcast_coalesced", "reduce_add", "scatter", "gather"):
+        setattr(comm, name, _while_neuron(getattr(comm, name), getattr(torch.neuron.comm, name)))
+    _functions._get_stream = _while_neuron(_functions._get_stream, torch.neuron.Stream)
 
 
 def _patch_storage_non_blocking_copy() -> None:
@@ -358,6 +391,7 @@ _PATCHES = (
     _patch_accelerator_memory,
     _patch_accelerator_streams,
     _patch_accelerator_device_index,
+    _patch_data_parallel_comm,
 )
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 import threading
+import types
 
 import torch
 
@@ -55,6 +57,11 @@ def _register_device() -> None:
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
     torch._register_device_module("neuron", neuron)
+    # `import torch.neuron.memory` (as code does `import torch.cuda.memory`) must find the loaded submodule: Python
+    # would otherwise load the file a second time as part of package `torch`, where its relative imports fail.
+    for name, module in vars(neuron).items():
+        if isinstance(module, types.ModuleType) and module.__name__ == f"{neuron.__name__}.{name}":
+            sys.modules[f"torch.neuron.{name}"] = module
     torch._C._acc.register_python_privateuseone_hook(_NeuronHooks())
     torch._C._acc.register_python_privateuseone_device_guard(_NeuronGuard())
 
@@ -66,6 +73,8 @@ def _register_kernels() -> None:
     from .ops import attention, cpu_exact, host_exec, matmul, minimal, registry, rnn_cells  # noqa: F401
 
     registry.register_fallback(host_exec.run_on_host)
+    for sparse_key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
+        registry.register_fallback(host_exec.refuse_sparse, sparse_key)
     registry.builtin.update(registry.kernels)
     autocast.register()
 

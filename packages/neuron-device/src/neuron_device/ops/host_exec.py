@@ -144,10 +144,7 @@ class _Call:
             if value.device.type != "cpu":
                 return value
             if value.layout is not torch.strided:
-                raise NotImplementedError(
-                    f"{self.plan.name} would make a {value.layout} tensor on neuron, but neuron supports only "
-                    "strided (dense) tensors; keep sparse tensors on the CPU"
-                )
+                raise NotImplementedError(f"{self.plan.name} would make a {value.layout} tensor on neuron, but {_DENSE_ONLY}")
             return self._view_of_input(value) or allocator.adopt_tracked(value, self.device_index())
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_device(v) for v in value)
@@ -245,6 +242,18 @@ def _sync_resized_alias(out: torch.Tensor, alias: torch.Tensor) -> None:
     if alias.size() != out.size() or alias.stride() != out.stride():
         offset = out.storage_offset() + (alias.data_ptr() - out.data_ptr()) // max(out.element_size(), 1)
         out.set_(out.untyped_storage(), offset, alias.size(), alias.stride())
+
+
+_DENSE_ONLY = "neuron supports only strided (dense) tensors; keep sparse tensors on the CPU"
+
+
+def refuse_sparse(op: torch._ops.OpOverload, *args, **kwargs):
+    """The fallback of neuron's sparse dispatch keys, in place of torch's "Could not run ... 'Sparseneuron' backend".
+    (`nn.Embedding(sparse=True)` reaches it in backward.)"""
+    raise NotImplementedError(
+        f"{op.name()} involves a sparse neuron tensor, but {_DENSE_ONLY} (for nn.Embedding and nn.EmbeddingBag: "
+        "sparse=False)"
+    )
 
 
 def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):

@@ -15,7 +15,7 @@ __all__ = ["builtin", "kernel", "kernels", "register", "register_fallback"]
 
 _DISPATCH_KEY = "PrivateUse1"
 _libraries: dict[str, torch.library.Library] = {}
-_fallback_library: torch.library.Library | None = None
+_fallback_libraries: dict[str, torch.library.Library] = {}
 kernels: dict[str, Callable] = {}  # "aten::add.Tensor" -> kernel, for every op with a direct neuron kernel
 # Ops whose kernel is neuron-device's own (the CPU kernel on host aliases), not one a plugin or a user registered:
 # neuron-compile substitutes only the latter in compiled graphs.
@@ -61,11 +61,10 @@ def kernel(*names: str, with_keyset: bool = False, dispatch_key: str = _DISPATCH
     return decorate
 
 
-def register_fallback(fn: Callable) -> None:
-    """Install the boxed fallback for every op without a direct kernel (only one per process is possible)."""
-    global _fallback_library
-    if _fallback_library is not None:
-        raise RuntimeError("the neuron fallback is already registered")
+def register_fallback(fn: Callable, dispatch_key: str = _DISPATCH_KEY) -> None:
+    """Install the boxed fallback for every op without a direct kernel for `dispatch_key` (one per key and process)."""
+    if dispatch_key in _fallback_libraries:
+        raise RuntimeError(f"the neuron fallback for {dispatch_key} is already registered")
     library = torch.library.Library("_", "IMPL")
-    library.fallback(fn, _DISPATCH_KEY)
-    _fallback_library = library
+    library.fallback(fn, dispatch_key)
+    _fallback_libraries[dispatch_key] = library
