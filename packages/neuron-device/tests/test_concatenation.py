@@ -438,3 +438,16 @@ def test_environment_variable_switches_it_on(python):
     assert result.stdout.split("\n")[0] == "True 1 [2.0, 2.0, 2.0]"
     result = python("import torch", env={concatenation.ENABLE_ENV: "yes"})
     assert result.returncode != 0 and f"{concatenation.ENABLE_ENV}='yes' is invalid" in result.stderr
+
+
+def test_ops_alternating_between_devices(adaptive):
+    """An op on another device flushes the queue before it is queued; the inputs it registered before finding that
+    out are not inputs of the flushed run (they were, and a fused run got more arguments than its graph takes:
+    `nn.DataParallel`'s replica threads alternate devices)."""
+    x0, x1 = torch.randn(8, device="neuron:0"), torch.randn(8, device="neuron:1")
+    for other_device_op in (False, True, False, True):  # one run, flushed by a read or by the other device
+        a = (x0 + 1) * 3
+        if other_device_op:
+            b = (x1 * 2) - 1  # flushes a's run, then is queued
+            torch.testing.assert_close(b.cpu(), (x1.cpu() * 2) - 1, rtol=0, atol=0)
+        torch.testing.assert_close(a.cpu(), (x0.cpu() + 1) * 3, rtol=0, atol=0)

@@ -340,6 +340,7 @@ def record(plan: Any, args: tuple, kwargs: dict):
         try:
             outcome = _record(plan, args, kwargs)
             if outcome is False:  # an argument cannot refer to the queue as it is: flush, then it is an input
+                _forget_inputs(known)  # what the attempt registered is no input of the run being flushed
                 flush()
                 known = 0
                 outcome = _record(plan, args, kwargs)
