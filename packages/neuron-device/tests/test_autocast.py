@@ -329,3 +329,46 @@ def test_grad_scaler_training_matches_cpu(dtype):
     for param, cpu_param in zip(params, cpu_params, strict=True):
         assert param.isfinite().all()
         torch.testing.assert_close(param, cpu_param)
+
+
+def test_torch_neuron_amp_is_torch_cuda_amp_for_neuron():
+    """`torch.neuron.amp` (what `torch.cuda.amp` code becomes after s/cuda/neuron/): deprecated like its twin, and
+    the same regions and scaler as `torch.amp` with device "neuron"."""
+    from torch.neuron.amp import GradScaler, custom_bwd, custom_fwd
+
+    a, b = (torch.randn(4, 4, device="neuron") for _ in range(2))
+    with pytest.warns(FutureWarning, match=r"torch\.amp\.autocast\('neuron', args\.\.\.\)"):
+        region = torch.neuron.amp.autocast()
+    with region:
+        assert (a @ b).dtype is torch.bfloat16  # the device's autocast dtype, as torch.cuda.amp takes CUDA's
+    with pytest.warns(FutureWarning), torch.neuron.amp.autocast(dtype=torch.float16):
+        assert (a @ b).dtype is torch.float16
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        @custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        @custom_bwd
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return 2 * x * grad
+
+    x = torch.ones(3, device="neuron", dtype=torch.bfloat16, requires_grad=True)
+    with torch.amp.autocast("neuron"):
+        y = Square.apply(x)
+    assert y.dtype is torch.float32
+    y.sum().backward()
+    assert x.grad.dtype is torch.bfloat16 and x.grad.cpu().eq(2).all()
+
+    with pytest.warns(FutureWarning, match=r"torch\.amp\.GradScaler\('neuron'"):
+        scaler = GradScaler(init_scale=4.0)
+    weight = torch.nn.Parameter(torch.ones(2, device="neuron"))
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    scaler.scale((weight * 3).sum()).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    assert weight.grad.cpu().eq(3).all() and weight.detach().cpu().eq(-0.5).all()  # scaled by 4, unscaled for the step

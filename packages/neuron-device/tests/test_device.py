@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -13,6 +15,21 @@ def test_registered_as_privateuse1():
     assert torch.get_device_module("neuron") is torch.neuron
     assert torch.device("neuron:1") == torch.device("neuron", 1)
     assert torch.device("privateuseone:0").type == "neuron"
+
+
+def test_submodules_import_by_their_torch_names():
+    """`import torch.neuron.memory` (as code imports `torch.cuda.memory`) gives the loaded module, not a second copy
+    (which failed to import: its relative imports resolved against `torch`)."""
+    import torch.neuron.amp
+    import torch.neuron.comm
+    import torch.neuron.memory
+    import torch.neuron.random
+    import torch.neuron.streams
+    from torch.neuron.memory import memory_allocated
+
+    assert torch.neuron.memory.memory_allocated is memory_allocated is torch.neuron.memory_allocated
+    assert torch.neuron.streams.Stream is torch.neuron.Stream
+    assert {torch.neuron.amp, torch.neuron.comm, torch.neuron.random} <= set(sys.modules.values())
 
 
 def test_register_is_idempotent():

@@ -12,6 +12,7 @@ import torch
 
 from .. import topology as _topology
 from ..numerics import is_downcast_64bit_enabled, set_downcast_64bit
+from . import amp as amp  # torch.neuron.amp, as torch.cuda.amp
 from . import comm as comm  # torch.neuron.comm, as torch.cuda.comm
 from ._lazy import _is_in_bad_fork as _is_in_bad_fork  # torch.random checks it before seeding
 from ._lazy import is_initialized, lazy_init
