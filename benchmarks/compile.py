@@ -83,49 +83,49 @@ def _simulated_forward_seconds(fn: Callable[[], torch.Tensor]) -> float:
 
 def measure(rounds: int) -> dict[str, object]:
     torch.set_num_threads(1)
-    scratch = tempfile.mkdtemp(prefix="neuron-compile-bench-")
-    compile_times = {
-        "neuron": _fresh_process("neuron", f"{scratch}/neff", f"{scratch}/inductor-1"),
-        "inductor": _fresh_process("inductor", f"{scratch}/neff-unused", f"{scratch}/inductor-2"),
-        "neuron_cache_hit": _fresh_process("neuron", f"{scratch}/neff", f"{scratch}/inductor-3"),
-    }
+    with tempfile.TemporaryDirectory(prefix="neuron-compile-bench-") as scratch:  # compile caches: removed after
+        compile_times = {
+            "neuron": _fresh_process("neuron", f"{scratch}/neff", f"{scratch}/inductor-1"),
+            "inductor": _fresh_process("inductor", f"{scratch}/neff-unused", f"{scratch}/inductor-2"),
+            "neuron_cache_hit": _fresh_process("neuron", f"{scratch}/neff", f"{scratch}/inductor-3"),
+        }
 
-    os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = f"{scratch}/neff"
-    model, tokens = _llama("neuron")
-    cpu_model, cpu_tokens = _llama("cpu")
-    eager = _forward(model, tokens)
-    compiled = _forward(torch.compile(model, backend="neuron", fullgraph=True, dynamic=False), tokens)
-    inductor = _forward(torch.compile(cpu_model, fullgraph=True, dynamic=False), cpu_tokens)
-    cpu_eager = _forward(cpu_model, cpu_tokens)
-    torch.testing.assert_close(compiled().cpu(), eager().cpu(), atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(compiled().cpu(), inductor(), atol=1e-4, rtol=1e-4)
+        os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = f"{scratch}/neff"
+        model, tokens = _llama("neuron")
+        cpu_model, cpu_tokens = _llama("cpu")
+        eager = _forward(model, tokens)
+        compiled = _forward(torch.compile(model, backend="neuron", fullgraph=True, dynamic=False), tokens)
+        inductor = _forward(torch.compile(cpu_model, fullgraph=True, dynamic=False), cpu_tokens)
+        cpu_eager = _forward(cpu_model, cpu_tokens)
+        torch.testing.assert_close(compiled().cpu(), eager().cpu(), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(compiled().cpu(), inductor(), atol=1e-4, rtol=1e-4)
 
-    vs_inductor = compare(compiled, inductor, rounds=rounds)
-    vs_eager = compare(compiled, eager, rounds=rounds)
-    inductor_vs_cpu_eager = compare(inductor, cpu_eager, rounds=rounds)
-    simulated = {"compiled": _simulated_forward_seconds(compiled), "eager": _simulated_forward_seconds(eager)}
-    return {
-        "model": "tiny Llama, 2 layers, hidden 256, batch 2 x 128, inference forward",
-        "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": 1},
-        "steady_state": {
-            "neuron_compiled_ms": vs_inductor.a_seconds * 1e3,
-            "cpu_inductor_ms": vs_inductor.b_seconds * 1e3,
-            "neuron_eager_ms": vs_eager.b_seconds * 1e3,
-            "neuron_compiled_over_cpu_inductor": vs_inductor.ratio,
-            "neuron_compiled_over_neuron_eager": vs_eager.ratio,
-            "cpu_inductor_over_cpu_eager": inductor_vs_cpu_eager.ratio,
-            "cpu_inductor_vs_cpu_eager_ms": [inductor_vs_cpu_eager.a_seconds * 1e3,
-                                             inductor_vs_cpu_eager.b_seconds * 1e3],
-        },
-        "first_compile_seconds": compile_times,
-        "first_compile_neuron_over_inductor": compile_times["neuron"] / compile_times["inductor"],
-        "cache_hit_over_first_compile": compile_times["neuron_cache_hit"] / compile_times["neuron"],
-        "simulated_forward_ms": {k: v * 1e3 for k, v in simulated.items()},
-        "simulated_compiled_over_eager": simulated["compiled"] / simulated["eager"],
-        "targets": {"neuron_compiled_over_cpu_inductor": 1.1, "neuron_compiled_over_neuron_eager": 0.33,
-                    "first_compile_neuron_over_inductor": 1.5, "cache_hit_over_first_compile": 0.2},
-        "rounds": rounds,
-    }
+        vs_inductor = compare(compiled, inductor, rounds=rounds)
+        vs_eager = compare(compiled, eager, rounds=rounds)
+        inductor_vs_cpu_eager = compare(inductor, cpu_eager, rounds=rounds)
+        simulated = {"compiled": _simulated_forward_seconds(compiled), "eager": _simulated_forward_seconds(eager)}
+        return {
+            "model": "tiny Llama, 2 layers, hidden 256, batch 2 x 128, inference forward",
+            "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": 1},
+            "steady_state": {
+                "neuron_compiled_ms": vs_inductor.a_seconds * 1e3,
+                "cpu_inductor_ms": vs_inductor.b_seconds * 1e3,
+                "neuron_eager_ms": vs_eager.b_seconds * 1e3,
+                "neuron_compiled_over_cpu_inductor": vs_inductor.ratio,
+                "neuron_compiled_over_neuron_eager": vs_eager.ratio,
+                "cpu_inductor_over_cpu_eager": inductor_vs_cpu_eager.ratio,
+                "cpu_inductor_vs_cpu_eager_ms": [inductor_vs_cpu_eager.a_seconds * 1e3,
+                                                 inductor_vs_cpu_eager.b_seconds * 1e3],
+            },
+            "first_compile_seconds": compile_times,
+            "first_compile_neuron_over_inductor": compile_times["neuron"] / compile_times["inductor"],
+            "cache_hit_over_first_compile": compile_times["neuron_cache_hit"] / compile_times["neuron"],
+            "simulated_forward_ms": {k: v * 1e3 for k, v in simulated.items()},
+            "simulated_compiled_over_eager": simulated["compiled"] / simulated["eager"],
+            "targets": {"neuron_compiled_over_cpu_inductor": 1.1, "neuron_compiled_over_neuron_eager": 0.33,
+                        "first_compile_neuron_over_inductor": 1.5, "cache_hit_over_first_compile": 0.2},
+            "rounds": rounds,
+        }
 
 
 def _print_table(report: dict) -> None:

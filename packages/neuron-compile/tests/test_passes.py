@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from neuron_compile.passes import KernelPlan, plan_kernels
+from neuron_compile.passes import KernelPlan, plan_kernels, priced_ops
 from neuron_compile.rms_norm import fuse_rms_norm
 
 
@@ -65,15 +65,47 @@ def test_workspace_is_the_peak_of_intermediates_between_kernels() -> None:
     assert _plan(two_live, x, w1, w2).workspace_bytes >= 2 * 4 * 64 * 16
 
 
-def test_attention_is_priced_on_the_tensor_engine_as_in_eager() -> None:
+def test_attention_is_priced_on_the_tensor_engine_as_in_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU flash-attention op a compiled graph keeps whole: its two products, halved by the causal mask (the
-    formula eager mode charges), not a data-movement kernel sized by its output."""
+    formula eager mode charges without a plugin's kernel), not a data-movement kernel sized by its output."""
+    from neuron_device.ops import registry
+
+    monkeypatch.delitem(registry.kernels, "aten::_scaled_dot_product_flash_attention_for_cpu", raising=False)
     q, k, v = torch.randn(2, 4, 128, 64), torch.randn(2, 4, 256, 64), torch.randn(2, 4, 256, 64)
     plan = _plan(lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0],
                  q, k, v)
     (kernel,) = plan.kernels
     assert kernel.anchor_engine == "tensor"
     assert kernel.work["tensor"] == 4 * q.numel() * 256 / 2
+
+
+def test_a_plugin_kernel_that_estimates_itself_sets_the_price(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin's kernel for a Tensor-engine op that knows its simulated time (neuron-nki's flash attention) prices
+    the op in a compiled graph, as it does in eager mode; no fusion joins its kernel."""
+    from neuron_device.ops import registry
+
+    name = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    asked = []
+
+    def kernel(*args, **kwargs):
+        raise AssertionError("a compile-time estimate must not run the kernel")
+
+    def estimate_seconds(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+        asked.append((tuple(q.shape), is_causal))
+        return 7e-6
+
+    kernel.estimate_seconds = estimate_seconds
+    monkeypatch.setitem(registry.kernels, name, kernel)
+    monkeypatch.setattr(registry, "builtin", registry.builtin - {name})
+    q = torch.randn(2, 4, 128, 64)
+    plan = _plan(lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0] * 2,
+                 q, q, q)
+    assert asked == [((2, 4, 128, 64), True)]
+    attention, scaling = plan.kernels
+    assert attention.simulated_seconds == attention.seconds() == 7e-6 and attention.work == {}
+    assert scaling.nodes == ["mul"]
+    assert KernelPlan.from_json(plan.to_json()).seconds == plan.seconds
+    assert name in priced_ops()
 
 
 def test_plan_round_trips_through_json() -> None:

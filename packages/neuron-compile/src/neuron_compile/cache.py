@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from . import __version__, nki_substitution
+from . import __version__, nki_substitution, passes
 from .passes import KernelPlan
 from .settings import ENV, CompileSettings
 
@@ -76,6 +76,7 @@ def cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings:
         "grad": torch.is_grad_enabled(),
         "matmul_precision": torch.get_float32_matmul_precision(),
         "substitutions": sorted(str(op) for op in nki_substitution.substitutable_ops()),
+        "priced_ops": passes.priced_ops(),
         "neuron_compile": __version__,
         "torch": torch.__version__,
     }

@@ -10,7 +10,9 @@ pointwise or reduction op joins the most recent kernel among its inputs' kernels
 (every kernel except data movement ones); anything else starts a kernel. Joining only the most recent input kernel
 keeps the kernel graph acyclic. Substituted Neuron kernels (`nki_substitution`) are left out: they charge their own
 simulated time each time they run, and their outputs are read from HBM like a graph input. Ops that keep their own
-Tensor-engine kernel (attention) are priced with eager's FLOP formula (`optracking`).
+Tensor-engine kernel (attention) are priced as eager prices them: by the `estimate_seconds` of the kernel a plugin
+registered for the op (neuron-nki's flash attention: its simulated latency), else by eager's FLOP formula
+(`optracking`).
 
 The plan also gives the graph's workspace: the peak bytes of kernel results that later kernels read, each live from
 the kernel that writes it to the last kernel that reads it (results the graph returns belong to the caller).
@@ -29,8 +31,9 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from neuron_device import costmodel
 from neuron_device import optracking as _optracking
+from neuron_device.ops import registry as _registry
 
-__all__ = ["Kernel", "KernelPlan", "plan_kernels"]
+__all__ = ["Kernel", "KernelPlan", "plan_kernels", "priced_ops"]
 
 aten = torch.ops.aten
 
@@ -50,15 +53,19 @@ _UNBACKED_SIZE = 8192  # Inductor's `unbacked_symint_fallback`: the size a data-
 
 @dataclasses.dataclass
 class Kernel:
-    """One device kernel: the FX nodes it runs, its work per engine, its HBM traffic, its compute dtype."""
+    """One device kernel: the FX nodes it runs, its work per engine, its HBM traffic, its compute dtype, and for a
+    plugin's kernel its own estimate (`simulated_seconds`, which the cost model's is not asked for)."""
 
     nodes: list[str]
     work: dict[str, float]
     hbm_bytes: float
     dtype: torch.dtype
     anchor_engine: str
+    simulated_seconds: float | None = None
 
     def seconds(self) -> float:
+        if self.simulated_seconds is not None:
+            return self.simulated_seconds
         return costmodel.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype).seconds
 
 
@@ -81,7 +88,8 @@ class KernelPlan:
     def to_json(self) -> dict[str, Any]:
         """JSON-safe form (stored in the compile cache next to the compiled code)."""
         return {"kernels": [{"nodes": k.nodes, "work": k.work, "hbm_bytes": k.hbm_bytes, "dtype": str(k.dtype),
-                             "anchor_engine": k.anchor_engine} for k in self.kernels],
+                             "anchor_engine": k.anchor_engine, "simulated_seconds": k.simulated_seconds}
+                            for k in self.kernels],
                 "workspace_bytes": self.workspace_bytes}
 
     @classmethod
@@ -91,8 +99,10 @@ class KernelPlan:
             dtype = getattr(torch, str(k["dtype"]).removeprefix("torch."))
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"bad dtype {k['dtype']!r} in a stored kernel plan")
+            simulated = k.get("simulated_seconds")
             kernels.append(Kernel(list(k["nodes"]), {str(e): float(w) for e, w in k["work"].items()},
-                                  float(k["hbm_bytes"]), dtype, str(k["anchor_engine"])))
+                                  float(k["hbm_bytes"]), dtype, str(k["anchor_engine"]),
+                                  None if simulated is None else float(simulated)))
         return cls(kernels, int(data["workspace_bytes"]))
 
 
@@ -138,9 +148,25 @@ def _matmul_flops(node: torch.fx.Node) -> float:
     return 2.0 * outputs * macs * (2 if packet is aten.convolution_backward else 1)
 
 
+def _plugin_estimator(op: Any) -> Any:
+    """The `estimate_seconds` of the kernel a plugin registered for `op`, if it has one."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    name = op.name()
+    if name in _registry.builtin:  # neuron-device's own kernel: priced by the cost model
+        return None
+    return getattr(_registry.kernels.get(name), "estimate_seconds", None)
+
+
+def priced_ops() -> list[str]:
+    """The ops a plugin's kernel prices itself (part of the compile cache's key: the plans depend on them)."""
+    return sorted(name for name, fn in _registry.kernels.items()
+                  if name not in _registry.builtin and hasattr(fn, "estimate_seconds"))
+
+
 def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
     """(kind, engine, work) of a call_function node; kind is "view", "matmul", "fusable", "substituted" (a Neuron
-    kernel put in by `nki_substitution`) or "other"."""
+    kernel put in by `nki_substitution`), "priced" (a plugin kernel's estimate: work is its seconds) or "other"."""
     packet = _packet(node)
     if packet in _VIEWS or node.target in (getattr, operator.getitem):  # getitem: one result of a multi-output op
         return "view", "", 0.0
@@ -159,6 +185,12 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
     info = _optracking.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
     if info is not None and info.engine == "tensor":  # attention and the like: priced as eager prices them
         args = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args)
+        estimator = _plugin_estimator(node.target)
+        if estimator is not None:
+            kwargs = {k: v.meta.get("val") if isinstance(v, torch.fx.Node) else v for k, v in node.kwargs.items()}
+            seconds = estimator(*args, **kwargs)
+            if seconds is not None:
+                return "priced", "tensor", float(seconds)
         out = _meta(node.meta.get("val"))
         return "matmul", "tensor", float(info.flops(args, out[0] if out else None))
     return "other", "dma" if packet in (aten.cat, aten.copy, aten.clone, aten.index, aten.embedding,
@@ -172,6 +204,7 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
     groups: list[list[torch.fx.Node]] = []
     engines: list[str] = []
     work: list[dict[str, float]] = []
+    priced: dict[int, float] = {}  # group -> a plugin kernel's own estimate (such a group takes no fusion)
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -184,7 +217,8 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
             continue
         input_groups = [group_of[a] for a in inputs if a in group_of]
         latest = max(input_groups, default=None)
-        if kind == "fusable" and latest is not None and engines[latest] not in _NO_FUSION_ENGINES:
+        if (kind == "fusable" and latest is not None and engines[latest] not in _NO_FUSION_ENGINES
+                and latest not in priced):
             index = latest
         else:
             index = len(groups)
@@ -193,7 +227,10 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
             work.append({})
         groups[index].append(node)
         group_of[node] = index
-        work[index][engine] = work[index].get(engine, 0.0) + amount
+        if kind == "priced":
+            priced[index] = amount
+        else:
+            work[index][engine] = work[index].get(engine, 0.0) + amount
     kernels = []
     lifetimes = []  # (first kernel, last kernel, bytes) of each intermediate written to HBM
     for index, members in enumerate(groups):
@@ -208,7 +245,8 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
         tensors = _meta(members[0].meta.get("val"))
         dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
         amounts = {engine: float(amount) for engine, amount in work[index].items()}  # static: SymFloat -> float
-        kernels.append(Kernel([n.name for n in members], amounts, float(hbm), dtype, engines[index]))
+        kernels.append(Kernel([n.name for n in members], amounts, float(hbm), dtype, engines[index],
+                              priced.get(index)))
         for node, consumers in written.items():
             if all(u.op != "output" for u in consumers):  # a result is the caller's memory, not the graph's
                 last = max((group_of[u] for u in consumers if u in group_of), default=index)

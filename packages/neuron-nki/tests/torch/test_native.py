@@ -18,7 +18,7 @@ import torch_neuronx
 from neuron_device import timeline
 from nki.library.attention import flash_attention_bwd, flash_attention_fwd
 from nki.library.matmul import matmul
-from nki.torch import native, record_launches
+from nki.torch import kernel_log, native, record_launches
 
 _TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 3e-2, "rtol": 3e-2}}
 
@@ -262,6 +262,37 @@ def _simulated_seconds(fn: Callable[[], object]) -> float:
     return line.host - start
 
 
+def test_compile_time_estimate_is_what_eager_charges_and_a_dry_run(fresh_estimates: None) -> None:
+    """`estimate_seconds` (what a compiled graph charges for the op) on fake tensors: the kernel's simulated latency
+    for that signature, learnt from sample data without logging, charging or allocating anything."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fwd = native.KERNELS["aten::_scaled_dot_product_flash_attention_for_cpu"]
+    bwd = native.KERNELS["aten::_scaled_dot_product_flash_attention_for_cpu_backward"]
+    q, k, v = (torch.randn(1, 4, 96, 32, device="neuron", requires_grad=True) for _ in range(3))
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = [mode.from_tensor(t.detach()) for t in (q, k, v)]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*fake, 0.0, True)
+    logged, allocated = len(kernel_log()), torch.neuron.max_memory_allocated()
+    with record_launches() as outer:
+        seconds = _simulated_seconds(lambda: (fwd.estimate_seconds(*fake, 0.0, True),
+                                              bwd.estimate_seconds(out, *fake, out, lse, 0.0, True)))
+        estimates = fwd.estimate_seconds(*fake, 0.0, True), bwd.estimate_seconds(out, *fake, out, lse, 0.0, True)
+    assert seconds == 0 and not outer and len(kernel_log()) == logged
+    assert torch.neuron.max_memory_allocated() == allocated
+    assert native._estimates == {}  # eager's first call of the signature still checks the kernel against the CPU
+
+    with record_launches() as launches:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    charged = {launch.name: launch.latency_ns * 1e-9 for launch in launches}
+    assert estimates == (charged["nki::flash_attention_fwd"], charged["nki::flash_attention_bwd"])
+    on_host, mode = [t.detach().cpu() for t in (q, k, v)], FakeTensorMode()
+    host = [mode.from_tensor(t) for t in on_host]  # as a compiled graph has them: host copies of the neuron graph
+    assert fwd.estimate_seconds(*host, 0.0, True) == estimates[0]
+    assert fwd.estimate_seconds(*fake, 0.0, False) != estimates[0]  # another signature, another estimate
+    assert fwd.estimate_seconds(*fake, 0.5, True) is None  # outside the kernel: eager's formula prices it
+
+
 def test_model_forward_device_time_is_reported_per_kernel() -> None:
     torch.manual_seed(0)
     model = TinyLlama().to("neuron").eval()
@@ -347,6 +378,29 @@ def test_nki_matmul_does_not_pay_over_the_native_mm(shape: tuple[int, int, int])
     with record_launches() as launches:
         matmul(a.t(), b)
     assert _simulated_seconds(lambda: a @ b) < launches[-1].latency_ns * 1e-9
+
+
+@pytest.mark.compiler
+def test_compiled_graphs_charge_attention_what_eager_charges(fresh_estimates: None,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled graph keeps Inductor's attention code but charges the NKI kernel's simulated latency, as eager
+    does (not the Tensor-engine formula): the simulated compiled / eager ratio compares like with like."""
+    passes = pytest.importorskip("neuron_compile.passes")
+
+    plans = []
+    monkeypatch.setattr(passes, "plan_kernels", lambda gm, plan=passes.plan_kernels: plans.append(plan(gm)) or plans[-1])
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "1")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyLlama().to("neuron").eval()
+    tokens = torch.randint(0, 64, (2, 40), device="neuron")
+    with torch.no_grad(), record_launches() as launches:
+        model(tokens)
+    (eager,) = {launch.latency_ns * 1e-9 for launch in launches if launch.name == "nki::flash_attention_fwd"}
+    with torch.no_grad():
+        torch.compile(model, backend="neuron")(tokens)
+    priced = [k.simulated_seconds for plan in plans for k in plan.kernels if k.simulated_seconds is not None]
+    assert priced == [eager, eager]  # one attention per layer
 
 
 @pytest.mark.compiler

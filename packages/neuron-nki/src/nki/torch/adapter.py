@@ -25,8 +25,8 @@ import torch
 
 from .._launch import Kernel
 
-__all__ = ["KernelLaunch", "from_numpy", "kernel_log", "launch", "record_launch", "record_launches", "signature",
-           "to_numpy"]
+__all__ = ["KernelLaunch", "dry_run", "from_numpy", "kernel_log", "launch", "record_launch", "record_launches",
+           "signature", "to_numpy"]
 
 # torch dtypes NumPy cannot hold: viewed through a same-size integer and reinterpreted as the ml_dtypes type.
 _VIA_INT = {
@@ -112,6 +112,7 @@ class KernelLaunch:
 class _Log(threading.local):
     def __init__(self) -> None:
         self.stack: list[list[KernelLaunch]] = []
+        self.dry = False
 
 
 _log = _Log()
@@ -135,6 +136,19 @@ def record_launches() -> Iterator[list[KernelLaunch]]:
         yield launches
     finally:
         _log.stack.pop()
+
+
+@contextlib.contextmanager
+def dry_run() -> Iterator[list[KernelLaunch]]:
+    """Collect the launches made in this thread inside the block, and only here: not in `kernel_log`, not in
+    enclosing `record_launches` blocks, not charged to any device (a compile-time estimate on sample data)."""
+    launches: list[KernelLaunch] = []
+    saved = _log.stack, _log.dry
+    _log.stack, _log.dry = [launches], True
+    try:
+        yield launches
+    finally:
+        _log.stack, _log.dry = saved
 
 
 def _flatten(values: Any) -> Iterator[Any]:
@@ -250,9 +264,11 @@ def record_launch(record: KernelLaunch, device: torch.device) -> None:
     """Log one launch and, on a ``neuron`` device, charge its simulated latency to the current stream.
 
     Also how a launch whose cost is already known is replayed without simulating it again (``native``)."""
-    _all_launches.append(record)
     for launches in _log.stack:
         launches.append(record)
+    if _log.dry:
+        return
+    _all_launches.append(record)
     if device.type == "neuron":
         from neuron_device import optracking
 

@@ -30,6 +30,7 @@ How the kernels execute is set by ``NEURON_NKI_NATIVE_KERNELS``:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -88,6 +89,50 @@ def _native(nki_call: Callable[[], Any], host_fn: Callable, *args: Any, **kwargs
     return result
 
 
+_dry_estimates: dict[tuple, list[Any]] = {}  # the same, from compile-time estimates on sample data
+
+
+def _estimate(launch: Callable, host_fn: Callable, args: tuple, kwargs: dict) -> float | None:
+    """Simulated seconds of one call of a native kernel on arguments like ``args`` (fake tensors from a traced graph
+    will do), for a compiled graph to charge what eager charges for the same call (``estimate_seconds``).
+
+    The launches eager mode recorded for the signature are reused. Otherwise ``launch`` runs once on CPU sample
+    tensors of the same shapes, strides and dtypes, as a dry run: logged nowhere, charged to no device, allocating
+    no device memory (the latency depends only on the signature). ``None`` in simulate mode, where compiled graphs
+    substitute the kernel itself and it charges its own time."""
+    if _mode() == SIMULATE:
+        return None
+    from .adapter import dry_run, signature
+
+    key = (host_fn, signature(args, kwargs))
+    launches = _estimates.get(key) or _dry_estimates.get(key)
+    if launches is None:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily(), dry_run() as launches:  # real data, even while a graph compiles
+            samples = _sample_arguments((args, kwargs))
+            launch(*samples[0], **samples[1])
+        _dry_estimates[key] = launches
+    return sum(launch.latency_ns for launch in launches) * 1e-9
+
+
+def _sample_arguments(values: Any) -> Any:
+    """``values`` with each tensor replaced by a CPU tensor of its shape, strides and dtype, of standard normal
+    values."""
+    generator = torch.Generator().manual_seed(0)
+
+    def sample(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return torch.empty_strided(tuple(v.shape), v.stride(), dtype=v.dtype).normal_(generator=generator)
+        if isinstance(v, (tuple, list)):
+            return type(v)(sample(x) for x in v)
+        if isinstance(v, dict):
+            return {k: sample(x) for k, x in v.items()}
+        return v
+
+    return sample(values)
+
+
 def _on_host(fn: Callable, device: torch.device, args: tuple, kwargs: dict) -> Any:
     """``fn`` on host aliases of the ``neuron`` arguments, its tensor results adopted by ``device`` (not charged:
     the caller charges the kernel's latency instead)."""
@@ -137,17 +182,23 @@ def _host(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     return run_on_host(op, *args, **kwargs)
 
 
-def _uniform(*tensors: torch.Tensor | None) -> bool:
-    """Non-empty neuron tensors of one device and one supported float dtype (None entries ignored)."""
+_COMPILED = None  # the device type of a compiled graph's tensors: traced as host tensors of the neuron graph
+
+
+def _uniform(*tensors: torch.Tensor | None, device_type: str | None = "neuron") -> bool:
+    """Non-empty tensors of one device (of `device_type`; `_COMPILED`: any) and one supported float dtype (None
+    entries ignored)."""
     present = [t for t in tensors if t is not None]
     first = present[0]
-    return all(t.device == first.device and t.device.type == "neuron" and t.dtype == first.dtype
+    return all(t.device == first.device and device_type in (None, t.device.type) and t.dtype == first.dtype
                and t.dtype in _FLOATS and t.numel() > 0 for t in present)
 
 
 # -- attention ------------------------------------------------------------------------------------------------------
-def _attention_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, attn_mask: Any) -> bool:
-    return (attn_mask is None and dropout_p == 0.0 and _uniform(q, k, v) and q.dim() == k.dim() == v.dim() == 4
+def _attention_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, attn_mask: Any,
+                         device_type: str | None = "neuron") -> bool:
+    return (attn_mask is None and dropout_p == 0.0 and _uniform(q, k, v, device_type=device_type)
+            and q.dim() == k.dim() == v.dim() == 4
             and q.size(-1) == k.size(-1) == v.size(-1) <= MAX_HEAD_DIM and q.size(0) == k.size(0) == v.size(0)
             and k.shape[:3] == v.shape[:3] and q.size(1) % k.size(1) == 0)
 
@@ -156,39 +207,66 @@ _FLASH_FWD = _aten._scaled_dot_product_flash_attention_for_cpu.default
 _FLASH_BWD = _aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
+def _flash_fwd_launch(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """The NKI flash-attention forward on tensors the kernel supports (``_attention_supported``)."""
+    B, H = query.shape[:2]
+    s = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
+    # torch's CPU kernel (and its meta function) lays out: out like the query ([B, S, H, d] memory for a transposed
+    # query, else contiguous), logsumexp always [B, S, H] memory. Same layouts here, so compiled graphs' stride
+    # checks hold.
+    bshd = query.transpose(1, 2).is_contiguous() and not query.is_contiguous()
+    out, lse = _run("attention", "flash_attention_fwd", (B, H), query.transpose(-1, -2), key.transpose(-1, -2),
+                    value, s, bool(is_causal), 0, bshd)
+    return (out.transpose(1, 2) if bshd else out), lse.view(lse.shape[:3]).permute(0, 2, 1)
+
+
 def _flash_fwd(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     if not _attention_supported(query, key, value, dropout_p, attn_mask):
         return _host(_FLASH_FWD, query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
-
-    def nki() -> tuple[torch.Tensor, torch.Tensor]:
-        B, H = query.shape[:2]
-        s = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
-        # torch's CPU kernel (and its meta function) lays out: out like the query ([B, S, H, d] memory for a
-        # transposed query, else contiguous), logsumexp always [B, S, H] memory. Same layouts here, so compiled
-        # graphs' stride checks hold.
-        bshd = query.transpose(1, 2).is_contiguous() and not query.is_contiguous()
-        out, lse = _run("attention", "flash_attention_fwd", (B, H), query.transpose(-1, -2), key.transpose(-1, -2),
-                        value, s, bool(is_causal), 0, bshd)
-        return (out.transpose(1, 2) if bshd else out), lse.view(lse.shape[:3]).permute(0, 2, 1)
-
+    nki = functools.partial(_flash_fwd_launch, query, key, value, dropout_p, is_causal, scale=scale)
     return _native(nki, _FLASH_FWD, query, key, value, dropout_p, is_causal, scale=scale)
 
 
+def _flash_fwd_seconds(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    if not _attention_supported(query, key, value, dropout_p, attn_mask, _COMPILED):
+        return None
+    return _estimate(_flash_fwd_launch, _FLASH_FWD, (query, key, value, dropout_p, is_causal), {"scale": scale})
+
+
+def _flash_bwd_supported(grad_out, query, key, value, out, logsumexp, dropout_p, attn_mask,
+                         device_type: str | None = "neuron") -> bool:
+    return (_attention_supported(query, key, value, dropout_p, attn_mask, device_type)
+            and _uniform(grad_out, out, query, device_type=device_type) and logsumexp.dtype == torch.float32)
+
+
+def _flash_bwd_launch(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
+                      scale=None):
+    """The NKI flash-attention backward on tensors the kernel supports (``_flash_bwd_supported``)."""
+    B, Hkv = key.shape[:2]
+    s = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
+    grads = _run("attention", "flash_attention_bwd", (B, Hkv), query, query.transpose(-1, -2), key,
+                 key.transpose(-1, -2), value.transpose(-1, -2), out, grad_out, grad_out.transpose(-1, -2),
+                 logsumexp.unsqueeze(-1), s, bool(is_causal), 0, True)
+    return tuple(g.transpose(1, 2) for g in grads)  # [B, S, heads, d] memory, as torch's CPU kernel
+
+
 def _flash_bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None):
-    if not (_attention_supported(query, key, value, dropout_p, attn_mask) and _uniform(grad_out, out, query)
-            and logsumexp.dtype == torch.float32):
-        return _host(_FLASH_BWD, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
-                     attn_mask=attn_mask, scale=scale)
+    args = (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal)
+    if not _flash_bwd_supported(*args[:7], attn_mask):
+        return _host(_FLASH_BWD, *args, attn_mask=attn_mask, scale=scale)
+    return _native(functools.partial(_flash_bwd_launch, *args, scale=scale), _FLASH_BWD, *args, scale=scale)
 
-    def nki() -> tuple[torch.Tensor, ...]:
-        B, Hkv = key.shape[:2]
-        s = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
-        grads = _run("attention", "flash_attention_bwd", (B, Hkv), query, query.transpose(-1, -2), key,
-                     key.transpose(-1, -2), value.transpose(-1, -2), out, grad_out, grad_out.transpose(-1, -2),
-                     logsumexp.unsqueeze(-1), s, bool(is_causal), 0, True)
-        return tuple(g.transpose(1, 2) for g in grads)  # [B, S, heads, d] memory, as torch's CPU kernel
 
-    return _native(nki, _FLASH_BWD, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, scale=scale)
+def _flash_bwd_seconds(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
+                       scale=None):
+    args = (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal)
+    if not _flash_bwd_supported(*args[:7], attn_mask, _COMPILED):
+        return None
+    return _estimate(_flash_bwd_launch, _FLASH_BWD, args, {"scale": scale})
+
+
+_flash_fwd.estimate_seconds = _flash_fwd_seconds
+_flash_bwd.estimate_seconds = _flash_bwd_seconds
 
 
 # -- normalisation and softmax ---------------------------------------------------------------------------------------
