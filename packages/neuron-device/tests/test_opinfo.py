@@ -54,6 +54,29 @@ def test_opinfo_sweep_matches_cpu():
     assert EXPECTED_FAILURES.keys() <= failing, f"now passing: {sorted(EXPECTED_FAILURES.keys() - failing)}"
 
 
+def test_custom_op_and_autograd_function_databases_match_cpu():
+    """Upstream's OpInfos of `torch.library.custom_op`s and `autograd.Function`s (NumPy kernels behind torch ops, as
+    user extensions write them), in float32 and int64 where the CPU supports them, through the sweep's harness.
+    (Their samples cannot be made in bool: `sample_inputs_numpy_nonzero` fails on the CPU too.)"""
+    from torch.testing._internal.autograd_function_db import autograd_function_db
+    from torch.testing._internal.custom_op_db import custom_op_db
+
+    expected = {  # writes into `x.cpu().numpy()`, which is a copy on any accelerator (CUDA too), not `x`
+        "NumpyExpMarkDirtyAutogradFunction": "result",
+    }
+    failures, checked = {}, 0
+    for op in [*custom_op_db, *autograd_function_db]:
+        for dtype in sorted(op.supported_dtypes("cpu") & {torch.float32, torch.int64}, key=str):
+            outcome = opinfo_support.check_pair(op, dtype)
+            checked += outcome.samples
+            if outcome.status != "pass":
+                failures.setdefault(op.name, outcome.reason)
+    assert {name: name in expected and expected[name] in reason for name, reason in failures.items()} == {
+        name: True for name in expected
+    }, failures
+    assert checked >= 40
+
+
 def test_expected_failures_name_real_pairs(ops):
     assert EXPECTED_FAILURES.keys() <= set(opinfo_support.all_pairs(ops))
 
