@@ -181,23 +181,20 @@ def test_transformer_block_trains_like_cpu(factory: Callable[[], TinyLM]) -> Non
     assert (neuron_model.head.weight is neuron_model.embed.weight) == (factory is _tied_lm)  # moving keeps ties
 
 
-@pytest.mark.parametrize(
-    "factory, batches",
-    [
-        (ConvNet, _image_batches),
-        pytest.param(TinyLM, _token_batches, marks=pytest.mark.xfail(
-            strict=True,
-            reason="bfloat16 training of the attention block drifts from the CPU by about one bfloat16 ulp after "
-            "some steps (one step's gradients are bitwise equal; the drift depends on the thread count); cause not "
-            "found yet",
-        )),
-    ],
-    ids=["convnet", "transformer"],
-)
+@pytest.mark.parametrize("factory, batches", [(ConvNet, _image_batches), (TinyLM, _token_batches)],
+                         ids=["convnet", "transformer"])
 def test_bfloat16_training_matches_cpu_exactly(
-    factory: Callable[[], nn.Module], batches: Callable[[], list[Batch]]
+    factory: Callable[[], nn.Module], batches: Callable[[], list[Batch]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In bfloat16 every rounding shows: the device must run the very kernels the CPU runs, scalars included."""
+    """In bfloat16 every rounding shows: the device must run the very kernels the CPU runs, scalars included.
+
+    Except the matmuls, which follow the numerics policy (docs/numerics.md): computed in float32 and rounded once,
+    as the Tensor engine accumulates. The CPU's bfloat16 GEMM rounds about one element in 60,000 differently (the
+    policy's result is the float32 product rounded; the CPU's is not always), enough to move the transformer's run
+    by an ulp after a few steps. Here the matmuls take the CPU's own kernels; the policy has its own tests."""
+    from neuron_device.ops import matmul
+
+    monkeypatch.setattr(matmul, "_LOW", ())
     _assert_same_run(factory, batches(), dtype=torch.bfloat16, tol={"atol": 0.0, "rtol": 0.0})
 
 
