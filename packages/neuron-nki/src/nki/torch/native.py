@@ -22,7 +22,9 @@ How the kernels execute is set by ``NEURON_NKI_NATIVE_KERNELS``:
   host computation (a disagreement warns). Every call's values come from the host computation (torch's CPU kernel of
   the same op), and its device time is the kernel's simulated latency. Simulating every call would make eager and
   compiled models tens of times slower than the CPU (the simulator interprets each NKI instruction in NumPy), and
-  the latency of these kernels depends only on the signature.
+  the latency of these kernels depends only on the signature. Compiled graphs, which keep Inductor's code for these
+  ops, charge the same latency for attention: neuron-compile's kernel plan asks the flash kernels'
+  ``estimate_seconds``, which reuses eager's launches or simulates the signature once on sample data (``_estimate``).
 * ``simulate``: every call runs the kernel in the instruction simulator and returns its outputs (the kernel's own
   numerics; use it to test kernels).
 * ``0``: the kernels are not registered; the ops run as neuron-device's CPU-fallback ops.
@@ -122,8 +124,10 @@ def _sample_arguments(values: Any) -> Any:
     generator = torch.Generator().manual_seed(0)
 
     def sample(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return torch.empty_strided(tuple(v.shape), v.stride(), dtype=v.dtype).normal_(generator=generator)
+        if isinstance(v, torch.Tensor):  # filled through its whole storage: an expanded view overlaps itself
+            t = torch.empty_strided(tuple(v.shape), v.stride(), dtype=v.dtype)
+            torch.empty(0, dtype=v.dtype).set_(t.untyped_storage()).normal_(generator=generator)
+            return t
         if isinstance(v, (tuple, list)):
             return type(v)(sample(x) for x in v)
         if isinstance(v, dict):
@@ -182,11 +186,11 @@ def _host(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     return run_on_host(op, *args, **kwargs)
 
 
-_COMPILED = None  # the device type of a compiled graph's tensors: traced as host tensors of the neuron graph
+_ANY_DEVICE = None  # what a compiled graph's tensors are checked with: host copies of the neuron graph's
 
 
 def _uniform(*tensors: torch.Tensor | None, device_type: str | None = "neuron") -> bool:
-    """Non-empty tensors of one device (of `device_type`; `_COMPILED`: any) and one supported float dtype (None
+    """Non-empty tensors of one device (of `device_type`, if not `_ANY_DEVICE`) and one supported float dtype (None
     entries ignored)."""
     present = [t for t in tensors if t is not None]
     first = present[0]
@@ -228,7 +232,7 @@ def _flash_fwd(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=N
 
 
 def _flash_fwd_seconds(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    if not _attention_supported(query, key, value, dropout_p, attn_mask, _COMPILED):
+    if not _attention_supported(query, key, value, dropout_p, attn_mask, _ANY_DEVICE):
         return None
     return _estimate(_flash_fwd_launch, _FLASH_FWD, (query, key, value, dropout_p, is_causal), {"scale": scale})
 
@@ -260,7 +264,7 @@ def _flash_bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal
 def _flash_bwd_seconds(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
                        scale=None):
     args = (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal)
-    if not _flash_bwd_supported(*args[:7], attn_mask, _COMPILED):
+    if not _flash_bwd_supported(*args[:7], attn_mask, _ANY_DEVICE):
         return None
     return _estimate(_flash_bwd_launch, _FLASH_BWD, args, {"scale": scale})
 
