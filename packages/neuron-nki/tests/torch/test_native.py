@@ -289,6 +289,9 @@ def test_compile_time_estimate_is_what_eager_charges_and_a_dry_run(fresh_estimat
     on_host, mode = [t.detach().cpu() for t in (q, k, v)], FakeTensorMode()
     host = [mode.from_tensor(t) for t in on_host]  # as a compiled graph has them: host copies of the neuron graph
     assert fwd.estimate_seconds(*host, 0.0, True) == estimates[0]
+    with mode:
+        expanded = torch.empty(1, 1, 96, 32).expand(1, 4, 96, 32)  # GQA's key as a graph may hold it: overlapping
+    assert fwd.estimate_seconds(host[0], expanded, host[2], 0.0, True) > 0
     assert fwd.estimate_seconds(*fake, 0.0, False) != estimates[0]  # another signature, another estimate
     assert fwd.estimate_seconds(*fake, 0.5, True) is None  # outside the kernel: eager's formula prices it
 
