@@ -144,12 +144,17 @@ def test_broadcast_keeps_the_source_and_copies_elsewhere():
     torch.testing.assert_close(other.cpu(), x.cpu())
 
     w = torch.randn(2, 2, device="neuron:0", requires_grad=True)
-    (first, second), (copy_w, _) = comm.broadcast_coalesced([w, x], devices=[0, 1])
-    assert first is w and second is x
-    assert copy_w.device.index == 1 and not copy_w.requires_grad
-    copy_w.add_(1)  # a copy with its own storage and version counter
-    assert w._version == 0
+    ids = torch.arange(4, device="neuron:0")
+    originals, copies = comm.broadcast_coalesced([w, ids, x], devices=[0, 1])
+    assert originals[0] is w and originals[1] is ids and originals[2] is x
+    copy_w, _, copy_x = copies  # the caller's order, though buffers are packed per dtype
+    assert [t.device.index for t in copies] == [1, 1, 1] and not copy_w.requires_grad
+    assert copy_w.untyped_storage().data_ptr() == copy_x.untyped_storage().data_ptr()  # one float32 buffer, as CUDA
+    torch.testing.assert_close([t.cpu() for t in copies], [w.detach().cpu(), ids.cpu(), x.cpu()])
+    copy_w.add_(1)  # a copy with its own memory and version counter
+    assert w._version == 0 and copy_x._version == 0
     torch.testing.assert_close(copy_w.cpu(), w.detach().cpu() + 1)
+    torch.testing.assert_close(copy_x.cpu(), x.cpu())
 
     out = [torch.empty(3, device="neuron:1"), torch.empty(3, device="neuron:2")]
     assert comm.broadcast(x, out=out) == tuple(out)

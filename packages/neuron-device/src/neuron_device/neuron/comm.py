@@ -3,8 +3,9 @@
 `nn.DataParallel` scatters inputs, replicates the module, gathers outputs and sums gradients through
 `torch.nn.parallel.comm`, whose CUDA implementations are C++ functions (`torch._C._scatter`, `_gather`,
 `_broadcast_coalesced`, ...) that exist only in CUDA builds. These are the same operations as device-to-device copies
-through the simulator. `streams` are honoured (`scatter` charges each chunk's copy to its stream); `buffer_size`
-(CUDA's coalescing of small tensors into one transfer) is accepted and changes nothing here.
+through the simulator, made as CUDA makes them: `streams` are honoured (`scatter` charges each chunk's copy to its
+stream), and `broadcast_coalesced` packs tensors into buffers of up to `buffer_size` bytes, one transfer each, so the
+simulated time counts the transfers DataParallel would make.
 
 `_patches` routes `torch.nn.parallel.comm` here while neuron is the current accelerator; `reduce_add_coalesced` is
 torch's own Python, which sums through `reduce_add`.
@@ -16,7 +17,14 @@ import warnings
 from collections.abc import Sequence
 
 import torch
-from torch._utils import _get_device_index, _handle_complex
+from torch._utils import (
+    _flatten_dense_tensors,
+    _get_device_index,
+    _handle_complex,
+    _reorder_tensors_as,
+    _take_tensors,
+    _unflatten_dense_tensors,
+)
 from torch.nn.parallel.comm import reduce_add_coalesced
 
 __all__ = ["broadcast", "broadcast_coalesced", "gather", "reduce_add", "reduce_add_coalesced", "scatter"]
@@ -59,14 +67,20 @@ def broadcast_coalesced(
     tensors: Sequence[torch.Tensor], devices: _Devices, buffer_size: int = 10485760
 ) -> list[list[torch.Tensor]]:
     """`tensors` (all on `devices[0]`) on every device of `devices`: the originals for `devices[0]`, detached copies
-    with their own version counters for the others, as CUDA's coalesced broadcast returns."""
+    with their own version counters for the others, as CUDA's coalesced broadcast returns. The copies of one buffer
+    (tensors of one dtype, up to `buffer_size` bytes) share its storage, as on CUDA."""
     indices = [_get_device_index(d) for d in devices]
     tensors = [_handle_complex(t) for t in tensors]
     _check_on_neuron(tensors, "broadcast_coalesced")
     for tensor in tensors:
         if tensor.get_device() != indices[0]:
             raise RuntimeError(f"All tensors must be on devices[0]: {indices[0]}, but got {tensor.get_device()}")
-    return [list(tensors)] + [[t.detach().to(_neuron(index)) for t in tensors] for index in indices[1:]]
+    copies: list[list[torch.Tensor]] = [[] for _ in indices[1:]]
+    for chunk in _take_tensors(tensors, buffer_size) if copies else ():  # by dtype: reordered below
+        flat = _flatten_dense_tensors([t.detach() for t in chunk])
+        for copied, index in zip(copies, indices[1:]):
+            copied.extend(t.data for t in _unflatten_dense_tensors(flat.to(_neuron(index)), chunk))
+    return [list(tensors)] + [list(_reorder_tensors_as(copied, tensors)) for copied in copies]
 
 
 def reduce_add(inputs: Sequence[torch.Tensor], destination: int | str | torch.device | None = None) -> torch.Tensor:
