@@ -148,11 +148,8 @@ def _matmul_flops(node: torch.fx.Node) -> float:
     return 2.0 * outputs * macs * (2 if packet is aten.convolution_backward else 1)
 
 
-def _plugin_estimator(op: Any) -> Any:
-    """The `estimate_seconds` of the kernel a plugin registered for `op`, if it has one."""
-    if not isinstance(op, torch._ops.OpOverload):
-        return None
-    name = op.name()
+def _plugin_estimator(name: str) -> Any:
+    """The `estimate_seconds` of the kernel a plugin registered for op `name`, if it has one."""
     if name in _registry.builtin:  # neuron-device's own kernel: priced by the cost model
         return None
     return getattr(_registry.kernels.get(name), "estimate_seconds", None)
@@ -160,8 +157,7 @@ def _plugin_estimator(op: Any) -> Any:
 
 def priced_ops() -> list[str]:
     """The ops a plugin's kernel prices itself (part of the compile cache's key: the plans depend on them)."""
-    return sorted(name for name, fn in _registry.kernels.items()
-                  if name not in _registry.builtin and hasattr(fn, "estimate_seconds"))
+    return sorted(name for name in _registry.kernels if _plugin_estimator(name) is not None)
 
 
 def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
@@ -185,7 +181,7 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
     info = _optracking.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
     if info is not None and info.engine == "tensor":  # attention and the like: priced as eager prices them
         args = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args)
-        estimator = _plugin_estimator(node.target)
+        estimator = _plugin_estimator(node.target.name())  # an OpOverload: `op_info` answered for it
         if estimator is not None:
             kwargs = {k: v.meta.get("val") if isinstance(v, torch.fx.Node) else v for k, v in node.kwargs.items()}
             seconds = estimator(*args, **kwargs)

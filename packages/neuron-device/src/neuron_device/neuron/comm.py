@@ -194,8 +194,9 @@ def gather(
                 f"Input tensor at index {i} has shape {list(tensor.shape)}, which differs from the first tensor's "
                 f"{list(first.shape)} in a dimension other than {dim}"
             )
+    sizes = [t.size(dim) for t in tensors]
     size = list(first.shape)
-    size[dim] = sum(t.size(dim) for t in tensors)
+    size[dim] = sum(sizes)
     if out is not None:
         if destination is not None:
             raise RuntimeError(
@@ -212,6 +213,6 @@ def gather(
             )
         index = _get_device_index(destination, allow_cpu=True, optional=True)
         out = torch.empty(size, dtype=first.dtype, device="cpu" if index == -1 else _neuron(index))
-    for chunk, tensor in zip(out.split([t.size(dim) for t in tensors], dim), tensors, strict=True):
+    for chunk, tensor in zip(out.split(sizes, dim), tensors, strict=True):
         chunk.copy_(tensor)
     return out

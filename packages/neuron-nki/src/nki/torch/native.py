@@ -115,7 +115,7 @@ def _estimate(launch: Callable, host_fn: Callable, args: tuple, kwargs: dict) ->
             samples = _sample_arguments((args, kwargs))
             launch(*samples[0], **samples[1])
         _dry_estimates[key] = launches
-    return sum(launch.latency_ns for launch in launches) * 1e-9
+    return sum(record.latency_ns for record in launches) * 1e-9
 
 
 def _sample_arguments(values: Any) -> Any:
