@@ -13,14 +13,6 @@ HBM_PER_CORE_TRN2 = 2.9e12 / 8  # chip bandwidth shared by 8 physical cores
 LAUNCH = costmodel.LAUNCH_SECONDS
 
 
-@pytest.fixture
-def highest_precision():
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(saved)
-
-
 def _elapsed_ms(fn) -> float:
     """Simulated milliseconds that `fn`'s ops take on the current stream (events around it)."""
     torch.neuron.synchronize()

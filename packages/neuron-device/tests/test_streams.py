@@ -15,14 +15,6 @@ from neuron_device.simulation import costmodel
 HBM_PER_CORE = 2.9e12 / 8
 
 
-@pytest.fixture
-def highest_precision():
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(saved)
-
-
 def _timed() -> torch.neuron.Event:
     return torch.neuron.Event(enable_timing=True)
 

@@ -104,25 +104,17 @@ class KernelPlan:
         return cls(kernels, int(data["workspace_bytes"]))
 
 
-def _meta(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _meta(v)]
-    return []
-
-
 def _size(value: int | torch.SymInt) -> int:
     """A concrete size to price: a data-dependent one (`nonzero`, `bincount`, ...) at Inductor's planning size."""
     return optimization_hint(value, fallback=_UNBACKED_SIZE)
 
 
 def _nbytes(node: torch.fx.Node) -> int:
-    return sum(_size(t.numel()) * t.element_size() for t in _meta(node.meta.get("val")))
+    return sum(_size(t.numel()) * t.element_size() for t in services.flat_tensors(node.meta.get("val")))
 
 
 def _numel(node: torch.fx.Node) -> int:
-    return sum(_size(t.numel()) for t in _meta(node.meta.get("val")))
+    return sum(_size(t.numel()) for t in services.flat_tensors(node.meta.get("val")))
 
 
 def _packet(node: torch.fx.Node) -> Any:
@@ -132,7 +124,7 @@ def _packet(node: torch.fx.Node) -> Any:
 
 def _matmul_flops(node: torch.fx.Node) -> float:
     packet = _packet(node)
-    out = _meta(node.meta.get("val"))
+    out = services.flat_tensors(node.meta.get("val"))
     if not out:
         return 0.0
     args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
@@ -185,7 +177,7 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
             seconds = estimator(*args, **kwargs)
             if seconds is not None:
                 return "priced", "tensor", float(seconds)
-        out = _meta(node.meta.get("val"))
+        out = services.flat_tensors(node.meta.get("val"))
         return "matmul", "tensor", float(info.flops(args, out[0] if out else None))
     return "other", "dma" if packet in (aten.cat, aten.copy, aten.clone, aten.index, aten.embedding,
                                         aten.gather, aten.scatter, aten.index_put) else "gpsimd", float(_numel(node))
@@ -236,7 +228,7 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
             if consumers:
                 written[node] = consumers
         hbm = sum(_nbytes(n) for n in read) + sum(_nbytes(n) for n in written)
-        tensors = _meta(members[0].meta.get("val"))
+        tensors = services.flat_tensors(members[0].meta.get("val"))
         dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
         amounts = {engine: float(amount) for engine, amount in work[index].items()}  # static: SymFloat -> float
         kernels.append(Kernel([n.name for n in members], amounts, float(hbm), dtype, engines[index],

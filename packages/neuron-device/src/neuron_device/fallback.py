@@ -23,6 +23,7 @@ import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -220,6 +221,24 @@ def joined_device(tensor: torch.Tensor, index: int) -> int:
     which the boxed fallback handles otherwise)."""
     device = tensor.get_device()  # -1 for CPU and meta tensors
     return device if device >= 0 and (index < 0 or device == index) else -2
+
+
+def tensor_list(value: list | tuple, index: int, convert: Callable[[torch.Tensor], Any]) -> tuple[list, int] | None:
+    """A tensor-list argument of the common call (the fast path's and adaptive eager's): each item through
+    `convert` (None items stay None) and the device index joined over them (`joined_device`); None when an item is
+    not a tensor or not on that device."""
+    items = []
+    for item in value:
+        if item is None:
+            items.append(None)
+            continue
+        if not isinstance(item, torch.Tensor):
+            return None
+        index = joined_device(item, index)
+        if index < 0:
+            return None
+        items.append(convert(item))
+    return items, index
 
 
 _FULL_PRECISION = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}

@@ -11,7 +11,7 @@ Kernels
     `registered_kernels` / `builtin_kernels` (which ops have a direct kernel, and which of them are neuron-device's
     own), `op_info` (the op catalogue: an op's engine and FLOPs).
 Running on the host
-    `run_on_host` (the CPU fallback: any op on `neuron` tensors), `seeded_call` (call a random op with the device's
+    `flat_tensors` (every tensor in nested lists and tuples), `run_on_host` (the CPU fallback: any op on `neuron` tensors), `seeded_call` (call a random op with the device's
     generator).
 Simulated time
     `charge` (queue device seconds on the current stream), `record_kernel` (account one launch of a kernel: the
@@ -32,7 +32,7 @@ from .ops.registry import kernels as registered_kernels
 from .ops.registry import register as register_kernel
 from .plugins import hookimpl
 from .simulation.costmodel import KernelEstimate, estimate_kernel
-from .simulation.kernels import Work, record_kernel
+from .simulation.kernels import Work, flat_tensors, record_kernel
 from .storage import adopt, host_alias
 from .timeline import charge
 from .topology import Topology, topology
@@ -48,6 +48,7 @@ __all__ = [
     "charge",
     "device_allocator",
     "estimate_kernel",
+    "flat_tensors",
     "hookimpl",
     "host_alias",
     "op_info",

@@ -45,7 +45,7 @@ from .. import allocator, envvars
 from .. import numerics as _numerics
 from .. import storage as _storage
 from .. import topology as _topology
-from ..fallback import executed_ops, joined_device
+from ..fallback import executed_ops, joined_device, tensor_list
 from ..ops.catalogue import OpInfo
 from ..simulation import kernels as _kernels
 
@@ -242,7 +242,7 @@ def _spec(signature: tuple, call: torch._ops.OpOverload, info: OpInfo, args: tup
     returns is what a queued result must look like, and meta functions do not always agree with CPU kernels
     (`native_layer_norm`'s statistics are float32 for bfloat16 input on meta, bfloat16 on the CPU)."""
     spec = result = None
-    if sum(t.nbytes for t in _tensors(args)) <= _PROBE_BYTES:
+    if sum(t.nbytes for t in _kernels.flat_tensors(args)) <= _PROBE_BYTES:
         probes = _probe(args)
         try:
             with _HostContext():
@@ -256,14 +256,6 @@ def _spec(signature: tuple, call: torch._ops.OpOverload, info: OpInfo, args: tup
         spec = _Spec(metadata, single, _kernels._work(info, probes, kwargs, result))
     _specs[signature] = spec
     return spec
-
-
-def _tensors(values: Any):
-    for value in values:
-        if isinstance(value, _Tensor):
-            yield value
-        elif type(value) is list or type(value) is tuple:
-            yield from _tensors(value)
 
 
 def _argument(value: _Tensor) -> tuple[_External | _Queued | bool, tuple]:
@@ -356,18 +348,13 @@ def _record(plan: Any, args: tuple, kwargs: dict):
             template[position] = reference
             refs.append(reference)
         elif (type(value) is list or type(value) is tuple) and value and position in tensor_positions:
+            walked = tensor_list(value, index, _argument)  # (reference, signature) per item, the fast path's walk
+            if walked is None:
+                return None
+            pairs, index = walked
             items, shapes = [], []
-            for item in value:
-                if item is None:
-                    items.append(None)
-                    shapes.append(None)
-                    continue
-                if not isinstance(item, _Tensor):
-                    return None
-                index = joined_device(item, index)
-                if index < 0:
-                    return None
-                reference, shape_key = _argument(item)
+            for pair in pairs:
+                reference, shape_key = (None, None) if pair is None else pair
                 if type(reference) is bool:
                     return None if reference else False
                 items.append(reference)

@@ -26,7 +26,7 @@ import torch
 from .. import allocator
 from .. import numerics as _numerics
 from ..adaptive_eager import queue as _adaptive_eager
-from ..fallback import executed_ops, joined_device, run_on_host
+from ..fallback import executed_ops, joined_device, run_on_host, tensor_list
 from ..simulation import kernels as _kernels
 from ..storage import host_alias
 from . import registry
@@ -161,18 +161,10 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
                 return None
             host[position] = host_alias(value)
         elif type(value) is list or type(value) is tuple:
-            items = []
-            for item in value:
-                if item is None:
-                    items.append(None)
-                    continue
-                if not isinstance(item, _Tensor):
-                    return None
-                index = joined_device(item, index)
-                if index < 0:
-                    return None
-                items.append(host_alias(item))
-            host[position] = items
+            walked = tensor_list(value, index, host_alias)
+            if walked is None:
+                return None
+            host[position], index = walked
         elif value is not None:
             if position != 1 or plan.scalar_call is None or not isinstance(value, _NUMBERS):
                 return None

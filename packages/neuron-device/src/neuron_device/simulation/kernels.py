@@ -44,6 +44,7 @@ __all__ = [
     "clear_compilation_counters",
     "clear_op_tracking",
     "compilation_stats",
+    "flat_tensors",
     "get_executed_ops",
     "get_fallback_ops",
     "launches",
@@ -89,12 +90,13 @@ def _signature(values: Iterable[Any]) -> tuple:
     return tuple(key)
 
 
-def _tensors(value: Any):
+def flat_tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in `value` (a tensor or nested lists and tuples of them), in order."""
     if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in flat_tensors(item)]
+    return []
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
@@ -156,9 +158,9 @@ def launches() -> list[Launch]:
 
 def _work(info: OpInfo, args: tuple, kwargs: dict, result: Any) -> Work:
     """What one call of a signature does (computed once per signature)."""
-    outputs = list(_tensors(result))
+    outputs = flat_tensors(result)
     # an out= tensor is written, not read: it counts once, as an output
-    inputs = list(_tensors(args)) + [t for t in _tensors(list(kwargs.values())) if all(t is not o for o in outputs)]
+    inputs = flat_tensors(args) + [t for t in flat_tensors(list(kwargs.values())) if all(t is not o for o in outputs)]
     if info.engine is None:
         return Work(host_copies=(_nbytes(inputs), _nbytes(outputs)))
     first = outputs[0] if outputs else None
