@@ -35,6 +35,7 @@ from ._context import CoreState, LaunchContext
 from ._cost import CoreTimeline, CostReport
 from ._dtypes import precise_fp_default
 from ._errors import NkiError
+from ._liveness import touch
 from ._targets import Target, resolve_target
 from ._tensor import NkiTensor, hbm, wrap_array
 
@@ -131,6 +132,8 @@ def run_kernel(fn: Callable, args: tuple = (), kwargs: dict | None = None, grid=
                     cctx.program_id = pid
                     cctx.shared_counter = 0
                     results[i] = fn(*w_args, **w_kwargs)
+                    _touch_returned(results[i])  # returned tiles live to the kernel's end
+                    cores[c].ledger.settle(tgt)
         finally:
             _context.set_current(prev)
 
@@ -140,6 +143,17 @@ def run_kernel(fn: Callable, args: tuple = (), kwargs: dict | None = None, grid=
         _run_lockstep(ctx, n_cores, run_core)
     result = results.get(0)
     return KernelRun(_to_host(result, precise), CostReport.from_cores(tgt, cores))
+
+
+def _touch_returned(result) -> None:
+    if isinstance(result, NkiTensor):
+        touch(result.alloc)
+    elif isinstance(result, (tuple, list)):
+        for r in result:
+            _touch_returned(r)
+    elif isinstance(result, dict):
+        for r in result.values():
+            _touch_returned(r)
 
 
 class _LockStep:

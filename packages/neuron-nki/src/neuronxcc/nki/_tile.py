@@ -136,7 +136,6 @@ class LegacyTile(NkiTensor):
     def __iadd__(self, o):
         """``acc += x``. Into PSUM from PSUM (``psum += nl.matmul(...)``) this is Tensor Engine accumulation: no
         extra instruction, and elements never written before are overwritten (a fresh ``nl.ndarray`` works)."""
-        from . import language as nl
 
         if self.buffer is psum and isinstance(o, NkiTensor) and o.buffer is psum:
             check_access(o, None, kernel_location(2))
@@ -145,19 +144,23 @@ class LegacyTile(NkiTensor):
             written = self.written_view() if self.key is None else self._map_base(self.alloc.written)[self.key]
             self.write(np.where(written, self.read_f32() + v, v))
             return self
-        self.write(nl.add(self, o, dtype=self.dtype).read())
-        return self
+        return self._update("add", o)
 
     def __isub__(self, o):
-        from . import language as nl
-
-        self.write(nl.subtract(self, o, dtype=self.dtype).read())
-        return self
+        return self._update("subtract", o)
 
     def __imul__(self, o):
+        return self._update("multiply", o)
+
+    def _update(self, op: str, o):
+        """``self op= o`` computed into this tile, as the compiler does: no temporary tile."""
+        from nki import language as cnl
+
         from . import language as nl
 
-        self.write(nl.multiply(self, o, dtype=self.dtype).read())
+        nl._checked(None, self, o)
+        a, b = nl._align(self, o)
+        cnl._binary_tile(op, a, b, self.dtype, out=self)
         return self
 
 
