@@ -222,10 +222,33 @@ def _expand(idx: tuple, ndim: int, name: str) -> tuple:
 
 
 def _range_of(k, n: int) -> tuple[int, int, int]:
+    """(start, count, step) of a slice or ``nl.ds`` on a dimension of size ``n``; a slice with explicit
+    non-negative bounds past the end keeps its full length (the access is then partly out of bounds)."""
     if isinstance(k, DynSlice):
         return int(k.start), int(k.size), int(k.step)
+    if _past_end(k, n):
+        return int(k.start or 0), int(k.stop) - int(k.start or 0), 1
     start, stop, step = k.indices(n)
     return start, max(0, (stop - start + (step - (1 if step > 0 else -1))) // step), step
+
+
+def _past_end(k, n: int) -> bool:
+    """A unit-step slice ``a:b`` with ``0 <= a < b`` and ``b > n``."""
+    return (isinstance(k, slice) and k.step in (None, 1) and isinstance(k.stop, (int, np.integer))
+            and isinstance(k.start, (int, np.integer, type(None))) and 0 <= int(k.start or 0) < int(k.stop)
+            and int(k.stop) > n)
+
+
+def _partly_outside(t: NkiTensor, idx: tuple) -> bool:
+    """Whether a slice / ``nl.ds`` reaches past its dimension: such an access is legal where a ``mask=`` excludes
+    the outside elements, so it takes the index-expression path, whose bounds check is deferred to the mask."""
+    if any(k is None for k in idx) or sum(1 for k in idx if k is not Ellipsis) > t.ndim:
+        return False
+    for k, n in zip(_expand(idx, t.ndim, t.name), t.shape):
+        if _past_end(k, n) or (isinstance(k, DynSlice) and int(k.size) > 0
+                               and not 0 <= int(k.start) + (int(k.size) - 1) * int(k.step) < n):
+            return True
+    return False
 
 
 def _as_int(k) -> int | None:
@@ -261,7 +284,7 @@ def legacy_index(t: NkiTensor, idx) -> LegacyTile:
     """Index ``t`` the NKI 0.1 way; see module docstring."""
     if not isinstance(idx, tuple):
         idx = (idx,)
-    if not any(isinstance(k, (IndexExpr, NkiTensor)) for k in idx):
+    if not any(isinstance(k, (IndexExpr, NkiTensor)) for k in idx) and not _partly_outside(t, idx):
         return _basic_index(t, idx)
     if t.key is not None:
         _fail("indexing a gathered (index-expression) view again is not supported; index the tensor once",

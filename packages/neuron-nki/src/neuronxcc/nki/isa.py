@@ -90,18 +90,49 @@ def _engine(e):
 
 
 # -- Tensor Engine ----------------------------------------------------------------------------------------------
+_LEGACY_PERF_MODES = {None: "none", "none": "none", "double_row": "double_row", "double_row_gen3": "double_row"}
+
+
 def nc_matmul(stationary: NkiTensor, moving: NkiTensor, *, is_stationary_onezero: bool = False,
               is_moving_onezero: bool = False, is_transpose: bool = False, tile_position=(), tile_size=(), mask=None,
-              **kwargs) -> LegacyTile:
-    """``stationary.T @ moving`` into a new fp32 PSUM tile ``[stationary free, moving free]``."""
+              perf_mode=None, **kwargs) -> LegacyTile:
+    """``stationary.T @ moving`` into a new fp32 PSUM tile ``[stationary free, moving free]``.
+
+    An operand in PSUM (e.g. an ``nc_transpose`` result) is moved to SBUF first, as the legacy compiler does
+    (charged as a ``tensor_copy``). ``perf_mode='double_row'``/``'double_row_gen3'`` is the FP8 double-row mode
+    (``[K, 2, F]`` operands; NeuronCore-v3+)."""
     _check(mask, stationary, moving)
-    check_matmul_operands("nc_matmul", stationary, moving)
-    out = _new((stationary.free_size, moving.free_size),
-               stationary.dtype if is_transpose else _dt.float32, psum, "nc_matmul")
+    mode = _perf_mode(perf_mode)
+    double = mode is _c.matmul_perf_mode.double_row
+    if not double:
+        check_matmul_operands("nc_matmul", stationary, moving)
+    stationary, moving = _in_sbuf(stationary), _in_sbuf(moving)
+    free = (stationary.free_size // 2, moving.free_size // 2) if double else (stationary.free_size,
+                                                                               moving.free_size)
+    out = _new(free, stationary.dtype if is_transpose else _dt.float32, psum, "nc_matmul")
     _c.nc_matmul(out, stationary, moving, is_stationary_onezero=is_stationary_onezero,
                  is_moving_onezero=is_moving_onezero, is_transpose=is_transpose, accumulate=False,
-                 tile_position=tile_position, tile_size=tile_size)
+                 tile_position=tile_position, tile_size=tile_size, perf_mode=mode)
     return _done(out, mask)
+
+
+def _perf_mode(perf_mode):
+    if isinstance(perf_mode, _c.matmul_perf_mode):
+        return perf_mode
+    if perf_mode not in _LEGACY_PERF_MODES:
+        raise NkiValidationError(f"unknown nc_matmul perf_mode {perf_mode!r}; expected one of "
+                                 f"{sorted(k for k in _LEGACY_PERF_MODES if k)}", code="err_unsupported_perf_mode",
+                                 location=kernel_location(3))
+    return _c.matmul_perf_mode[_LEGACY_PERF_MODES[perf_mode]]
+
+
+def _in_sbuf(t: NkiTensor) -> NkiTensor:
+    """A matmul operand in SBUF: a PSUM tile is copied to a new SBUF tile (one charged ``tensor_copy``)."""
+    if t.buffer is not psum:
+        return t
+    tmp = _new(t.shape, t.dtype, sbuf, "nc_matmul_operand")
+    _c.tensor_copy(tmp, t)
+    return tmp
 
 
 def nc_transpose(data: NkiTensor, *, mask=None, dtype=None, engine=None, **kwargs) -> LegacyTile:
