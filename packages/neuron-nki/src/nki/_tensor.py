@@ -333,8 +333,10 @@ class NkiTensor:
                                      location=kernel_location(3))
         return self.base
 
-    def reshape(self, *shape) -> NkiTensor:
-        """Same elements, new shape (must be expressible as a view of the same memory)."""
+    def reshape(self, *dims, shape=None) -> NkiTensor:
+        """Same elements, new shape (must be expressible as a view of the same memory); ``t.reshape(shape)``,
+        ``t.reshape(*shape)`` or ``t.reshape(shape=...)``."""
+        shape = dims if shape is None else (tuple(shape),)
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         base = self._plain("reshape")

@@ -89,8 +89,8 @@ class LegacyTile(NkiTensor):
             core_isa.memset(dst, value)
 
     # -- views ----------------------------------------------------------------------------------------------
-    def reshape(self, *shape) -> LegacyTile:
-        return wrap(super().reshape(*shape))
+    def reshape(self, *dims, shape=None) -> LegacyTile:
+        return wrap(super().reshape(*dims, shape=shape))
 
     def permute(self, *dims) -> LegacyTile:
         return wrap(super().permute(*dims))
