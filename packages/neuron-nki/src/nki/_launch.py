@@ -367,6 +367,12 @@ def simulate(kernel) -> Callable:
     return call
 
 
+def _materialize(v, rng: np.random.Generator):
+    """A type placeholder argument (``nt.tensor[[8192, 4096], nl.bfloat16]``) becomes an input of that type."""
+    make = getattr(v, "__nki_placeholder__", None)
+    return make(rng) if make is not None else v
+
+
 class _Benchmarked:
     def __init__(self, kernel: Kernel, warmup: int, iters: int):
         self.kernel = kernel
@@ -377,6 +383,9 @@ class _Benchmarked:
         return _Benchmarked(self.kernel[grid], self.warmup, self.iters)
 
     def __call__(self, *args, **kwargs):
+        rng = np.random.default_rng(0)
+        args = tuple(_materialize(a, rng) for a in args)
+        kwargs = {k: _materialize(v, rng) for k, v in kwargs.items()}
         run = self.kernel.run(*args, **kwargs)
         self.benchmark_result = run.cost  # simulated: one deterministic estimate, no hardware timing
         return run.outputs
@@ -384,7 +393,8 @@ class _Benchmarked:
 
 def benchmark(kernel=None, warmup: int = 10, iters: int = 100, **kwargs):
     """Run once in the simulator and expose ``.benchmark_result`` (a simulated :class:`CostReport` with
-    ``nc_latency.get_latency_percentile(p)`` in µs, like the legacy ``nki.benchmark``)."""
+    ``nc_latency.get_latency_percentile(p)`` in µs, like the legacy ``nki.benchmark``). Arguments may be type
+    placeholders (``nt.tensor[[8192, 4096], nl.bfloat16]``): inputs of that shape and dtype are generated."""
     def deco(f):
         return _Benchmarked(f if isinstance(f, Kernel) else Kernel(f), warmup, iters)
 
