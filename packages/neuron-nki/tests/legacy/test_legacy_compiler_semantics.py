@@ -9,7 +9,7 @@ import pytest
 import neuronxcc.nki as nki
 import neuronxcc.nki.isa as nisa
 import neuronxcc.nki.language as nl
-from nki import NkiValidationError
+from nki import NkiError, NkiValidationError
 
 
 @pytest.fixture
@@ -99,3 +99,28 @@ def test_unmasked_slice_past_the_end_is_still_out_of_bounds():
 
     with pytest.raises(NkiValidationError, match=r"index range \[128, 255\] exceed dimension size of 200"):
         nki.simulate_kernel(nki.jit(unmasked), np.zeros((200, 8), np.float32))
+
+
+def test_if_on_a_tile_takes_the_branch_with_a_warning():
+    """NKI 0.1 traces ``if tile:`` as a true condition (the tile object is truthy); the hardware runs the branch."""
+    def branch(a):
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        if t:
+            t = nl.multiply(t, 3.0)
+        nl.store(out, t)
+        return out
+
+    a = np.zeros((4, 4), np.float32) - 1.0
+    with pytest.warns(SyntaxWarning, match="always true"):
+        out = nki.simulate_kernel(nki.jit(branch), a)
+    np.testing.assert_array_equal(out, 3 * a)
+
+
+def test_returning_an_sbuf_tile_stays_an_error():
+    """Kernel outputs are HBM tensors on the hardware too, so this strictness is kept (docs/nki.md)."""
+    def returns_tile(a):
+        return nl.load(a)
+
+    with pytest.raises(NkiError, match="outputs must be HBM"):
+        nki.simulate_kernel(nki.jit(returns_tile), np.zeros((4, 4), np.float32))

@@ -19,6 +19,7 @@ so the legacy API only adds what NKI 0.1 kernels need on top:
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -55,6 +56,14 @@ class LegacyTile(NkiTensor):
         self.fresh = False
         self.ivars = None
         self.nblock = 0
+
+    def __bool__(self):
+        """Truthy, as a traced tile object is to NKI 0.1's compiler (``if tile:`` always takes its branch, on
+        hardware too); warns because the branch does not depend on the tile's values."""
+        warnings.warn(f"'if' / 'bool()' on tile `{self.name}` is always true when NKI 0.1 traces the kernel; the "
+                      "branch does not depend on the tile's values (compare in a kernel argument, or use "
+                      "nl.where / a mask)", SyntaxWarning, stacklevel=2)
+        return True
 
     # -- indexing --------------------------------------------------------------------------------------------
     def __getitem__(self, idx) -> LegacyTile:
