@@ -17,6 +17,7 @@ __all__ = [
     "NkiError",
     "NkiValidationError",
     "kernel_location",
+    "kernel_site",
     "raise_error",
 ]
 
@@ -65,16 +66,26 @@ def _is_internal(filename: str) -> bool:
     return "numpy" + os.sep in f or "ml_dtypes" + os.sep in f
 
 
-def kernel_location(depth: int = 1) -> tuple[str, int, str, str]:
-    """(file, line, function, source) of the innermost frame outside the simulator: the kernel's line."""
+def kernel_site(depth: int = 1) -> tuple[str, int, str]:
+    """(file, line, function) of the innermost frame outside the simulator: the kernel's line (cheap: no source)."""
     frame = sys._getframe(depth)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not _is_internal(filename) and not filename.startswith("<frozen"):
-            src = linecache.getline(filename, frame.f_lineno).strip()
-            return (filename, frame.f_lineno, frame.f_code.co_name, src)
+            return (filename, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
-    return ("<unknown>", 0, "", "")
+    return ("<unknown>", 0, "")
+
+
+def with_source(site: tuple[str, int, str]) -> tuple[str, int, str, str]:
+    """A :func:`kernel_site` completed with its source line, as error locations carry it."""
+    filename, lineno, function = site
+    return (filename, lineno, function, linecache.getline(filename, lineno).strip() if lineno else "")
+
+
+def kernel_location(depth: int = 1) -> tuple[str, int, str, str]:
+    """(file, line, function, source) of the innermost frame outside the simulator: the kernel's line."""
+    return with_source(kernel_site(depth + 1))
 
 
 def raise_error(message: str, code: str = "err_nki", cls: type[NkiError] = NkiValidationError):

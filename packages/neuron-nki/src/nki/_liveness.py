@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from ._errors import NkiValidationError
+from ._errors import NkiValidationError, with_source
 
 __all__ = ["LiveRange", "OnChipLedger", "tick", "touch"]
 
@@ -24,15 +24,16 @@ tick = _CLOCK.__next__
 
 
 class LiveRange:
-    """One on-chip allocation: ``[born, last]`` in ticks, its bytes per partition, and where it was made."""
+    """One on-chip allocation: ``[born, last]`` in ticks, its bytes per partition, what it is (shape, dtype,
+    name; formatted only for an error) and its kernel site."""
 
-    __slots__ = ("born", "label", "last", "location", "nbytes")
+    __slots__ = ("born", "last", "nbytes", "site", "what")
 
-    def __init__(self, nbytes: int, label: str, location: tuple):
+    def __init__(self, nbytes: int, what: tuple, site: tuple):
         self.born = self.last = tick()
         self.nbytes = nbytes
-        self.label = label
-        self.location = location
+        self.what = what
+        self.site = site
 
 
 def touch(alloc) -> None:
@@ -51,8 +52,8 @@ class OnChipLedger:
         self.ranges: dict[str, list[LiveRange]] = {"sbuf": [], "psum": []}
         self.peak: dict[str, int] = {"sbuf": 0, "psum": 0}
 
-    def open(self, buffer_name: str, nbytes: int, label: str, location: tuple) -> LiveRange:
-        r = LiveRange(nbytes, label, location)
+    def open(self, buffer_name: str, nbytes: int, what: tuple, site: tuple) -> LiveRange:
+        r = LiveRange(nbytes, what, site)
         self.ranges[buffer_name].append(r)
         return r
 
@@ -66,11 +67,12 @@ class OnChipLedger:
                 while live and live[0][0] < r.born:
                     used -= heapq.heappop(live)[1]
                 if used + r.nbytes > cap:
-                    name = kind.upper()
+                    from ._limits import alloc_label
+
                     raise NkiValidationError(
-                        f"{name} capacity exceeded on {target.name}: allocating {r.label} ({r.nbytes} bytes per "
-                        f"partition) with {used} of {cap} bytes per partition already live",
-                        code="err_out_of_memory", location=r.location)
+                        f"{kind.upper()} capacity exceeded on {target.name}: allocating {alloc_label(*r.what)} "
+                        f"({r.nbytes} bytes per partition) with {used} of {cap} bytes per partition already live",
+                        code="err_out_of_memory", location=with_source(r.site))
                 used += r.nbytes
                 heapq.heappush(live, (r.last, r.nbytes))
                 if used > self.peak[kind]:

@@ -17,6 +17,7 @@ The first dimension of an SBUF/PSUM tensor is the partition dimension.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from . import _context
 from ._dtypes import as_dtype, cast_for_store, nki_name, storage_dtype, uninit_value
-from ._errors import NkiValidationError, fmt_shape, kernel_location
+from ._errors import NkiValidationError, fmt_shape, kernel_location, kernel_site
 from ._liveness import touch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -280,6 +281,10 @@ class NkiTensor:
         w = a.written
         if w is None:
             return None
+        if self.base is a.data:  # the whole allocation (the common case): no view to map
+            if set_true:
+                w[...] = True
+            return w
         # Map our view back onto the allocation: views of a.data share its memory layout.
         if self.key is None:
             off = (self.base.__array_interface__["data"][0] - a.data.__array_interface__["data"][0])
@@ -519,6 +524,19 @@ class NkiTensor:
         return self
 
 
+@functools.cache
+def _storage(dtype: np.dtype, precise: bool) -> tuple[np.dtype, object]:
+    """(storage dtype, fill value of a fresh tensor) per logical dtype: every instruction allocates."""
+    return storage_dtype(dtype, precise), uninit_value(dtype)
+
+
+@functools.cache
+def _limits_module():
+    from . import _limits
+
+    return _limits
+
+
 def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, api: str = "ndarray") -> NkiTensor:
     """Allocate a tensor in the running launch; checks partition size and one tensor's size against the
     target's SBUF/PSUM partition (all live tensors together are checked by live range, ``_liveness``)."""
@@ -539,16 +557,15 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, api: str =
             t = ctx.shared_outputs[k]
             if t.shape == shape and t.dtype == dtype:
                 return t
-    sdt = storage_dtype(dtype, ctx.precise)
+    sdt, uninit = _storage(dtype, ctx.precise)
     span = None
     if buffer.on_chip:
-        from . import _limits
-
-        _limits.check_alloc_onchip(ctx, shape, dtype, buffer, name)
+        _limits_module().check_alloc_onchip(ctx, shape, dtype, buffer, name)
         pbytes = (math.prod(shape[1:]) if shape else 1) * dtype.itemsize
-        span = ctx.core.ledger.open(buffer.name, pbytes, _limits.alloc_label(shape, dtype, name), kernel_location(2))
+        span = ctx.core.ledger.open(buffer.name, pbytes, (shape, dtype, name), kernel_site(2))
     if fill is None:
-        data = np.full(shape, uninit_value(dtype), dtype=sdt)
+        data = np.empty(shape, dtype=sdt)
+        data.fill(uninit)
     else:
         data = np.empty(shape, dtype=sdt)
         data[...] = cast_for_store(np.asarray(fill), dtype, sdt, ctx.precise)
