@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki._dtypes import as_dtype, is_float
+from nki.extension import as_dtype, is_float
 
 __all__ = ["TensorType", "mutable_tensor", "scalar", "tensor"]
 
