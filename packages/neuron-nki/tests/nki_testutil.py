@@ -35,3 +35,45 @@ def sim(body, *arrays, out_shape=None, out_dtype=None, grid=None):
     if grid is not None:
         k = k[grid]
     return nki.simulate(k)(*arrays)
+
+
+# -- shared references for the tutorial ports of both APIs ----------------------------------------------------
+K1_FULL = (8192, 4096, 8192)  # calibration.md K1: lhsT [K, M] = [8192, 4096], rhs [K, N] = [8192, 8192], trn1
+# Same M (what fills SBUF in the blocked kernel: its fp32 result block spans all of M) with small K and N.
+K1_SMALL = (1024, 4096, 1024)
+
+
+def k1_inputs(shape, seed: int = 0):
+    K, M, N = shape
+    rng = np.random.default_rng(seed)
+    return bf16(rng.standard_normal((K, M), dtype=np.float32)), bf16(rng.standard_normal((K, N), dtype=np.float32))
+
+
+def check_k1_result(out, lhsT, rhs, rows: int = 256):
+    """The first ``rows`` rows of ``lhsT.T @ rhs`` (a bf16 result of long fp32 sums)."""
+    assert out.shape == (lhsT.shape[1], rhs.shape[1]) and out.dtype == ml_dtypes.bfloat16
+    ref = np.asarray(lhsT[:, :rows], np.float32).T @ np.asarray(rhs, np.float32)
+    tol = 2e-2 * np.sqrt(lhsT.shape[0])
+    np.testing.assert_allclose(np.asarray(out[:rows], np.float32), ref, rtol=2e-2, atol=tol)
+
+
+def mamba_inputs(rng, batch: int, channels: int, seq: int, states: int):
+    """delta, u: [batch, channels, seq]; A: [channels, states] (negative: decaying); B, C: [batch, states, seq]."""
+    f = np.float32
+    return (rng.uniform(0.01, 0.2, (batch, channels, seq)).astype(f), rng.standard_normal((batch, channels, seq)).astype(f),
+            -rng.uniform(0.5, 2.0, (channels, states)).astype(f), rng.standard_normal((batch, states, seq)).astype(f),
+            rng.standard_normal((batch, states, seq)).astype(f))
+
+
+def mamba_reference(delta, u, A, B, C) -> np.ndarray:
+    """Selective scan in float64: ``h[t] = exp(delta*A) h[t-1] + delta*u*B``, ``out = sum_states h * C``."""
+    d, u, A, B, C = (np.asarray(x, np.float64) for x in (delta, u, A, B, C))
+    out = np.zeros_like(d)
+    for n in range(A.shape[1]):
+        decay = np.exp(d * A[None, :, n, None])
+        drive = d * u * B[:, None, n, :]
+        h = np.zeros(d.shape[:2])
+        for t in range(d.shape[2]):
+            h = decay[..., t] * h + drive[..., t]
+            out[..., t] += h * C[:, None, n, t]
+    return out

@@ -36,6 +36,32 @@ def test_uninitialised_sbuf_read_propagates_nan():
     assert np.isnan(nki.simulate(k)(np.zeros((2, 2), np.float32))).all()
 
 
+def test_partly_written_tile_reads_uninitialised_elsewhere():
+    """On-chip tensors are filled with their uninitialised value lazily (not when a whole-tensor write comes
+    first): a partial write, a view's write or a bitcast must still leave NaN / 4 in the elements not written."""
+    @nki.jit
+    def k(x):
+        t = nl.ndarray((2, 4), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[:, 0:2], src=x[:, 0:2])  # half of t
+        whole = nl.ndarray((2, 4), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=whole, src=x)  # all of it: no fill needed
+        ints = nl.ndarray((2, 4), nl.int32, buffer=nl.sbuf)
+        bits = ints.view(nl.float32)
+        outs = []
+        for src in (t, whole, bits):
+            o = nl.ndarray((2, 4), nl.float32, buffer=nl.shared_hbm)
+            nisa.dma_copy(dst=o, src=src)
+            outs.append(o)
+        return tuple(outs)
+
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    half, whole, bits = nki.simulate(k)(x)
+    np.testing.assert_array_equal(half[:, :2], x[:, :2])
+    assert np.isnan(half[:, 2:]).all()
+    np.testing.assert_array_equal(whole, x)
+    assert (bits.view(np.int32) == 4).all()
+
+
 def test_zeros_ones_full_and_like():
     @nki.jit
     def k():

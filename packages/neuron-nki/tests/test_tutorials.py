@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from nki_testutil import bf16
+from nki_testutil import K1_FULL, K1_SMALL, bf16, check_k1_result, k1_inputs, mamba_inputs, mamba_reference
 
-from nki.tutorials import attention, elementwise, matmul, norms
+from nki.tutorials import attention, elementwise, mamba, matmul, norms
 
 
 def f32(a):
@@ -124,3 +124,43 @@ def test_rotary_embedding(rng):
     x1, x2 = x[:, :32], x[:, 32:]
     ref = np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=1)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+# The four K1 kernels of calibration.md (tiled; hoisted loads; blocked M/N; blocked M/N/K with the tutorial's
+# 16x128 M, 2x512 N, 8x128 K blocks) on trn1, where the blocked kernel only fits by live ranges.
+K1_KERNELS = [(matmul.matmul_tiled, {}), (matmul.matmul_hoist_load, {}), (matmul.matmul_block_free, {}),
+              (matmul.matmul_fully_optimized, {"TILES_M": 16, "TILES_N": 2, "TILES_K": 8})]
+
+
+def _run_k1(kernel, kw, shape, monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    lhsT, rhs = k1_inputs(shape)
+    run = kernel.run(lhsT, rhs, **kw)
+    check_k1_result(run.outputs, lhsT, rhs)
+    assert run.cost.sbuf_peak_bytes_per_partition <= 192 * 1024
+    return run
+
+
+@pytest.mark.parametrize(("kernel", "kw"), K1_KERNELS, ids=lambda k: getattr(k, "__name__", ""))
+def test_k1_matmul_kernels_on_trn1(kernel, kw, monkeypatch):
+    _run_k1(kernel, kw, K1_SMALL, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kernel", "kw"), K1_KERNELS, ids=lambda k: getattr(k, "__name__", ""))
+def test_k1_matmul_kernels_on_trn1_full_size(kernel, kw, monkeypatch):
+    _run_k1(kernel, kw, K1_FULL, monkeypatch)
+
+
+def test_layernorm_v1_and_v2(rng):
+    x = rng.standard_normal((200, 1000)).astype(np.float32) + 3.0
+    g, b = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
+    ref = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5) * g + b
+    for kernel in (norms.layernorm_v1, norms.layernorm):
+        np.testing.assert_allclose(kernel(x, g, b), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", [mamba.mamba_v1, mamba.mamba_v2, mamba.mamba_v3], ids=lambda k: k.__name__)
+def test_mamba(kernel, rng):
+    args = mamba_inputs(rng, batch=2, channels=256, seq=1024, states=3)
+    np.testing.assert_allclose(kernel(*args), mamba_reference(*args), rtol=1e-4, atol=1e-4)

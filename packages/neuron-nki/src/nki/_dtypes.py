@@ -139,6 +139,8 @@ def cast_for_store(values, logical: np.dtype, storage: np.dtype, precise: bool) 
             return np.clip(f, info.min, info.max).astype(storage)
     if storage == bool_:
         return v != 0
+    if v.dtype == float32 and storage in _ML_FLOATS and not logical.metadata:
+        return v.astype(storage)  # the hot case (fp32 engine result into a bf16/fp8 tile): ml_dtypes rounds, no FP flags
     with np.errstate(over="ignore", invalid="ignore"):
         if precise and nki_name(logical) == "tfloat32":
             return _round_tf32(np.asarray(v, dtype=np.float32))

@@ -8,6 +8,7 @@ Why: a kernel author needs the line of *their* kernel, not of the simulator. Eve
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
@@ -16,6 +17,7 @@ __all__ = [
     "NkiError",
     "NkiValidationError",
     "kernel_location",
+    "kernel_site",
     "raise_error",
 ]
 
@@ -29,6 +31,7 @@ def register_internal_dir(path: str) -> None:
     p = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else os.path.abspath(path)
     if p not in _INTERNAL_DIRS:
         _INTERNAL_DIRS.append(p)
+        _is_internal.cache_clear()
 
 
 class NkiError(Exception):
@@ -57,9 +60,12 @@ def register_user_dir(path: str) -> None:
     p = os.path.abspath(path)
     if p not in _USER_DIRS:
         _USER_DIRS.append(p)
+        _is_internal.cache_clear()
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_internal(filename: str) -> bool:
+    """Cached: every on-chip allocation records its kernel line (``_liveness``)."""
     f = os.path.abspath(filename)
     if any(f.startswith(d + os.sep) for d in _USER_DIRS):
         return False
@@ -68,16 +74,26 @@ def _is_internal(filename: str) -> bool:
     return "numpy" + os.sep in f or "ml_dtypes" + os.sep in f
 
 
-def kernel_location(depth: int = 1) -> tuple[str, int, str, str]:
-    """(file, line, function, source) of the innermost frame outside the simulator: the kernel's line."""
+def kernel_site(depth: int = 1) -> tuple[str, int, str]:
+    """(file, line, function) of the innermost frame outside the simulator: the kernel's line (cheap: no source)."""
     frame = sys._getframe(depth)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not _is_internal(filename) and not filename.startswith("<frozen"):
-            src = linecache.getline(filename, frame.f_lineno).strip()
-            return (filename, frame.f_lineno, frame.f_code.co_name, src)
+            return (filename, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
-    return ("<unknown>", 0, "", "")
+    return ("<unknown>", 0, "")
+
+
+def with_source(site: tuple[str, int, str]) -> tuple[str, int, str, str]:
+    """A :func:`kernel_site` completed with its source line, as error locations carry it."""
+    filename, lineno, function = site
+    return (filename, lineno, function, linecache.getline(filename, lineno).strip() if lineno else "")
+
+
+def kernel_location(depth: int = 1) -> tuple[str, int, str, str]:
+    """(file, line, function, source) of the innermost frame outside the simulator: the kernel's line."""
+    return with_source(kernel_site(depth + 1))
 
 
 def raise_error(message: str, code: str = "err_nki", cls: type[NkiError] = NkiValidationError):

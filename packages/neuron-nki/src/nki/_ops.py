@@ -195,17 +195,16 @@ def resolve(op) -> OpSpec:
 
 
 def apply_binary(spec: OpSpec, a, b):
-    """Apply a binary operator with the engines' numerics (float32 math, bitvec on integers)."""
-    with np.errstate(all="ignore"):
-        if spec.kind == "bitvec":
-            return spec.fn(np.asarray(a).astype(np.int64), np.asarray(b).astype(np.int64))
-        return spec.fn(a, b)
+    """Apply a binary operator with the engines' numerics (float32 math, bitvec on integers). Floating-point
+    exceptions are silent as on the engines: kernels run under ``np.errstate(all="ignore")`` (``_launch``)."""
+    if spec.kind == "bitvec":
+        return spec.fn(np.asarray(a).astype(np.int64), np.asarray(b).astype(np.int64))
+    return spec.fn(a, b)
 
 
 def apply_unary(spec: OpSpec, x):
-    with np.errstate(all="ignore"):
-        if spec.kind == "unary_bitvec":
-            return spec.fn(np.asarray(x))
-        if spec.binary:
-            raise ValueError(f"operator '{spec.name}' needs two operands")
-        return spec.fn(x)
+    if spec.kind == "unary_bitvec":
+        return spec.fn(np.asarray(x))
+    if spec.binary:
+        raise ValueError(f"operator '{spec.name}' needs two operands")
+    return spec.fn(x)

@@ -17,14 +17,19 @@ The first dimension of an SBUF/PSUM tensor is the partition dimension.
 
 from __future__ import annotations
 
+import functools
 import math
-import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import _context
-from ._dtypes import as_dtype, cast_for_store, nki_name, storage_dtype, uninit_value
-from ._errors import NkiValidationError, fmt_shape, kernel_location
+from ._dtypes import as_dtype, bfloat16, cast_for_store, nki_name, storage_dtype, uninit_value
+from ._errors import NkiValidationError, fmt_shape, kernel_location, kernel_site
+from ._liveness import tick, touch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._liveness import LiveRange
 
 __all__ = [
     "Allocation", "Buffer", "DynSlice", "NkiTensor", "allocate", "hbm", "private_hbm", "psum", "sbuf", "shared_hbm",
@@ -60,10 +65,16 @@ BUFFERS = {b.name: b for b in (sbuf, psum, hbm, private_hbm, shared_hbm)}
 class Allocation:
     """Backing store of a tensor; see module docstring."""
 
-    __slots__ = ("__weakref__", "buffer", "data", "dtype", "name", "precise", "read_done", "ready", "written")
+    __slots__ = ("__weakref__", "buffer", "data", "dtype", "name", "pending_fill", "precise", "read_done", "ready",
+                 "span", "written")
 
-    def __init__(self, data: np.ndarray, dtype: np.dtype, buffer: Buffer, name: str, precise: bool):
+    def __init__(self, data: np.ndarray, dtype: np.dtype, buffer: Buffer, name: str, precise: bool,
+                 span: LiveRange | None = None):
         self.data = data
+        self.span = span  # on-chip live range (``_liveness``), shared by bitcast views
+        # A fresh on-chip tensor reads as its "uninitialised" value (NaN / 4) but is filled only when first
+        # accessed other than by a write of all of it (most are: the instruction that allocated them writes them).
+        self.pending_fill = None
         self.dtype = dtype
         self.buffer = buffer
         self.name = name
@@ -71,6 +82,12 @@ class Allocation:
         self.ready = 0.0
         self.read_done = 0.0
         self.written = np.zeros(data.shape, dtype=bool) if buffer is psum else None
+
+    def materialize(self) -> None:
+        """Fill a fresh tensor with its uninitialised value before a read or a partial write."""
+        if self.pending_fill is not None:
+            self.data.fill(self.pending_fill)
+            self.pending_fill = None
 
 
 class DynSlice:
@@ -229,15 +246,30 @@ class NkiTensor:
     # -- data access (simulator internal) -------------------------------------------------------------------
     def read(self) -> np.ndarray:
         """Stored values (storage dtype; a view when possible)."""
+        a = self.alloc
+        if a.span is not None:  # ``_liveness.touch``, inlined: the hottest path
+            a.span.last = tick()
+        if a.pending_fill is not None:
+            a.materialize()
         return self.base if self.key is None else self.base[self.key]
 
     def read_f32(self) -> np.ndarray:
         """Values as float32, the engines' compute precision."""
-        return np.asarray(self.read(), dtype=np.float32)
+        v = self.read()
+        if v.dtype == bfloat16:  # exact widening: bf16 is float32's upper half (twice as fast as ml_dtypes' cast)
+            return np.left_shift(v.view(np.uint16), 16, dtype=np.uint32).view(np.float32)
+        return np.asarray(v, dtype=np.float32)
 
     def write(self, values) -> None:
         """Store ``values`` (any dtype, broadcastable to ``shape``), rounding to the tensor's dtype."""
         a = self.alloc
+        if a.span is not None:  # ``_liveness.touch``, inlined
+            a.span.last = tick()
+        if a.pending_fill is not None:
+            if self.key is None and self.base is a.data:
+                a.pending_fill = None  # this write covers the whole tensor: the fill would be overwritten
+            else:
+                a.materialize()
         v = cast_for_store(values, a.dtype, a.data.dtype, a.precise)
         if self.key is None:
             self.base[...] = v
@@ -250,6 +282,8 @@ class NkiTensor:
         """Store ``values`` only where ``mask`` (bool, broadcastable to ``shape``) is true — legacy ``mask=``."""
         m = np.broadcast_to(np.asarray(mask, dtype=bool), self._shape)
         a = self.alloc
+        touch(a)
+        a.materialize()
         new = cast_for_store(np.broadcast_to(np.asarray(values), self._shape), a.dtype, a.data.dtype, a.precise)
         if self.key is None:
             np.copyto(self.base, new, where=m)
@@ -271,6 +305,10 @@ class NkiTensor:
         w = a.written
         if w is None:
             return None
+        if self.base is a.data:  # the whole allocation (the common case): no view to map
+            if set_true:
+                w[...] = True
+            return w
         # Map our view back onto the allocation: views of a.data share its memory layout.
         if self.key is None:
             off = (self.base.__array_interface__["data"][0] - a.data.__array_interface__["data"][0])
@@ -324,8 +362,10 @@ class NkiTensor:
                                      location=kernel_location(3))
         return self.base
 
-    def reshape(self, *shape) -> NkiTensor:
-        """Same elements, new shape (must be expressible as a view of the same memory)."""
+    def reshape(self, *dims, shape=None) -> NkiTensor:
+        """Same elements, new shape (must be expressible as a view of the same memory); ``t.reshape(shape)``,
+        ``t.reshape(*shape)`` or ``t.reshape(shape=...)``."""
+        shape = dims if shape is None else (tuple(shape),)
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         base = self._plain("reshape")
@@ -361,9 +401,12 @@ class NkiTensor:
         base = self._plain("view")
         if base.dtype != self.alloc.dtype:
             raise NkiValidationError("bitcast view needs NKI_PRECISE_FP=1 storage", location=kernel_location(2))
+        self.alloc.materialize()  # the bitcast view is another Allocation over the same data
         alloc = Allocation.__new__(Allocation)
         alloc.data, alloc.dtype, alloc.buffer, alloc.name = self.alloc.data, dtype, self.alloc.buffer, self.name
+        alloc.pending_fill = None
         alloc.precise, alloc.ready, alloc.read_done, alloc.written = True, 0.0, 0.0, None
+        alloc.span = self.alloc.span
         return NkiTensor(alloc, base.view(storage_dtype(dtype, True)), None, self.name)
 
     def rearrange(self, pattern: str, **sizes) -> NkiTensor:
@@ -500,16 +543,29 @@ class NkiTensor:
         return nl.negative(self)
 
     def __iadd__(self, o):
-        """``psum_tile += nl.matmul(...)`` / ``t += x``: accumulate in place."""
+        """``psum_tile += nl.matmul(...)`` / ``t += x``: accumulate in place (no temporary tile)."""
         from . import language as nl
 
-        res = nl.add(self, o, dtype=self.dtype)
-        self.write(res.read())
+        nl._binary_tile("add", self, o, self.dtype, out=self)
         return self
 
 
+@functools.cache
+def _storage(dtype: np.dtype, precise: bool) -> tuple[np.dtype, object]:
+    """(storage dtype, fill value of a fresh tensor) per logical dtype: every instruction allocates."""
+    return storage_dtype(dtype, precise), uninit_value(dtype)
+
+
+@functools.cache
+def _limits_module():
+    from . import _limits
+
+    return _limits
+
+
 def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, api: str = "ndarray") -> NkiTensor:
-    """Allocate a tensor in the running launch; checks partition size, PSUM/SBUF capacity (per target)."""
+    """Allocate a tensor in the running launch; checks partition size and one tensor's size against the
+    target's SBUF/PSUM partition (all live tensors together are checked by live range, ``_liveness``)."""
     ctx = _context.require(api)
     dtype = as_dtype(dtype)
     if isinstance(shape, (int, np.integer)):
@@ -527,29 +583,22 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, api: str =
             t = ctx.shared_outputs[k]
             if t.shape == shape and t.dtype == dtype:
                 return t
-    sdt = storage_dtype(dtype, ctx.precise)
+    sdt, uninit = _storage(dtype, ctx.precise)
+    span = None
     if buffer.on_chip:
-        from . import _limits
-
-        _limits.check_alloc_onchip(ctx, shape, dtype, buffer, name)
-    if fill is None:
-        data = np.full(shape, uninit_value(dtype), dtype=sdt)
-    else:
-        data = np.empty(shape, dtype=sdt)
+        _limits_module().check_alloc_onchip(ctx, shape, dtype, buffer, name)
+        pbytes = (math.prod(shape[1:]) if shape else 1) * dtype.itemsize
+        span = ctx.core.ledger.open(buffer.name, pbytes, (shape, dtype, name), kernel_site(2))
+    data = np.empty(shape, dtype=sdt)
+    if fill is not None:
         data[...] = cast_for_store(np.asarray(fill), dtype, sdt, ctx.precise)
-    alloc = Allocation(data, dtype, buffer, name or "tensor", ctx.precise)
+    elif not buffer.on_chip:
+        data.fill(uninit)  # HBM outputs: the caller sees what the kernel did not write
+    alloc = Allocation(data, dtype, buffer, name or "tensor", ctx.precise, span)
+    if fill is None and buffer.on_chip:
+        alloc.pending_fill = uninit
     if fill is not None and alloc.written is not None:
         alloc.written[...] = True
-    if buffer.on_chip:
-        core = ctx.core
-        pbytes = (math.prod(shape[1:]) if shape else 1) * dtype.itemsize
-        if buffer is sbuf:
-            core.sbuf_used += pbytes
-            core.sbuf_peak = max(core.sbuf_peak, core.sbuf_used)
-        else:
-            core.psum_used += pbytes
-            core.psum_peak = max(core.psum_peak, core.psum_used)
-        weakref.finalize(alloc, core.release, buffer.name, pbytes)
     t = NkiTensor(alloc, data, None, alloc.name)
     if buffer is shared_hbm:
         ctx.shared_outputs.append(t)

@@ -62,6 +62,7 @@ from ._tensor import (
 )
 from .isa import _allocs as allocs
 from .isa import _charge as charge
+from .language import _binary_tile as binary_tile  # ``acc += x`` into ``acc`` (``out=``): no temporary tile
 
 __all__ = [
     "BUFFERS",
@@ -79,6 +80,7 @@ __all__ = [
     "as_dtype",
     "benchmark",
     "bfloat16",
+    "binary_tile",
     "bool_",
     "cast_for_store",
     "charge",

@@ -17,6 +17,7 @@ from . import _context, _limits
 from . import _dtypes as dt
 from ._cost import MIN_II
 from ._errors import NkiValidationError, fmt_shape, kernel_location, unimplemented
+from ._liveness import tick
 from ._ops import apply_binary, apply_unary, resolve
 from ._tensor import NkiTensor
 
@@ -99,7 +100,15 @@ def _ctx(api: str):
 
 
 def _allocs(ts):
-    return [t.alloc for t in ts if isinstance(t, NkiTensor)]
+    """The operands' allocations, each marked as used now (their live ranges, ``_liveness``)."""
+    out = []
+    for t in ts:
+        if isinstance(t, NkiTensor):
+            a = t.alloc
+            out.append(a)
+            if a.span is not None:  # ``_liveness.touch``, inlined: every instruction passes here
+                a.span.last = tick()
+    return out
 
 
 def _charge(ctx, eng: str, cycles: float, reads, writes, name: str, flops: int = 0) -> None:
@@ -164,6 +173,10 @@ def _flat2(a: np.ndarray) -> np.ndarray:
 
 def _common_checks(op: str, dst, **ins) -> None:
     _limits.check_onchip(dst, op, "dst")
+    p = dst.shape[0] if dst.shape else 1
+    if p <= _limits.PMAX and all(not isinstance(v, NkiTensor) or (v.shape[0] if v.shape else 1) == p
+                                 for v in ins.values()):
+        return  # the common case, checked once; otherwise the checks below name the offending operand
     _limits.check_partition(dst, op, "dst")
     for k, v in ins.items():
         _limits.check_partition(v, op, k)

@@ -174,7 +174,9 @@ def test_compiler_hints_are_accepted():
 
 
 def test_typing_annotations_are_subscriptable():
-    assert nki.typing.tensor[128, 512] is nki.typing.tensor
+    # subscripts carry the shape (issue 20 item 7: nt.tensor[[shape], dtype] is a placeholder type), no longer the
+    # bare class
+    assert nki.typing.tensor[128, 512].shape == (128, 512)
     assert issubclass(nki.typing.mutable_tensor, nki.typing.tensor) and nki.typing.scalar
 
 

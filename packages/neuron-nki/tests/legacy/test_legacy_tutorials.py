@@ -6,6 +6,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from nki_testutil import K1_FULL, K1_SMALL, check_k1_result, k1_inputs, mamba_inputs, mamba_reference
 
 import neuronxcc.nki as nki
 from neuronxcc.nki.tutorials import (
@@ -13,6 +14,7 @@ from neuronxcc.nki.tutorials import (
     avgpool,
     flash_attention,
     layernorm,
+    mamba,
     matmul,
     rmsnorm,
     rope,
@@ -168,3 +170,33 @@ def test_flash_attention_forward(rng, causal):
     for hh in range(heads):
         ref = _attention_ref(q[0, hh].T, k[0, hh].T, v[0, hh], causal)
         np.testing.assert_allclose(out[0, hh], ref, rtol=3e-2, atol=3e-2)
+
+
+# calibration.md's K1 kernels on trn1; the blocked one with the tutorial's 16 x 2 x 8 tile blocks
+K1_KERNELS = [(matmul.matmul_tiled, {}), (matmul.matmul_hoist_load, {}), (matmul.matmul_block_free_dimension, {}),
+              (matmul.matmul_fully_optimized, {"tiles_in_block_m": 16, "tiles_in_block_n": 2, "tiles_in_block_k": 8})]
+
+
+def _run_k1(kernel, kw, shape, monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    lhsT, rhs = k1_inputs(shape)
+    k = nki.baremetal(kernel)
+    check_k1_result(k(lhsT, rhs, **kw), lhsT, rhs)
+    assert k.last_run.cost.sbuf_peak_bytes_per_partition <= 192 * 1024
+
+
+@pytest.mark.parametrize(("kernel", "kw"), K1_KERNELS, ids=lambda k: getattr(k, "__name__", ""))
+def test_k1_matmul_kernels_on_trn1(kernel, kw, monkeypatch):
+    _run_k1(kernel, kw, K1_SMALL, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kernel", "kw"), K1_KERNELS, ids=lambda k: getattr(k, "__name__", ""))
+def test_k1_matmul_kernels_on_trn1_full_size(kernel, kw, monkeypatch):
+    _run_k1(kernel, kw, K1_FULL, monkeypatch)
+
+
+@pytest.mark.parametrize("kernel", [mamba.mamba_v1, mamba.mamba_v2, mamba.mamba_v3], ids=lambda k: k.__name__)
+def test_mamba(kernel, rng):
+    args = mamba_inputs(rng, batch=2, channels=256, seq=1024, states=3)
+    np.testing.assert_allclose(kernel(*args), mamba_reference(*args), rtol=1e-4, atol=1e-4)

@@ -1,4 +1,5 @@
-"""RMSNorm, LayerNorm (bn_stats/bn_aggr) and row softmax over [N, D] tensors, 128 rows per tile."""
+"""RMSNorm, LayerNorm (v1: reductions and rsqrt; v2: bn_stats/bn_aggr) and row softmax over [N, D] tensors, 128
+rows per tile."""
 
 from __future__ import annotations
 
@@ -40,8 +41,42 @@ def rmsnorm(x, w, eps: float = 1e-6):
 
 
 @nki.jit
+def layernorm_v1(x, gamma, beta, eps: float = 1e-5):
+    """The tutorial's first version: mean and mean of squares by free-axis reductions, ``rsqrt(E[x²] - E[x]² + eps)``."""
+    N, D = x.shape
+    out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
+    g = _weight_tile(gamma, 128, D)
+    b = _weight_tile(beta, 128, D)
+    for i in nl.affine_range((N + 127) // 128):
+        r0 = i * 128
+        rows = min(128, N - r0)
+        xt = nl.load(x[r0:r0 + rows, :])
+        mean = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=mean, op=nl.add, data=xt, axis=1)
+        nisa.tensor_scalar(dst=mean, data=mean, op0=nl.multiply, operand0=1.0 / D)
+        sq = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
+        msq = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=sq, op=nl.square, data=xt, reduce_op=nl.add, reduce_res=msq)
+        var = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=var, data1=mean, data2=mean, op=nl.multiply)
+        nisa.scalar_tensor_tensor(dst=var, data=msq, op0=nl.multiply, operand0=1.0 / D, op1=nl.subtract,
+                                  operand1=var)
+        rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=rstd, data=var, op0=nl.add, operand0=eps, op1=nl.rsqrt, operand1=None,
+                           engine=nisa.engine.gpsimd)
+        y = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=y, data=xt, op0=nl.subtract, operand0=mean, op1=nl.multiply, operand1=rstd)
+        nisa.tensor_tensor(dst=y, data1=y, data2=g[0:rows, :], op=nl.multiply)
+        o = nl.ndarray((rows, D), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=o, data1=y, data2=b[0:rows, :], op=nl.add)
+        nl.store(out[r0:r0 + rows, :], o)
+    return out
+
+
+@nki.jit
 def layernorm(x, gamma, beta, eps: float = 1e-5):
-    """out = (x - mean) / sqrt(var + eps) * gamma + beta, statistics from bn_stats/bn_aggr."""
+    """The tutorial's second version: out = (x - mean) / sqrt(var + eps) * gamma + beta, statistics from
+    bn_stats/bn_aggr."""
     N, D = x.shape
     FMAX = nl.tile_size.bn_stats_fmax
     nchunks = (D + FMAX - 1) // FMAX
