@@ -144,6 +144,8 @@ class LegacyTile(NkiTensor):
             v = v.reshape(self.shape) if v.shape != self.shape else v
             written = self.written_view() if self.key is None else self._map_base(self.alloc.written)[self.key]
             self.write(np.where(written, self.read_f32() + v, v))
+            if o.alloc.ready > self.alloc.ready:  # readers of the accumulator wait for the matmul
+                self.alloc.ready = o.alloc.ready
             return self
         self.write(nl.add(self, o, dtype=self.dtype).read())
         return self

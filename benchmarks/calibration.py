@@ -1,0 +1,123 @@
+"""Calibration as code: run the points of ``calibration.md`` §3 in the simulator, print predicted vs published.
+
+    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--json out.json]
+
+K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf16): the three memory-bound
+kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
+depth each fits in SBUF without liveness-based allocation) and scale by the number of blocks; the fully optimised
+one runs whole (about half a minute of CPU). ``--full`` runs all four at the exact size (the hoisted and
+blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K8 are the per-instruction micro figures on NC-v2.
+Every estimate uses the same named parameters (``nki._cost``); nothing here is specific to one kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+K1_SHAPE = (8192, 4096, 8192)  # K, M, N of the tutorial's benchmark
+# slice (K, M, N) per kernel: whole output blocks of each kernel's loop structure
+K1_SLICES = {"tiled": (8192, 128, 512), "hoisted": (4096, 128, 8192), "blocked_free": (4096, 256, 8192),
+             "fully_optimized": K1_SHAPE}  # its epilogue overlaps the next block's work: run it whole
+
+
+def _run(kernel, k: int, m: int, n: int):
+    rng = np.random.default_rng(0)
+    lhsT = rng.standard_normal((k, m)).astype(ml_dtypes.bfloat16)
+    rhs = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+    run = kernel.run(lhsT, rhs)
+    ref = lhsT.astype(np.float32).T @ rhs.astype(np.float32)
+    err = float(np.max(np.abs(run.outputs.astype(np.float32) - ref)) / np.max(np.abs(ref)))
+    if err > 1e-2:
+        raise RuntimeError(f"{kernel} computed a wrong product (relative error {err:.3g})")
+    return run.cost
+
+
+def k1(full: bool) -> list[dict]:
+    from calibration_kernels.k1_matmul import KERNELS, PUBLISHED_MS
+
+    rows = []
+    K, M, N = K1_SHAPE
+    for name, kernel in KERNELS.items():
+        k, m, n = K1_SHAPE if full else K1_SLICES[name]
+        cost = _run(kernel, k, m, n)
+        ms = cost.latency_ns * (K * M * N) / (k * m * n) / 1e6
+        rows.append({"id": f"K1 {name}", "published": PUBLISHED_MS[name], "predicted": ms, "unit": "ms",
+                     "scaled_from": None if full else [k, m, n]})
+    ideal = 2 * K * M * N / (2 * 128 * 128 * 2.8) / 1e6
+    rows[-1]["ideal"] = ideal
+    return rows
+
+
+def k8() -> list[dict]:
+    import nki
+    import nki.isa as nisa
+    import nki.language as nl
+
+    chain = 200
+
+    @nki.jit
+    def dependent_activations():
+        x = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+        nisa.memset(x, 0.5)
+        for _ in range(chain):
+            nisa.activation(x, nl.exp, x)
+
+    def matvecs(count: int, alternate: bool):
+        @nki.jit
+        def kernel():
+            s = [nl.ndarray((128, 128), nl.bfloat16, buffer=nl.sbuf) for _ in range(2)]
+            v = nl.ndarray((128, 1), nl.bfloat16, buffer=nl.sbuf)
+            for t in (*s, v):
+                nisa.memset(t, 0.0)
+            for i in range(count):
+                out = nl.ndarray((128, 1), nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(out, s[i % 2 if alternate else 0], v)
+
+        return kernel.run().cost.engine_busy_ns["tensor"]
+
+    os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
+    ghz = nki.TARGETS["trn1"].tensor_ghz
+    one = dependent_activations.run().cost
+    chain_ns = one.engine_busy_ns["scalar"] / chain
+    steady = (matvecs(101, False) - matvecs(1, False)) / 100 * ghz
+    load_stationary = matvecs(1, False) * ghz - steady
+    return [
+        {"id": "K8 dependent 1-element activation", "published": 189.0, "predicted": chain_ns, "unit": "ns"},
+        {"id": "K8 mat-vec matmul issue", "published": 64.0, "predicted": steady, "unit": "cycles"},
+        {"id": "K8 LoadStationary issue", "published": 32.0, "predicted": load_stationary, "unit": "cycles"},
+    ]
+
+
+def main() -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
+    ap.add_argument("--json", help="also write the table as JSON to this file")
+    args = ap.parse_args()
+    os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
+    rows = k1(args.full) + k8()
+    for r in rows:
+        r["error"] = r["predicted"] / r["published"] - 1.0
+    print(f"{'point':<40} {'published':>10} {'predicted':>10} {'unit':<6} {'error':>7}")
+    for r in rows:
+        print(f"{r['id']:<40} {r['published']:>10.2f} {r['predicted']:>10.2f} {r['unit']:<6} {100 * r['error']:>+6.1f}%")
+    lat = {r["id"]: r["predicted"] for r in rows if r["id"].startswith("K1")}
+    speedup = lat["K1 tiled"] / lat["K1 fully_optimized"]
+    print(f"K1 speed-up tiled -> fully optimised: {speedup:.2f}x (published {51.80 / 6.97:.2f}x); "
+          f"ideal {rows[3]['ideal']:.2f} ms")
+    print(json.dumps(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
