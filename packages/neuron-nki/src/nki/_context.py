@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ._errors import NkiError, kernel_location
+from ._liveness import OnChipLedger
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._cost import CoreTimeline
@@ -22,20 +23,20 @@ __all__ = ["CoreState", "LaunchContext", "current", "require"]
 
 @dataclass
 class CoreState:
-    """One simulated NeuronCore of a launch: its engines' timeline and live on-chip memory per partition."""
+    """One simulated NeuronCore of a launch: its engines' timeline and the live ranges of its on-chip memory."""
 
     index: int
     timeline: CoreTimeline
-    sbuf_used: int = 0
-    psum_used: int = 0
-    sbuf_peak: int = 0
-    psum_peak: int = 0
+    ledger: OnChipLedger = field(default_factory=OnChipLedger)
 
-    def release(self, buffer_name: str, nbytes: int) -> None:
-        if buffer_name == "sbuf":
-            self.sbuf_used -= nbytes
-        else:
-            self.psum_used -= nbytes
+    @property
+    def sbuf_peak(self) -> int:
+        """Most SBUF bytes per partition live at once (by live range) in any instance run so far."""
+        return self.ledger.peak["sbuf"]
+
+    @property
+    def psum_peak(self) -> int:
+        return self.ledger.peak["psum"]
 
 
 @dataclass

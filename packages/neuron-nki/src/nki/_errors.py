@@ -8,6 +8,7 @@ Why: a kernel author needs the line of *their* kernel, not of the simulator. Eve
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
@@ -29,6 +30,7 @@ def register_internal_dir(path: str) -> None:
     p = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else os.path.abspath(path)
     if p not in _INTERNAL_DIRS:
         _INTERNAL_DIRS.append(p)
+        _is_internal.cache_clear()
 
 
 class NkiError(Exception):
@@ -52,7 +54,9 @@ class NkiValidationError(NkiError, AssertionError):
 _USER_DIRS = [os.path.join(_PKG_DIR, "tutorials")]  # kernels shipped with the package are user code
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_internal(filename: str) -> bool:
+    """Cached: every on-chip allocation records its kernel line (``_liveness``)."""
     f = os.path.abspath(filename)
     if any(f.startswith(d + os.sep) for d in _USER_DIRS):
         return False

@@ -34,6 +34,7 @@ from ._context import CoreState, LaunchContext
 from ._cost import CoreTimeline, CostReport
 from ._dtypes import precise_fp_default
 from ._errors import NkiError
+from ._liveness import touch
 from ._targets import Target, current_lnc, resolve_target
 from ._tensor import NkiTensor, hbm, wrap_array
 
@@ -129,6 +130,8 @@ def run_kernel(fn: Callable, args: tuple = (), kwargs: dict | None = None, grid=
                     cctx.program_id = pid
                     cctx.shared_counter = 0
                     results[i] = fn(*w_args, **w_kwargs)
+                    _touch_returned(results[i])  # returned tiles live to the kernel's end
+                    cores[c].ledger.settle(tgt)
         finally:
             _context.set_current(prev)
 
@@ -138,6 +141,17 @@ def run_kernel(fn: Callable, args: tuple = (), kwargs: dict | None = None, grid=
         _run_lockstep(ctx, n_cores, run_core)
     result = results.get(0)
     return KernelRun(_to_host(result, precise), CostReport.from_cores(tgt, cores))
+
+
+def _touch_returned(result) -> None:
+    if isinstance(result, NkiTensor):
+        touch(result.alloc)
+    elif isinstance(result, (tuple, list)):
+        for r in result:
+            _touch_returned(r)
+    elif isinstance(result, dict):
+        for r in result.values():
+            _touch_returned(r)
 
 
 class _LockStep:
@@ -351,6 +365,12 @@ def simulate(kernel) -> Callable:
     return call
 
 
+def _materialize(v, rng: np.random.Generator):
+    """A type placeholder argument (``nt.tensor[[8192, 4096], nl.bfloat16]``) becomes an input of that type."""
+    make = getattr(v, "__nki_placeholder__", None)
+    return make(rng) if make is not None else v
+
+
 class _Benchmarked:
     def __init__(self, kernel: Kernel, warmup: int, iters: int):
         self.kernel = kernel
@@ -361,6 +381,9 @@ class _Benchmarked:
         return _Benchmarked(self.kernel[grid], self.warmup, self.iters)
 
     def __call__(self, *args, **kwargs):
+        rng = np.random.default_rng(0)
+        args = tuple(_materialize(a, rng) for a in args)
+        kwargs = {k: _materialize(v, rng) for k, v in kwargs.items()}
         run = self.kernel.run(*args, **kwargs)
         self.benchmark_result = run.cost  # simulated: one deterministic estimate, no hardware timing
         return run.outputs
@@ -368,7 +391,8 @@ class _Benchmarked:
 
 def benchmark(kernel=None, warmup: int = 10, iters: int = 100, **kwargs):
     """Run once in the simulator and expose ``.benchmark_result`` (a simulated :class:`CostReport` with
-    ``nc_latency.get_latency_percentile(p)`` in µs, like the legacy ``nki.benchmark``)."""
+    ``nc_latency.get_latency_percentile(p)`` in µs, like the legacy ``nki.benchmark``). Arguments may be type
+    placeholders (``nt.tensor[[8192, 4096], nl.bfloat16]``): inputs of that shape and dtype are generated."""
     def deco(f):
         return _Benchmarked(f if isinstance(f, Kernel) else Kernel(f), warmup, iters)
 

@@ -5,7 +5,7 @@ Every check raises :class:`~nki._errors.NkiValidationError` naming the kernel so
 * partition dimension ≤ 128 (``nl.tile_size.pmax``) for SBUF/PSUM tensors and instruction operands;
 * a PSUM operand written by an instruction fits one 2 KiB bank per partition (512 fp32);
 * ``nc_matmul``: contraction (partition) ≤ 128, stationary free ≤ 128, moving free ≤ 512 (4096 on trn3);
-* SBUF and PSUM capacity per partition per target, counting live allocations;
+* SBUF and PSUM capacity per partition per target: one tensor here, all live ranges in ``_liveness``;
 * memory types (e.g. matmul inputs in SBUF, output in PSUM; ``tensor_tensor`` inputs not both in PSUM;
   GpSimd cannot access PSUM; compute instructions cannot read HBM);
 * out-of-bounds access (in ``_tensor.normalize_index``).
@@ -37,19 +37,15 @@ def check_alloc_onchip(ctx, shape, dtype, buffer, name: str) -> None:
               "err_num_partition_exceed_arch_limit")
     tgt = ctx.target
     pbytes = math.prod(shape[1:]) * dtype.itemsize
-    label = f"`{name or 'tensor'}` {fmt_shape(shape)} {nki_name(dtype)}"
-    if buffer.name == "psum":
-        cap, used = tgt.psum_partition_bytes, ctx.core.psum_used
-        kind = "PSUM"
-    else:
-        cap, used = tgt.sbuf_partition_bytes, ctx.core.sbuf_used
-        kind = "SBUF"
+    kind = "PSUM" if buffer.name == "psum" else "SBUF"
+    cap = tgt.psum_partition_bytes if kind == "PSUM" else tgt.sbuf_partition_bytes
     if pbytes > cap:
-        _fail(f"{kind} tensor {label} needs {pbytes} bytes per partition, exceeding the {kind} partition size of "
-              f"{cap} bytes on {tgt.name}", "err_out_of_memory")
-    if used + pbytes > cap:
-        _fail(f"{kind} capacity exceeded on {tgt.name}: allocating {label} ({pbytes} bytes per partition) with "
-              f"{used} of {cap} bytes per partition already live", "err_out_of_memory")
+        _fail(f"{kind} tensor {alloc_label(shape, dtype, name)} needs {pbytes} bytes per partition, exceeding the "
+              f"{kind} partition size of {cap} bytes on {tgt.name}", "err_out_of_memory")
+
+
+def alloc_label(shape, dtype, name: str) -> str:
+    return f"`{name or 'tensor'}` {fmt_shape(shape)} {nki_name(dtype)}"
 
 
 def check_onchip(t, op: str, arg: str, allowed: tuple[str, ...] = ("sbuf", "psum")) -> None:

@@ -18,13 +18,17 @@ The first dimension of an SBUF/PSUM tensor is the partition dimension.
 from __future__ import annotations
 
 import math
-import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import _context
 from ._dtypes import as_dtype, cast_for_store, nki_name, storage_dtype, uninit_value
 from ._errors import NkiValidationError, fmt_shape, kernel_location
+from ._liveness import touch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._liveness import LiveRange
 
 __all__ = [
     "Allocation", "Buffer", "DynSlice", "NkiTensor", "allocate", "hbm", "private_hbm", "psum", "sbuf", "shared_hbm",
@@ -60,10 +64,12 @@ BUFFERS = {b.name: b for b in (sbuf, psum, hbm, private_hbm, shared_hbm)}
 class Allocation:
     """Backing store of a tensor; see module docstring."""
 
-    __slots__ = ("__weakref__", "buffer", "data", "dtype", "name", "precise", "read_done", "ready", "written")
+    __slots__ = ("__weakref__", "buffer", "data", "dtype", "name", "precise", "read_done", "ready", "span", "written")
 
-    def __init__(self, data: np.ndarray, dtype: np.dtype, buffer: Buffer, name: str, precise: bool):
+    def __init__(self, data: np.ndarray, dtype: np.dtype, buffer: Buffer, name: str, precise: bool,
+                 span: LiveRange | None = None):
         self.data = data
+        self.span = span  # on-chip live range (``_liveness``), shared by bitcast views
         self.dtype = dtype
         self.buffer = buffer
         self.name = name
@@ -229,6 +235,7 @@ class NkiTensor:
     # -- data access (simulator internal) -------------------------------------------------------------------
     def read(self) -> np.ndarray:
         """Stored values (storage dtype; a view when possible)."""
+        touch(self.alloc)
         return self.base if self.key is None else self.base[self.key]
 
     def read_f32(self) -> np.ndarray:
@@ -238,6 +245,7 @@ class NkiTensor:
     def write(self, values) -> None:
         """Store ``values`` (any dtype, broadcastable to ``shape``), rounding to the tensor's dtype."""
         a = self.alloc
+        touch(a)
         v = cast_for_store(values, a.dtype, a.data.dtype, a.precise)
         if self.key is None:
             self.base[...] = v
@@ -250,6 +258,7 @@ class NkiTensor:
         """Store ``values`` only where ``mask`` (bool, broadcastable to ``shape``) is true — legacy ``mask=``."""
         m = np.broadcast_to(np.asarray(mask, dtype=bool), self._shape)
         a = self.alloc
+        touch(a)
         new = cast_for_store(np.broadcast_to(np.asarray(values), self._shape), a.dtype, a.data.dtype, a.precise)
         if self.key is None:
             np.copyto(self.base, new, where=m)
@@ -324,8 +333,10 @@ class NkiTensor:
                                      location=kernel_location(3))
         return self.base
 
-    def reshape(self, *shape) -> NkiTensor:
-        """Same elements, new shape (must be expressible as a view of the same memory)."""
+    def reshape(self, *dims, shape=None) -> NkiTensor:
+        """Same elements, new shape (must be expressible as a view of the same memory); ``t.reshape(shape)``,
+        ``t.reshape(*shape)`` or ``t.reshape(shape=...)``."""
+        shape = dims if shape is None else (tuple(shape),)
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         base = self._plain("reshape")
@@ -364,6 +375,7 @@ class NkiTensor:
         alloc = Allocation.__new__(Allocation)
         alloc.data, alloc.dtype, alloc.buffer, alloc.name = self.alloc.data, dtype, self.alloc.buffer, self.name
         alloc.precise, alloc.ready, alloc.read_done, alloc.written = True, 0.0, 0.0, None
+        alloc.span = self.alloc.span
         return NkiTensor(alloc, base.view(storage_dtype(dtype, True)), None, self.name)
 
     def rearrange(self, pattern: str, **sizes) -> NkiTensor:
@@ -500,16 +512,16 @@ class NkiTensor:
         return nl.negative(self)
 
     def __iadd__(self, o):
-        """``psum_tile += nl.matmul(...)`` / ``t += x``: accumulate in place."""
+        """``psum_tile += nl.matmul(...)`` / ``t += x``: accumulate in place (no temporary tile)."""
         from . import language as nl
 
-        res = nl.add(self, o, dtype=self.dtype)
-        self.write(res.read())
+        nl._binary_tile("add", self, o, self.dtype, out=self)
         return self
 
 
 def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, api: str = "ndarray") -> NkiTensor:
-    """Allocate a tensor in the running launch; checks partition size, PSUM/SBUF capacity (per target)."""
+    """Allocate a tensor in the running launch; checks partition size and one tensor's size against the
+    target's SBUF/PSUM partition (all live tensors together are checked by live range, ``_liveness``)."""
     ctx = _context.require(api)
     dtype = as_dtype(dtype)
     if isinstance(shape, (int, np.integer)):
@@ -528,28 +540,21 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, api: str =
             if t.shape == shape and t.dtype == dtype:
                 return t
     sdt = storage_dtype(dtype, ctx.precise)
+    span = None
     if buffer.on_chip:
         from . import _limits
 
         _limits.check_alloc_onchip(ctx, shape, dtype, buffer, name)
+        pbytes = (math.prod(shape[1:]) if shape else 1) * dtype.itemsize
+        span = ctx.core.ledger.open(buffer.name, pbytes, _limits.alloc_label(shape, dtype, name), kernel_location(2))
     if fill is None:
         data = np.full(shape, uninit_value(dtype), dtype=sdt)
     else:
         data = np.empty(shape, dtype=sdt)
         data[...] = cast_for_store(np.asarray(fill), dtype, sdt, ctx.precise)
-    alloc = Allocation(data, dtype, buffer, name or "tensor", ctx.precise)
+    alloc = Allocation(data, dtype, buffer, name or "tensor", ctx.precise, span)
     if fill is not None and alloc.written is not None:
         alloc.written[...] = True
-    if buffer.on_chip:
-        core = ctx.core
-        pbytes = (math.prod(shape[1:]) if shape else 1) * dtype.itemsize
-        if buffer is sbuf:
-            core.sbuf_used += pbytes
-            core.sbuf_peak = max(core.sbuf_peak, core.sbuf_used)
-        else:
-            core.psum_used += pbytes
-            core.psum_peak = max(core.psum_peak, core.psum_used)
-        weakref.finalize(alloc, core.release, buffer.name, pbytes)
     t = NkiTensor(alloc, data, None, alloc.name)
     if buffer is shared_hbm:
         ctx.shared_outputs.append(t)

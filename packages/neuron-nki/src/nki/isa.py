@@ -17,6 +17,7 @@ from . import _context, _limits
 from . import _dtypes as dt
 from ._cost import MIN_II, STRIDE_PENALTY_BYTES
 from ._errors import NkiValidationError, fmt_shape, kernel_location, unimplemented
+from ._liveness import touch
 from ._ops import apply_binary, apply_unary, resolve
 from ._tensor import NkiTensor
 
@@ -99,7 +100,11 @@ def _ctx(api: str):
 
 
 def _allocs(ts):
-    return [t.alloc for t in ts if isinstance(t, NkiTensor)]
+    """The operands' allocations, each marked as used now (their live ranges, ``_liveness``)."""
+    out = [t.alloc for t in ts if isinstance(t, NkiTensor)]
+    for a in out:
+        touch(a)
+    return out
 
 
 def _strided(ts) -> bool:

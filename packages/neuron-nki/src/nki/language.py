@@ -409,7 +409,8 @@ def _operand(x, op, arg, as_int=False):
     return np.float32(x)
 
 
-def _binary_tile(name: str, x, y, dtype, default_dtype=None):
+def _binary_tile(name: str, x, y, dtype, default_dtype=None, out: NkiTensor | None = None):
+    """``name(x, y)`` as a new SBUF tile, or computed into ``out`` (``acc += x``: no temporary tile)."""
     ctx = _context.require(name)
     spec = resolve(name)
     if not isinstance(x, NkiTensor) and not isinstance(y, NkiTensor):
@@ -433,9 +434,15 @@ def _binary_tile(name: str, x, y, dtype, default_dtype=None):
         res = apply_binary(spec, a.astype(np.int64), b.astype(np.int64))
     else:
         res = apply_binary(spec, a, b)
-    out_dt = dt.as_dtype(dtype) if dtype is not None else (default_dtype or _tile_dtype(x, y))
-    out = allocate(shape, out_dt, sbuf, name, api=name)
-    out.write(np.broadcast_to(res, shape))
+    if out is None:
+        out_dt = dt.as_dtype(dtype) if dtype is not None else (default_dtype or _tile_dtype(x, y))
+        out = allocate(shape, out_dt, sbuf, name, api=name)
+        out.write(np.broadcast_to(res, shape))
+    elif math.prod(shape) == out.size:
+        out.write(np.broadcast_to(res, shape).reshape(out.shape))
+    else:
+        raise NkiValidationError(f"cannot update tile {fmt_shape(out.shape)} in place with the {fmt_shape(shape)} "
+                                 f"result of '{name}'", code="err_shape_mismatch", location=kernel_location(3))
     tiles = [t for t in (x, y) if isinstance(t, NkiTensor)]
     n = out.free_size
     cycles = _bmax(MIN_II, n) if len(tiles) == 1 or any(t.buffer is psum for t in tiles) else 2 * n

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 
 import numpy as np
 
@@ -140,7 +141,11 @@ class Predicate(_VarTable):
         return Predicate(~self.table, self.vars, self.place, self.rank)
 
     def __bool__(self):
-        raise TypeError("a legacy mask predicate has no single truth value; pass it as mask=")
+        """Truthy, as a traced predicate object is in NKI 0.1: ``p and q`` is ``q`` (Python never combines them);
+        warns because ``p & q`` is almost certainly what was meant."""
+        warnings.warn("'and'/'or' on mask predicates keeps only one of them (as in NKI 0.1: 'p and q' is q); use "
+                      "'&' / '|' to combine predicates", SyntaxWarning, stacklevel=2)
+        return True
 
     def __repr__(self) -> str:
         return f"Predicate(shape={self.shape}, true={int(self.table.sum())})"

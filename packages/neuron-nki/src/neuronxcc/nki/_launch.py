@@ -74,9 +74,10 @@ def grid_plan(grid) -> tuple[tuple[int, ...], Callable | None, int]:
 
 
 def _is_mutable_annotation(a) -> bool:
-    from .typing import mutable_tensor
+    from .typing import TensorType, mutable_tensor
 
-    return a is mutable_tensor or (isinstance(a, str) and a.split(".")[-1] == "mutable_tensor")
+    return (a is mutable_tensor or (isinstance(a, TensorType) and a.mutable)
+            or (isinstance(a, str) and a.split(".")[-1].split("[")[0] == "mutable_tensor"))
 
 
 def _returned_arrays(out) -> list[np.ndarray]:
@@ -241,7 +242,8 @@ def baremetal(kernel: Callable | None = None, save_neff_name: str | None = None,
 def benchmark(kernel: Callable | None = None, warmup: int = 10, iters: int = 100, save_neff_name: str | None = None,
               save_trace_name: str | None = None, additional_compile_opt: str | None = None, **kwargs):
     """``nki.benchmark``: one simulated run; ``f.benchmark_result.nc_latency.get_latency_percentile(p)`` is the
-    simulated latency in µs (the same for every percentile: the model is deterministic)."""
+    simulated latency in µs (the same for every percentile: the model is deterministic). Type placeholders
+    (``nt.tensor[[8192, 4096], nl.bfloat16]``) as arguments stand for generated inputs of that type."""
     def deco(f):
         return _core_benchmark(_as_legacy(f, "benchmark", **kwargs), warmup=warmup, iters=iters)
 

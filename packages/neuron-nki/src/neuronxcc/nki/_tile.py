@@ -19,6 +19,7 @@ so the legacy API only adds what NKI 0.1 kernels need on top:
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -56,6 +57,14 @@ class LegacyTile(NkiTensor):
         self.ivars = None
         self.nblock = 0
 
+    def __bool__(self):
+        """Truthy, as a traced tile object is to NKI 0.1's compiler (``if tile:`` always takes its branch, on
+        hardware too); warns because the branch does not depend on the tile's values."""
+        warnings.warn(f"'if' / 'bool()' on tile `{self.name}` is always true when NKI 0.1 traces the kernel; the "
+                      "branch does not depend on the tile's values (compare in a kernel argument, or use "
+                      "nl.where / a mask)", SyntaxWarning, stacklevel=2)
+        return True
+
     # -- indexing --------------------------------------------------------------------------------------------
     def __getitem__(self, idx) -> LegacyTile:
         return legacy_index(self, idx)
@@ -89,8 +98,8 @@ class LegacyTile(NkiTensor):
             core_isa.memset(dst, value)
 
     # -- views ----------------------------------------------------------------------------------------------
-    def reshape(self, *shape) -> LegacyTile:
-        return wrap(super().reshape(*shape))
+    def reshape(self, *dims, shape=None) -> LegacyTile:
+        return wrap(super().reshape(*dims, shape=shape))
 
     def permute(self, *dims) -> LegacyTile:
         return wrap(super().permute(*dims))
@@ -136,7 +145,6 @@ class LegacyTile(NkiTensor):
     def __iadd__(self, o):
         """``acc += x``. Into PSUM from PSUM (``psum += nl.matmul(...)``) this is Tensor Engine accumulation: no
         extra instruction, and elements never written before are overwritten (a fresh ``nl.ndarray`` works)."""
-        from . import language as nl
 
         if self.buffer is psum and isinstance(o, NkiTensor) and o.buffer is psum:
             check_access(o, None, kernel_location(2))
@@ -147,19 +155,23 @@ class LegacyTile(NkiTensor):
             if o.alloc.ready > self.alloc.ready:  # readers of the accumulator wait for the matmul
                 self.alloc.ready = o.alloc.ready
             return self
-        self.write(nl.add(self, o, dtype=self.dtype).read())
-        return self
+        return self._update("add", o)
 
     def __isub__(self, o):
-        from . import language as nl
-
-        self.write(nl.subtract(self, o, dtype=self.dtype).read())
-        return self
+        return self._update("subtract", o)
 
     def __imul__(self, o):
+        return self._update("multiply", o)
+
+    def _update(self, op: str, o):
+        """``self op= o`` computed into this tile, as the compiler does: no temporary tile."""
+        from nki import language as cnl
+
         from . import language as nl
 
-        self.write(nl.multiply(self, o, dtype=self.dtype).read())
+        nl._checked(None, self, o)
+        a, b = nl._align(self, o)
+        cnl._binary_tile(op, a, b, self.dtype, out=self)
         return self
 
 
@@ -221,10 +233,33 @@ def _expand(idx: tuple, ndim: int, name: str) -> tuple:
 
 
 def _range_of(k, n: int) -> tuple[int, int, int]:
+    """(start, count, step) of a slice or ``nl.ds`` on a dimension of size ``n``; a slice with explicit
+    non-negative bounds past the end keeps its full length (the access is then partly out of bounds)."""
     if isinstance(k, DynSlice):
         return int(k.start), int(k.size), int(k.step)
+    if _past_end(k, n):
+        return int(k.start or 0), int(k.stop) - int(k.start or 0), 1
     start, stop, step = k.indices(n)
     return start, max(0, (stop - start + (step - (1 if step > 0 else -1))) // step), step
+
+
+def _past_end(k, n: int) -> bool:
+    """A unit-step slice ``a:b`` with ``0 <= a < b`` and ``b > n``."""
+    return (isinstance(k, slice) and k.step in (None, 1) and isinstance(k.stop, (int, np.integer))
+            and isinstance(k.start, (int, np.integer, type(None))) and 0 <= int(k.start or 0) < int(k.stop)
+            and int(k.stop) > n)
+
+
+def _partly_outside(t: NkiTensor, idx: tuple) -> bool:
+    """Whether a slice / ``nl.ds`` reaches past its dimension: such an access is legal where a ``mask=`` excludes
+    the outside elements, so it takes the index-expression path, whose bounds check is deferred to the mask."""
+    if any(k is None for k in idx) or sum(1 for k in idx if k is not Ellipsis) > t.ndim:
+        return False
+    for k, n in zip(_expand(idx, t.ndim, t.name), t.shape):
+        if _past_end(k, n) or (isinstance(k, DynSlice) and int(k.size) > 0
+                               and not 0 <= int(k.start) + (int(k.size) - 1) * int(k.step) < n):
+            return True
+    return False
 
 
 def _as_int(k) -> int | None:
@@ -260,7 +295,7 @@ def legacy_index(t: NkiTensor, idx) -> LegacyTile:
     """Index ``t`` the NKI 0.1 way; see module docstring."""
     if not isinstance(idx, tuple):
         idx = (idx,)
-    if not any(isinstance(k, (IndexExpr, NkiTensor)) for k in idx):
+    if not any(isinstance(k, (IndexExpr, NkiTensor)) for k in idx) and not _partly_outside(t, idx):
         return _basic_index(t, idx)
     if t.key is not None:
         _fail("indexing a gathered (index-expression) view again is not supported; index the tensor once",

@@ -9,6 +9,8 @@ expressions / predicates, as in NKI 0.1.
 
 from __future__ import annotations
 
+import sys
+import types
 from enum import IntEnum
 
 import numpy as np
@@ -43,16 +45,54 @@ from ._tile import (
 from .language import promote
 
 __all__ = [
-    "activation", "activation_reduce", "affine_select", "bn_aggr", "bn_stats", "dge_mode", "dma_copy",
-    "dma_engine", "dma_transpose", "dropout", "engine", "get_nc_version", "gpsimd_engine", "iota", "local_gather",
-    "max8", "memset", "nc_find_index8", "nc_match_replace8", "nc_matmul", "nc_stream_shuffle", "nc_transpose",
-    "nc_version", "oob_mode", "range_select", "reciprocal", "reduce_cmd", "scalar_engine", "scalar_tensor_tensor",
-    "select_reduce", "sequence_bounds", "tensor_copy", "tensor_copy_predicated", "tensor_engine",
-    "tensor_partition_reduce", "tensor_reduce", "tensor_scalar", "tensor_scalar_reduce", "tensor_tensor",
-    "tensor_tensor_scan", "unknown_engine", "vector_engine",
+    "activation",
+    "activation_reduce",
+    "affine_select",
+    "bn_aggr",
+    "bn_stats",
+    "constants",
+    "dge_mode",
+    "dma_copy",
+    "dma_engine",
+    "dma_transpose",
+    "dropout",
+    "engine",
+    "get_nc_version",
+    "gpsimd_engine",
+    "iota",
+    "local_gather",
+    "max8",
+    "memset",
+    "nc_find_index8",
+    "nc_match_replace8",
+    "nc_matmul",
+    "nc_stream_shuffle",
+    "nc_transpose",
+    "nc_version",
+    "oob_mode",
+    "range_select",
+    "reciprocal",
+    "reduce_cmd",
+    "scalar_engine",
+    "scalar_tensor_tensor",
+    "select_reduce",
+    "sequence_bounds",
+    "tensor_copy",
+    "tensor_copy_predicated",
+    "tensor_engine",
+    "tensor_partition_reduce",
+    "tensor_reduce",
+    "tensor_scalar",
+    "tensor_scalar_cumulative",
+    "tensor_scalar_reduce",
+    "tensor_tensor",
+    "tensor_tensor_scan",
+    "unknown_engine",
+    "vector_engine",
 ]
 
 dma_engine = engine.dma
+
 
 
 class nc_version(IntEnum):
@@ -61,6 +101,13 @@ class nc_version(IntEnum):
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+
+# ``from neuronxcc.nki.isa.constants import oob_mode``: the legacy package keeps its enums in a submodule too.
+constants = types.ModuleType(__name__ + ".constants", "Legacy ``nki.isa`` enums (``oob_mode``, ``dge_mode`` ...).")
+for _enum in (dge_mode, engine, _c.matmul_perf_mode, nc_version, oob_mode, reduce_cmd):
+    setattr(constants, _enum.__name__, _enum)
+sys.modules[constants.__name__] = constants
 
 
 def get_nc_version() -> nc_version:
@@ -90,18 +137,49 @@ def _engine(e):
 
 
 # -- Tensor Engine ----------------------------------------------------------------------------------------------
+_LEGACY_PERF_MODES = {None: "none", "none": "none", "double_row": "double_row", "double_row_gen3": "double_row"}
+
+
 def nc_matmul(stationary: NkiTensor, moving: NkiTensor, *, is_stationary_onezero: bool = False,
               is_moving_onezero: bool = False, is_transpose: bool = False, tile_position=(), tile_size=(), mask=None,
-              **kwargs) -> LegacyTile:
-    """``stationary.T @ moving`` into a new fp32 PSUM tile ``[stationary free, moving free]``."""
+              perf_mode=None, **kwargs) -> LegacyTile:
+    """``stationary.T @ moving`` into a new fp32 PSUM tile ``[stationary free, moving free]``.
+
+    An operand in PSUM (e.g. an ``nc_transpose`` result) is moved to SBUF first, as the legacy compiler does
+    (charged as a ``tensor_copy``). ``perf_mode='double_row'``/``'double_row_gen3'`` is the FP8 double-row mode
+    (``[K, 2, F]`` operands; NeuronCore-v3+)."""
     _check(mask, stationary, moving)
-    check_matmul_operands("nc_matmul", stationary, moving)
-    out = _new((stationary.free_size, moving.free_size),
-               stationary.dtype if is_transpose else _dt.float32, psum, "nc_matmul")
+    mode = _perf_mode(perf_mode)
+    double = mode is _c.matmul_perf_mode.double_row
+    if not double:
+        check_matmul_operands("nc_matmul", stationary, moving)
+    stationary, moving = _in_sbuf(stationary), _in_sbuf(moving)
+    free = (stationary.free_size // 2, moving.free_size // 2) if double else (stationary.free_size,
+                                                                               moving.free_size)
+    out = _new(free, stationary.dtype if is_transpose else _dt.float32, psum, "nc_matmul")
     _c.nc_matmul(out, stationary, moving, is_stationary_onezero=is_stationary_onezero,
                  is_moving_onezero=is_moving_onezero, is_transpose=is_transpose, accumulate=False,
-                 tile_position=tile_position, tile_size=tile_size)
+                 tile_position=tile_position, tile_size=tile_size, perf_mode=mode)
     return _done(out, mask)
+
+
+def _perf_mode(perf_mode):
+    if isinstance(perf_mode, _c.matmul_perf_mode):
+        return perf_mode
+    if perf_mode not in _LEGACY_PERF_MODES:
+        raise NkiValidationError(f"unknown nc_matmul perf_mode {perf_mode!r}; expected one of "
+                                 f"{sorted(k for k in _LEGACY_PERF_MODES if k)}", code="err_unsupported_perf_mode",
+                                 location=kernel_location(3))
+    return _c.matmul_perf_mode[_LEGACY_PERF_MODES[perf_mode]]
+
+
+def _in_sbuf(t: NkiTensor) -> NkiTensor:
+    """A matmul operand in SBUF: a PSUM tile is copied to a new SBUF tile (one charged ``tensor_copy``)."""
+    if t.buffer is not psum:
+        return t
+    tmp = _new(t.shape, t.dtype, sbuf, "nc_matmul_operand")
+    _c.tensor_copy(tmp, t)
+    return tmp
 
 
 def nc_transpose(data: NkiTensor, *, mask=None, dtype=None, engine=None, **kwargs) -> LegacyTile:
@@ -194,6 +272,19 @@ def tensor_scalar_reduce(*, data: NkiTensor, op0, operand0, reduce_op, reduce_re
     out = _new(data.shape, dtype or data.dtype, sbuf, "tensor_scalar_reduce")
     _c.tensor_scalar_reduce(out, data, op0, operand0, reduce_op, reduce_res, reverse0=reverse0)
     return _done(out, mask, data)
+
+
+def tensor_scalar_cumulative(*, src: NkiTensor, dst: NkiTensor | None = None, op0, op1, imm0, imm1=None,
+                             reduce_cmd=reduce_cmd.reset_reduce, mask=None, dtype=None, **kwargs) -> LegacyTile:
+    """Running ``op1``-reduction of ``src op0 imm0`` along the free axis (Vector Engine), written to ``dst``
+    (a new SBUF tile when omitted, as the other legacy instructions return)."""
+    _check(mask, src, dst)
+    if dst is not None and mask is not None:
+        raise NkiValidationError("tensor_scalar_cumulative with both dst= and mask= is not supported by the "
+                                 "simulator", code="err_unsupported_mask", location=kernel_location(2))
+    out = _new(src.shape, dtype or src.dtype, sbuf, "tensor_scalar_cumulative") if dst is None else dst
+    _c.tensor_scalar_cumulative(out, src, op0, op1, imm0, imm1=imm1, reduce_cmd=reduce_cmd)
+    return _done(out, mask, src) if dst is None else dst
 
 
 def tensor_tensor_scan(data0: NkiTensor, data1: NkiTensor, initial, op0, op1, reverse0: bool = False,
@@ -383,7 +474,11 @@ def local_gather(src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx: int 
 # -- DMA -------------------------------------------------------------------------------------------------------------
 def dma_copy(*, dst: NkiTensor, src: NkiTensor, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
              dge_mode=dge_mode.unknown, **kwargs) -> None:
-    """DMA copy (HBM↔SBUF); ``dst_rmw_op=np.add`` accumulates into ``dst``; ``mask`` selects elements."""
+    """DMA copy (HBM↔SBUF); ``dst_rmw_op=np.add`` accumulates into ``dst``; ``mask`` selects elements;
+    ``oob_mode=oob_mode.skip`` skips the elements whose source or destination index is out of bounds."""
+    if getattr(oob_mode, "name", oob_mode) == "skip":
+        inside = _inside(dst) & _inside(src).reshape(dst.shape)
+        mask = inside if mask is None else mask_array(mask, dst.shape, "dma_copy dst", like=dst) & inside
     check_access(dst, mask, kernel_location(2))
     check_access(src, mask, kernel_location(2))
     if dst_rmw_op is not None:
@@ -402,6 +497,12 @@ def dma_copy(*, dst: NkiTensor, src: NkiTensor, mask=None, dst_rmw_op=None, oob_
     ctx = _context.require("dma_copy")
     ctx.core.timeline.dma(int(m.sum()) * dst.itemsize, dst.shape[0] if dst.ndim else 1, _c._allocs((src,)),
                           _c._allocs((dst,)), "dma_copy", int(m.sum()) * dst.itemsize)
+
+
+def _inside(t: NkiTensor) -> np.ndarray:
+    """Elements of an access that lie inside its tensor (all of them unless it is partly out of bounds)."""
+    oob = getattr(t, "oob", None)
+    return np.ones(t.shape, dtype=bool) if oob is None else ~np.broadcast_to(oob[0], t.shape)
 
 
 def dma_transpose(src: NkiTensor, *, axes=None, mask=None, dtype=None, **kwargs) -> LegacyTile:

@@ -15,11 +15,14 @@ cost, and adds only the legacy surface:
 
 from __future__ import annotations
 
+import ast
 import builtins
-import linecache
+import functools
+import inspect
 import math
 import re
 import sys
+import textwrap
 import warnings
 
 import numpy as np
@@ -387,7 +390,11 @@ def _make_binary(name: str, default_dtype=None):
     def f(x, y, *, dtype=default_dtype, mask=None, **kwargs):
         _checked(mask, x, y)
         a, b = _align(x, y)
-        return _masked(core_fn(a, b, dtype=dtype if dtype is not None else promote(x, y)), mask, x, y)
+        if dtype is None:
+            dtype = promote(x, y)
+            if name == "divide" and not _dt.is_float(dtype):  # true division, as NumPy's '/': floor(i / n) is exact
+                dtype = float32
+        return _masked(core_fn(a, b, dtype=dtype), mask, x, y)
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Element-wise ``{name}(x, y)`` as a new tile (legacy promotion and broadcasting; ``mask=``)."
@@ -547,21 +554,56 @@ for _f, _op in ((sum, "add"), (max, "maximum"), (min, "minimum"), (prod, "multip
 
 def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs) -> LegacyTile:
     """``b = nl.loop_reduce(a, op, loop_indices=[k])``: the destination tile ``b`` is also the operand, i.e.
-    ``b = op(b, a)`` updated in place each iteration (one ``tensor_tensor``). The destination is the variable the
-    kernel line assigns, read from the kernel's frame, so it must already hold a tile."""
+    ``b = op(b, a)`` updated in place each iteration (one ``tensor_tensor``). The destination is the assignment
+    target of the kernel statement (a name or a subscript such as ``acc[:, 1, :]``), found in its syntax tree and
+    evaluated in the kernel's frame, so it must already hold a tile."""
     from . import isa as _lisa
 
     frame = sys._getframe(1)
     while frame is not None and _errors._is_internal(frame.f_code.co_filename):
         frame = frame.f_back
-    m = _ASSIGN.match(linecache.getline(frame.f_code.co_filename, frame.f_lineno)) if frame else None
-    dst = frame.f_locals.get(m.group(1)) if m else None
+    target = _assignment_target(frame.f_code, frame.f_lineno) if frame else None
+    dst = None
+    if target is not None:
+        try:
+            dst = eval(target, frame.f_globals, frame.f_locals)  # the kernel statement's own target expression
+        except (NameError, LookupError, AttributeError):
+            dst = None
     if not isinstance(dst, NkiTensor):
         raise NkiValidationError("loop_reduce must be assigned to an existing tile, as in "
                                  "'b = nl.loop_reduce(a, op=np.add, loop_indices=[k])' with b allocated before "
                                  "the loop", code="err_unsupported_loop_reduce", location=kernel_location(2))
     dst[...] = _lisa.tensor_tensor(dst, x, op, dtype=dtype or dst.dtype, mask=mask)
     return dst
+
+
+@functools.cache
+def _statements(code) -> list[ast.stmt]:
+    """The simple statements of a kernel function's source, with absolute line numbers."""
+    try:
+        lines, start = inspect.getsourcelines(code)
+    except (OSError, TypeError):
+        return []
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    ast.increment_lineno(tree, start - 1)
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))]
+
+
+@functools.cache
+def _assignment_target(code, lineno: int):
+    """Compiled target expression of the assignment statement spanning ``lineno`` whose value calls
+    ``loop_reduce`` (``acc[:, 1, :] = nl.loop_reduce(...)`` → ``acc[:, 1, :]``), or None."""
+    for node in _statements(code):
+        if not node.lineno <= lineno <= node.end_lineno:
+            continue
+        call = node.value
+        if not (isinstance(call, ast.Call) and getattr(call.func, "attr", getattr(call.func, "id", None))
+                == "loop_reduce"):
+            continue
+        tgt = node.targets[0] if isinstance(node, ast.Assign) else node.target
+        if isinstance(tgt, (ast.Name, ast.Subscript, ast.Attribute)):
+            return compile(ast.unparse(tgt), code.co_filename, "eval")
+    return None
 
 
 all_reduce = unimplemented("neuronxcc.nki.language.all_reduce",
