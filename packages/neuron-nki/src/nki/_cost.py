@@ -6,7 +6,7 @@ what the chip would do. Each instruction is charged AWS's documented cost (``cal
 * TensorE ``nc_matmul``: ``max(min(64, N_stationary), N_moving)`` cycles, x4 for fp32 operands; back-to-back
   matmuls pipeline (a mat-vec issues every 64 cycles), and a new stationary tile costs a LoadStationary of a
   quarter of a matmul of its free size that overlaps the previous matmul. trn2/trn3 start each busy stretch
-  throttled (:data:`THROTTLE_START` of peak, ramping to full over :data:`THROTTLE_RAMP_NS`).
+  throttled (the spec's ``tensor_throttle_start`` of peak, ramping to full over ``tensor_throttle_ramp_ns``).
 * Vector/Scalar/GpSimd: the per-instruction formulas (``max(MIN_II, N)``, ``2N`` ...) plus a fixed
   :data:`ACCESS_CYCLES` per SBUF/PSUM operand, doubled data cycles for a minor-dimension stride over 16 bytes,
   and :data:`DEPENDENT_STALL_CYCLES` when an instruction consumes the result of the one just before it.
@@ -14,8 +14,8 @@ what the chip would do. Each instruction is charged AWS's documented cost (``cal
 * DMA: transfers of one HBM tensor go through one DMA queue, which keeps one transfer in flight; a transfer
   pays :data:`DMA_QUEUE_HEAD_NS`, then is split into packets, one per DMA engine per group of 8 partitions (up to
   16 engines), each :data:`DMA_ROW_NS` per partition row plus its bytes at the engine's bandwidth; all queues
-  together are capped by the 16 engines' bandwidth and HBM traffic by the core's HBM share. trn2/trn3 first generate descriptors in hardware
-  (600 ns per DMA instruction, in order).
+  together are capped by the 16 engines' bandwidth and HBM traffic by the core's HBM share. trn2/trn3 first
+  generate descriptors in hardware (the spec's ``dma_descriptor_ns`` per DMA instruction, in order).
 
 Scheduling: each engine is an in-order queue; an instruction starts when its engine is free, its inputs are
 written (RAW) and the buffers it writes are no longer read or written (WAR/WAW), tracked per allocation. DMA
@@ -42,9 +42,6 @@ MIN_II = 64  # minimum initiation interval of a compute instruction, engine cycl
 ACCESS_CYCLES = 60  # fixed cost of each SBUF/PSUM tensor access of a Vector/Scalar/GpSimd instruction
 STRIDE_PENALTY_BYTES = 16  # a minor-dimension stride above this halves SBUF/PSUM bandwidth
 LOAD_STATIONARY_RATIO = 4  # LoadStationary is ~4x faster than a matmul of the same free size
-THROTTLE_START = 0.5  # trn2/trn3 TensorE power throttle: starts at 50 % of peak ...
-THROTTLE_RAMP_NS = 3000.0  # ... ramps to full over ~3 us, re-engages after ~3 us idle (neuron-explorer summary)
-DGE_NS = {3: 600.0, 4: 600.0}  # hardware descriptor generation per DMA instruction, by NeuronCore version
 
 # -- fitted parameters (see docs/simulated-time.md for the points each one is fitted on) ------------------------
 # 1-element dependent Scalar activations issue every 264 cycles on NC-v2 (K8): 64 + 2 x 60 + 80.
@@ -182,12 +179,14 @@ class CoreTimeline:
             self.last_stationary = stationary
         self.last_tensor_cycles = cycles
         ns = cycles / self.ghz["tensor"]
-        if self.target.nc_version >= 3:
-            if self.throttle_from is None or start - free >= THROTTLE_RAMP_NS:
-                self.throttle_from = start  # re-engages after a ~3 us window below 50 % utilisation
-            warm = (start - self.throttle_from) / THROTTLE_RAMP_NS
+        ramp = self.target.tensor_throttle_ramp_ns
+        if ramp:
+            if self.throttle_from is None or start - free >= ramp:
+                self.throttle_from = start  # re-engages after a ramp-long window below 50 % utilisation
+            warm = (start - self.throttle_from) / ramp
             if warm < 1.0:
-                ns /= THROTTLE_START + (1.0 - THROTTLE_START) * warm
+                low = self.target.tensor_throttle_start
+                ns /= low + (1.0 - low) * warm
         self.flops += flops
         return self._finish("tensor", start, start + ns, reads, writes, name)
 
@@ -212,7 +211,7 @@ class CoreTimeline:
                 ready = a.ready
             if a.read_done > ready:
                 ready = a.read_done
-        dge = DGE_NS.get(t.nc_version, 0.0)
+        dge = t.dma_descriptor_ns
         if dge:  # trn2/trn3: descriptors generated in hardware, one DMA instruction after another
             self.dge_free = (self.dge_free if self.dge_free > ready else ready) + dge
             ready = self.dge_free
