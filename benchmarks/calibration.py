@@ -6,7 +6,7 @@ K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf
 kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
 depth each fits in SBUF without liveness-based allocation) and scale by the number of blocks; the fully optimised
 one runs whole (about half a minute of CPU). ``--full`` runs all four at the exact size (the hoisted and
-blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K8 are the per-instruction micro figures on NC-v2.
+blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K8 are the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance).
 Every estimate uses the same named parameters (``nki._cost``); nothing here is specific to one kernel.
 """
 
@@ -96,22 +96,40 @@ def k8() -> list[dict]:
     ]
 
 
+C1_US = {1024: 58.0, 64 * 1024: 58.0, 1 << 20: 68.0, 4 << 20: 107.0, 16 << 20: 332.0, 64 << 20: 1214.0,
+         256 << 20: 4750.0, 1 << 30: 18930.0}  # nccom-test, 2 ranks of one trn1 instance, fp32 all-reduce
+
+
+def c1() -> list[dict]:
+    from neuron_distributed.costs import algorithm, collective_seconds
+
+    rows = []
+    for size, us in C1_US.items():
+        predicted = collective_seconds("allreduce", size, 2, target="trn1", instance="trn1.32xlarge") * 1e6
+        rows.append({"id": f"C1 all-reduce {size >> 10} KiB ({algorithm(size)})", "published": us,
+                     "predicted": predicted, "unit": "us"})
+    return rows
+
+
 def main() -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
     ap.add_argument("--json", help="also write the table as JSON to this file")
+    ap.add_argument("--only", choices=("K1", "K8", "C1"), help="run one group of points")
     args = ap.parse_args()
     os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
-    rows = k1(args.full) + k8()
+    groups = {"K1": lambda: k1(args.full), "K8": k8, "C1": c1}
+    rows = [r for name, run in groups.items() if args.only in (None, name) for r in run()]
     for r in rows:
         r["error"] = r["predicted"] / r["published"] - 1.0
     print(f"{'point':<40} {'published':>10} {'predicted':>10} {'unit':<6} {'error':>7}")
     for r in rows:
         print(f"{r['id']:<40} {r['published']:>10.2f} {r['predicted']:>10.2f} {r['unit']:<6} {100 * r['error']:>+6.1f}%")
-    lat = {r["id"]: r["predicted"] for r in rows if r["id"].startswith("K1")}
-    speedup = lat["K1 tiled"] / lat["K1 fully_optimized"]
-    print(f"K1 speed-up tiled -> fully optimised: {speedup:.2f}x (published {51.80 / 6.97:.2f}x); "
-          f"ideal {rows[3]['ideal']:.2f} ms")
+    lat = {r["id"]: r for r in rows if r["id"].startswith("K1")}
+    if lat:
+        speedup = lat["K1 tiled"]["predicted"] / lat["K1 fully_optimized"]["predicted"]
+        print(f"K1 speed-up tiled -> fully optimised: {speedup:.2f}x (published {51.80 / 6.97:.2f}x); "
+              f"ideal {lat['K1 fully_optimized']['ideal']:.2f} ms")
     print(json.dumps(rows))
     if args.json:
         with open(args.json, "w") as f:
