@@ -6,7 +6,7 @@ K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf
 kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
 depth each fits in SBUF without liveness-based allocation) and scale by the number of blocks; the fully optimised
 one runs whole (about half a minute of CPU). ``--full`` runs all four at the exact size (the hoisted and
-blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K8 are the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance).
+blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance).
 Every estimate uses the same named parameters (``nki._cost``); nothing here is specific to one kernel.
 """
 
@@ -96,6 +96,28 @@ def k8() -> list[dict]:
     ]
 
 
+def k3() -> list[dict]:
+    """LayerNorm v1 (nl.mean / rsqrt) vs v2 (bn_stats / bn_aggr), trn1 fp32 4096 x 8192: the project's ports of
+    the tutorial's kernels (``neuronxcc.nki.tutorials.layernorm``)."""
+    from neuronxcc.nki.tutorials import layernorm
+
+    rng = np.random.default_rng(0)
+    x = rng.random((4096, 8192)).astype(np.float32)
+    gamma, beta = rng.random(8192).astype(np.float32), rng.random(8192).astype(np.float32)
+    rows = []
+    for name, kernel, us in (("v1", layernorm.layernorm_kernel_v1, 2311.0), ("v2", layernorm.layernorm_kernel, 1969.0)):
+        run = kernel.run(x, 1e-5, gamma, beta)
+        mean, var = x.mean(axis=1, keepdims=True), x.var(axis=1, keepdims=True)
+        ref = (x - mean) / np.sqrt(var + 1e-5) * gamma + beta
+        if not np.allclose(run.outputs, ref, rtol=1e-3, atol=1e-3):
+            raise RuntimeError(f"LayerNorm {name} computed a wrong result")
+        rows.append({"id": f"K3 LayerNorm {name}", "published": us, "predicted": run.cost.latency_ns / 1e3,
+                     "unit": "us"})
+    rows.append({"id": "K3 LayerNorm v1 / v2", "published": 2311.0 / 1969.0,
+                 "predicted": rows[0]["predicted"] / rows[1]["predicted"], "unit": "ratio"})
+    return rows
+
+
 C1_US = {1024: 58.0, 64 * 1024: 58.0, 1 << 20: 68.0, 4 << 20: 107.0, 16 << 20: 332.0, 64 << 20: 1214.0,
          256 << 20: 4750.0, 1 << 30: 18930.0}  # nccom-test, 2 ranks of one trn1 instance, fp32 all-reduce
 
@@ -115,10 +137,10 @@ def main() -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
     ap.add_argument("--json", help="also write the table as JSON to this file")
-    ap.add_argument("--only", choices=("K1", "K8", "C1"), help="run one group of points")
+    ap.add_argument("--only", choices=("K1", "K3", "K8", "C1"), help="run one group of points")
     args = ap.parse_args()
     os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
-    groups = {"K1": lambda: k1(args.full), "K8": k8, "C1": c1}
+    groups = {"K1": lambda: k1(args.full), "K3": k3, "K8": k8, "C1": c1}
     rows = [r for name, run in groups.items() if args.only in (None, name) for r in run()]
     for r in rows:
         r["error"] = r["predicted"] / r["published"] - 1.0
