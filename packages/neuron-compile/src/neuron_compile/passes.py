@@ -66,7 +66,8 @@ class Kernel:
     def seconds(self) -> float:
         if self.simulated_seconds is not None:
             return self.simulated_seconds
-        return costmodel.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype).seconds
+        # kernels of a compiled graph run back to back in one instruction stream: no per-kernel launch
+        return costmodel.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype, launch_seconds=0.0).seconds
 
 
 @dataclasses.dataclass
@@ -83,7 +84,10 @@ class KernelPlan:
 
     @property
     def seconds(self) -> float:
-        return sum(kernel.seconds() for kernel in self.kernels)
+        """The kernels back to back, plus one launch of the graph (the runtime's launch of an op's kernel)."""
+        if not self.kernels:
+            return 0.0
+        return costmodel.LAUNCH_SECONDS + sum(kernel.seconds() for kernel in self.kernels)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-safe form (stored in the compile cache next to the compiled code)."""
@@ -139,10 +143,10 @@ def _matmul_flops(node: torch.fx.Node) -> float:
         return 0.0
     args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
     outputs = _size(out[0].numel())
-    if packet in (aten.mm, aten.bmm):
-        return 2.0 * outputs * _size(args[0].shape[-1])
-    if packet in (aten.addmm, aten.baddbmm):
-        return 2.0 * outputs * _size(args[1].shape[-1])
+    if packet in (aten.mm, aten.bmm, aten.addmm, aten.baddbmm):  # tiled onto the 128 x 128 array
+        m, n = _size(out[0].shape[-2]), _size(out[0].shape[-1])
+        contraction = _size(args[0 if packet in (aten.mm, aten.bmm) else 1].shape[-1])
+        return costmodel.matmul_array_flops(m, contraction, n, outputs // (m * n) if m * n else 0)
     weight = args[1]  # convolution / convolution_backward: 2 x outputs x input channels per group x kernel size
     macs = _size(weight.shape[1] * math.prod(weight.shape[2:])) if weight is not None and weight.dim() > 1 else 1
     return 2.0 * outputs * macs * (2 if packet is aten.convolution_backward else 1)
