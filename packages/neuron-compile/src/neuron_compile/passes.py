@@ -29,9 +29,7 @@ from typing import Any
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
-from neuron_device import costmodel
-from neuron_device import optracking as _optracking
-from neuron_device.ops import registry as _registry
+from neuron_device import services
 
 __all__ = ["Kernel", "KernelPlan", "plan_kernels", "priced_ops"]
 
@@ -67,7 +65,7 @@ class Kernel:
         if self.simulated_seconds is not None:
             return self.simulated_seconds
         # kernels of a compiled graph run back to back in one instruction stream: no per-kernel launch
-        return costmodel.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype, launch_seconds=0.0).seconds
+        return services.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype, launch_seconds=0.0).seconds
 
 
 @dataclasses.dataclass
@@ -87,7 +85,7 @@ class KernelPlan:
         """The kernels back to back, plus one launch of the graph (the runtime's launch of an op's kernel)."""
         if not self.kernels:
             return 0.0
-        return costmodel.LAUNCH_SECONDS + sum(kernel.seconds() for kernel in self.kernels)
+        return services.LAUNCH_SECONDS + sum(kernel.seconds() for kernel in self.kernels)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-safe form (stored in the compile cache next to the compiled code)."""
@@ -146,7 +144,7 @@ def _matmul_flops(node: torch.fx.Node) -> float:
     if packet in (aten.mm, aten.bmm, aten.addmm, aten.baddbmm):  # tiled onto the 128 x 128 array
         m, n = _size(out[0].shape[-2]), _size(out[0].shape[-1])
         contraction = _size(args[0 if packet in (aten.mm, aten.bmm) else 1].shape[-1])
-        return costmodel.matmul_array_flops(m, contraction, n, outputs // (m * n) if m * n else 0)
+        return services.matmul_array_flops(m, contraction, n, outputs // (m * n) if m * n else 0)
     weight = args[1]  # convolution / convolution_backward: 2 x outputs x input channels per group x kernel size
     macs = _size(weight.shape[1] * math.prod(weight.shape[2:])) if weight is not None and weight.dim() > 1 else 1
     return 2.0 * outputs * macs * (2 if packet is aten.convolution_backward else 1)
@@ -154,14 +152,14 @@ def _matmul_flops(node: torch.fx.Node) -> float:
 
 def _plugin_estimator(name: str) -> Any:
     """The `estimate_seconds` of the kernel a plugin registered for op `name`, if it has one."""
-    if name in _registry.builtin:  # neuron-device's own kernel: priced by the cost model
+    if name in services.builtin_kernels:  # neuron-device's own kernel: priced by the cost model
         return None
-    return getattr(_registry.kernels.get(name), "estimate_seconds", None)
+    return getattr(services.registered_kernels.get(name), "estimate_seconds", None)
 
 
 def priced_ops() -> list[str]:
     """The ops a plugin's kernel prices itself (part of the compile cache's key: the plans depend on them)."""
-    return sorted(name for name in _registry.kernels if _plugin_estimator(name) is not None)
+    return sorted(name for name in services.registered_kernels if _plugin_estimator(name) is not None)
 
 
 def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
@@ -182,7 +180,7 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
         return "fusable", "vector", float(sum(_numel(a) for a in inputs[:1]))
     if str(node.target).startswith("neuron_compile.nki_"):
         return "substituted", "", 0.0
-    info = _optracking.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+    info = services.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
     if info is not None and info.engine == "tensor":  # attention and the like: priced as eager prices them
         args = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args)
         estimator = _plugin_estimator(node.target.name())  # an OpOverload: `op_info` answered for it
