@@ -125,6 +125,18 @@ def _nbytes(node: torch.fx.Node) -> int:
     return sum(_size(t.numel()) * t.element_size() for t in _meta(node.meta.get("val")))
 
 
+_GATHERS = frozenset({aten.embedding, aten.index_select, aten.gather, aten.index})
+
+
+def _read_bytes(node: torch.fx.Node, members: list[torch.fx.Node], source: Mapping) -> int:
+    """HBM bytes a kernel reads of input `node`: all of it, except a table only gathered from (embedding,
+    index_select, gather, index as first argument), of which the DMA reads just the gathered rows."""
+    readers = [m for m in members if any(source.get(a, a) is node for a in m.all_input_nodes)]
+    if readers and all(_packet(m) in _GATHERS and source.get(m.args[0], m.args[0]) is node for m in readers):
+        return min(_nbytes(node), sum(_nbytes(m) for m in readers))
+    return _nbytes(node)
+
+
 def _numel(node: torch.fx.Node) -> int:
     return sum(_size(t.numel()) for t in _meta(node.meta.get("val")))
 
@@ -239,7 +251,7 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
             consumers = [u for u in _consumers(node, source) if u not in inside]
             if consumers:
                 written[node] = consumers
-        hbm = sum(_nbytes(n) for n in read) + sum(_nbytes(n) for n in written)
+        hbm = sum(_read_bytes(n, members, source) for n in read) + sum(_nbytes(n) for n in written)
         tensors = _meta(members[0].meta.get("val"))
         dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
         amounts = {engine: float(amount) for engine, amount in work[index].items()}  # static: SymFloat -> float
