@@ -89,7 +89,10 @@ def test_target_override(monkeypatch, rng):
         run = copy_rows.run(x)
         assert run.cost.target == t
         lat[t] = run.cost.latency_ns
-    assert lat["trn3"] < lat["trn2"] < lat["trn1"]  # DMA bandwidth per engine grows
+    assert lat["trn3"] < lat["trn2"]  # DMA bandwidth per engine grows
+    # trn2 generates each DMA's descriptors in hardware (~600 ns per instruction, calibration.md §2), which
+    # outweighs its faster engines on a small copy; the old model (no descriptor generation) had trn2 < trn1
+    assert lat["trn2"] > lat["trn1"]
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "gen3")
     assert nki.current_target().name == "trn2"
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn9")

@@ -15,7 +15,8 @@ Running on the host
     generator).
 Simulated time
     `charge` (queue device seconds on the current stream), `record_kernel` (account one launch of a kernel: the
-    compile cache, the report), `estimate_kernel` (the roofline cost model), `topology` (the simulated machine; its
+    compile cache, the report), `estimate_kernel` (the cost model), `matmul_array_flops` (a matmul's Tensor-engine occupancy as it tiles onto
+    the 128 x 128 array), `LAUNCH_SECONDS` (the runtime's launch of one kernel), `topology` (the simulated machine; its
     figures are the hardware spec's, `neuron_spec.hardware`, which siblings import directly).
 Plugins
     `hookimpl` (mark an implementation of a `neuron_device.plugins` hook).
@@ -31,13 +32,14 @@ from .ops.registry import builtin as builtin_kernels
 from .ops.registry import kernels as registered_kernels
 from .ops.registry import register as register_kernel
 from .plugins import hookimpl
-from .simulation.costmodel import KernelEstimate, estimate_kernel
+from .simulation.costmodel import LAUNCH_SECONDS, KernelEstimate, estimate_kernel, matmul_array_flops
 from .simulation.kernels import Work, flat_tensors, record_kernel
 from .storage import adopt, host_alias
 from .timeline import charge
 from .topology import Topology, topology
 
 __all__ = [
+    "LAUNCH_SECONDS",
     "KernelEstimate",
     "OpInfo",
     "Topology",
@@ -51,6 +53,7 @@ __all__ = [
     "flat_tensors",
     "hookimpl",
     "host_alias",
+    "matmul_array_flops",
     "op_info",
     "record_kernel",
     "register_kernel",

@@ -82,6 +82,13 @@ class Target:
     # Links
     neuronlink_bytes_per_second: float  # chip-to-chip, per chip
     host_link_bytes_per_second: float  # host memory <-> one device
+    # Hardware DMA descriptor generation per DMA instruction, issued in order (calibration.md §2: "trn2 hardware
+    # descriptor generation: ~600 ns per DMA instruction", SDK@HEAD nki_perf_guide.rst); 0: software descriptors.
+    dma_descriptor_ns: float = 0.0
+    # Tensor-engine power throttle (SDK@HEAD tools/neuron-explorer/overview-summary-page.rst): a busy stretch
+    # starts at this fraction of peak and ramps to full over the ramp; it re-engages after a ramp-long idle window.
+    tensor_throttle_start: float = 1.0
+    tensor_throttle_ramp_ns: float = 0.0
 
     @property
     def core_version(self) -> str:
@@ -137,6 +144,7 @@ TARGETS: dict[str, Target] = {
         dma_engines=16, dma_bytes_per_ns_per_engine=23.0, dma_fixed_ns=DMA_FIXED_NS,
         neuronlink_bytes_per_second=1.28e12,
         host_link_bytes_per_second=64e9,  # assumption: PCIe Gen5 x16
+        dma_descriptor_ns=600.0, tensor_throttle_start=0.5, tensor_throttle_ramp_ns=3000.0,
     ),
     # trainium3_arch.rst; trn3-arch.rst (8 cores, 144 GiB at 4.9 TB/s — one guide says 4.7 —, NeuronLink-v4
     # 2.56 TB/s). Vector 512 (16/8-bit) or 256 at 1.2 GHz, Scalar 256 (16/8-bit) or 128 at 1.2 GHz, GpSimd 128 at
@@ -153,6 +161,8 @@ TARGETS: dict[str, Target] = {
         dma_engines=16, dma_bytes_per_ns_per_engine=33.0, dma_fixed_ns=DMA_FIXED_NS,
         neuronlink_bytes_per_second=2.56e12,
         host_link_bytes_per_second=64e9,  # assumption: PCIe Gen5 x16
+        # descriptor generation: assumption, trn2's figure (the guide names trn2 only); throttle: trn2/trn3
+        dma_descriptor_ns=600.0, tensor_throttle_start=0.5, tensor_throttle_ramp_ns=3000.0,
     ),
 }
 

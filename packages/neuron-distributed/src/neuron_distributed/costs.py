@@ -1,58 +1,112 @@
-"""Simulated time of collectives: what the interconnect (reference/hardware.md) would take, charged on the stream.
+"""Simulated time of collectives, charged on the stream: the Neuron runtime's algorithms over the group's path.
 
-Data really moves through Gloo on host memory; the device's clock must instead advance as if NeuronLink carried it,
-so profiles and `Event.elapsed_time` show what a Trainium job would see. The model is the bandwidth term of ring
-algorithms (the ones the Neuron collectives library uses inside a node) plus a fixed latency per step.
+Data really moves through Gloo on host memory; the device's clock must instead advance as if the chip's fabric
+carried it, so profiles and `Event.elapsed_time` show what a Trainium job would see. The model
+(`calibration.md` C1/C4; SDK@HEAD `neuron-runtime/explore/{intranode,internode}-collective-comm.rst`):
+
+    time = COLLECTIVE_LAUNCH_SECONDS + hops x hop latency + link crossings x payload / path bandwidth
+
+* the algorithm is the runtime's choice by message size: mesh below 1 MB (every rank talks to every other
+  directly: one hop per phase), recursive halving-doubling from 1 to 56 MB (log2 n hops per phase), ring above
+  (n - 1 hops per phase); an all-reduce has two phases (reduce-scatter, all-gather), the others one;
+* a hop costs `HOP_SECONDS_INSIDE_NODE` inside an instance and `HOP_SECONDS_ACROSS_NODES` over EFA;
+* the path is decided by where the group's ranks are (same chip, same instance, across instances): inside an
+  instance one NeuronLink link of a rank's chip (the chip's NeuronLink bandwidth over its `LINKS_PER_CHIP`
+  torus links), across instances the chip's share of the instance's EFA bandwidth; both at `LINK_EFFICIENCY`.
+  Ranks on one chip: no published figure separates their path from a neighbour link, so it is priced as one
+  (assumption; C1, two ranks of one trn1 instance, i.e. the two cores of chip 0, is what it is checked on).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from neuron_device import services
-from neuron_spec.hardware import resolve_target
+from neuron_spec.hardware import INSTANCE_TYPES, resolve_target
 
-__all__ = ["STEP_LATENCY_SECONDS", "charge", "collective_seconds"]
+__all__ = ["COLLECTIVE_LAUNCH_SECONDS", "HOP_SECONDS_ACROSS_NODES", "HOP_SECONDS_INSIDE_NODE", "LINK_EFFICIENCY",
+           "algorithm", "charge", "collective_seconds", "placement"]
 
-# Per-hop latency of one ring step (DMA descriptor + link), a typical figure for NeuronLink-class fabrics.
-STEP_LATENCY_SECONDS = 2e-6
+# Fitted on C1's plateau: a 2-rank fp32 all-reduce of 1-64 KiB takes 58 us whatever its size (minus two hops).
+COLLECTIVE_LAUNCH_SECONDS = 55e-6
+# C4: 1-2 us per hop inside a node (the middle), ~15 us across nodes (EFA).
+HOP_SECONDS_INSIDE_NODE = 1.5e-6
+HOP_SECONDS_ACROSS_NODES = 15e-6
+# Chips of trn1/trn2 instances are linked in a 2-D torus (trn{1,2}-arch.rst): four neighbours, one link each;
+# a rank's traffic to one neighbour uses one link, a quarter of the chip's NeuronLink bandwidth (assumption).
+LINKS_PER_CHIP = 4
+# Fitted on C1's bandwidth-bound points (16 MiB - 1 GiB: ~57 GB/s of a 96 GB/s trn1 link): the share of a
+# link's bandwidth a collective achieves (reduction, DMA descriptors, synchronisation); the same for every path.
+LINK_EFFICIENCY = 0.6
+MESH_BELOW_BYTES = 1_000_000  # C4: mesh below 1 MB ...
+RING_ABOVE_BYTES = 56_000_000  # ... recursive halving-doubling up to 56 MB, ring above
 
-# How many times each byte of the (per-rank) payload crosses a link, as a function of the group size n, for the
-# ring algorithm of each collective; point-to-point and rooted collectives move the payload once.
-_TRAFFIC: dict[str, tuple[str, ...]] = {
-    "ring_reduce": ("allreduce", "allreduce_coalesced"),
-    "ring_half": (
-        "allgather",
-        "all_gather_single",
-        "allgather_coalesced",
-        "allgather_into_tensor_coalesced",
-        "reduce_scatter",
-        "reduce_scatter_single",
-        "reduce_scatter_tensor_coalesced",
-        "alltoall",
-        "alltoall_base",
-    ),
-}
-
-
-def _factor(kind: str, group_size: int) -> tuple[float, int]:
-    """(link crossings per payload byte, ring steps) of collective `kind` in a group of `group_size`."""
-    n = max(group_size, 1)
-    if kind in _TRAFFIC["ring_reduce"]:
-        return 2.0 * (n - 1) / n, 2 * (n - 1)
-    if kind in _TRAFFIC["ring_half"]:
-        return (n - 1) / n, n - 1
-    return 1.0, 1
+# How many times each byte of the (per-rank) payload crosses a link, and how many phases, by collective kind.
+_REDUCE_PHASES = {"allreduce": 2, "allreduce_coalesced": 2}
+_ONE_PHASE = frozenset({
+    "allgather", "all_gather_single", "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter",
+    "reduce_scatter_single", "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base",
+})
 
 
-def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: str | None = None) -> float:
-    """Simulated seconds of one collective `kind` whose per-rank payload (the larger of input and output) is given."""
-    spec = services.topology().target if target is None else resolve_target(target)
-    crossings, steps = _factor(kind, group_size)
+def algorithm(payload_bytes: int) -> str:
+    """The algorithm the Neuron runtime picks for a message of `payload_bytes` (C4)."""
+    if payload_bytes < MESH_BELOW_BYTES:
+        return "mesh"
+    return "halving-doubling" if payload_bytes <= RING_ABOVE_BYTES else "ring"
+
+
+def placement(group_size: int, cores_per_chip: int, cores_per_instance: int) -> str:
+    """Where a group of `group_size` consecutive ranks (one per logical core, as torchrun places them) lives."""
+    if group_size <= cores_per_chip:
+        return "chip"
+    return "instance" if group_size <= cores_per_instance else "network"
+
+
+def _hops(algo: str, n: int) -> int:
+    if algo == "mesh":
+        return 1
+    return math.ceil(math.log2(n)) if algo == "halving-doubling" else n - 1
+
+
+def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: str | None = None,
+                       where: str | None = None, instance: str | None = None) -> float:
+    """Simulated seconds of one collective `kind` whose per-rank payload (the larger of input and output) is given.
+
+    `where` ("chip", "instance" or "network") defaults to the placement of `group_size` ranks on this process's
+    simulated machine; `instance` (an instance type) supplies the EFA bandwidth of network paths.
+    """
     if group_size <= 1:
         return 0.0
-    # the chip-to-chip interconnect (NeuronLink-v2 / v3 / v4) bandwidth per chip, from the hardware spec
-    return crossings * payload_bytes / spec.neuronlink_bytes_per_second + steps * STEP_LATENCY_SECONDS
+    topo = services.topology()
+    spec = topo.target if target is None else resolve_target(target)
+    lnc = topo.lnc if spec is topo.target else spec.default_lnc
+    per_chip = max(1, spec.physical_cores_per_chip // lnc)
+    inst = INSTANCE_TYPES.get(instance or topo.instance_type or "")
+    if where is None:
+        chips = inst.chips if inst is not None else topo.chips
+        where = placement(group_size, per_chip, per_chip * chips)
+    n = group_size
+    if kind in _REDUCE_PHASES or kind in _ONE_PHASE:
+        phases = _REDUCE_PHASES.get(kind, 1)
+        crossings = phases * (n - 1) / n
+        hops = phases * _hops(algorithm(payload_bytes), n)
+    else:  # broadcast, reduce, point-to-point: the payload crosses once
+        crossings, hops = 1.0, 1
+    link = spec.neuronlink_bytes_per_second / LINKS_PER_CHIP
+    hop = HOP_SECONDS_INSIDE_NODE
+    if where == "network":
+        if inst is None or inst.efa_gbps is None:
+            raise RuntimeError(f"a collective over {n} ranks spans instances, but no EFA bandwidth is known for "
+                               f"instance type {instance or topo.instance_type!r}; set NEURON_SIM_INSTANCE_TYPE "
+                               "to an instance listed in neuron_spec.hardware.INSTANCE_TYPES")
+        link = min(link, inst.efa_gbps * 1e9 / 8 / inst.chips)
+        hop = HOP_SECONDS_ACROSS_NODES
+    elif where not in ("chip", "instance"):
+        raise ValueError(f"where must be 'chip', 'instance' or 'network', got {where!r}")
+    return COLLECTIVE_LAUNCH_SECONDS + hops * hop + crossings * payload_bytes / (link * LINK_EFFICIENCY)
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:

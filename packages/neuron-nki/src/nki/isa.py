@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _context, _limits
 from . import _dtypes as dt
-from ._cost import MIN_II
+from ._cost import MIN_II, STRIDE_PENALTY_BYTES
 from ._errors import NkiValidationError, fmt_shape, kernel_location, unimplemented
 from ._liveness import tick
 from ._ops import apply_binary, apply_unary, resolve
@@ -111,8 +111,23 @@ def _allocs(ts):
     return out
 
 
+def _strided(ts) -> bool:
+    """Whether an on-chip operand's minor dimension strides over 16 bytes (halves SBUF/PSUM bandwidth)."""
+    for t in ts:
+        if isinstance(t, NkiTensor) and t.key is None and t.base.ndim > 1 and t.base.shape[-1] > 1:
+            if t.base.strides[-1] // t.base.itemsize * t.itemsize > STRIDE_PENALTY_BYTES:
+                return True
+    return False
+
+
+def _where(t: NkiTensor):
+    """Identity of the on-chip region a tile occupies (a new stationary tile needs a LoadStationary)."""
+    return (t.alloc, t.base.__array_interface__["data"][0], t.base.shape) if t.key is None else t.alloc
+
+
 def _charge(ctx, eng: str, cycles: float, reads, writes, name: str, flops: int = 0) -> None:
-    ctx.core.timeline.compute(eng, cycles, _allocs(reads), _allocs(writes), name, flops)
+    ctx.core.timeline.compute(eng, cycles, _allocs(reads), _allocs(writes), name, flops,
+                              _strided(reads) or _strided(writes))
 
 
 def _eng(e, default: str) -> str:
@@ -289,8 +304,8 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     if any(f32_in) and not is_transpose:
         cycles *= 2 if (is_stationary_onezero or is_moving_onezero) else 4
     cycles *= (rows * cols) / (128 * 128)
-    _charge(ctx, "tensor", cycles, (stationary, moving, dst if acc is not False else None), (dst,),
-            "nc_matmul", 2 * K * n_stat * n_mov)
+    reads = _allocs((stationary, moving, dst if acc is not False else None))
+    ctx.core.timeline.matmul(cycles, _where(stationary), reads, _allocs((dst,)), n_stat, 2 * K * n_stat * n_mov)
 
 
 class _Shape2:
@@ -339,7 +354,10 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknow
                                  location=kernel_location(2))
     res = np.asarray(data.read()).reshape(p, f).T
     dst.write(_fit(res, dst, op))
-    _charge(ctx, eng, cycles, (data,), (dst,), "nc_transpose")
+    if eng == "tensor":
+        ctx.core.timeline.matmul(cycles, _where(data), _allocs((data,)), _allocs((dst,)), p, 0, "nc_transpose")
+    else:
+        _charge(ctx, eng, cycles, (data,), (dst,), "nc_transpose")
 
 
 # -- Scalar Engine -------------------------------------------------------------------------------------------

@@ -445,7 +445,10 @@ def _binary_tile(name: str, x, y, dtype, default_dtype=None, out: NkiTensor | No
                                  f"result of '{name}'", code="err_shape_mismatch", location=kernel_location(3))
     tiles = [t for t in (x, y) if isinstance(t, NkiTensor)]
     n = out.free_size
-    cycles = _bmax(MIN_II, n) if len(tiles) == 1 or any(t.buffer is psum for t in tiles) else 2 * n
+    # one streamed operand (the other a constant or a [P, 1] column broadcast along the free axis, which the
+    # compiler lowers to tensor_scalar) costs N cycles; two streamed tiles are a tensor_tensor, 2N
+    streamed = [t for t in tiles if t.free_size > 1 or n == 1]
+    cycles = _bmax(MIN_II, n) if len(streamed) <= 1 or any(t.buffer is psum for t in tiles) else 2 * n
     nisa._charge(ctx, "gpsimd" if name == "power" else "vector", cycles, tiles, (out,), name)
     return out
 

@@ -158,6 +158,8 @@ class LegacyTile(NkiTensor):
             v = v.reshape(self.shape) if v.shape != self.shape else v
             written = self.written_view() if self.key is None else self._map_base(self.alloc.written)[self.key]
             self.write(np.where(written, self.read_f32() + v, v))
+            if o.alloc.ready > self.alloc.ready:  # readers of the accumulator wait for the matmul
+                self.alloc.ready = o.alloc.ready
             return self
         return self._update("add", o)
 

@@ -1,0 +1,201 @@
+"""Calibration as code: run the points of ``calibration.md`` §3 in the simulator, print predicted vs published.
+
+    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K3|K8|C1|E] [--json out.json]
+
+K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf16): the three memory-bound
+kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
+depth each fits in SBUF without liveness-based allocation) and scale by the number of blocks; the fully optimised
+one runs whole (about half a minute of CPU). ``--full`` runs all four at the exact size (the hoisted and
+blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); E1/E2 BERT compiled on one trn1 core.
+Every estimate uses the same named parameters (``nki._cost``); nothing here is specific to one kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+K1_SHAPE = (8192, 4096, 8192)  # K, M, N of the tutorial's benchmark
+# slice (K, M, N) per kernel: whole output blocks of each kernel's loop structure
+K1_SLICES = {"tiled": (8192, 128, 512), "hoisted": (4096, 128, 8192), "blocked_free": (4096, 256, 8192),
+             "fully_optimized": K1_SHAPE}  # its epilogue overlaps the next block's work: run it whole
+
+
+def _run(kernel, k: int, m: int, n: int):
+    rng = np.random.default_rng(0)
+    lhsT = rng.standard_normal((k, m)).astype(ml_dtypes.bfloat16)
+    rhs = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+    run = kernel.run(lhsT, rhs)
+    ref = lhsT.astype(np.float32).T @ rhs.astype(np.float32)
+    err = float(np.max(np.abs(run.outputs.astype(np.float32) - ref)) / np.max(np.abs(ref)))
+    if err > 1e-2:
+        raise RuntimeError(f"{kernel} computed a wrong product (relative error {err:.3g})")
+    return run.cost
+
+
+def k1(full: bool) -> list[dict]:
+    from calibration_kernels.k1_matmul import KERNELS, PUBLISHED_MS
+
+    rows = []
+    K, M, N = K1_SHAPE
+    for name, kernel in KERNELS.items():
+        k, m, n = K1_SHAPE if full else K1_SLICES[name]
+        cost = _run(kernel, k, m, n)
+        ms = cost.latency_ns * (K * M * N) / (k * m * n) / 1e6
+        rows.append({"id": f"K1 {name}", "published": PUBLISHED_MS[name], "predicted": ms, "unit": "ms",
+                     "scaled_from": None if full else [k, m, n]})
+    ideal = 2 * K * M * N / (2 * 128 * 128 * 2.8) / 1e6
+    rows[-1]["ideal"] = ideal
+    return rows
+
+
+def k8() -> list[dict]:
+    import nki
+    import nki.isa as nisa
+    import nki.language as nl
+
+    chain = 200
+
+    @nki.jit
+    def dependent_activations():
+        x = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+        nisa.memset(x, 0.5)
+        for _ in range(chain):
+            nisa.activation(x, nl.exp, x)
+
+    def matvecs(count: int, alternate: bool):
+        @nki.jit
+        def kernel():
+            s = [nl.ndarray((128, 128), nl.bfloat16, buffer=nl.sbuf) for _ in range(2)]
+            v = nl.ndarray((128, 1), nl.bfloat16, buffer=nl.sbuf)
+            for t in (*s, v):
+                nisa.memset(t, 0.0)
+            for i in range(count):
+                out = nl.ndarray((128, 1), nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(out, s[i % 2 if alternate else 0], v)
+
+        return kernel.run().cost.engine_busy_ns["tensor"]
+
+    os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
+    ghz = nki.TARGETS["trn1"].tensor_ghz
+    one = dependent_activations.run().cost
+    chain_ns = one.engine_busy_ns["scalar"] / chain
+    steady = (matvecs(101, False) - matvecs(1, False)) / 100 * ghz
+    load_stationary = matvecs(1, False) * ghz - steady
+    return [
+        {"id": "K8 dependent 1-element activation", "published": 189.0, "predicted": chain_ns, "unit": "ns"},
+        {"id": "K8 mat-vec matmul issue", "published": 64.0, "predicted": steady, "unit": "cycles"},
+        {"id": "K8 LoadStationary issue", "published": 32.0, "predicted": load_stationary, "unit": "cycles"},
+    ]
+
+
+def k3() -> list[dict]:
+    """LayerNorm v1 (nl.mean / rsqrt) vs v2 (bn_stats / bn_aggr), trn1 fp32 4096 x 8192: the project's ports of
+    the tutorial's kernels (``neuronxcc.nki.tutorials.layernorm``)."""
+    from neuronxcc.nki.tutorials import layernorm
+
+    rng = np.random.default_rng(0)
+    x = rng.random((4096, 8192)).astype(np.float32)
+    gamma, beta = rng.random(8192).astype(np.float32), rng.random(8192).astype(np.float32)
+    rows = []
+    for name, kernel, us in (("v1", layernorm.layernorm_kernel_v1, 2311.0), ("v2", layernorm.layernorm_kernel, 1969.0)):
+        run = kernel.run(x, 1e-5, gamma, beta)
+        mean, var = x.mean(axis=1, keepdims=True), x.var(axis=1, keepdims=True)
+        ref = (x - mean) / np.sqrt(var + 1e-5) * gamma + beta
+        if not np.allclose(run.outputs, ref, rtol=1e-3, atol=1e-3):
+            raise RuntimeError(f"LayerNorm {name} computed a wrong result")
+        rows.append({"id": f"K3 LayerNorm {name}", "published": us, "predicted": run.cost.latency_ns / 1e3,
+                     "unit": "us"})
+    rows.append({"id": "K3 LayerNorm v1 / v2", "published": 2311.0 / 1969.0,
+                 "predicted": rows[0]["predicted"] / rows[1]["predicted"], "unit": "ratio"})
+    return rows
+
+
+E_POINTS = (("base", 1, 0.943), ("base", 16, 9.34), ("large", 1, 2.67), ("large", 4, 7.24))  # p50 ms, trn1
+BERT = {"base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+        "large": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                  "intermediate_size": 4096}}
+
+
+def e() -> list[dict]:
+    """E1/E2: transformers' BERT built from its config, compiled with backend="neuron" on one trn1 core, seq 128.
+    Published: fp32 models with bf16 matmul autocast on neuronx-cc, which casts the constant weights once; the
+    compiled `neuron` backend does not apply autocast inside a compiled graph yet, so the model runs in bf16
+    (weights read as bf16, as the compiler's cast leaves them). Needs transformers (e.g. the hf venv)."""
+    import torch
+    import transformers
+
+    rows = []
+    for size, batch, ms in E_POINTS:
+        torch.manual_seed(0)
+        config = transformers.BertConfig(**BERT[size])
+        model = transformers.BertModel(config).eval().to("neuron").bfloat16()
+        forward = torch.compile(model, backend="neuron", dynamic=False)
+        ids = torch.zeros((batch, 128), dtype=torch.long, device="neuron")
+        with torch.no_grad():
+            forward(input_ids=ids)  # compiles
+            torch.neuron.synchronize()
+            start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+            start.record()
+            forward(input_ids=ids)
+            end.record()
+            end.synchronize()
+        rows.append({"id": f"E bert-{size} batch {batch}", "published": ms, "predicted": start.elapsed_time(end),
+                     "unit": "ms"})
+    return rows
+
+
+C1_US = {1024: 58.0, 64 * 1024: 58.0, 1 << 20: 68.0, 4 << 20: 107.0, 16 << 20: 332.0, 64 << 20: 1214.0,
+         256 << 20: 4750.0, 1 << 30: 18930.0}  # nccom-test, 2 ranks of one trn1 instance, fp32 all-reduce
+
+
+def c1() -> list[dict]:
+    from neuron_distributed.costs import algorithm, collective_seconds
+
+    rows = []
+    for size, us in C1_US.items():
+        predicted = collective_seconds("allreduce", size, 2, target="trn1", instance="trn1.32xlarge") * 1e6
+        rows.append({"id": f"C1 all-reduce {size >> 10} KiB ({algorithm(size)})", "published": us,
+                     "predicted": predicted, "unit": "us"})
+    return rows
+
+
+def main() -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
+    ap.add_argument("--json", help="also write the table as JSON to this file")
+    ap.add_argument("--only", choices=("K1", "K3", "K8", "C1", "E"), help="run one group of points")
+    args = ap.parse_args()
+    os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
+    groups = {"K1": lambda: k1(args.full), "K3": k3, "K8": k8, "C1": c1, "E": e}
+    if args.only is None and importlib.util.find_spec("transformers") is None:
+        print("E1/E2 skipped: transformers is not installed (run --only E with it)")
+        del groups["E"]
+    rows = [r for name, run in groups.items() if args.only in (None, name) for r in run()]
+    for r in rows:
+        r["error"] = r["predicted"] / r["published"] - 1.0
+    print(f"{'point':<40} {'published':>10} {'predicted':>10} {'unit':<6} {'error':>7}")
+    for r in rows:
+        print(f"{r['id']:<40} {r['published']:>10.2f} {r['predicted']:>10.2f} {r['unit']:<6} {100 * r['error']:>+6.1f}%")
+    lat = {r["id"]: r for r in rows if r["id"].startswith("K1")}
+    if lat:
+        speedup = lat["K1 tiled"]["predicted"] / lat["K1 fully_optimized"]["predicted"]
+        print(f"K1 speed-up tiled -> fully optimised: {speedup:.2f}x (published {51.80 / 6.97:.2f}x); "
+              f"ideal {lat['K1 fully_optimized']['ideal']:.2f} ms")
+    print(json.dumps(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
