@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from neuron_compile import backend, compiler
+from neuron_compile import backend, compiler, metrics
 from neuron_compile.backend import DynamicShapesNotSupported, NeuronCompileError
 from neuron_device.ops import host_exec
 
@@ -68,11 +68,15 @@ def test_new_shapes_recompile_and_are_counted() -> None:
     for size in (3, 4, 5, 4):
         x = torch.randn(size, device="neuron")
         torch.testing.assert_close(compiled(x).cpu(), scale_shift(x).cpu())
-    metrics = torch.neuron.get_dynamo_metrics()
-    assert metrics["compilations"] == 3  # the repeated shape 4 reuses its graph
-    assert metrics["recompilations"] == 2
+    # The counters moved from get_dynamo_metrics() to metrics.counters(): get_dynamo_metrics() now returns
+    # TorchNeuron's per-graph records (issue 21), one per compiled graph.
+    counts = metrics.counters()
+    assert counts["compilations"] == 3  # the repeated shape 4 reuses its graph
+    assert counts["recompilations"] == 2
+    assert len(torch.neuron.get_dynamo_metrics()) == 3
     torch.neuron.reset_dynamo_metrics()
-    assert torch.neuron.get_dynamo_metrics()["compilations"] == 0
+    assert metrics.counters()["compilations"] == 0
+    assert torch.neuron.get_dynamo_metrics() == []
 
 
 def test_mode_other_than_default_warns_and_compiles_as_default() -> None:
@@ -103,7 +107,7 @@ def test_graph_breaks_compile_each_subgraph() -> None:
     x = torch.randn(5, device="neuron")
     out = torch.compile(broken, backend="neuron")(x)
     torch.testing.assert_close(out.cpu(), (scale_shift(x) * 3).cpu())
-    assert torch.neuron.get_dynamo_metrics()["compilations"] == 2
+    assert metrics.counters()["compilations"] == 2
 
 
 def test_cpu_inputs_are_copied_to_neuron(monkeypatch) -> None:
@@ -173,7 +177,7 @@ def test_fallback_execution_runs_the_graph_eagerly_with_a_warning(monkeypatch, h
     with pytest.warns(RuntimeWarning, match="running it eagerly"):
         out = torch.compile(scale_shift, backend="neuron", options=options)(x)
     torch.testing.assert_close(out.cpu(), scale_shift(x).cpu())
-    assert torch.neuron.get_dynamo_metrics()["fallbacks"] == 1
+    assert metrics.counters()["fallbacks"] == 1
 
 
 def test_bad_environment_value_is_a_clear_error(monkeypatch) -> None:

@@ -67,6 +67,11 @@ def _compile_id() -> tuple[str, bool]:
         return "0", False
     return f"{compile_id.frame_id}_{compile_id.frame_compile_id}", bool(compile_id.frame_compile_id)
 
+def _has_collectives(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph calls a functional collective (TorchNeuron's `has_collectives` metric)."""
+    return any(node.op == "call_function" and getattr(node.target, "namespace", "") in ("_c10d_functional", "c10d")
+               for node in gm.graph.nodes)
+
 def _eager(gm: torch.fx.GraphModule) -> Callable:
     def run(*args: Any) -> Any:
         return gm(*args)
@@ -98,8 +103,12 @@ def _compile_static(
     artifacts = ArtifactWriter(settings.debug_dir, name)
     plans: dict[str, KernelPlan] = {}
     original = copy.deepcopy(gm) if settings.fallback_execution else None  # compiling rewrites `gm`
+    record = metrics.NeuronCompilationMetrics(graph_id=name, graph_name=name, model_name=settings.model_name or "",
+                                              has_collectives=_has_collectives(gm),
+                                              graph_node_count=len(gm.graph.nodes), timestamp=metrics.now())
     try:
-        with cache.entry(gm, graph_inputs, settings) as entry:
+        with cache.entry(gm, graph_inputs, settings) as entry, metrics.graph(record):
+            record.graph_id = entry.key or name
             if entry.hit:
                 metrics.record("cache_hits")
                 plans.update(entry.plans)

@@ -100,7 +100,7 @@ def _memory(topo: _topology.Topology) -> list[dict[str, Any]]:
 def _graphs() -> dict[str, Any] | None:
     """neuron-compile's graph counters, if it ran in this process (never imported from here)."""
     metrics = sys.modules.get("neuron_compile.metrics")
-    return None if metrics is None else metrics.get_dynamo_metrics()
+    return None if metrics is None else metrics.counters()
 
 
 def collect() -> dict[str, Any]:

@@ -3,8 +3,14 @@
 
 TorchNeuron's extras live here: op tracking (`get_fallback_ops`, `get_executed_ops`, `clear_op_tracking`), the
 kernel compilation cache statistics, `torch_neuronx.metrics`, `NeuronProfiler` (a torch profiler whose trace has
-simulated device lanes) and `simulation_report()` (this process's estimated device time, HBM, fallbacks). Like TorchNeuron, it also exposes the stream API
-that `torch.neuron` forwards to (`Stream`, `Event`, `stream`, `current_stream`, ..., `synchronize`).
+simulated device lanes) and `simulation_report()` (this process's estimated device time, HBM, fallbacks).
+
+Like TorchNeuron's `torch_neuronx`, it also carries the device functions scripts call on it directly (the
+torch-neuronx DDP example calls `torch_neuronx.current_device()`): devices (`device_count`, `current_device`,
+`set_device`, `device`, `get_device_properties`, `is_neuron_runtime_initialized`), memory (`empty_cache`,
+`memory_stats`, ...), streams (`Stream`, `Event`, `stream`, `current_stream`, ..., `synchronize`) and the compile
+metrics (`get_dynamo_metrics`, `reset_dynamo_metrics`, `neuron_dynamo_backend`, from neuron-compile). They are
+`torch.neuron`'s own functions, so both names always agree.
 """
 
 from __future__ import annotations
@@ -16,7 +22,25 @@ import torch  # noqa: F401  (first: importing torch autoloads and registers neur
 import neuron_device
 from neuron_device import __version__
 from neuron_device import optracking as _optracking
-from neuron_device.neuron import synchronize
+from neuron_device.neuron import (
+    StreamContext,
+    current_device,
+    device,
+    device_count,
+    empty_cache,
+    get_device_properties,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+    set_device,
+    synchronize,
+)
+from neuron_device.neuron import is_initialized as is_neuron_runtime_initialized
 from neuron_device.neuron.streams import Event, Stream, current_stream, default_stream, set_stream, stream
 from neuron_device.profiler import NeuronProfiler
 from neuron_device.report import report as simulation_report
@@ -25,14 +49,30 @@ __all__ = [
     "Event",
     "NeuronProfiler",
     "Stream",
+    "StreamContext",
     "__version__",
     "clear_compilation_cache",
     "clear_op_tracking",
+    "current_device",
     "current_stream",
     "default_stream",
+    "device",
+    "device_count",
+    "empty_cache",
     "get_compilation_cache_stats",
+    "get_device_properties",
     "get_executed_ops",
     "get_fallback_ops",
+    "is_neuron_runtime_initialized",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "set_device",
     "set_stream",
     "simulation_report",
     "stream",
@@ -42,22 +82,37 @@ __all__ = [
 neuron_device.register()
 
 
-_NKI_EXPORTS = {"nki": "nki", "nki_op": "nki.torch", "wrap_nki": "nki.torch"}
+# Names another wheel provides: name -> (module to import, attribute or None for the module, wheel).
+_PROVIDED = {
+    "nki": ("nki.torch", "nki", None, "neuron-nki"),
+    "nki_op": ("nki.torch", "nki.torch", "nki_op", "neuron-nki"),
+    "wrap_nki": ("nki.torch", "nki.torch", "wrap_nki", "neuron-nki"),
+    "get_dynamo_metrics": ("neuron_compile.metrics", "neuron_compile.metrics", "get_dynamo_metrics", "neuron-compile"),
+    "reset_dynamo_metrics": ("neuron_compile.metrics", "neuron_compile.metrics", "reset_dynamo_metrics",
+                             "neuron-compile"),
+    "neuron_dynamo_backend": ("neuron_compile.metrics", "torch_neuronx.neuron_dynamo_backend", None,
+                              "neuron-compile"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    """TorchNeuron's NKI entry points (`nki`, `nki_op`, `wrap_nki`), provided by neuron-nki when it is installed."""
-    module = _NKI_EXPORTS.get(name)
-    if module is None:
+    """TorchNeuron names another wheel provides: NKI (`nki`, `nki_op`, `wrap_nki`) from neuron-nki, the compile
+    metrics and `neuron_dynamo_backend` from neuron-compile; loaded on first use, so `import torch_neuronx` stays
+    light and works without them."""
+    provided = _PROVIDED.get(name)
+    if provided is None:
         raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")
     import importlib
 
+    needs, module, attribute, wheel = provided
     try:
-        import nki.torch  # noqa: F401  (registers the torch adapter of @nki.jit kernels)
-    except ImportError as error:
-        raise ImportError(f"torch_neuronx.{name} needs the neuron-nki package (pip install neuron-nki)") from error
+        importlib.import_module(needs)  # nki.torch registers the torch adapter of @nki.jit kernels
+    except ModuleNotFoundError as error:
+        if error.name != needs.split(".")[0]:  # the wheel is there but broken: show its own error
+            raise
+        raise ImportError(f"torch_neuronx.{name} needs the {wheel} package (pip install {wheel})") from error
     found = importlib.import_module(module)
-    return found if name == "nki" else getattr(found, name)
+    return found if attribute is None else getattr(found, attribute)
 
 
 def get_fallback_ops() -> list[str]:
