@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch_neuronx
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import torch_neuronx
 
 
 def main(out_dir: Path) -> None:
