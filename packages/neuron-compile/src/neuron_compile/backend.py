@@ -93,9 +93,11 @@ def _compile_static(
         metrics.record("recompilations")
     has_cpu = compiler.has_cpu_tensor_inputs(example_inputs)
     if has_cpu and not settings.autocopy:
-        raise NeuronCompileError(
-            f"graph {name!r} has inputs on the CPU and auto-copy to 'neuron' is disabled ({envvars.AUTOCOPY_DISABLED.name}=1): "
-            "move the inputs to 'neuron' or unset the variable"
+        index = next(i for i, v in enumerate(example_inputs) if isinstance(v, torch.Tensor) and v.device.type == "cpu")
+        raise NeuronCompileError(  # TorchNeuron's text, then why and which graph
+            f"Input tensor at index {index} is on cpu device, expected neuron. Move tensor to Neuron device first "
+            f"with tensor.to('neuron') (graph {name!r}; auto-copy of CPU inputs is disabled by "
+            f"{envvars.AUTOCOPY_DISABLED.name}=1)"
         )
     graph_inputs = compiler.to_neuron(example_inputs) if has_cpu else list(example_inputs)
     autocopy = has_cpu
@@ -135,7 +137,8 @@ def _compile_static(
             stacklevel=2,
         )
         metrics.record("fallbacks")
-        return CompiledGraph(_eager(original), autocopy=autocopy, index=index, forward_seconds=0.0, backward_seconds=0.0)
+        return CompiledGraph(_eager(original), autocopy=autocopy, index=index, forward_seconds=0.0, backward_seconds=0.0,
+                             retain_device=settings.retain_device)
     finally:
         metrics.record("compilations", 0, seconds=time.perf_counter() - started)
     forward = plans.get("forward") or plans.get("inference")
@@ -148,6 +151,7 @@ def _compile_static(
         backward_seconds=backward.seconds if backward else 0.0,
         forward_workspace=forward.workspace_bytes if forward else 0,
         backward_workspace=backward.workspace_bytes if backward else 0,
+        retain_device=settings.retain_device,
     )
 
 class _PerShape:

@@ -6,7 +6,8 @@
   timings in microseconds (`torch_neuronx_fx_passes_us`: the Neuron FX passes; `torch_neuronx_lower_us`: lowering
   to host code; `torch_neuronx_compile_us`: the whole compile of the graph). Timings are host wall time.
 * `TORCH_NEURONX_ENABLED_METRIC_TABLES=graph_stats` writes those records at exit to
-  `$TORCH_NEURONX_METRICS_DIR/metric_table_graph_stats_rank{RANK}.csv` (default directory `/tmp`), one file per rank.
+  `$TORCH_NEURONX_METRICS_DIR/metric_table_graph_stats_rank{RANK}.csv` (default directory `/tmp`), one file per rank;
+  `TORCH_NEURONX_METRICS_ENABLED=0` records nothing.
 * `counters()`: compilations, recompilations, compile-cache hits/misses, fallbacks, failures, compile seconds (the
   simulation report shows them). A *recompilation* is a compilation of a frame that had already been compiled: with
   static shapes, every new input shape is one.
@@ -26,6 +27,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from . import envvars
+
 __all__ = [
     "METRIC_TABLES",
     "NeuronCompilationMetrics",
@@ -38,9 +41,6 @@ __all__ = [
     "write_metric_tables",
 ]
 
-ENABLED_TABLES_ENV = "TORCH_NEURONX_ENABLED_METRIC_TABLES"
-METRICS_DIR_ENV = "TORCH_NEURONX_METRICS_DIR"
-DEFAULT_METRICS_DIR = "/tmp"
 
 
 @dataclasses.dataclass
@@ -95,8 +95,9 @@ def graph(metrics: NeuronCompilationMetrics) -> Iterator[NeuronCompilationMetric
     finally:
         _current.record = None
         metrics.torch_neuronx_compile_us = int((time.perf_counter() - started) * 1e6)
-        with _lock:
-            _graphs.append(metrics)
+        if envvars.METRICS_ENABLED.read():
+            with _lock:
+                _graphs.append(metrics)
 
 
 @contextlib.contextmanager
@@ -134,10 +135,10 @@ def reset_dynamo_metrics() -> None:
 
 
 def _enabled_tables() -> list[str]:
-    names = [name.strip() for name in os.environ.get(ENABLED_TABLES_ENV, "").split(",") if name.strip()]
+    names = [name.strip() for name in envvars.METRIC_TABLES.read().split(",") if name.strip()]
     unknown = [name for name in names if name not in METRIC_TABLES]
     if unknown:
-        raise ValueError(f"{ENABLED_TABLES_ENV}: metric table(s) {unknown} are not registered; "
+        raise ValueError(f"{envvars.METRIC_TABLES.name}: metric table(s) {unknown} are not registered; "
                          f"available tables: {sorted(METRIC_TABLES)}")
     return names
 
@@ -145,8 +146,8 @@ def _enabled_tables() -> list[str]:
 def write_metric_tables() -> list[str]:
     """Write the enabled metric tables of this rank as CSV; return the paths written. Run at exit."""
     written = []
-    rank = os.environ.get("RANK", "0")
-    directory = os.environ.get(METRICS_DIR_ENV) or DEFAULT_METRICS_DIR
+    rank = envvars.RANK.read()
+    directory = envvars.METRICS_DIR.read()
     for table in _enabled_tables():
         path = os.path.join(directory, f"metric_table_{table}_rank{rank}.csv")
         columns = METRIC_TABLES[table]

@@ -104,6 +104,14 @@ def _install_exit_report() -> None:
     report.install_exit_report()
 
 
+def _check_environment() -> None:
+    """One-time notes on variables with no effect here, typo warnings, the log level (after the plugins loaded:
+    their packages declare variables too)."""
+    from . import environment
+
+    environment.check()
+
+
 def register() -> None:
     """Register the `neuron` device with torch (idempotent, thread-safe)."""
     global _registered
@@ -118,5 +126,6 @@ def register() -> None:
         _apply_patches()
         _registered = True
         _load_plugins()
+        _check_environment()
         _install_fast_path()
         _install_exit_report()

@@ -26,10 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import envvars
+
 __all__ = ["PUBLISH_HZ", "RUNTIME_DIR_ENV", "processes", "publish_tool", "runtime_dir", "snapshot", "start",
            "utilisation"]
 
-RUNTIME_DIR_ENV = "NEURON_SIM_RUNTIME_DIR"
+RUNTIME_DIR_ENV = envvars.RUNTIME_DIR.name
 PUBLISH_HZ = 4
 _started = False
 _lock = threading.Lock()
@@ -39,10 +41,10 @@ _estimates: dict[int, tuple[Any, dict[str, float], float]] = {}  # id(launch) ->
 
 def runtime_dir() -> Path:
     """The per-user directory where processes publish their counters."""
-    explicit = os.environ.get(RUNTIME_DIR_ENV)
+    explicit = envvars.RUNTIME_DIR.read()
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_RUNTIME_DIR")
+    base = envvars.XDG_RUNTIME_DIR.read()
     if base:
         return Path(base) / "neuron-sim"
     return Path(tempfile.gettempdir()) / f"neuron-sim-{os.getuid()}"
