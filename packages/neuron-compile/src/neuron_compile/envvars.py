@@ -21,9 +21,9 @@ __all__ = [
     "METRICS_ENABLED",
     "METRIC_TABLES",
     "NO_EFFECT",
-    "RETAIN_DEVICE",
     "PRESERVE_ARTIFACTS",
     "RANK",
+    "RETAIN_DEVICE",
     "VARIABLES",
     "XDG_CACHE_HOME",
 ]
