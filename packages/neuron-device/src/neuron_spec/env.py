@@ -135,5 +135,5 @@ def unknown_names(known: set[str], prefixes: tuple[str, ...],
 
     names = sorted(name for name in (os.environ if env is None else env)
                    if name.startswith(prefixes) and name not in known)
-    return [(name, next(iter(difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)), None))
+    return [(name, next(iter(difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)), None))
             for name in names]

@@ -3,16 +3,25 @@
 Data really moves through Gloo on host memory; the device's clock must instead advance as if NeuronLink carried it,
 so profiles and `Event.elapsed_time` show what a Trainium job would see. The model is the bandwidth term of ring
 algorithms (the ones the Neuron collectives library uses inside a node) plus a fixed latency per step.
+
+As TorchNeuron's collectives, a payload moves in buckets of at most `TORCH_NEURONX_COLLECTIVE_BUCKETSIZE_IN_MB`
+(default 512), at least `TORCH_NEURONX_COLLECTIVE_MIN_BUCKETS` of them; each bucket is a ring pass of its own, so it
+adds one set of step latencies (the bandwidth term is the same). `NEURON_USE_SPLIT_ALLGATHER=0` /
+`NEURON_USE_SPLIT_REDUCE_SCATTER=0` move an all-gather / reduce-scatter in one pass.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from neuron_device import timeline, topology
 from neuron_spec.hardware import resolve_target
 
-__all__ = ["STEP_LATENCY_SECONDS", "charge", "collective_seconds"]
+from . import envvars
+
+__all__ = ["STEP_LATENCY_SECONDS", "buckets", "charge", "collective_seconds"]
 
 # Per-hop latency of one ring step (DMA descriptor + link), a typical figure for NeuronLink-class fabrics.
 STEP_LATENCY_SECONDS = 2e-6
@@ -45,6 +54,20 @@ def _factor(kind: str, group_size: int) -> tuple[float, int]:
     return 1.0, 1
 
 
+_SPLIT = {envvars.SPLIT_ALLGATHER: ("allgather", "all_gather_single", "allgather_coalesced",
+                                    "allgather_into_tensor_coalesced"),
+          envvars.SPLIT_REDUCE_SCATTER: ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor_coalesced")}
+
+
+def buckets(kind: str, payload_bytes: int) -> int:
+    """How many buckets (ring passes) collective `kind` moves `payload_bytes` in."""
+    for switch, kinds in _SPLIT.items():
+        if kind in kinds and not switch.read():
+            return 1
+    by_size = math.ceil(payload_bytes / (envvars.BUCKET_MB.read() * 2**20))
+    return max(by_size, envvars.MIN_BUCKETS.read(), 1)
+
+
 def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: str | None = None) -> float:
     """Simulated seconds of one collective `kind` whose per-rank payload (the larger of input and output) is given."""
     spec = topology.topology().target if target is None else resolve_target(target)
@@ -52,7 +75,8 @@ def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: s
     if group_size <= 1:
         return 0.0
     # the chip-to-chip interconnect (NeuronLink-v2 / v3 / v4) bandwidth per chip, from the hardware spec
-    return crossings * payload_bytes / spec.neuronlink_bytes_per_second + steps * STEP_LATENCY_SECONDS
+    return (crossings * payload_bytes / spec.neuronlink_bytes_per_second
+            + buckets(kind, payload_bytes) * steps * STEP_LATENCY_SECONDS)
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
