@@ -105,7 +105,7 @@ def snapshot() -> dict[str, Any]:
     return {
         "pid": os.getpid(),
         "kind": "runtime",
-        "command": " ".join(sys.orig_argv),
+        "command": " ".join(" ".join(sys.orig_argv).split()),  # one line: a -c script has newlines
         "target": topo.target.name,
         "instance_type": topo.instance_type,
         "lnc": topo.lnc,
