@@ -52,6 +52,9 @@ def test_dynamic_true_is_rejected_naming_the_alternatives() -> None:
         compiled(torch.ones(4, device="neuron"))
     error = _inner(info)
     assert isinstance(error, DynamicShapesNotSupported)
+    # TorchNeuron's documented text first (issue 21)
+    assert str(error).startswith("Dynamic shapes detected in the model, but torch-neuronx requires static shapes. "
+                                 "Found 1 dynamic dimension(s): input 0 shape (s")
     assert "dynamic=True is not supported" in str(error)
     assert "dynamic=False" in str(error) and "pad or bucket" in str(error)
 

@@ -38,8 +38,10 @@ class NeuronCompileError(RuntimeError):
 class DynamicShapesNotSupported(NeuronCompileError):
     """The graph has symbolic shapes, which TorchNeuron's compiler does not support."""
 
-_DYNAMIC_MESSAGE = (
-    'torch.compile(backend="neuron") compiles static shapes only, and this graph has dynamic (symbolic) shapes {dims}. '
+_DYNAMIC_MESSAGE = (  # TorchNeuron's text first (its dynamic-shape analysis pass), then what to do instead
+    "Dynamic shapes detected in the model, but torch-neuronx requires static shapes. Found {count} dynamic "
+    "dimension(s): {dims}. "
+    'torch.compile(backend="neuron") compiles static shapes only. '
     "dynamic=True is not supported. Alternatives: leave `dynamic` unset or pass dynamic=False (each new input shape "
     "then compiles its own graph, counted in torch.neuron.get_dynamo_metrics()); pad or bucket inputs to a few fixed "
     "shapes to bound the number of compilations."
@@ -194,6 +196,6 @@ def neuron_backend(
     dims = _symbolic_dims(example_inputs)
     if dims:
         if not torch._dynamo.config.assume_static_by_default:  # dynamic=True
-            raise DynamicShapesNotSupported(_DYNAMIC_MESSAGE.format(dims=", ".join(dims)))
+            raise DynamicShapesNotSupported(_DYNAMIC_MESSAGE.format(count=len(dims), dims=", ".join(dims)))
         return _PerShape(gm, settings, name)
     return _compile_static(gm, example_inputs, settings, name=name, recompile=recompile)
