@@ -162,3 +162,20 @@ def test_console_scripts_are_installed(script: str) -> None:
     result = subprocess.run([str(Path(sys.executable).parent / script), "--help"], capture_output=True, text=True,
                             timeout=120, check=False)
     assert result.returncode == 0 and f"usage: {script}" in result.stdout
+
+
+def test_a_forked_child_leaves_the_parents_entry(tmp_path) -> None:
+    env = {**os.environ, "NEURON_SIM_RUNTIME_DIR": str(tmp_path)}
+    code = textwrap.dedent("""
+        import os, sys, time, torch
+        torch.ones(2, device="neuron").sum().item()
+        time.sleep(0.5)
+        mine = os.path.join(os.environ["NEURON_SIM_RUNTIME_DIR"], f"{os.getpid()}.json")
+        child = os.fork()
+        if child == 0:
+            sys.exit(0)  # runs the inherited atexit handlers
+        os.waitpid(child, 0)
+        print(os.path.exists(mine))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout
+    assert out.strip() == "True"

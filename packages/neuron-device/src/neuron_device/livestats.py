@@ -129,7 +129,18 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _stop(path: Path) -> None:
+def _after_fork_in_child() -> None:
+    """A forked child has no publisher thread; its lock must not be one the thread held at the fork."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _stop(path: Path, pid: int) -> None:
+    if os.getpid() != pid:  # a forked child inherits atexit handlers: the file is its parent's
+        return
     with _lock:
         _stopped.set()
         _remove(path)
@@ -170,7 +181,7 @@ def start() -> None:
         processes(include_tools=True)  # sweep the files of processes that died without cleaning up
     except OSError:
         return  # no writable runtime directory: the tools will not see this process, nothing else changes
-    atexit.register(_stop, path)
+    atexit.register(_stop, path, os.getpid())
     threading.Thread(target=_publish_loop, args=(path,), name="neuron-livestats", daemon=True).start()
 
 
