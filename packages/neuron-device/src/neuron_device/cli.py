@@ -26,7 +26,7 @@ from . import topology as _topology
 
 __all__ = ["DISTRIBUTIONS", "connected_devices", "describe", "device_table", "format_devices", "format_text", "main"]
 
-DISTRIBUTIONS = ("neuron-device", "neuron-compile", "neuron-distributed", "neuron-nki")
+DISTRIBUTIONS = ("neuron-device", "neuron-compile", "neuron-distributed", "neuron-nki", "torch-neuronx")
 
 
 def _version(name: str) -> str | None:
