@@ -96,3 +96,18 @@ def test_every_tool_and_flag_exists() -> None:
 def test_distribution_answers() -> None:
     assert _by_kind("distribution") == [("torch-neuronx", "works")]
     assert importlib.metadata.version("torch_neuronx").partition("+")[2].startswith("neuronsim")
+
+
+def test_torch_neuron_functions_take_torch_cudas_parameters() -> None:
+    """Where TorchNeuron's docs are silent on a signature, torch.cuda's is the one to follow."""
+    import inspect
+
+    different = {}
+    for name, _ in _by_kind("torch.neuron"):
+        ours, cuda = getattr(torch.neuron, name), getattr(torch.cuda, name, None)
+        if cuda is None or inspect.isclass(ours) or inspect.isclass(cuda):
+            continue
+        mine, theirs = list(inspect.signature(ours).parameters), list(inspect.signature(cuda).parameters)
+        if mine != theirs:
+            different[name] = (mine, theirs)
+    assert different == {}
