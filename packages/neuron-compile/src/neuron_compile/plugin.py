@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_device.plugins import hookimpl
+from neuron_device.services import hookimpl
 
 from . import metrics
 
@@ -43,6 +43,25 @@ def neuron_fuse(graph_module: Any, example_inputs: list) -> Any:
     from . import fuser
 
     return fuser.fuse(graph_module, example_inputs)
+
+
+@hookimpl
+def neuron_report_graphs() -> dict[str, Any]:
+    """The compiled-graph counters of the simulation report."""
+    return metrics.counters()
+
+
+@hookimpl
+def neuron_torch_neuronx_exports() -> dict[str, Any]:
+    """TorchNeuron's compile names on `torch_neuronx`: `get_dynamo_metrics`, `reset_dynamo_metrics` and the helper
+    module `neuron_dynamo_backend` (loaded on first access)."""
+    import importlib
+
+    return {
+        "get_dynamo_metrics": lambda: metrics.get_dynamo_metrics,
+        "reset_dynamo_metrics": lambda: metrics.reset_dynamo_metrics,
+        "neuron_dynamo_backend": lambda: importlib.import_module("torch_neuronx.neuron_dynamo_backend"),
+    }
 
 
 @hookimpl

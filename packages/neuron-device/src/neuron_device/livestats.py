@@ -52,7 +52,7 @@ def runtime_dir() -> Path:
 
 def _per_call(launch: Any) -> tuple[dict[str, float], float]:
     """Engine seconds and HBM seconds of one call of a signature (its roofline, computed once)."""
-    from . import costmodel
+    from .simulation import costmodel
 
     cached = _estimates.get(id(launch))
     if cached is not None and cached[0] is launch:
@@ -70,15 +70,16 @@ def _per_call(launch: Any) -> tuple[dict[str, float], float]:
 def snapshot() -> dict[str, Any]:
     """This process's counters (what `<pid>.json` holds). Reads the tracking state without flushing queued ops: it
     runs on the publishing thread."""
-    from . import allocator, optracking, timeline, topology
+    from . import allocator, timeline, topology
+    from .simulation import kernels
 
     topo = topology.topology()
-    launches = list(optracking._launches.values())
+    launches = list(kernels._launches.values())
     engine_mix: dict[str, float] = {}
     kernel_calls = fallback_calls = 0
     for launch in launches:
         if launch.work is not None and launch.work.host_copies:
-            if launch.name in optracking._fallbacks:
+            if launch.name in kernels._fallbacks:
                 fallback_calls += launch.calls
             continue
         kernel_calls += launch.calls
@@ -101,7 +102,7 @@ def snapshot() -> dict[str, Any]:
             "hbm_used_bytes": alloc.allocated() if alloc is not None else 0,
             "hbm_total_bytes": topo.hbm_bytes_per_device,
         }
-    compiled = sum(optracking._compilations.values())
+    compiled = sum(kernels._compilations.values())
     return {
         "pid": os.getpid(),
         "kind": "runtime",
@@ -114,7 +115,7 @@ def snapshot() -> dict[str, Any]:
         "kernel_calls": kernel_calls,
         "kernels_compiled": compiled,
         "fallback_calls": fallback_calls,
-        "fallback_ops": sorted(optracking._fallbacks),
+        "fallback_ops": sorted(kernels._fallbacks),
     }
 
 

@@ -21,7 +21,6 @@ import torch  # noqa: F401  (first: importing torch autoloads and registers neur
 
 import neuron_device
 from neuron_device import __version__
-from neuron_device import optracking as _optracking
 from neuron_device.neuron import (
     StreamContext,
     current_device,
@@ -42,8 +41,9 @@ from neuron_device.neuron import (
 )
 from neuron_device.neuron import is_initialized as is_neuron_runtime_initialized
 from neuron_device.neuron.streams import Event, Stream, current_stream, default_stream, set_stream, stream
-from neuron_device.profiler import NeuronProfiler
-from neuron_device.report import report as simulation_report
+from neuron_device.simulation import kernels as _kernels
+from neuron_device.simulation.profiler import NeuronProfiler
+from neuron_device.simulation.report import report as simulation_report
 
 __all__ = [
     "Event",
@@ -82,61 +82,50 @@ __all__ = [
 neuron_device.register()
 
 
-# Names another wheel provides: name -> (module to import, attribute or None for the module, wheel).
-_PROVIDED = {
-    "nki": ("nki.torch", "nki", None, "neuron-nki"),
-    "nki_op": ("nki.torch", "nki.torch", "nki_op", "neuron-nki"),
-    "wrap_nki": ("nki.torch", "nki.torch", "wrap_nki", "neuron-nki"),
-    "get_dynamo_metrics": ("neuron_compile.metrics", "neuron_compile.metrics", "get_dynamo_metrics", "neuron-compile"),
-    "reset_dynamo_metrics": ("neuron_compile.metrics", "neuron_compile.metrics", "reset_dynamo_metrics",
-                             "neuron-compile"),
-    "neuron_dynamo_backend": ("neuron_compile.metrics", "torch_neuronx.neuron_dynamo_backend", None,
-                              "neuron-compile"),
-}
+# TorchNeuron names that a sibling wheel provides through the plugin hook `neuron_torch_neuronx_exports`, and the
+# package to install when it is missing.
+_FROM_PLUGINS = {"nki": "neuron-nki", "nki_op": "neuron-nki", "wrap_nki": "neuron-nki",
+                 "get_dynamo_metrics": "neuron-compile", "reset_dynamo_metrics": "neuron-compile",
+                 "neuron_dynamo_backend": "neuron-compile"}
 
 
 def __getattr__(name: str) -> Any:
-    """TorchNeuron names another wheel provides: NKI (`nki`, `nki_op`, `wrap_nki`) from neuron-nki, the compile
-    metrics and `neuron_dynamo_backend` from neuron-compile; loaded on first use, so `import torch_neuronx` stays
-    light and works without them."""
-    provided = _PROVIDED.get(name)
-    if provided is None:
-        raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")
-    import importlib
+    """Names plugins add: TorchNeuron's NKI entry points `nki`, `nki_op`, `wrap_nki` come from neuron-nki, the compile
+    metrics and `neuron_dynamo_backend` from neuron-compile."""
+    from neuron_device import plugins
 
-    needs, module, attribute, wheel = provided
     try:
-        importlib.import_module(needs)  # nki.torch registers the torch adapter of @nki.jit kernels
-    except ModuleNotFoundError as error:
-        if error.name != needs.split(".")[0]:  # the wheel is there but broken: show its own error
-            raise
-        raise ImportError(f"torch_neuronx.{name} needs the {wheel} package (pip install {wheel})") from error
-    found = importlib.import_module(module)
-    return found if attribute is None else getattr(found, attribute)
+        return plugins.torch_neuronx_export(name)
+    except AttributeError:
+        pass
+    if name in _FROM_PLUGINS:
+        raise ImportError(f"torch_neuronx.{name} needs the {_FROM_PLUGINS[name]} package (pip install "
+                          f"{_FROM_PLUGINS[name]})")
+    raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")
 
 
 def get_fallback_ops() -> list[str]:
     """Names of the operations that fell back to CPU (e.g. ``'aten::linalg_inv_ex.inverse'``), sorted."""
-    return _optracking.get_fallback_ops()
+    return _kernels.get_fallback_ops()
 
 
 def get_executed_ops() -> list[str]:
     """Names of the operations executed by Neuron kernels, sorted."""
-    return _optracking.get_executed_ops()
+    return _kernels.get_executed_ops()
 
 
 def clear_op_tracking() -> None:
     """Clear both the fallback and the executed operation tracking (useful in tests)."""
-    _optracking.clear_op_tracking()
+    _kernels.clear_op_tracking()
 
 
 def get_compilation_cache_stats() -> dict[str, Any]:
     """Kernel compilation cache statistics: the real device compiles one kernel per op signature (op, input shapes
     and dtypes, non-tensor arguments). Keys as TorchNeuron's: ``total_compilations``, ``in_memory_hits``,
     ``in_memory_misses``, ``total_entries``, ``hit_rate``; plus ``compilations_per_op``."""
-    return _optracking.compilation_stats()
+    return _kernels.compilation_stats()
 
 
 def clear_compilation_cache() -> None:
     """Drop every cached kernel and reset the counters: the next call of every signature compiles again."""
-    _optracking.clear_compilation_cache()
+    _kernels.clear_compilation_cache()

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from neuron_device import allocator, timeline
+from neuron_device import services
 
 from . import envvars
 from .compiler import to_neuron
@@ -52,9 +52,9 @@ class CompiledGraph:
 
     def _charge_backward(self, grad_outputs: Any) -> None:
         if self.backward_seconds:
-            timeline.charge(self.index, self.backward_seconds, "neuron_compile::graph_backward")
+            services.charge(self.index, self.backward_seconds, "neuron_compile::graph_backward")
         if self.backward_workspace:  # the backward graph runs right after this hook: its peak, checked now
-            device = allocator.device(self.index)
+            device = services.device_allocator(self.index)
             device.free(device.malloc(self.backward_workspace))
 
     def __call__(self, *args: Any) -> Any:
@@ -95,7 +95,7 @@ class CompiledGraph:
 
     def _run(self, args: tuple) -> Any:
         if self.forward_workspace:
-            device = allocator.device(self.index)
+            device = services.device_allocator(self.index)
             workspace = device.malloc(self.forward_workspace)
             try:
                 outputs = self.fn(*args)
@@ -104,7 +104,7 @@ class CompiledGraph:
         else:
             outputs = self.fn(*args)
         if self.forward_seconds:
-            timeline.charge(self.index, self.forward_seconds, "neuron_compile::graph_forward")
+            services.charge(self.index, self.forward_seconds, "neuron_compile::graph_forward")
         if self.backward_seconds or self.backward_workspace:
             for output in outputs if isinstance(outputs, (list, tuple)) else (outputs,):
                 if isinstance(output, torch.Tensor) and output.grad_fn is not None:
