@@ -35,6 +35,7 @@ __all__ = [
     "counters",
     "get_dynamo_metrics",
     "graph",
+    "now",
     "phase",
     "record",
     "reset_dynamo_metrics",
