@@ -13,6 +13,9 @@ nox.options.sessions = ["lint", "device", "compile", "distributed", "nki", "all"
 
 PYTHON = "3.11"
 DEVICE = "packages/neuron-device"
+# The metadata-only `torch-neuronx` distribution (no code): installed wherever neuron-device is, so libraries that
+# detect TorchNeuron by distribution (diffusers) find it. No dependencies: pip never looks anything up for it.
+TORCH_NEURONX = "packages/torch-neuronx"
 # Each package's own directory, and the sibling packages it depends on (installed from this checkout, never from
 # an index: the names may exist there as unrelated projects).
 PACKAGES = {
@@ -33,7 +36,7 @@ def _pytest(session: nox.Session, *paths: str, success_codes: tuple[int, ...] = 
 
 def _package_session(package: str):
     def session_function(session: nox.Session) -> None:
-        session.install(*TEST_TOOLS, *PACKAGES[package], PATHS[package])
+        session.install(*TEST_TOOLS, *PACKAGES[package], PATHS[package], TORCH_NEURONX)
         _pytest(session, f"{PATHS[package]}/tests")
 
     session_function.__doc__ = f"neuron-{package} alone, with only its declared dependencies."
@@ -49,7 +52,7 @@ def device_concatenation(session: nox.Session) -> None:
     """neuron-device's tests with adaptive eager on (`TORCH_NEURONX_ENABLE_CONCATENATION=1`), neuron-device alone:
     every queued run executes op by op, so results must stay bitwise those of plain eager. Not slow tests (the
     OpInfo sweep runs with `nox -s device-concatenation -- -m slow`)."""
-    session.install(*TEST_TOOLS, DEVICE)
+    session.install(*TEST_TOOLS, DEVICE, TORCH_NEURONX)
     selection = () if session.posargs else ("-m", "not slow")
     session.run("python", "-m", "pytest", f"{DEVICE}/tests", *selection, *session.posargs,
                 env={"PYTHONHASHSEED": "0", "TORCH_NEURONX_ENABLE_CONCATENATION": "1"})
@@ -62,7 +65,7 @@ def all_packages(session: nox.Session) -> None:
     The slow and multi-process tests already ran in each package's own session; here they are skipped to keep CI
     short, unless other pytest arguments are given (`nox -s all -- -m slow`).
     """
-    session.install(*TEST_TOOLS, *PATHS.values())
+    session.install(*TEST_TOOLS, *PATHS.values(), TORCH_NEURONX)
     selection = () if session.posargs else ("-m", "not slow and not multiprocess")
     # One pytest run per test folder: the packages' test modules share basenames (test_training.py, ...).
     # A folder whose tests are all deselected here exits with pytest's code 5 ("no tests ran"): accepted.
@@ -75,7 +78,7 @@ def hf(session: nox.Session) -> None:
     """The Hugging Face drop-in: pinned transformers, accelerate, diffusers, peft, trl, kernels next to the four
     wheels; tiny models from configs (no downloads). The libraries come from the package index, pinned in
     requirements-hf.txt; about 2 minutes of tests on a quiet 2-core machine."""
-    session.install(*TEST_TOOLS, *PATHS.values(), "-r", "requirements-hf.txt")
+    session.install(*TEST_TOOLS, *PATHS.values(), TORCH_NEURONX, "-r", "requirements-hf.txt")
     session.env["HF_HUB_OFFLINE"] = "1"
     _pytest(session, "tests/hf")
 

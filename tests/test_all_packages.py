@@ -14,6 +14,7 @@ DISTRIBUTIONS = {
     "neuron-compile": "neuron_compile",
     "neuron-distributed": "neuron_distributed",
     "neuron-nki": "nki",
+    "torch-neuronx": "torch_neuronx",  # metadata only (packages/torch-neuronx); the module is neuron-device's
 }
 
 

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import warnings
 
 import pytest
 import torch
 
-from neuron_compile import backend, compiler
+from neuron_compile import backend, compiler, metrics
 from neuron_compile.backend import DynamicShapesNotSupported, NeuronCompileError
 from neuron_device import fallback as host_exec
 
@@ -52,6 +53,9 @@ def test_dynamic_true_is_rejected_naming_the_alternatives() -> None:
         compiled(torch.ones(4, device="neuron"))
     error = _inner(info)
     assert isinstance(error, DynamicShapesNotSupported)
+    # TorchNeuron's documented text first (issue 21)
+    assert re.match(r"Dynamic shapes detected in the model, but torch-neuronx requires static shapes\. "
+                    r"Found \d+ dynamic dimension\(s\): input 0", str(error))
     assert "dynamic=True is not supported" in str(error)
     assert "dynamic=False" in str(error) and "pad or bucket" in str(error)
 
@@ -68,11 +72,15 @@ def test_new_shapes_recompile_and_are_counted() -> None:
     for size in (3, 4, 5, 4):
         x = torch.randn(size, device="neuron")
         torch.testing.assert_close(compiled(x).cpu(), scale_shift(x).cpu())
-    metrics = torch.neuron.get_dynamo_metrics()
-    assert metrics["compilations"] == 3  # the repeated shape 4 reuses its graph
-    assert metrics["recompilations"] == 2
+    # The counters moved from get_dynamo_metrics() to metrics.counters(): get_dynamo_metrics() now returns
+    # TorchNeuron's per-graph records (issue 21), one per compiled graph.
+    counts = metrics.counters()
+    assert counts["compilations"] == 3  # the repeated shape 4 reuses its graph
+    assert counts["recompilations"] == 2
+    assert len(torch.neuron.get_dynamo_metrics()) == 3
     torch.neuron.reset_dynamo_metrics()
-    assert torch.neuron.get_dynamo_metrics()["compilations"] == 0
+    assert metrics.counters()["compilations"] == 0
+    assert torch.neuron.get_dynamo_metrics() == []
 
 
 def test_mode_other_than_default_warns_and_compiles_as_default() -> None:
@@ -103,7 +111,7 @@ def test_graph_breaks_compile_each_subgraph() -> None:
     x = torch.randn(5, device="neuron")
     out = torch.compile(broken, backend="neuron")(x)
     torch.testing.assert_close(out.cpu(), (scale_shift(x) * 3).cpu())
-    assert torch.neuron.get_dynamo_metrics()["compilations"] == 2
+    assert metrics.counters()["compilations"] == 2
 
 
 def test_cpu_inputs_are_copied_to_neuron(monkeypatch) -> None:
@@ -115,7 +123,9 @@ def test_cpu_inputs_are_copied_to_neuron(monkeypatch) -> None:
     monkeypatch.setenv("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "1")
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
         torch.compile(scale_shift, backend="neuron")(x)
-    assert "auto-copy to 'neuron' is disabled" in str(_inner(info))
+    # TorchNeuron's documented text (issue 21), then which graph and why
+    assert str(_inner(info)).startswith("Input tensor at index 0 is on cpu device, expected neuron. Move tensor to "
+                                        "Neuron device first with tensor.to('neuron')")
 
 
 def test_compiled_graph_runs_without_per_op_python() -> None:
@@ -173,7 +183,7 @@ def test_fallback_execution_runs_the_graph_eagerly_with_a_warning(monkeypatch, h
     with pytest.warns(RuntimeWarning, match="running it eagerly"):
         out = torch.compile(scale_shift, backend="neuron", options=options)(x)
     torch.testing.assert_close(out.cpu(), scale_shift(x).cpu())
-    assert torch.neuron.get_dynamo_metrics()["fallbacks"] == 1
+    assert metrics.counters()["fallbacks"] == 1
 
 
 def test_bad_environment_value_is_a_clear_error(monkeypatch) -> None:

@@ -46,6 +46,20 @@ def test_aws_stack_installed_alongside_is_reported(python, tmp_path):
     assert "AWS's torch-neuronx 2.14.3.0 is installed next to neuron-device" in result.stderr
 
 
+def test_our_metadata_only_torch_neuronx_is_no_clash(python, tmp_path):
+    # packages/torch-neuronx: the distribution name diffusers looks up, with our local version label
+    dist_info = tmp_path / "torch_neuronx-2.13.0+neuronsim.0.1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch-neuronx\nVersion: 2.13.0+neuronsim.0.1.0\n")
+    code = "import importlib.metadata as m, torch; print(m.version('torch_neuronx'), torch.ones(1, device='neuron').device)"
+    result = python(code, env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["2.13.0+neuronsim.0.1.0", "neuron:0"]
+    # another local label is not ours: still the clash
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch-neuronx\nVersion: 2.13.0+other\n")
+    assert "AWS's torch-neuronx 2.13.0+other is installed" in python("import torch", env={"PYTHONPATH": str(tmp_path)}).stderr
+
+
 def test_importing_ours_before_torch_works(python):
     for env in ({"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}):
         result = python("import neuron_device, torch; print(torch.ones(2, device='neuron').device)", env=env)

@@ -38,8 +38,10 @@ class NeuronCompileError(RuntimeError):
 class DynamicShapesNotSupported(NeuronCompileError):
     """The graph has symbolic shapes, which TorchNeuron's compiler does not support."""
 
-_DYNAMIC_MESSAGE = (
-    'torch.compile(backend="neuron") compiles static shapes only, and this graph has dynamic (symbolic) shapes {dims}. '
+_DYNAMIC_MESSAGE = (  # TorchNeuron's text first (its dynamic-shape analysis pass), then what to do instead
+    "Dynamic shapes detected in the model, but torch-neuronx requires static shapes. Found {count} dynamic "
+    "dimension(s): {dims}. "
+    'torch.compile(backend="neuron") compiles static shapes only. '
     "dynamic=True is not supported. Alternatives: leave `dynamic` unset or pass dynamic=False (each new input shape "
     "then compiles its own graph, counted in torch.neuron.get_dynamo_metrics()); pad or bucket inputs to a few fixed "
     "shapes to bound the number of compilations."
@@ -67,6 +69,11 @@ def _compile_id() -> tuple[str, bool]:
         return "0", False
     return f"{compile_id.frame_id}_{compile_id.frame_compile_id}", bool(compile_id.frame_compile_id)
 
+def _has_collectives(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph calls a functional collective (TorchNeuron's `has_collectives` metric)."""
+    return any(node.op == "call_function" and getattr(node.target, "namespace", "") in ("_c10d_functional", "c10d")
+               for node in gm.graph.nodes)
+
 def _eager(gm: torch.fx.GraphModule) -> Callable:
     def run(*args: Any) -> Any:
         return gm(*args)
@@ -88,9 +95,11 @@ def _compile_static(
         metrics.record("recompilations")
     has_cpu = compiler.has_cpu_tensor_inputs(example_inputs)
     if has_cpu and not settings.autocopy:
-        raise NeuronCompileError(
-            f"graph {name!r} has inputs on the CPU and auto-copy to 'neuron' is disabled ({envvars.AUTOCOPY_DISABLED.name}=1): "
-            "move the inputs to 'neuron' or unset the variable"
+        index = next(i for i, v in enumerate(example_inputs) if isinstance(v, torch.Tensor) and v.device.type == "cpu")
+        raise NeuronCompileError(  # TorchNeuron's text, then why and which graph
+            f"Input tensor at index {index} is on cpu device, expected neuron. Move tensor to Neuron device first "
+            f"with tensor.to('neuron') (graph {name!r}; auto-copy of CPU inputs is disabled by "
+            f"{envvars.AUTOCOPY_DISABLED.name}=1)"
         )
     graph_inputs = compiler.to_neuron(example_inputs) if has_cpu else list(example_inputs)
     autocopy = has_cpu
@@ -98,8 +107,12 @@ def _compile_static(
     artifacts = ArtifactWriter(settings.debug_dir, name)
     plans: dict[str, KernelPlan] = {}
     original = copy.deepcopy(gm) if settings.fallback_execution else None  # compiling rewrites `gm`
+    record = metrics.NeuronCompilationMetrics(graph_id=name, graph_name=name, model_name=settings.model_name or "",
+                                              has_collectives=_has_collectives(gm),
+                                              graph_node_count=len(gm.graph.nodes), timestamp=metrics.now())
     try:
-        with cache.entry(gm, graph_inputs, settings) as entry:
+        with cache.entry(gm, graph_inputs, settings) as entry, metrics.graph(record):
+            record.graph_id = entry.key or name
             if entry.hit:
                 metrics.record("cache_hits")
                 plans.update(entry.plans)
@@ -126,7 +139,8 @@ def _compile_static(
             stacklevel=2,
         )
         metrics.record("fallbacks")
-        return CompiledGraph(_eager(original), autocopy=autocopy, index=index, forward_seconds=0.0, backward_seconds=0.0)
+        return CompiledGraph(_eager(original), autocopy=autocopy, index=index, forward_seconds=0.0, backward_seconds=0.0,
+                             retain_device=settings.retain_device)
     finally:
         metrics.record("compilations", 0, seconds=time.perf_counter() - started)
     forward = plans.get("forward") or plans.get("inference")
@@ -139,6 +153,7 @@ def _compile_static(
         backward_seconds=backward.seconds if backward else 0.0,
         forward_workspace=forward.workspace_bytes if forward else 0,
         backward_workspace=backward.workspace_bytes if backward else 0,
+        retain_device=settings.retain_device,
     )
 
 class _PerShape:
@@ -181,6 +196,6 @@ def neuron_backend(
     dims = _symbolic_dims(example_inputs)
     if dims:
         if not torch._dynamo.config.assume_static_by_default:  # dynamic=True
-            raise DynamicShapesNotSupported(_DYNAMIC_MESSAGE.format(dims=", ".join(dims)))
+            raise DynamicShapesNotSupported(_DYNAMIC_MESSAGE.format(count=len(dims), dims=", ".join(dims)))
         return _PerShape(gm, settings, name)
     return _compile_static(gm, example_inputs, settings, name=name, recompile=recompile)

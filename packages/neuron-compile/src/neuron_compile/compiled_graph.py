@@ -1,4 +1,5 @@
-"""The callable the backend hands Dynamo: auto-copies CPU inputs to `neuron`, runs the compiled graph, and charges
+"""The callable the backend hands Dynamo: auto-copies CPU inputs to `neuron` (and, with
+`TORCH_NEURONX_RETAIN_DEVICE_MODE=1`, brings outputs and in-place changes back to the CPU), runs the compiled graph, and charges
 the simulated device timeline once per graph execution with the summed time of its fused kernels (the backward
 kernels are charged when autograd runs the graph's backward).
 
@@ -16,6 +17,7 @@ import torch
 
 from neuron_device import services
 
+from . import envvars
 from .compiler import to_neuron
 
 __all__ = ["CompiledGraph"]
@@ -25,7 +27,7 @@ class CompiledGraph:
     """A compiled (or, with fallback execution, eager) graph plus its run-time contract."""
 
     __slots__ = ("autocopy", "backward_seconds", "backward_workspace", "fn", "forward_seconds", "forward_workspace",
-                 "index")
+                 "index", "retain_device")
 
     def __init__(
         self,
@@ -37,6 +39,7 @@ class CompiledGraph:
         backward_seconds: float,
         forward_workspace: int = 0,
         backward_workspace: int = 0,
+        retain_device: bool = False,
     ) -> None:
         self.fn = fn
         self.autocopy = autocopy
@@ -45,6 +48,7 @@ class CompiledGraph:
         self.backward_seconds = backward_seconds
         self.forward_workspace = forward_workspace
         self.backward_workspace = backward_workspace
+        self.retain_device = retain_device
 
     def _charge_backward(self, grad_outputs: Any) -> None:
         if self.backward_seconds:
@@ -54,8 +58,42 @@ class CompiledGraph:
             device.free(device.malloc(self.backward_workspace))
 
     def __call__(self, *args: Any) -> Any:
-        if self.autocopy:
-            args = tuple(to_neuron(args))
+        if self.autocopy and self.retain_device:
+            return self._call_retaining_device(args)
+        return self._run(tuple(to_neuron(args)) if self.autocopy else args)
+
+    def _call_retaining_device(self, args: tuple) -> Any:
+        """TORCH_NEURONX_RETAIN_DEVICE_MODE=1: CPU inputs give CPU outputs, as TorchNeuron's executor does; an
+        input the graph changed in place gets the change back, and an output that is such an input is the input."""
+        devices = sorted({a.device.type for a in args if isinstance(a, torch.Tensor)})
+        if len(devices) > 1:
+            raise RuntimeError(f"cannot mix input devices with {envvars.RETAIN_DEVICE.name}=1, got "
+                               f"{' and '.join(devices)}")
+        copies = to_neuron(args)
+        copied = [(a, c) for a, c in zip(args, copies) if isinstance(c, torch.Tensor) and c is not a]
+        outputs = self._run(tuple(copies))
+        back = {}  # id of a changed neuron copy -> its CPU input
+        for original, copy in copied:
+            # compared by value: the graph writes through a host alias of the copy, whose version counter is its own
+            changed = copy.detach().cpu()
+            if not torch.equal(changed, original.detach()):
+                with torch.no_grad():
+                    original.copy_(changed)
+                back[id(copy)] = original
+
+        def to_cpu(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
+            original = back.get(id(value))
+            if original is not None:
+                return original
+            return value.cpu() if value.device.type != "cpu" else value
+
+        if isinstance(outputs, (list, tuple)):
+            return type(outputs)(to_cpu(v) for v in outputs)
+        return to_cpu(outputs)
+
+    def _run(self, args: tuple) -> Any:
         if self.forward_workspace:
             device = services.device_allocator(self.index)
             workspace = device.malloc(self.forward_workspace)

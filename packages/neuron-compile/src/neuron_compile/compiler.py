@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import _patches, boundary, nki_substitution, passes, rms_norm, rng
+from . import _patches, boundary, metrics, nki_substitution, passes, rms_norm, rng
 from .artifacts import ArtifactWriter
 from .decompositions import neuron_decompositions
 
@@ -122,13 +122,15 @@ def _inner_compile(
     from torch._inductor.compile_fx import compile_fx_inner
 
     stage = "backward" if kwargs.get("is_backward") else ("inference" if kwargs.get("is_inference") else "forward")
-    if torch.ops.aten._fused_rms_norm.default in nki_substitution.substitutable_ops():
-        rms_norm.fuse_rms_norm(gm)
-    nki_substitution.substitute(gm)
-    rng.seed_from_device(gm)
-    plans[stage] = passes.plan_kernels(gm)
+    with metrics.phase("fx_passes"):
+        if torch.ops.aten._fused_rms_norm.default in nki_substitution.substitutable_ops():
+            rms_norm.fuse_rms_norm(gm)
+        nki_substitution.substitute(gm)
+        rng.seed_from_device(gm)
+        plans[stage] = passes.plan_kernels(gm)
     artifacts.write_graph(stage, gm)
-    compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
+    with metrics.phase("lower"):
+        compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
     artifacts.write_code(stage, getattr(compiled, "source_code", None))
     return compiled
 

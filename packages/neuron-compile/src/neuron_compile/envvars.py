@@ -23,7 +23,20 @@ DEBUG_DIR = _compile("TORCH_NEURONX_DEBUG_DIR", str, None,
 PRESERVE_ARTIFACTS = _compile("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", bool, False,
                               "`1`: keep graphs, kernel plans and generated code in the debug dir")
 CACHE_DIR = _compile("TORCH_NEURONX_NEFF_CACHE_DIR", str, None, "persistent compile cache directory")
-CACHE_DISABLED = _compile("TORCH_NEURONX_NEFF_DISABLE_CACHE", bool, False, "`1`: no persistent compile cache")
+CACHE_DISABLED = _compile("TORCH_NEURONX_DISABLE_NEFF_CACHE", bool, False,
+                          "`1`: no persistent compile cache (TorchNeuron's name; `TORCH_NEURONX_NEFF_DISABLE_CACHE` "
+                          "is an alias)")
+CACHE_DISABLED_ALIAS = _compile("TORCH_NEURONX_NEFF_DISABLE_CACHE", bool, False,
+                                "alias of `TORCH_NEURONX_DISABLE_NEFF_CACHE` (the name this project read first)")
+RETAIN_DEVICE = _compile("TORCH_NEURONX_RETAIN_DEVICE_MODE", bool, False,
+                         "`1`: a compiled graph called with CPU inputs returns CPU outputs (and copies in-place "
+                         "changes back to its CPU inputs); mixing CPU and `neuron` inputs is then an error")
+METRICS_ENABLED = _compile("TORCH_NEURONX_METRICS_ENABLED", bool, True,
+                           "`0`: no per-graph compile records (`get_dynamo_metrics()` stays empty, no metric tables)")
+METRIC_TABLES = _compile("TORCH_NEURONX_ENABLED_METRIC_TABLES", str, "",
+                         "comma-separated metric tables written as CSV at exit, e.g. `graph_stats` "
+                         "(`metric_table_graph_stats_rank{RANK}.csv`)")
+METRICS_DIR = _compile("TORCH_NEURONX_METRICS_DIR", str, "/tmp", "directory of the metric-table CSV files")
 CACHE_LOCK_TIMEOUT = _compile("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", float, 600.0,
                               "seconds to wait for another process compiling the same graph")
 XDG_CACHE_HOME = _compile("XDG_CACHE_HOME", str, None, "base of the default compile cache directory")
@@ -32,7 +45,19 @@ INDUCTOR_CACHE_DIR = _compile("TORCHINDUCTOR_CACHE_DIR", str, None,
                               "Inductor's own variable: pointed into the compile cache while a graph compiles, then "
                               "restored")
 
+# Documented TorchNeuron variables of the real compiler: accepted with a one-time note that they have no effect.
+NO_EFFECT: tuple[EnvVar, ...] = (
+    _compile("NEURON_CC_FLAGS", str, None, "accepted, no effect here: there is no neuronx-cc; graphs compile to host "
+             "code through Inductor"),
+    _compile("NEURON_COMPILER_OPT_LEVEL", str, None, "accepted, no effect here: there is no neuronx-cc to optimise"),
+    _compile("TORCH_NEURONX_COMPLEX_DECOMPOSE", str, None, "accepted, no effect here: complex ops compile to the "
+             "host's complex kernels, with the same results either way"),
+    _compile("TORCH_NEURONX_NEURONX_CC_TIMEOUT", str, None, "accepted, no effect here: there is no neuronx-cc "
+             "subprocess to time out"),
+)
+
 VARIABLES: tuple[EnvVar, ...] = (
     FALLBACK_DISABLED, AUTOCOPY_DISABLED, DEBUG_DIR, PRESERVE_ARTIFACTS, CACHE_DIR, CACHE_DISABLED,
-    CACHE_LOCK_TIMEOUT, XDG_CACHE_HOME, RANK, INDUCTOR_CACHE_DIR,
+    CACHE_DISABLED_ALIAS, CACHE_LOCK_TIMEOUT, XDG_CACHE_HOME, RANK, INDUCTOR_CACHE_DIR, RETAIN_DEVICE,
+    METRICS_ENABLED, METRIC_TABLES, METRICS_DIR, *NO_EFFECT,
 )

@@ -48,7 +48,20 @@ def neuron_fuse(graph_module: Any, example_inputs: list) -> Any:
 @hookimpl
 def neuron_report_graphs() -> dict[str, Any]:
     """The compiled-graph counters of the simulation report."""
-    return metrics.get_dynamo_metrics()
+    return metrics.counters()
+
+
+@hookimpl
+def neuron_torch_neuronx_exports() -> dict[str, Any]:
+    """TorchNeuron's compile names on `torch_neuronx`: `get_dynamo_metrics`, `reset_dynamo_metrics` and the helper
+    module `neuron_dynamo_backend` (loaded on first access)."""
+    import importlib
+
+    return {
+        "get_dynamo_metrics": lambda: metrics.get_dynamo_metrics,
+        "reset_dynamo_metrics": lambda: metrics.reset_dynamo_metrics,
+        "neuron_dynamo_backend": lambda: importlib.import_module("torch_neuronx.neuron_dynamo_backend"),
+    }
 
 
 @hookimpl

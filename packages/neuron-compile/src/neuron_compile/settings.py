@@ -37,6 +37,7 @@ class CompileSettings:
     autocopy: bool
     debug_dir: Path | None
     cache_dir: Path | None  # None: the persistent cache is disabled
+    retain_device: bool  # CPU inputs give CPU outputs (TORCH_NEURONX_RETAIN_DEVICE_MODE)
     lock_timeout: float
 
     @classmethod
@@ -72,7 +73,7 @@ class CompileSettings:
         if envvars.DEBUG_DIR.is_set() and envvars.PRESERVE_ARTIFACTS.read():
             debug_dir = Path(envvars.DEBUG_DIR.read())
         cache_dir = None
-        if not envvars.CACHE_DISABLED.read():
+        if not (envvars.CACHE_DISABLED.read() or envvars.CACHE_DISABLED_ALIAS.read()):
             cache_dir = Path(envvars.CACHE_DIR.read() or default_cache_dir())
         lock_timeout = envvars.CACHE_LOCK_TIMEOUT.read()
         return cls(
@@ -83,6 +84,7 @@ class CompileSettings:
             debug_dir=debug_dir,
             cache_dir=cache_dir,
             lock_timeout=lock_timeout,
+            retain_device=envvars.RETAIN_DEVICE.read(),
         )
 
     def cache_fields(self) -> dict[str, Any]:

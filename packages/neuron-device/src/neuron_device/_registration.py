@@ -14,19 +14,21 @@ _lock = threading.Lock()
 
 # Distributions of AWS's own stack that install modules under the same import names as ours.
 _CONFLICTING_DISTRIBUTIONS = ("torch-neuronx", "neuronx-cc")
+# The local version label of our own metadata-only `torch-neuronx` (packages/torch-neuronx): not AWS's, no clash.
+OWN_TORCH_NEURONX_LABEL = "neuronsim"
 
 
 def _check_no_aws_stack() -> None:
     for name in _CONFLICTING_DISTRIBUTIONS:
-        try:
-            version = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        raise RuntimeError(
-            f"AWS's {name} {version} is installed next to neuron-device. Both provide the `torch_neuronx` device "
-            "backend under the same names; uninstall one of them (pip uninstall neuron-device or "
-            f"pip uninstall {name})."
-        )
+        for dist in importlib.metadata.distributions(name=name):
+            version = dist.version
+            if name == "torch-neuronx" and version.partition("+")[2].split(".")[0] == OWN_TORCH_NEURONX_LABEL:
+                continue  # ours (packages/torch-neuronx): it only answers importlib.metadata.version("torch_neuronx")
+            raise RuntimeError(
+                f"AWS's {name} {version} is installed next to neuron-device. Both provide the `torch_neuronx` device "
+                "backend under the same names; uninstall one of them (pip uninstall neuron-device or "
+                f"pip uninstall {name})."
+            )
 
 
 def _register_device() -> None:
@@ -85,6 +87,14 @@ def _install_exit_report() -> None:
     report.install_exit_report()
 
 
+def _check_environment() -> None:
+    """One-time notes on variables with no effect here, typo warnings, the log level (after the plugins loaded:
+    their packages declare variables too)."""
+    from . import environment
+
+    environment.check()
+
+
 def register() -> None:
     """Register the `neuron` device with torch (idempotent, thread-safe)."""
     global _registered
@@ -99,5 +109,6 @@ def register() -> None:
         _apply_patches()
         _registered = True
         _load_plugins()
+        _check_environment()
         _install_fast_path()
         _install_exit_report()

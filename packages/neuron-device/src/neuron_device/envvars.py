@@ -37,6 +37,50 @@ REPORT_FILE = EnvVar("NEURON_SIM_REPORT_FILE", str, None, "write the exit report
 PROGRESS = EnvVar("NEURON_SIM_PROGRESS", bool, True,
                   "`0`: no progress line even on a terminal (it is never shown when stderr is not a terminal)")
 
+RUNTIME_DIR = EnvVar("NEURON_SIM_RUNTIME_DIR", str, None,
+                     "where processes publish their counters for `neuron-top`, `neuron-monitor` and `neuron-ls` "
+                     "(default `$XDG_RUNTIME_DIR/neuron-sim`, else `<tmp>/neuron-sim-<uid>`)")
+XDG_RUNTIME_DIR = EnvVar("XDG_RUNTIME_DIR", str, None, "base of the default runtime directory of the monitoring tools")
+# TorchNeuron's eager-mode variables (its env-var reference, "General").
+LAUNCH_BLOCKING = EnvVar("NEURON_LAUNCH_BLOCKING", bool, False,
+                         "`1`: synchronous execution, the host waits for every op to finish on the simulated device "
+                         "(no overlap of host and device time); read once per process")
+LOG_LEVEL = EnvVar("TORCH_NEURONX_LOG_LEVEL", str, None,
+                   "level of the packages' loggers: `0` error, `1` warning, `2` info, `3` debug (or the level's "
+                   "name); unset: Python's logging configuration decides",
+                   choices=("0", "1", "2", "3", "error", "warning", "info", "debug"))
+STACK_TRACE = EnvVar("TORCH_NEURONX_ENABLE_STACK_TRACE", bool, False,
+                     "`1`: a CPU-fallback warning (and the error when fallback is disabled) carries the Python stack "
+                     "of the call")
+FALLBACK_ONLY_UNIMPLEMENTED = EnvVar(
+    "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", bool, True,
+    "accepted, no effect here: a native op runs the ATen CPU kernel on the device's host memory, so it never fails "
+    "where a CPU fallback would succeed; only unimplemented ops fall back, which is the documented `1`")
+
+
+def _no_effect(name: str, reason: str) -> EnvVar:
+    return EnvVar(name, str, None, f"accepted, no effect here: {reason}")
+
+
+# Documented TorchNeuron / Neuron Runtime variables that only matter to real hardware or the real runtime: each is
+# accepted with a one-time note that it has no effect (`neuron_device.environment`).
+NO_EFFECT: tuple[EnvVar, ...] = (
+    FALLBACK_ONLY_UNIMPLEMENTED,
+    _no_effect("TORCH_NEURONX_MLIR_ATEN_OPS", "eager ops are not lowered through torch-mlir to a NEFF; each runs its "
+               "ATen kernel on the host"),
+    _no_effect("TORCH_NEURONX_ENABLE_ASYNC_NRT", "there is no Neuron Runtime; the simulated timeline is always "
+               "asynchronous until a synchronisation point (see `NEURON_LAUNCH_BLOCKING`)"),
+    _no_effect("TORCH_NEURONX_LOG_FILE", "the packages log through Python's `logging`; configure a handler there"),
+    _no_effect("NEURON_RT_LOG_LEVEL", "there is no Neuron Runtime (libnrt) to log"),
+    _no_effect("NEURON_RT_LOG_LOCATION", "there is no Neuron Runtime (libnrt) to log"),
+    _no_effect("NEURON_RT_DBG_ZEROCOPY", "the device's memory is host memory already"),
+    _no_effect("NEURON_RT_ALLOW_LEGACY_NEFF", "nothing loads NEFF files"),
+    _no_effect("NEURON_RT_EXEC_TIMEOUT", "ops run synchronously on the host; nothing can time out"),
+    _no_effect("NEURON_RT_INSPECT_ENABLE", "device profiles come from `torch_neuronx.NeuronProfiler` instead"),
+    _no_effect("NEURON_RT_INSPECT_OUTPUT_DIR", "device profiles come from `torch_neuronx.NeuronProfiler` instead"),
+    _no_effect("NEURON_RT_STOCHASTIC_ROUNDING_EN", "results are the CPU's, rounded as the CPU rounds"),
+)
+
 VARIABLES: tuple[EnvVar, ...] = (
     TORCH_AUTOLOAD,
     *_machine.VARIABLES,
@@ -50,4 +94,10 @@ VARIABLES: tuple[EnvVar, ...] = (
     REPORT,
     REPORT_FILE,
     PROGRESS,
+    RUNTIME_DIR,
+    XDG_RUNTIME_DIR,
+    LAUNCH_BLOCKING,
+    LOG_LEVEL,
+    STACK_TRACE,
+    *NO_EFFECT,
 )

@@ -19,7 +19,9 @@ are adopted as device storage without a copy. The semantics follow PyTorch's own
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
+import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -55,6 +57,17 @@ def _user_stacklevel() -> int:
     return level
 
 
+def _stack_trace() -> str:
+    """With `TORCH_NEURONX_ENABLE_STACK_TRACE=1`, the Python stack of the op's caller (library frames left out),
+    for the fallback's warning or error; else nothing."""
+    if not envvars.STACK_TRACE.read():
+        return ""
+    frames = [frame for frame in traceback.extract_stack(sys._getframe(2))
+              if frame.filename and not any(f"{os.sep}{package}{os.sep}" in frame.filename
+                                            for package in _LIBRARY_PACKAGES)]
+    return "\nPython stack of the call (TORCH_NEURONX_ENABLE_STACK_TRACE=1):\n" + "".join(traceback.format_list(frames))
+
+
 def admit(op: torch._ops.OpOverload) -> OpInfo:
     """Classify `op` before it runs: a fallback warns once per op, is recorded, and raises in strict mode."""
     info = _infos.get(op) or op_info(op)
@@ -63,11 +76,11 @@ def admit(op: torch._ops.OpOverload) -> OpInfo:
         if name not in _fallbacks:
             _fallbacks.add(name)
             if _fallback_enabled():
-                warnings.warn(f"Operator '{name}' fell back to CPU", stacklevel=_user_stacklevel())
+                warnings.warn(f"Operator '{name}' fell back to CPU{_stack_trace()}", stacklevel=_user_stacklevel())
         if not _fallback_enabled():
             raise RuntimeError(
                 f"Operator '{name}' has no Neuron kernel and CPU fallback is disabled ({FALLBACK_ENV}=0); unset "
-                f"{FALLBACK_ENV} to let it fall back to CPU"
+                f"{FALLBACK_ENV} to let it fall back to CPU{_stack_trace()}"
             )
     return info
 

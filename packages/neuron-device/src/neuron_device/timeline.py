@@ -8,6 +8,9 @@ An op issued on a stream starts once the stream's earlier work is done and the h
 ``start = max(stream clock, host time)``. Streams do not slow each other down (see docs/simulated-time.md).
 
 Which stream is current is per thread and per device, as in CUDA; stream 0 is each device's default stream.
+
+`NEURON_LAUNCH_BLOCKING=1` (read once per process) makes every launch synchronous, as TorchNeuron's sync mode: the
+host waits for each op to finish, so host and device time no longer overlap.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from . import envvars
 from .adaptive_eager import flush_barrier
 
 __all__ = ["DeviceTimeline", "Recorder", "charge", "current_stream_id", "set_current_stream_id", "set_recorder",
@@ -23,6 +27,7 @@ __all__ = ["DeviceTimeline", "Recorder", "charge", "current_stream_id", "set_cur
 # Called for every charge while a profiler listens: (name, device index, stream id, start, end), seconds.
 Recorder = Callable[[str, int, int, float, float], None]
 _recorder: Recorder | None = None
+_launch_blocking: bool = envvars.LAUNCH_BLOCKING.read()
 
 
 class DeviceTimeline:
@@ -113,6 +118,8 @@ def charge(index: int, seconds: float, name: str = "device work") -> float:
     found = _timelines.get(index) or timeline(index)
     stream_id = _current.ids.get(index, 0)
     end = found.charge(stream_id, seconds)
+    if _launch_blocking:
+        found.host_wait(end)
     if _recorder is not None:
         _recorder(name, index, stream_id, end - seconds, end)
     return end

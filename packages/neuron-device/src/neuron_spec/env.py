@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BOOL_FORMS", "EnvVar", "EnvVarError", "parse_bool"]
+__all__ = ["BOOL_FORMS", "EnvVar", "EnvVarError", "parse_bool", "unknown_names"]
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -125,3 +125,15 @@ class EnvVar:
                 os.environ.pop(self.name, None)
             else:
                 os.environ[self.name] = saved
+
+
+def unknown_names(known: set[str], prefixes: tuple[str, ...],
+                  env: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """Set variables whose name has one of `prefixes` but is not in `known` (a typo, most likely), each with the
+    closest known name (None when nothing is close), sorted."""
+    import difflib
+
+    names = sorted(name for name in (os.environ if env is None else env)
+                   if name.startswith(prefixes) and name not in known)
+    return [(name, next(iter(difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)), None))
+            for name in names]

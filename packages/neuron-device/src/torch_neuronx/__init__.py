@@ -3,8 +3,14 @@
 
 TorchNeuron's extras live here: op tracking (`get_fallback_ops`, `get_executed_ops`, `clear_op_tracking`), the
 kernel compilation cache statistics, `torch_neuronx.metrics`, `NeuronProfiler` (a torch profiler whose trace has
-simulated device lanes) and `simulation_report()` (this process's estimated device time, HBM, fallbacks). Like TorchNeuron, it also exposes the stream API
-that `torch.neuron` forwards to (`Stream`, `Event`, `stream`, `current_stream`, ..., `synchronize`).
+simulated device lanes) and `simulation_report()` (this process's estimated device time, HBM, fallbacks).
+
+Like TorchNeuron's `torch_neuronx`, it also carries the device functions scripts call on it directly (the
+torch-neuronx DDP example calls `torch_neuronx.current_device()`): devices (`device_count`, `current_device`,
+`set_device`, `device`, `get_device_properties`, `is_neuron_runtime_initialized`), memory (`empty_cache`,
+`memory_stats`, ...), streams (`Stream`, `Event`, `stream`, `current_stream`, ..., `synchronize`) and the compile
+metrics (`get_dynamo_metrics`, `reset_dynamo_metrics`, `neuron_dynamo_backend`, from neuron-compile). They are
+`torch.neuron`'s own functions, so both names always agree.
 """
 
 from __future__ import annotations
@@ -15,7 +21,25 @@ import torch  # noqa: F401  (first: importing torch autoloads and registers neur
 
 import neuron_device
 from neuron_device import __version__
-from neuron_device.neuron import synchronize
+from neuron_device.neuron import (
+    StreamContext,
+    current_device,
+    device,
+    device_count,
+    empty_cache,
+    get_device_properties,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+    set_device,
+    synchronize,
+)
+from neuron_device.neuron import is_initialized as is_neuron_runtime_initialized
 from neuron_device.neuron.streams import Event, Stream, current_stream, default_stream, set_stream, stream
 from neuron_device.simulation import kernels as _kernels
 from neuron_device.simulation.profiler import NeuronProfiler
@@ -25,14 +49,30 @@ __all__ = [
     "Event",
     "NeuronProfiler",
     "Stream",
+    "StreamContext",
     "__version__",
     "clear_compilation_cache",
     "clear_op_tracking",
+    "current_device",
     "current_stream",
     "default_stream",
+    "device",
+    "device_count",
+    "empty_cache",
     "get_compilation_cache_stats",
+    "get_device_properties",
     "get_executed_ops",
     "get_fallback_ops",
+    "is_neuron_runtime_initialized",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "set_device",
     "set_stream",
     "simulation_report",
     "stream",
@@ -44,11 +84,14 @@ neuron_device.register()
 
 # TorchNeuron names that a sibling wheel provides through the plugin hook `neuron_torch_neuronx_exports`, and the
 # package to install when it is missing.
-_FROM_PLUGINS = {"nki": "neuron-nki", "nki_op": "neuron-nki", "wrap_nki": "neuron-nki"}
+_FROM_PLUGINS = {"nki": "neuron-nki", "nki_op": "neuron-nki", "wrap_nki": "neuron-nki",
+                 "get_dynamo_metrics": "neuron-compile", "reset_dynamo_metrics": "neuron-compile",
+                 "neuron_dynamo_backend": "neuron-compile"}
 
 
 def __getattr__(name: str) -> Any:
-    """Names plugins add (TorchNeuron's NKI entry points `nki`, `nki_op`, `wrap_nki` come from neuron-nki)."""
+    """Names plugins add: TorchNeuron's NKI entry points `nki`, `nki_op`, `wrap_nki` come from neuron-nki, the compile
+    metrics and `neuron_dynamo_backend` from neuron-compile."""
     from neuron_device import plugins
 
     try:

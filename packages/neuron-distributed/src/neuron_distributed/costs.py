@@ -15,6 +15,11 @@ carried it, so profiles and `Event.elapsed_time` show what a Trainium job would 
   torus links), across instances the chip's share of the instance's EFA bandwidth; both at `LINK_EFFICIENCY`.
   Ranks on one chip: no published figure separates their path from a neighbour link, so it is priced as one
   (assumption; C1, two ranks of one trn1 instance, i.e. the two cores of chip 0, is what it is checked on).
+
+As TorchNeuron's collectives, a payload moves in buckets of at most `TORCH_NEURONX_COLLECTIVE_BUCKETSIZE_IN_MB`
+(default 512), at least `TORCH_NEURONX_COLLECTIVE_MIN_BUCKETS` of them; each bucket is a pass of its own, so it adds
+one set of hop latencies (the bandwidth term is the same). `NEURON_USE_SPLIT_ALLGATHER=0` /
+`NEURON_USE_SPLIT_REDUCE_SCATTER=0` move an all-gather / reduce-scatter in one pass.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ import torch
 from neuron_device import services
 from neuron_spec.hardware import INSTANCE_TYPES, resolve_target
 
+from . import envvars
+
 __all__ = ["COLLECTIVE_LAUNCH_SECONDS", "HOP_SECONDS_ACROSS_NODES", "HOP_SECONDS_INSIDE_NODE", "LINK_EFFICIENCY",
-           "algorithm", "charge", "collective_seconds", "placement"]
+           "algorithm", "buckets", "charge", "collective_seconds", "placement"]
 
 # Fitted on C1's plateau: a 2-rank fp32 all-reduce of 1-64 KiB takes 58 us whatever its size (minus two hops).
 COLLECTIVE_LAUNCH_SECONDS = 55e-6
@@ -56,6 +63,20 @@ def algorithm(payload_bytes: int) -> str:
     if payload_bytes < MESH_BELOW_BYTES:
         return "mesh"
     return "halving-doubling" if payload_bytes <= RING_ABOVE_BYTES else "ring"
+
+
+_SPLIT = {envvars.SPLIT_ALLGATHER: ("allgather", "all_gather_single", "allgather_coalesced",
+                                    "allgather_into_tensor_coalesced"),
+          envvars.SPLIT_REDUCE_SCATTER: ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor_coalesced")}
+
+
+def buckets(kind: str, payload_bytes: int) -> int:
+    """How many buckets (ring passes) collective `kind` moves `payload_bytes` in."""
+    for switch, kinds in _SPLIT.items():
+        if kind in kinds and not switch.read():
+            return 1
+    by_size = math.ceil(payload_bytes / (envvars.BUCKET_MB.read() * 2**20))
+    return max(by_size, envvars.MIN_BUCKETS.read(), 1)
 
 
 def placement(group_size: int, cores_per_chip: int, cores_per_instance: int) -> str:
@@ -106,7 +127,8 @@ def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: s
         hop = HOP_SECONDS_ACROSS_NODES
     elif where not in ("chip", "instance"):
         raise ValueError(f"where must be 'chip', 'instance' or 'network', got {where!r}")
-    return COLLECTIVE_LAUNCH_SECONDS + hops * hop + crossings * payload_bytes / (link * LINK_EFFICIENCY)
+    return (COLLECTIVE_LAUNCH_SECONDS + buckets(kind, payload_bytes) * hops * hop
+            + crossings * payload_bytes / (link * LINK_EFFICIENCY))
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:

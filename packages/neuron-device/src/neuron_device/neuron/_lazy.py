@@ -45,3 +45,7 @@ def lazy_init() -> None:
         if not _initialized:
             _topology.topology()  # validates the environment; raises a clear error on bad values
             _initialized = True
+            # neuron-top, neuron-monitor and neuron-ls see this process from now on
+            from .. import livestats
+
+            livestats.start()
