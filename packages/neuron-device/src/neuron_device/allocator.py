@@ -552,7 +552,7 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
     As on CUDA, the new block is allocated (and checked against capacity) before the old one is freed. An adopted
     storage cannot grow or shrink its own memory, so the kept bytes move to a new host buffer whose data pointer is
     swapped into `storage`: the storage object stays the same, and every tensor and view of it sees the new memory.
-    `_swap_data_ptr_` only swaps with an empty storage, hence the empty go-between.
+    `swap_memory` (`_swap_data_ptr_`) only swaps with an empty storage, hence the empty go-between.
     """
     if nbytes < 0:
         raise RuntimeError(f"Storage size must be non-negative, but got {nbytes}")
@@ -574,8 +574,8 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
         if block is not None:
             allocator.free(block)
         raise
-    storage._swap_data_ptr_(holder)  # storage: empty; holder: the old bytes, freed when it dies below
-    storage._swap_data_ptr_(fresh)  # storage: the new bytes
+    hostmem.swap_memory(storage, holder)  # storage: empty; holder: the old bytes, freed when it dies below
+    hostmem.swap_memory(storage, fresh)  # storage: the new bytes
     binding = _binding_of(storage)
     if binding is None:  # a storage that started empty: it had no block
         _bind(storage, allocator, block)

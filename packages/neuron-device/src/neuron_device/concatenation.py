@@ -535,7 +535,7 @@ def _write(host: torch.Tensor, ref: weakref.ref, result: torch.Tensor, taken: se
         return
     taken.add(pointer)
     # The storage keeps its identity (views, allocator accounting); only its memory becomes the result's.
-    storage._swap_data_ptr_(hostmem.adopt(result, storage.device.index).untyped_storage())
+    hostmem.swap_memory(storage, hostmem.adopt(result, storage.device.index).untyped_storage())
 
 
 def _resolve(value: Any, hosts: list, values: list) -> Any:

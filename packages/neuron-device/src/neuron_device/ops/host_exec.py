@@ -15,6 +15,7 @@ are adopted as device storage without a copy. The semantics follow PyTorch's own
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections import Counter
 from collections.abc import Callable
 
@@ -93,12 +94,15 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
 class _Call:
     """State of one fallback call: the device, the host aliases made, and the inputs' storages."""
 
-    __slots__ = ("aliases", "index", "mixed_cpu", "plan", "storages")
+    __slots__ = ("aliases", "hosts", "index", "mixed_cpu", "plan", "storages")
 
     def __init__(self, plan: _Plan) -> None:
         self.plan = plan
         self.index: int | None = None
         self.aliases: dict[int, torch.Tensor] = {}  # id(host alias) -> neuron tensor
+        # id(neuron tensor) -> its host alias: a tensor passed twice (`mul.out(x, y, out=x)`, which `x.ldexp_(y)`
+        # becomes) is one tensor to the CPU kernel too, so its "output is also an input" rules apply.
+        self.hosts: dict[int, torch.Tensor] = {}
         self.storages: list[torch.Tensor] = []  # neuron inputs, to map results that alias them
         self.mixed_cpu: torch.Tensor | None = None
 
@@ -114,8 +118,11 @@ class _Call:
     def to_host(self, value):
         if isinstance(value, torch.Tensor):
             if value.device.type == _NEURON:
+                alias = self.hosts.get(id(value))
+                if alias is not None:
+                    return alias
                 self._see_device(value.device.index)
-                alias = host_alias(value)
+                alias = self.hosts[id(value)] = host_alias(value)
                 self.aliases[id(alias)] = value
                 self.storages.append(value)
                 return alias
@@ -128,6 +135,11 @@ class _Call:
             self._see_device(torch.neuron._get_device_index(value))
             return torch.device("cpu")
         return value
+
+    def refresh_aliases(self) -> None:
+        """Point every host alias made so far at its tensor's memory again (after a device storage moved)."""
+        for alias in self.hosts.values():
+            alias.set_(host_alias(self.aliases[id(alias)]))
 
     def check_devices(self) -> None:
         if self.mixed_cpu is not None and self.index is not None and not self.plan.mixed_devices_ok:
@@ -203,18 +215,53 @@ def _wrap_numbers(args: tuple, positions: tuple[int, ...]) -> tuple:
     return tuple(wrapped)
 
 
+def _native_dropout(generator: torch.Generator, input: torch.Tensor, p: float, train: bool | None):
+    """The CPU's `native_dropout` (aten/src/ATen/native/Dropout.cpp, step by step, so the numbers are bitwise the
+    CPU's), drawing its mask from `generator`."""
+    if input.numel() == 0:
+        return input, torch.empty_like(input)
+    if train is False:
+        return input.clone(), torch.ones_like(input, dtype=torch.bool)
+    keep = 1.0 - p
+    mask = torch.empty_like(input, dtype=torch.bool).bernoulli_(keep, generator=generator)
+    return torch.ops.aten.mul_.Scalar(input.mul(mask), 0.0 if keep == 0 else 1.0 / keep), mask
+
+
+# Random ops whose CPU kernel takes no generator, done with an explicit one (the common one: dropout in training).
+_WITH_GENERATOR: dict[str, Callable] = {"aten::native_dropout": _native_dropout}
+_borrow_lock = threading.Lock()
+
+
 def seeded_call(op: Callable, index: int, args: tuple, kwargs: dict):
-    """Run a random op without a generator argument on the generator of device `index` (swapped in as CPU's
-    default), on host tensors. Compiled graphs run their random ATen ops through it too (neuron-compile's `rng`)."""
+    """Run a random op without a generator argument on the generator of device `index`, on host tensors.
+    Compiled graphs run their random ATen ops through it too (neuron-compile's `rng`).
+
+    Where the op has a form taking a generator (`_WITH_GENERATOR`), it draws from the device's generator directly:
+    the CPU's default generator is not touched, and threads draw from the device's stream one at a time (the
+    generator's own lock), so each gets numbers of its own. Any other such op borrows the CPU's default generator
+    for the call, under a lock (one borrower at a time; a CPU draw in another thread at that moment could still see
+    the device's state: docs/device-and-memory.md says so).
+    """
     generator = _random.default_generator(index)
+    with_generator = _WITH_GENERATOR.get(_op_name(op))
+    if with_generator is not None:
+        return with_generator(generator, *args, **kwargs)
     cpu_default = torch.default_generator
-    saved = cpu_default.get_state()
-    cpu_default.set_state(generator.get_state())
-    try:
-        return op(*args, **kwargs)
-    finally:
-        generator.set_state(cpu_default.get_state())
-        cpu_default.set_state(saved)
+    with _borrow_lock:
+        saved = cpu_default.get_state()
+        cpu_default.set_state(generator.get_state())
+        try:
+            return op(*args, **kwargs)
+        finally:
+            generator.set_state(cpu_default.get_state())
+            cpu_default.set_state(saved)
+
+
+def _op_name(op: Callable) -> str | None:
+    schema = getattr(op, "_schema", None)  # an OpOverload; None for a decomposition's function
+    if schema is None:
+        return None
+    return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
 
 
 def _no_dropout(plan: _Plan, args: tuple, kwargs: dict) -> bool:
@@ -223,6 +270,11 @@ def _no_dropout(plan: _Plan, args: tuple, kwargs: dict) -> bool:
     if position is None:
         return False
     return (args[position] if position < len(args) else kwargs.get("dropout_p", 0.0)) == 0.0
+
+
+def _shares_storage_with_input(call: _Call, outs: list[tuple[str, torch.Tensor]]) -> bool:
+    inputs = {t.untyped_storage()._cdata for t in call.storages if all(t is not out for _, out in outs)}
+    return any(out.untyped_storage()._cdata in inputs for _, out in outs)
 
 
 def _write_back(out: torch.Tensor, result: torch.Tensor) -> None:
@@ -309,6 +361,19 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
         for key, out in fresh.items():
             host_kwargs[key] = torch.empty(0, dtype=out.dtype)
         result = run(*host_args, **host_kwargs)
+        if _shares_storage_with_input(call, outs):
+            # The CPU checks overlap, grows that storage, then runs the kernel on inputs that may now overlap the
+            # output: to give the same values, grow the device storage as the CPU's resize would, then run the
+            # kernel on the device memory (it resizes the out= alias itself, within the storage).
+            for key, out in outs:
+                needed = (out.storage_offset() + host_kwargs[key].numel()) * out.element_size()
+                if needed > out.untyped_storage().nbytes():
+                    allocator.resize(out.untyped_storage(), needed)
+            call.refresh_aliases()
+            for key, out in outs:
+                host_kwargs[key] = call.hosts[id(out)]
+            fresh = {}
+            result = run(*host_args, **host_kwargs)
 
     for key, out in outs:
         if key in fresh:
