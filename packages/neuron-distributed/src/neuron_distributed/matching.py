@@ -12,15 +12,16 @@ and size, and answered by the receiver's verdict, so both ends raise and nothing
 
 from __future__ import annotations
 
-import os
 import zlib
 
 import torch
 from torch._C._distributed_c10d import ProcessGroupGloo
 
+from . import envvars
+
 __all__ = ["CHECK_ENV", "dtype_code", "dtype_name", "enabled", "verify_exchange", "verify_same"]
 
-CHECK_ENV = "NEURON_DISTRIBUTED_CHECK_COLLECTIVES"
+CHECK_ENV = envvars.CHECK_COLLECTIVES.name
 _KINDS = (
     "allreduce",
     "allreduce_coalesced",
@@ -42,7 +43,7 @@ _LENGTH = 5 + _SHOWN_DIMS  # kind, tensor count, dtype, ndim, crc of everything,
 
 
 def enabled() -> bool:
-    return os.environ.get(CHECK_ENV, "1") != "0"
+    return envvars.CHECK_COLLECTIVES.read()
 
 
 def _signature(kind: str, tensors: list[torch.Tensor]) -> torch.Tensor:
