@@ -20,6 +20,7 @@ __all__ = [
     "RANK",
     "VARIABLES",
     "XDG_CACHE_HOME",
+    "XDG_CONFIG_HOME",
 ]
 
 
@@ -41,6 +42,8 @@ CACHE_DISABLED = _compile("TORCH_NEURONX_NEFF_DISABLE_CACHE", bool, False, "`1`:
 CACHE_LOCK_TIMEOUT = _compile("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", float, 600.0,
                               "seconds to wait for another process compiling the same graph")
 XDG_CACHE_HOME = _compile("XDG_CACHE_HOME", str, None, "base of the default compile cache directory")
+XDG_CONFIG_HOME = _compile("XDG_CONFIG_HOME", str, None,
+                           "base of the directory of the compile cache's signing key (default `~/.config`)")
 RANK = _compile("RANK", str, "0", "names per-rank subdirectories of the debug dir")
 INDUCTOR_CACHE_DIR = _compile("TORCHINDUCTOR_CACHE_DIR", str, None,
                               "Inductor's own variable: pointed into the compile cache while a graph compiles, then "
@@ -48,5 +51,5 @@ INDUCTOR_CACHE_DIR = _compile("TORCHINDUCTOR_CACHE_DIR", str, None,
 
 VARIABLES: tuple[EnvVar, ...] = (
     FALLBACK_DISABLED, AUTOCOPY_DISABLED, DEBUG_DIR, PRESERVE_ARTIFACTS, CACHE_DIR, CACHE_DISABLED,
-    CACHE_LOCK_TIMEOUT, XDG_CACHE_HOME, RANK, INDUCTOR_CACHE_DIR,
+    CACHE_LOCK_TIMEOUT, XDG_CACHE_HOME, XDG_CONFIG_HOME, RANK, INDUCTOR_CACHE_DIR,
 )
