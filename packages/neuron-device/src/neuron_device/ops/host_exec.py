@@ -32,9 +32,11 @@ __all__ = ["executed_ops", "joined_device", "run_on_host", "seeded_call"]
 _NEURON = "neuron"
 executed_ops: Counter[str] = Counter()  # op name -> calls, for op tracking and tests
 
-# Ops whose CUDA kernels accept CPU tensors next to device tensors (indices are moved to the device).
-_MIXED_DEVICE_OK = frozenset({"aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put",
-                              "aten::_index_put_impl_", "aten::index_put.out", "aten::_index_put_impl"})
+# The argument that CUDA's kernels accept on the CPU next to device tensors: indexing's `indices` (moved to the
+# device). Any other CPU tensor with dimensions (`index_put_`'s values too) is an error, as on CUDA.
+_CPU_OK_ARGUMENT = "indices"
+_INDEXING = frozenset({"aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put",
+                       "aten::_index_put_impl_", "aten::index_put.out", "aten::_index_put_impl"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +48,8 @@ class _Plan:
     generator: tuple[int, str] | None  # (position, name) of a Generator? argument
     seeded: bool  # may draw random numbers
     dropout_position: int | None  # a seeded op's `dropout_p` argument: it draws none when that is 0
-    mixed_devices_ok: bool
+    cpu_ok_position: int | None  # the argument that may be a CPU tensor with dimensions (indexing's indices)
+    in_place: bool  # writes its first argument
     tensor_positions: tuple[int, ...]  # positional arguments typed `Tensor` (may arrive as Python numbers)
     host_call: Callable  # the op itself, or its decomposition when the CPU has no kernel for it
 
@@ -81,7 +84,11 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
         generator=generator,
         seeded=torch.Tag.nondeterministic_seeded in op.tags,
         dropout_position=next((i for i, a in enumerate(schema.arguments) if a.name == "dropout_p"), None),
-        mixed_devices_ok=name in _MIXED_DEVICE_OK,
+        cpu_ok_position=next(
+            (i for i, a in enumerate(schema.arguments) if a.name == _CPU_OK_ARGUMENT), None
+        ) if name in _INDEXING else None,
+        in_place=bool(schema.arguments) and schema.arguments[0].alias_info is not None
+        and schema.arguments[0].alias_info.is_write and not schema.arguments[0].kwarg_only,
         tensor_positions=tuple(
             i for i, a in enumerate(schema.arguments) if not a.kwarg_only and str(a.type) == "Tensor"
         ),
@@ -94,7 +101,7 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
 class _Call:
     """State of one fallback call: the device, the host aliases made, and the inputs' storages."""
 
-    __slots__ = ("aliases", "hosts", "index", "mixed_cpu", "plan", "storages")
+    __slots__ = ("aliases", "hosts", "index", "plan", "storages")
 
     def __init__(self, plan: _Plan) -> None:
         self.plan = plan
@@ -104,7 +111,6 @@ class _Call:
         # becomes) is one tensor to the CPU kernel too, so its "output is also an input" rules apply.
         self.hosts: dict[int, torch.Tensor] = {}
         self.storages: list[torch.Tensor] = []  # neuron inputs, to map results that alias them
-        self.mixed_cpu: torch.Tensor | None = None
 
     def _see_device(self, index: int) -> None:
         if self.index is None:
@@ -126,8 +132,6 @@ class _Call:
                 self.aliases[id(alias)] = value
                 self.storages.append(value)
                 return alias
-            if value.device.type == "cpu" and value.dim() > 0 and self.mixed_cpu is None:
-                self.mixed_cpu = value
             return value
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_host(v) for v in value)
@@ -141,12 +145,30 @@ class _Call:
         for alias in self.hosts.values():
             alias.set_(host_alias(self.aliases[id(alias)]))
 
-    def check_devices(self) -> None:
-        if self.mixed_cpu is not None and self.index is not None and not self.plan.mixed_devices_ok:
-            raise RuntimeError(
-                "Expected all tensors to be on the same device, but found at least two devices, "
-                f"neuron:{self.index} and cpu! (in {self.plan.name})"
-            )
+    def check_devices(self, args: tuple, kwargs: dict) -> None:
+        """CUDA's device rules for CPU tensors in a `neuron` op: a 0-dim CPU tensor may be an input scalar, never
+        the tensor written (in-place `self`, `out=`); a CPU tensor with dimensions only as indexing's indices."""
+        if self.index is None:
+            return
+        plan = self.plan
+        for position, value in enumerate(args):
+            for tensor in _cpu_tensors(value):
+                if (position == 0 and plan.in_place) or (tensor.dim() > 0 and position != plan.cpu_ok_position):
+                    self._mixed(plan.name)
+        for key, value in kwargs.items():
+            for tensor in _cpu_tensors(value):
+                if key in plan.out_names:
+                    raise RuntimeError(
+                        f"Expected out tensor to have device neuron:{self.index}, but got cpu instead (in {plan.name})"
+                    )
+                if tensor.dim() > 0:
+                    self._mixed(plan.name)
+
+    def _mixed(self, name: str) -> None:
+        raise RuntimeError(
+            "Expected all tensors to be on the same device, but found at least two devices, "
+            f"neuron:{self.index} and cpu! (in {name})"
+        )
 
     def to_device(self, value):
         if isinstance(value, torch.Tensor):
@@ -180,6 +202,14 @@ class _Call:
                 view = torch.empty(0, dtype=result.dtype, device=tensor.device)
                 return view.set_(storage, offset, result.size(), result.stride())
         return None
+
+
+def _cpu_tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value] if value.device.type == "cpu" else []
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _cpu_tensors(item)]
+    return []
 
 
 def joined_device(tensor: torch.Tensor, index: int) -> int:
@@ -331,7 +361,7 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
         if key in plan.out_names and isinstance(value, torch.Tensor) and value.device.type == _NEURON:
             outs.append((key, value))
         host_kwargs[key] = call.to_host(value)
-    call.check_devices()
+    call.check_devices(args, kwargs)
     index = call.device_index()
 
     if plan.generator is not None:
