@@ -37,3 +37,26 @@ def test_index_put_takes_cpu_indices_but_not_cpu_values():
     assert a.cpu().tolist() == [0.0, 5.0, 7.0, 9.0]
     with pytest.raises(RuntimeError, match="found at least two devices, neuron:0 and cpu"):
         a.index_put_((torch.tensor([0]),), torch.tensor([1.0]))
+
+
+# -- item 6: out= resizing as on CPU ---------------------------------------------------------------------------------
+
+_OUT_CASES = {
+    "shrink to zero": lambda d: torch.neg(torch.empty(0, device=d), out=torch.ones(1, device=d)),
+    "randperm(0)": lambda d: torch.randperm(0, out=torch.ones(3, dtype=torch.int64, device=d)),
+    "zero-size, right size": lambda d: torch.add(torch.empty(0, 3, device=d), 1, out=torch.empty(3, 0, device=d).t()),
+    "zero-size, transposed": lambda d: torch.neg(torch.empty(0, 2, device=d), out=torch.empty(2, 0, device=d).t()),
+    "right size keeps strides": lambda d: torch.add(torch.ones(2, 3, device=d), 1, out=torch.empty(3, 2, device=d).t()),
+    "shrink": lambda d: torch.neg(torch.ones(2, device=d), out=torch.ones(5, device=d)),
+    "grow": lambda d: torch.neg(torch.ones(6, device=d), out=torch.ones(2, device=d)),
+}
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+@pytest.mark.parametrize("case", sorted(_OUT_CASES))
+def test_out_is_resized_as_on_cpu(case):
+    expected, actual = _OUT_CASES[case]("cpu"), _OUT_CASES[case]("neuron")
+    assert (actual.shape, actual.stride(), actual.storage_offset()) == (
+        expected.shape, expected.stride(), expected.storage_offset()
+    )
+    assert torch.equal(actual.cpu(), expected)

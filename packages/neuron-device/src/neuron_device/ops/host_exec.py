@@ -309,6 +309,8 @@ def _shares_storage_with_input(call: _Call, outs: list[tuple[str, torch.Tensor]]
 
 def _write_back(out: torch.Tensor, result: torch.Tensor) -> None:
     """Give the neuron `out` the result computed into a fresh CPU tensor (resizing `out` only if needed)."""
+    if out.numel() == 0 and out.shape == result.shape:
+        return  # already the right size: nothing to copy, and its strides stay (as on CPU)
     if out.untyped_storage().nbytes() == 0 and result.is_contiguous():
         # Nothing can share an empty storage: adopt the result's memory instead of copying it.
         adopted = allocator.adopt_tracked(result, out.device.index)
@@ -322,7 +324,12 @@ def _write_back(out: torch.Tensor, result: torch.Tensor) -> None:
 def _sync_resized_alias(out: torch.Tensor, alias: torch.Tensor) -> None:
     """The CPU kernel resized the host alias of `out` in place (within its storage): mirror that on `out`."""
     if alias.size() != out.size() or alias.stride() != out.stride():
-        offset = out.storage_offset() + (alias.data_ptr() - out.data_ptr()) // max(out.element_size(), 1)
+        if alias.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+            offset = alias.storage_offset()  # a view of the storage's host twin: the same offsets
+        elif alias.numel() and out.numel():
+            offset = out.storage_offset() + (alias.data_ptr() - out.data_ptr()) // max(out.element_size(), 1)
+        else:
+            offset = out.storage_offset()  # an empty tensor's data pointer says nothing
         out.set_(out.untyped_storage(), offset, alias.size(), alias.stride())
 
 
