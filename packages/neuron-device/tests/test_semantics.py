@@ -60,3 +60,70 @@ def test_out_is_resized_as_on_cpu(case):
         expected.shape, expected.stride(), expected.storage_offset()
     )
     assert torch.equal(actual.cpu(), expected)
+
+
+# -- item 7: corners that differed ------------------------------------------------------------------------------------
+
+
+def test_copy_from_a_python_number():
+    """GradScaler's inf/nan path does `tensor.copy_(number)`; it raised AttributeError."""
+    t = torch.zeros(2, device="neuron")
+    torch.Tensor.copy_(t, 3.0)
+    assert t.cpu().tolist() == [3.0, 3.0]
+
+
+def test_ldexp_float16_matches_cpu():
+    args = (torch.tensor([1.0, 1.0], dtype=torch.float16), torch.tensor([-24, 10]))
+    expected = torch.ldexp(*args)
+    assert torch.equal(torch.ldexp(*(a.to("neuron") for a in args)).cpu(), expected)
+
+
+def test_conj_physical_in_place():
+    t = torch.tensor([1 + 2j, -3j], device="neuron")
+    t.conj_physical_()
+    assert t.cpu().tolist() == [1 - 2j, 3j]
+
+
+def test_set_to_another_tensor_shares_its_storage():
+    a, b = torch.ones(3, device="neuron"), torch.empty(0, device="neuron")
+    b.set_(a)
+    assert b.is_set_to(a) and b.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+
+
+def test_lazy_clone_gives_an_independent_copy():
+    a = torch.arange(3.0, device="neuron")
+    clone = torch._lazy_clone(a)
+    a.add_(1)
+    assert clone.cpu().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_fill_uninitialized_memory_as_on_cpu():
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.empty(2, dtype=torch.int32, device="neuron").cpu().tolist() == [2**31 - 1] * 2
+        assert torch.empty(2, device="neuron").isnan().all()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_empty_strided_with_mismatched_ranks_is_a_runtime_error():
+    with pytest.raises(RuntimeError, match=r"dimensionality of sizes \(2\) must match dimensionality of strides"):
+        torch.empty_strided((2, 3), (1,), device="neuron")
+
+
+def test_a_stream_may_wait_for_a_stream_of_another_device():
+    first, second = torch.neuron.Stream(device=0), torch.neuron.Stream(device=1)
+    with torch.neuron.stream(second):
+        torch.ones(256, 256, device="neuron:1").sum()
+    first.wait_stream(second)  # CUDA allows it; it raised
+    assert torch.neuron.Event().query()
+
+
+def test_a_neuron_generator_names_what_to_use_instead():
+    """torch 2.13 lets a Python backend implement none of the hooks that make `torch.Generator("neuron")`."""
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        torch.Generator("neuron")
+    generator = torch.neuron.random.default_generator(0)
+    torch.neuron.manual_seed(3)
+    expected = torch.rand(4, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(torch.rand(4, generator=generator), expected)
