@@ -127,3 +127,29 @@ def test_a_neuron_generator_names_what_to_use_instead():
     torch.neuron.manual_seed(3)
     expected = torch.rand(4, generator=torch.Generator().manual_seed(3))
     assert torch.equal(torch.rand(4, generator=generator), expected)
+
+
+# -- item 8: unsupported tensors give clear errors --------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_quantized_tensors_are_refused_by_name():
+    quantized = torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8)
+    with pytest.raises(NotImplementedError, match=r"quantized tensors .* are not supported on neuron"):
+        quantized.to("neuron")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_nested_tensors_are_refused_by_name():
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(NotImplementedError, match="nested tensors are not supported on neuron"):
+        nested.to("neuron")
+    with pytest.raises(NotImplementedError, match="nested tensors are not supported on neuron"):
+        torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], device="neuron") + 1
+
+
+def test_a_numel_overflow_is_cpus_error_not_an_oom():
+    with pytest.raises(RuntimeError, match=r"Storage size calculation overflowed with sizes=\[4611686018427387904"):
+        torch.empty(2**62, 2**62, device="neuron")
+    with pytest.raises(torch.OutOfMemoryError):  # a size that merely does not fit is still an OOM
+        torch.empty(2**40, device="neuron")

@@ -75,6 +75,8 @@ def _register_kernels() -> None:
     registry.register_fallback(host_exec.run_on_host)
     for sparse_key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
         registry.register_fallback(host_exec.refuse_sparse, sparse_key)
+    for key, kind in (("QuantizedPrivateUse1", "quantized"), ("NestedTensorPrivateUse1", "nested")):
+        registry.register_fallback(host_exec.refusing(kind), key)
     registry.builtin.update(registry.kernels)
     autocast.register()
 

@@ -514,6 +514,9 @@ def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     return tensor
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=None) -> torch.Tensor:
     """Allocate an uninitialised `neuron:index` tensor; the capacity check comes before any host memory is taken."""
     size = tuple(size)
@@ -524,6 +527,8 @@ def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=No
         nbytes = math.prod(size) * itemsize
     else:
         nbytes = _extent(size, tuple(stride), itemsize)
+    if nbytes > _INT64_MAX:  # CPU's check and text (c10's computeStorageNbytes), before any OOM accounting
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(size)}")
     allocator = device(index)
     block = allocator.malloc(nbytes) if nbytes else None
     try:

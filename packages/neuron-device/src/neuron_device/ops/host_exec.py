@@ -345,6 +345,24 @@ def refuse_sparse(op: torch._ops.OpOverload, *args, **kwargs):
     )
 
 
+_UNSUPPORTED = {
+    "quantized": "quantized tensors (torch.quint8, qint8, qint32) are not supported on neuron; quantize on the CPU, "
+                 "or use a float8 / integer dtype on neuron",
+    "nested": "nested tensors are not supported on neuron; pad to a dense tensor (torch.nested.to_padded_tensor) "
+              "or keep them on the CPU",
+}
+
+
+def refusing(kind: str) -> Callable:
+    """The fallback of a dispatch key of tensors `neuron` cannot hold (`_UNSUPPORTED`): a clear error naming the op,
+    in place of torch's "Could not run ... 'Quantizedneuron' backend" or an internal NestedTensorImpl error."""
+    def refuse(op: torch._ops.OpOverload, *args, **kwargs):
+        raise NotImplementedError(f"{op.name()}: {_UNSUPPORTED[kind]}")
+
+    refuse.__name__ = f"refuse_{kind}"
+    return refuse
+
+
 def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
     """The boxed fallback: execute `op` with its CPU kernel on host aliases of the `neuron` arguments."""
     if _numerics.downcast_64bit:  # opt-in: 64-bit types computed in 32 bits (numerics.py)
