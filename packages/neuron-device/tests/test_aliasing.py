@@ -1,7 +1,7 @@
 """Overlapping and aliased writes behave as on the CPU: the same error, or the same values (issue 19, item 1).
 
 PyTorch's overlap and alias checks compare storages. Every host alias of a `neuron` storage is a view of one CPU
-storage (`hostmem`), so those checks see what the CPU sees; before that, each alias had a storage of its own and
+storage (`neuron_device.storage`), so those checks see what the CPU sees; before that, each alias had a storage of its own and
 `x[1:] = x[:-1]` silently gave zeros. The seeded fuzz below draws in-place and `out=` calls whose operands are
 views of one buffer (shifted, transposed, expanded, the same tensor twice) and compares every outcome with the CPU's.
 """
@@ -139,7 +139,7 @@ def test_full_alias_is_computed_as_on_cpu():
 
 
 def test_host_alias_is_one_storage_per_device_storage():
-    from neuron_device import hostmem
+    from neuron_device import storage as hostmem
 
     x = torch.arange(8.0, device="neuron")
     first, second = hostmem.host_alias(x[:4]), hostmem.host_alias(x[2:])
@@ -148,7 +148,7 @@ def test_host_alias_is_one_storage_per_device_storage():
 
 
 def test_host_alias_follows_storage_resize_and_set():
-    from neuron_device import hostmem
+    from neuron_device import storage as hostmem
 
     x = torch.arange(4.0, device="neuron")
     x.untyped_storage().resize_(64)  # new memory: the host twin moves with it
@@ -169,7 +169,7 @@ def test_host_twin_does_not_keep_the_device_storage_alive():
     import weakref
 
     x = torch.empty(1000, device="neuron")
-    from neuron_device import hostmem
+    from neuron_device import storage as hostmem
 
     alias = hostmem.host_alias(x)
     dead = weakref.ref(x.untyped_storage())

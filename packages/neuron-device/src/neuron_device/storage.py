@@ -30,6 +30,8 @@ import sys
 
 import torch
 
+from .adaptive_eager import flush_barrier
+
 __all__ = ["adopt", "host_alias", "host_aliases", "swap_memory"]
 
 _KDL_CPU = 1
@@ -84,7 +86,7 @@ def _check_layout() -> None:
         and _word_at(pointer + _DEVICE_OFFSET).value == _device_word(device.device_type, device.device_id)
     )
     if not expected:
-        raise ImportError("neuron_device.hostmem: unexpected PyCapsule or DLTensor layout in this Python build")
+        raise ImportError("neuron_device.storage: unexpected PyCapsule or DLTensor layout in this Python build")
 
 
 _check_layout()
@@ -129,15 +131,10 @@ def swap_memory(storage: torch.UntypedStorage, other: torch.UntypedStorage) -> N
         setattr(other, _HOST, mine)
 
 
-# While adaptive eager has ops queued (`concatenation`), the callable that executes them: every host read of device
-# memory comes through `host_alias`, so this is where queued results get written before anyone looks at them.
-flush_pending = None
-
-
 def host_alias(tensor: torch.Tensor) -> torch.Tensor:
     """Return a CPU tensor that aliases the memory of the `neuron` tensor `tensor` (same sizes, strides, offset)."""
-    if flush_pending is not None:
-        flush_pending()
+    # every host read of device memory comes through here: adaptive eager's queued results are written first
+    flush_barrier()
     twins = getattr(tensor.untyped_storage(), _HOST, None)
     if twins is not None:
         return _view_of_twin(tensor, twins)
