@@ -579,8 +579,8 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
         if block is not None:
             allocator.free(block)
         raise
-    hostmem.swap_memory(storage, holder)  # storage: empty; holder: the old bytes, freed when it dies below
-    hostmem.swap_memory(storage, fresh)  # storage: the new bytes
+    _storage.swap_memory(storage, holder)  # storage: empty; holder: the old bytes, freed when it dies below
+    _storage.swap_memory(storage, fresh)  # storage: the new bytes
     binding = _binding_of(storage)
     if binding is None:  # a storage that started empty: it had no block
         _bind(storage, allocator, block)
