@@ -82,9 +82,15 @@ def _install_fast_path() -> None:
 
 
 def _install_exit_report() -> None:
+    from neuron_spec.env import EnvVarError
+
+    from . import envvars
     from .simulation import report  # light: the op tracker and allocator it reads are imported by then
 
-    report.install_exit_report()
+    try:
+        report.install_exit_report()
+    except EnvVarError as error:  # `import torch` must not fail on it: raised at the device's first use instead
+        envvars.defer(report.REPORT_ENV, error)
 
 
 def register() -> None:

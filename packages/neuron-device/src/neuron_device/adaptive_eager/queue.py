@@ -79,9 +79,9 @@ _READS_INDEX_VALUES = frozenset({
 })
 
 
-enabled: bool = envvars.ADAPTIVE_EAGER.read()  # read by the fast path before every op
-buffer_size_limit: int = envvars.ADAPTIVE_EAGER_BUFFER_SIZE.read()  # ops queued before the queue flushes itself
-low_threshold: int = envvars.ADAPTIVE_EAGER_LOW_THRESHOLD.read()  # shorter runs always execute op by op
+enabled: bool = envvars.read_at_import(envvars.ADAPTIVE_EAGER)  # read by the fast path before every op
+buffer_size_limit: int = envvars.read_at_import(envvars.ADAPTIVE_EAGER_BUFFER_SIZE)  # ops queued before the queue flushes itself
+low_threshold: int = envvars.read_at_import(envvars.ADAPTIVE_EAGER_LOW_THRESHOLD)  # shorter runs always execute op by op
 
 
 class _External(NamedTuple):
