@@ -33,6 +33,7 @@ import weakref
 
 import torch
 
+from . import envvars
 from . import storage as _storage
 from . import topology as _topology
 from .adaptive_eager import flush_barrier
@@ -444,6 +445,7 @@ def device(index: int) -> DeviceAllocator:
         with _devices_lock:
             found = _devices.get(index)
             if found is None:
+                envvars.raise_deferred()  # the device's first memory: a bad setting seen at import is named now
                 found = _devices[index] = DeviceAllocator(index, _topology.topology().hbm_bytes_per_device)
     return found
 
