@@ -172,3 +172,113 @@ def test_disabled_cache_uses_no_inductor_cache_either(monkeypatch) -> None:
         counters.clear()
         torch.compile(lambda t: (t * 5 - 1).sigmoid(), backend="neuron")(x)
         assert not any(key.startswith("fxgraph_cache") for key in counters["inductor"]), dict(counters["inductor"])
+
+
+# -- trust: another user cannot get code run; I/O problems never fail a compile (issue 19, items 9 and 10) ---------
+
+
+def _attacker_resigns(entry_path: Path, key: bytes) -> None:
+    """What anyone who can write the cache directory could do: rewrite a file and re-sign the manifest."""
+    import hashlib
+    import hmac
+
+    artifact = next(p for p in (entry_path / "files").rglob("*") if p.is_file())
+    artifact.write_text("import os; os.system('echo pwned')\n")
+    manifest = json.loads((entry_path / "manifest.json").read_text())
+    manifest["files"] = {k: hashlib.sha256(artifact.read_bytes()).hexdigest() for k in manifest["files"]}
+    body = {k: v for k, v in manifest.items() if k != "mac"}
+    manifest["mac"] = hmac.new(key, json.dumps(body, sort_keys=True).encode(), hashlib.sha256).hexdigest()
+    (entry_path / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
+
+
+def test_the_key_is_the_users_not_the_cache_directorys(tmp_path) -> None:
+    stored = _store_entry(tmp_path)
+    assert not list((tmp_path / "cache").rglob("*.key")), "nothing in the cache directory can sign an entry"
+    key = cache.key_path()
+    assert os.stat(key).st_mode & 0o777 == 0o600 and os.stat(key.parent).st_mode & 0o777 == 0o700
+    # A writer of the cache directory re-signs with any key it can see or make: the entry is refused, not run.
+    _attacker_resigns(stored.path, b"k" * 32)
+    with pytest.warns(UserWarning, match="signature mismatch"):
+        found = _lookup(tmp_path)
+    assert not found.hit and not list(found.inductor.rglob("artifact-*"))
+
+
+@pytest.mark.parametrize("where", ["directory", "entry", "file"])
+def test_a_cache_writable_by_others_is_refused(tmp_path, where) -> None:
+    stored = _store_entry(tmp_path)
+    target = {"directory": tmp_path / "cache", "entry": stored.path, "file": stored.path / "manifest.json"}[where]
+    target.chmod(target.stat().st_mode | 0o002)
+    cache._warned.clear()
+    with pytest.warns(UserWarning, match="writable by other users"):
+        found = _lookup(tmp_path)
+    assert not found.hit and not list((tmp_path / "inductor").rglob("artifact-*"))
+
+
+def test_a_cache_owned_by_another_user_is_refused(tmp_path, monkeypatch) -> None:
+    """Simulated: this process pretends to be another uid, so everything on disk belongs to "someone else"."""
+    _store_entry(tmp_path)
+    real = os.geteuid()
+    monkeypatch.setattr(cache.os, "geteuid", lambda: real + 1)
+    cache._warned.clear()
+    with pytest.warns(UserWarning, match="owned by another user"):
+        found = _lookup(tmp_path)
+    assert not found.hit and found.root is None
+
+
+def test_a_key_others_can_read_is_refused(tmp_path) -> None:
+    _store_entry(tmp_path)
+    cache.key_path().chmod(0o644)
+    cache._warned.clear()
+    try:
+        with pytest.warns(UserWarning, match="mode 0600"):
+            assert not _lookup(tmp_path).hit
+    finally:
+        cache.key_path().chmod(0o600)
+
+
+def _compile_once(monkeypatch, cache_dir: Path, scale: float) -> torch.Tensor:
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(cache_dir))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x * scale + 1, backend="neuron")
+    return compiled(torch.ones(3, device="neuron")).cpu()
+
+
+def test_a_read_only_cache_directory_compiles_with_one_warning(tmp_path, monkeypatch) -> None:
+    """A read-only file system under the cache directory (simulated: tests may run as root, which writes anyway)."""
+    import errno
+    import warnings
+
+    read_only = tmp_path / "read-only"
+    mkdir = Path.mkdir
+
+    def refusing_mkdir(self, *args, **kwargs):
+        if self.is_relative_to(read_only):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refusing_mkdir)
+    cache._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(_compile_once(monkeypatch, read_only / "cache", 2.0), torch.full((3,), 3.0))
+        assert torch.equal(_compile_once(monkeypatch, read_only / "cache", 4.0), torch.full((3,), 5.0))
+    about_cache = [str(w.message) for w in caught if "compile cache" in str(w.message)]
+    assert len(about_cache) == 1 and "Read-only" in about_cache[0], about_cache
+
+
+def test_a_full_disk_at_store_compiles_with_one_warning(tmp_path, monkeypatch) -> None:
+    import errno
+    import warnings
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache.shutil, "copyfile", full)  # the store is where a full disk hits
+    cache._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(_compile_once(monkeypatch, tmp_path / "full", 2.0), torch.full((3,), 3.0))
+        assert torch.equal(_compile_once(monkeypatch, tmp_path / "full", 3.0), torch.full((3,), 4.0))
+    about_cache = [str(w.message) for w in caught if "compile cache" in str(w.message)]
+    assert len(about_cache) == 1 and "No space left" in about_cache[0], about_cache
+    assert not [p for p in (tmp_path / "full" / "entries").iterdir()], "no partial entry is left"

@@ -76,3 +76,25 @@ def test_dropout_draws_from_the_device_generator_and_zero_dropout_draws_nothing(
     assert not torch.equal(first, attend(0.0))
     attend(0.0)
     assert torch.equal(torch.neuron.get_rng_state(), state)  # no dropout, no draw
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_multihead_attention_fast_path_is_native_and_matches_cpu(padded):
+    """Issue 19, item 13: `nn.MultiheadAttention` in inference takes `_native_multi_head_attention`, which fell back
+    to the CPU; it now runs as projections + the SDPA route on `neuron`."""
+    import torch_neuronx
+
+    torch.manual_seed(0)
+    module = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    padding = torch.tensor([[False] * 5, [False, False, False, True, True]]) if padded else None
+    with torch.no_grad():
+        expected, _ = module(x, x, x, key_padding_mask=padding, need_weights=False)
+        module.to("neuron")
+        torch_neuronx.clear_op_tracking()
+        on_neuron = x.to("neuron")
+        actual, weights = module(on_neuron, on_neuron, on_neuron, need_weights=False,
+                                 key_padding_mask=None if padding is None else padding.to("neuron"))
+    assert weights is None
+    assert "aten::_native_multi_head_attention" not in torch_neuronx.get_fallback_ops()
+    torch.testing.assert_close(actual.cpu(), expected, rtol=1e-5, atol=1e-5)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
+
 RANDN = "import torch; print(torch.randn(2, device='neuron').device)"
 
 
@@ -65,3 +67,32 @@ def test_importing_ours_before_torch_works(python):
         result = python("import neuron_device, torch; print(torch.ones(2, device='neuron').device)", env=env)
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "neuron:0"
+
+
+@pytest.mark.parametrize(
+    "variable, value",
+    [
+        ("NEURON_SIM_REPORT", "bogus"),
+        ("TORCH_NEURONX_DOWNCAST_64BIT", "maybe"),
+        ("TORCH_NEURONX_ENABLE_CONCATENATION", "perhaps"),
+        ("TORCH_NEURONX_CONCATENATION_BUFFER_SIZE_LIMIT", "abc"),
+        ("TORCH_NEURONX_CONCATENATION_QUEUE_LOW_THRESHOLD", "-3"),
+        ("NEURON_RT_NUM_CORES", "zz"),
+    ],
+)
+def test_a_bad_env_value_never_breaks_import_torch(python, variable, value):
+    """Issue 19, item 11: a program that does not use `neuron` imports and runs torch; the first use of the device
+    raises, naming the variable."""
+    result = python(
+        "import torch\n"
+        "assert torch.equal(torch.ones(2) + 1, torch.full((2,), 2.0))\n"
+        "print('imported')\n"
+        "try:\n"
+        "    torch.ones(2, device='neuron')\n"
+        "except Exception as error:\n"
+        "    print('first use:', type(error).__name__, error)\n",
+        env={variable: value},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "imported" in result.stdout
+    assert f"first use: EnvVarError {variable}=" in result.stdout, result.stdout

@@ -438,8 +438,10 @@ def test_environment_variable_switches_it_on(python):
     result = python(code, env={adaptive_eager.ENABLE_ENV: "1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[0] == "True 1 [2.0, 2.0, 2.0]"
-    # 'yes' is a boolean since every flag shares one parser (issue 16); a value that is no boolean is refused
-    result = python("import torch", env={adaptive_eager.ENABLE_ENV: "maybe"})
+    # 'yes' is a boolean since every flag shares one parser (issue 16); a value that is no boolean is refused, at
+    # the device's first use: `import torch` itself must not fail on it (issue 19, item 11)
+    assert python("import torch", env={adaptive_eager.ENABLE_ENV: "maybe"}).returncode == 0
+    result = python("import torch; torch.ones(1, device='neuron')", env={adaptive_eager.ENABLE_ENV: "maybe"})
     assert result.returncode != 0 and f"{adaptive_eager.ENABLE_ENV}='maybe' is invalid" in result.stderr
 
 

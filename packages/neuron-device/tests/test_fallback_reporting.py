@@ -42,7 +42,9 @@ def _fallback_warnings(fn) -> list[str]:
         (aten.gather.default, "gpsimd"), (aten.embedding.default, "gpsimd"), (aten.index.Tensor, "gpsimd"),
         (aten.cat.default, "dma"), (aten.clone.default, "dma"),
         (aten.transpose.int, "view"), (aten.expand.default, "view"), (aten.split.Tensor, "view"),
-        (aten.normal_.default, None), (aten.native_dropout.default, None), (aten.nonzero.default, None),
+        # RNG ops are native on Trainium (issue 19, item 13: they were reported as fallback, wrongly)
+        (aten.normal_.default, "vector"), (aten.native_dropout.default, "vector"), (aten.randperm.generator, "gpsimd"),
+        (aten.nonzero.default, None),
         (aten.linalg_inv_ex.default, None), (aten.kthvalue.default, None),
     ],
 )
@@ -81,9 +83,9 @@ def test_fallback_warning_points_at_the_calling_code():
     a = torch.ones(2, 2, device="neuron")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        torch.nn.functional.dropout(a, 0.5)  # through torch.nn.functional and the dispatcher
+        torch.nn.functional.pdist(a)  # through torch.nn.functional and the dispatcher
     assert [(str(w.message), w.filename) for w in caught] == [
-        ("Operator 'aten::native_dropout' fell back to CPU", __file__)
+        ("Operator 'aten::_pdist_forward' fell back to CPU", __file__)
     ]
 
 
@@ -219,3 +221,45 @@ def test_kernels_outside_the_fallback_are_recorded_and_charged():
     assert (stats["compilations_per_op"]["nki::rmsnorm"], stats["in_memory_hits"]) == (1, 1)
     with pytest.raises(ValueError, match="non-negative"):
         kernels.record_kernel("nki::rmsnorm", 0, "sig", -1.0)
+
+
+def test_printing_warns_about_nothing_and_records_no_fallback():
+    """Issue 19, item 13: printing measured the values with masked_select, a CPU fallback, so it warned."""
+    import warnings
+
+    import torch_neuronx
+
+    values = torch.tensor([1.5, float("inf"), 0.0, -2.0e-7], device="neuron")
+    torch_neuronx.clear_op_tracking()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        text = repr(values) + repr(torch.arange(2000.0, device="neuron")) + str(values.to(torch.bfloat16))
+    assert "device='neuron:0'" in text and "inf" in text
+    assert "aten::masked_select" not in torch_neuronx.get_fallback_ops()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(4, device="neuron"),
+        lambda: torch.rand(4, device="neuron"),
+        lambda: torch.randint(0, 5, (4,), device="neuron"),
+        lambda: torch.randperm(6, device="neuron"),
+        lambda: torch.multinomial(torch.ones(4, device="neuron"), 2),
+        lambda: torch.nn.functional.dropout(torch.ones(4, device="neuron"), 0.5),
+        lambda: torch.empty(4, device="neuron").bernoulli_(0.5),
+        lambda: torch.empty(4, device="neuron").random_(),
+        lambda: torch.empty(4, device="neuron").uniform_(),
+    ],
+)
+def test_random_ops_are_native_kernels(make):
+    """RNG ops run on the engines' hardware RNG on Trainium: no fallback warning, counted as executed natively."""
+    import warnings
+
+    import torch_neuronx
+
+    torch_neuronx.clear_op_tracking()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make()
+    assert torch_neuronx.get_fallback_ops() == []

@@ -103,3 +103,46 @@ def test_fork_rng_covers_neuron():
     a = torch.randn(3, device="neuron").cpu()
     torch.manual_seed(0)
     assert torch.equal(torch.randn(3, device="neuron").cpu(), a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dropout_is_the_cpus_bitwise(dtype):
+    x = torch.randn(512, generator=torch.Generator().manual_seed(1)).to(dtype)
+    torch.manual_seed(7)
+    expected = torch.ops.aten.native_dropout(x, 0.3, True)
+    torch.manual_seed(7)
+    output, mask = torch.ops.aten.native_dropout(x.to("neuron"), 0.3, True)
+    assert torch.equal(output.cpu(), expected[0]) and torch.equal(mask.cpu(), expected[1])
+
+
+def test_threads_get_independent_dropout_masks_and_leave_the_cpu_generator_alone():
+    """Issue 19, item 2: 4 threads of dropout on `neuron` beside one thread drawing CPU numbers."""
+    import threading
+
+    torch.neuron.manual_seed(0)
+    x = torch.ones(32, 32, device="neuron")
+    masks: list[bytes] = []
+    cpu_draws_intact: list[bool] = []
+    errors: list[BaseException] = []
+
+    def dropout_worker():
+        try:
+            for _ in range(60):
+                masks.append((torch.nn.functional.dropout(x, 0.5, training=True) != 0).cpu().numpy().tobytes())
+        except BaseException as error:  # reported below, with the test's failure
+            errors.append(error)
+
+    def cpu_worker():
+        reference = torch.Generator().manual_seed(5)
+        torch.default_generator.manual_seed(5)
+        for _ in range(200):
+            cpu_draws_intact.append(torch.equal(torch.rand(64), torch.rand(64, generator=reference)))
+
+    threads = [threading.Thread(target=dropout_worker) for _ in range(4)] + [threading.Thread(target=cpu_worker)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors and not any(thread.is_alive() for thread in threads)
+    assert len(masks) == 240 and len(set(masks)) == 240  # no two threads drew the same mask
+    assert all(cpu_draws_intact) and len(cpu_draws_intact) == 200

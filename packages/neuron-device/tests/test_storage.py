@@ -163,11 +163,17 @@ def test_host_alias_is_zero_copy_both_ways():
 
 
 def test_host_alias_keeps_device_memory_alive(allocated):
+    # Since every host alias is a view of the device storage's one host twin (issue 19: torch's overlap checks must
+    # see one storage), an alias keeps the *memory* valid but not the device storage: the twin must not reference
+    # the storage back, or the two would keep each other alive. The device's accounting follows the storage.
     base = allocated()
     t = torch.arange(256.0, device="neuron")
     alias = hostmem.host_alias(t)
+    assert allocated() > base
     del t
-    assert allocated() > base and alias[255].item() == 255.0
+    assert alias[255].item() == 255.0
+    alias.add_(1.0)
+    assert alias[255].item() == 256.0
     del alias
     assert allocated() == base
 
@@ -212,3 +218,23 @@ def test_storage_resize_updates_memory_statistics(allocated):
     storage.resize_(100)
     del storage
     assert allocated() == base
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "x = torch.arange(4.0, device='neuron'); x.untyped_storage().resize_(0); x.cpu()",
+        "x = torch.arange(10.0, device='neuron'); v = x[5:]; x.untyped_storage().resize_(8); v.cpu()",
+        "x = torch.arange(10.0, device='neuron'); v = x[5:]; x.untyped_storage().resize_(8); v + 1",
+        "x = torch.arange(10.0, device='neuron'); v = x[5:]; x.untyped_storage().resize_(8); print(v)",
+    ],
+)
+def test_reading_past_a_shrunk_storage_raises(python, statement):
+    """Issue 19, item 4: a view read after its storage shrank returned freed memory, and `x.cpu()` after
+    `resize_(0)` segfaulted. Every host read goes through the storage's host twin, whose bounds torch checks.
+    (In a subprocess: the failure this guards against is a crash.)"""
+    result = python(
+        "import torch\ntry:\n    " + statement + "\nexcept RuntimeError as error:\n    print('raised', error)\n"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "raised setStorage" in result.stdout and "out of bounds for storage of size" in result.stdout

@@ -21,7 +21,18 @@ def mismatch_run():
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
-    "check", ["wrong_shape", "wrong_dtype", "wrong_collective", "destroy_leaves_nothing"]
+    "check",
+    [
+        "wrong_shape",
+        "wrong_dtype",
+        "wrong_collective",
+        "all_to_all_uneven",
+        "send_bigger_than_recv",
+        "send_smaller_than_recv",
+        "send_other_dtype",
+        "ring_exchange_matches",
+        "destroy_leaves_nothing",
+    ],
 )
 def test_mismatch(check, mismatch_run):
     assert_check(*mismatch_run, check)

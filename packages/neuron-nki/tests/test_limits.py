@@ -11,6 +11,7 @@ import pytest
 import nki
 import nki.isa as nisa
 import nki.language as nl
+from nki._errors import NkiError, NkiValidationError
 
 
 def _marked_line(fn) -> int:
@@ -295,3 +296,54 @@ def test_error_in_tutorial_kernel_names_tutorial_line():
     with pytest.raises(nki.NkiValidationError) as ei:
         matmul.matmul_basic(a, b)  # moving free 1024 > 512
     assert ei.value.filename.endswith("tutorials/matmul.py") and "nc_matmul" in ei.value.source
+
+
+# -- issue 19, item 12: the simulator never hangs or accepts the impossible ------------------------------------------
+
+
+def _copy_kernel():
+    @nki.jit
+    def copy(a):
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a))
+        return out
+
+    return copy
+
+
+def test_a_loop_beyond_the_trip_count_limit_raises_before_running():
+    @nki.jit
+    def endless(a):
+        for _ in nl.affine_range(10**12):  # ran "forever" before
+            nl.load(a)
+        return a
+
+    with pytest.raises(NkiValidationError, match="affine_range: a loop of 1000000000000 iterations exceeds"):
+        endless(np.ones((4, 4), np.float32))
+
+
+@pytest.mark.parametrize("grid", [0, -2, (2, 0), 10**6])
+def test_empty_negative_and_huge_grids_are_errors(grid):
+    with pytest.raises(NkiValidationError, match="launch grid"):
+        _copy_kernel()[grid](np.ones((4, 4), np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float64])
+def test_nc_matmul_rejects_what_the_tensor_engine_cannot_multiply(dtype):
+    @nki.jit
+    def matmul(a, b):
+        out = nl.ndarray((4, 4), nl.float32, buffer=nl.shared_hbm)
+        product = nl.ndarray((4, 4), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(product, nl.load(a), nl.load(b))
+        nl.store(out, nl.copy(product))
+        return out
+
+    a = np.ones((4, 4), dtype)
+    with pytest.raises(NkiValidationError, match="nc_matmul: the Tensor Engine multiplies fp8, bf16"):
+        matmul(a, a)
+    assert matmul(a.astype(np.float32), a.astype(np.float32))[0, 0] == 4.0
+
+
+def test_a_non_array_kernel_argument_is_named():
+    with pytest.raises(NkiError, match="kernel argument `a` is a list"):
+        _copy_kernel()([1.0, 2.0])

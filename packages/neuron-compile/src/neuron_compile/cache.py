@@ -8,9 +8,16 @@ kernel plans, under a JSON manifest with the SHA-256 of every file and an HMAC o
 
 Safety:
 * Inductor never reads the shared directory. Each process compiles against a private Inductor cache directory; an
-  entry's files are copied into it only after the manifest's HMAC (keyed by a secret this cache created, mode 0600)
-  and every file's digest check out. So nothing is unpickled unless this cache wrote it, and a corrupted or foreign
-  entry is deleted and recompiled, never executed.
+  entry's files are copied into it only after the manifest's HMAC and every file's digest check out. So nothing is
+  unpickled unless this user's key signed it, and a corrupted or foreign entry is deleted and recompiled, never
+  executed.
+* The HMAC key is the user's, not the cache's: `$XDG_CONFIG_HOME/neuron-compile/cache.key` (default `~/.config`),
+  32 random bytes, mode 0600, in a 0700 directory, owned by the user; anyone who can write the cache directory
+  still cannot sign an entry. A key that is not the user's own, not 0600 or not 32 bytes is refused.
+* A cache directory, or an entry, owned by another user or writable by anyone but its owner, or a symlink where a
+  directory or file should be, is refused: one warning, then the compile runs without the cache.
+* Cache I/O never fails a compile: a read-only, full, unwritable or missing directory, or a bad key, gives one
+  warning per directory and a compile without the cache (a failed store likewise leaves no partial entry).
 * Concurrent processes: a compile holds an exclusive file lock on its key (`fcntl.flock`), so a second process
   waits for the first and then hits its entry (`TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT` seconds at most). Entries
   are written to a temporary directory and renamed into place, so readers never see half an entry.
@@ -26,6 +33,7 @@ import hmac
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -39,7 +47,7 @@ from . import __version__, envvars, nki_substitution, passes
 from .passes import KernelPlan
 from .settings import CompileSettings
 
-__all__ = ["CacheEntry", "cache_key", "entry"]
+__all__ = ["CacheEntry", "UntrustedCache", "cache_key", "entry", "key_path"]
 
 _FORMAT = 2  # 2: kernel plans carry `workspace_bytes`
 _SKIPPED_SUFFIXES = (".lock", ".tmp")
@@ -91,14 +99,37 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _secret(root: Path) -> bytes:
-    """The HMAC key of this cache directory, created (mode 0600) on first use."""
-    path = root / "secret.key"
+class UntrustedCache(Exception):
+    """The cache directory, an entry or the key is not safe to use (the reason is the message)."""
+
+
+def _check_owned(path: Path, what: str) -> None:
+    """Refuse `path` unless it is this user's own, writable by no one else, and not a symlink."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise UntrustedCache(f"{what} {path} is a symlink")
+    if info.st_uid != os.geteuid():
+        raise UntrustedCache(f"{what} {path} is owned by another user (uid {info.st_uid})")
+    if info.st_mode & 0o022:
+        raise UntrustedCache(f"{what} {path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o})")
+
+
+def key_path() -> Path:
+    """Where this user's signing key lives: outside every cache directory."""
+    base = envvars.XDG_CONFIG_HOME.read() or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "neuron-compile" / "cache.key"
+
+
+def _user_key() -> bytes:
+    """The user's HMAC key, created (mode 0600, directory 0700) on first use; refused unless it is private."""
+    path = key_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_owned(path.parent, "the key directory")
     for _ in range(100):
         try:
-            data = path.read_bytes()
+            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
-            temporary = root / f".secret-{uuid.uuid4().hex}.tmp"
+            temporary = path.with_name(f".key-{uuid.uuid4().hex}.tmp")
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(descriptor, "wb") as handle:
                 handle.write(os.urandom(32))
@@ -106,10 +137,41 @@ def _secret(root: Path) -> bytes:
                 os.link(temporary, path)  # atomic: the first process to link wins
             temporary.unlink()
             continue
+        with os.fdopen(descriptor, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            data = handle.read()
+        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise UntrustedCache(f"the key {path} must be the user's own with mode 0600")
         if len(data) == 32:
             return data
-        time.sleep(0.01)
-    raise RuntimeError(f"the compile cache key file {path} is not a 32-byte key; delete it to reset the cache")
+        time.sleep(0.01)  # another process is between creating and linking it
+    raise UntrustedCache(f"the key {path} is not a 32-byte key; delete it to make a new one")
+
+
+_warned: set[str] = set()
+
+
+def _warn_unusable(root: Path, error: BaseException) -> None:
+    """One warning per cache directory and process: the compile goes on without the cache."""
+    if str(root) in _warned:
+        return
+    _warned.add(str(root))
+    import warnings
+
+    warnings.warn(
+        f"neuron compile cache {root} is not used ({type(error).__name__}: {error}); compiling without it",
+        stacklevel=5,
+    )
+
+
+def _open_root(root: Path) -> bytes:
+    """Check (creating if missing) the cache directory and its parts; return the key to sign with."""
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_owned(root, "the cache directory")
+    for part in ("entries", "locks"):
+        (root / part).mkdir(mode=0o700, exist_ok=True)
+        _check_owned(root / part, "the cache directory")
+    return _user_key()
 
 
 def _mac(secret: bytes, manifest: Mapping[str, Any]) -> str:
@@ -165,10 +227,11 @@ def _locked(path: Path, timeout: float) -> Iterator[None]:
 class CacheEntry:
     """One key's entry: `hit` after a verified load (its files are then in the private Inductor dir)."""
 
-    def __init__(self, root: Path | None, key: str, inductor: Path | None) -> None:
+    def __init__(self, root: Path | None, key: str, inductor: Path | None, secret: bytes = b"") -> None:
         self.root = root
         self.key = key
         self.inductor = inductor
+        self._secret = secret
         self.hit = False
         self.plans: dict[str, KernelPlan] = {}
         self._before: set[str] = set()
@@ -184,13 +247,24 @@ class CacheEntry:
             self.path.rename(trash)
             shutil.rmtree(trash, ignore_errors=True)
 
+    def _check_trusted(self) -> None:
+        """The entry and everything in it are this user's and writable by no one else."""
+        _check_owned(self.path, "the cache entry")
+        for path in self.path.rglob("*"):
+            _check_owned(path, "the cache entry's file")
+
     def load(self) -> None:
         """Verify and install the stored entry; a bad entry is deleted (and the graph recompiled)."""
         if self.root is None or not (self.path / "manifest.json").exists():
             return
         try:
+            self._check_trusted()
+        except (UntrustedCache, OSError) as error:
+            _warn_unusable(self.path, error)  # another user's entry: neither loaded nor deleted
+            return
+        try:
             manifest = json.loads((self.path / "manifest.json").read_text())
-            if not hmac.compare_digest(str(manifest.get("mac", "")), _mac(_secret(self.root), manifest)):
+            if not hmac.compare_digest(str(manifest.get("mac", "")), _mac(self._secret, manifest)):
                 raise ValueError("manifest signature mismatch")
             if manifest.get("key") != self.key or manifest.get("format") != _FORMAT:
                 raise ValueError("manifest is for another key or format")
@@ -216,11 +290,20 @@ class CacheEntry:
         self.hit = True
 
     def store(self, plans: Mapping[str, KernelPlan]) -> None:
-        """Save what this compile added to the private Inductor dir, and the plans, as this key's entry."""
+        """Save what this compile added to the private Inductor dir, and the plans, as this key's entry (a failure
+        to write, e.g. a full disk, warns and leaves no entry: the compile itself succeeded)."""
         if self.root is None or self.inductor is None:
             return
-        new_files = sorted(_files(self.inductor) - self._before)
         temporary = self.root / "entries" / f".tmp-{self.key}-{uuid.uuid4().hex}"
+        try:
+            self._write(temporary, plans)
+        except OSError as error:
+            shutil.rmtree(temporary, ignore_errors=True)
+            _warn_unusable(self.root, error)
+
+    def _write(self, temporary: Path, plans: Mapping[str, KernelPlan]) -> None:
+        assert self.inductor is not None
+        new_files = sorted(_files(self.inductor) - self._before)
         (temporary / "files").mkdir(parents=True)
         digests = {}
         for relative in new_files:
@@ -236,7 +319,7 @@ class CacheEntry:
             "files": digests,
             "plans": {stage: plan.to_json() for stage, plan in plans.items()},
         }
-        manifest["mac"] = _mac(_secret(self.root), manifest)
+        manifest["mac"] = _mac(self._secret, manifest)
         (temporary / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
         try:
             temporary.rename(self.path)
@@ -246,16 +329,25 @@ class CacheEntry:
 
 @contextlib.contextmanager
 def entry(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings: CompileSettings) -> Iterator[CacheEntry]:
-    """Hold the key's lock, load its entry if valid, and compile inside the private Inductor cache directory."""
+    """Hold the key's lock, load its entry if valid, and compile inside the private Inductor cache directory.
+    A cache that cannot be used (see the module's Safety notes) yields an entry without a cache, after one warning."""
     if settings.cache_dir is None:
         yield CacheEntry(None, "", None)
         return
     root = settings.cache_dir
-    root.mkdir(parents=True, exist_ok=True)
     key = cache_key(gm, example_inputs, settings)
     inductor = private_inductor_dir()
-    with _locked(root / "locks" / f"{key}.lock", settings.lock_timeout), _inductor_dir(inductor):
-        found = CacheEntry(root, key, inductor)
-        found.load()
+    with contextlib.ExitStack() as held:
+        try:
+            secret = _open_root(root)
+            held.enter_context(_locked(root / "locks" / f"{key}.lock", settings.lock_timeout))
+            found = CacheEntry(root, key, inductor, secret)
+            found.load()
+        except (OSError, UntrustedCache) as error:
+            held.close()
+            _warn_unusable(root, error)
+            yield CacheEntry(None, key, None)
+            return
+        held.enter_context(_inductor_dir(inductor))
         found._before = _files(inductor)
         yield found

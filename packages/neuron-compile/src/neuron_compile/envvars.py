@@ -40,6 +40,8 @@ METRICS_DIR = _compile("TORCH_NEURONX_METRICS_DIR", str, "/tmp", "directory of t
 CACHE_LOCK_TIMEOUT = _compile("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", float, 600.0,
                               "seconds to wait for another process compiling the same graph")
 XDG_CACHE_HOME = _compile("XDG_CACHE_HOME", str, None, "base of the default compile cache directory")
+XDG_CONFIG_HOME = _compile("XDG_CONFIG_HOME", str, None,
+                           "base of the directory of the compile cache's signing key (default `~/.config`)")
 RANK = _compile("RANK", str, "0", "names per-rank subdirectories of the debug dir")
 INDUCTOR_CACHE_DIR = _compile("TORCHINDUCTOR_CACHE_DIR", str, None,
                               "Inductor's own variable: pointed into the compile cache while a graph compiles, then "
@@ -58,6 +60,6 @@ NO_EFFECT: tuple[EnvVar, ...] = (
 
 VARIABLES: tuple[EnvVar, ...] = (
     FALLBACK_DISABLED, AUTOCOPY_DISABLED, DEBUG_DIR, PRESERVE_ARTIFACTS, CACHE_DIR, CACHE_DISABLED,
-    CACHE_DISABLED_ALIAS, CACHE_LOCK_TIMEOUT, XDG_CACHE_HOME, RANK, INDUCTOR_CACHE_DIR, RETAIN_DEVICE,
+    CACHE_DISABLED_ALIAS, CACHE_LOCK_TIMEOUT, XDG_CACHE_HOME, XDG_CONFIG_HOME, RANK, INDUCTOR_CACHE_DIR, RETAIN_DEVICE,
     METRICS_ENABLED, METRIC_TABLES, METRICS_DIR, *NO_EFFECT,
 )

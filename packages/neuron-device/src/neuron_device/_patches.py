@@ -361,6 +361,21 @@ def _patch_process_sharing() -> None:
             ForkingPickler.register(cls, refusing_neuron(reduce))
 
 
+def _patch_printing_on_host() -> None:
+    """Printing a tensor measures its values (`torch._tensor_str._Formatter`) with `masked_select`, whose output size
+    depends on the data, so on the chip it is a CPU fallback: `print(neuron_tensor)` warned "Operator
+    'aten::masked_select' fell back to CPU". The device copies a tensor to the host to print it (as CUDA's printing
+    ends up doing for the values); the formatter measures that host copy, so printing charges one transfer and
+    warns about nothing."""
+    formatter = torch._tensor_str._Formatter
+    init = formatter.__init__
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        init(self, tensor.cpu() if tensor.device.type == _NEURON else tensor)
+
+    _replace(formatter, "__init__", init, __init__)
+
+
 def _replace(owner: type, name: str, original: Callable, replacement: Callable) -> None:
     """Install `replacement` as `owner.name`, keeping the original's name and docstring for help() and Sphinx.
 
@@ -392,6 +407,7 @@ _PATCHES = (
     _patch_accelerator_streams,
     _patch_accelerator_device_index,
     _patch_data_parallel_comm,
+    _patch_printing_on_host,
 )
 
 

@@ -58,6 +58,8 @@ def _register_kernels() -> None:
     registry.register_fallback(fallback.run_on_host)
     for sparse_key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
         registry.register_fallback(fallback.refuse_sparse, sparse_key)
+    for key, kind in (("QuantizedPrivateUse1", "quantized"), ("NestedTensorPrivateUse1", "nested")):
+        registry.register_fallback(fallback.refusing(kind), key)
     registry.builtin.update(registry.kernels)
     autocast.register()
 
@@ -82,9 +84,15 @@ def _install_fast_path() -> None:
 
 
 def _install_exit_report() -> None:
+    from neuron_spec.env import EnvVarError
+
+    from . import envvars
     from .simulation import report  # light: the op tracker and allocator it reads are imported by then
 
-    report.install_exit_report()
+    try:
+        report.install_exit_report()
+    except EnvVarError as error:  # `import torch` must not fail on it: raised at the device's first use instead
+        envvars.defer(report.REPORT_ENV, error)
 
 
 def _check_environment() -> None:

@@ -33,6 +33,7 @@ import weakref
 
 import torch
 
+from . import envvars
 from . import storage as _storage
 from . import topology as _topology
 from .adaptive_eager import flush_barrier
@@ -444,6 +445,7 @@ def device(index: int) -> DeviceAllocator:
         with _devices_lock:
             found = _devices.get(index)
             if found is None:
+                envvars.raise_deferred()  # the device's first memory: a bad setting seen at import is named now
                 found = _devices[index] = DeviceAllocator(index, _topology.topology().hbm_bytes_per_device)
     return found
 
@@ -515,6 +517,9 @@ def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     return tensor
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=None) -> torch.Tensor:
     """Allocate an uninitialised `neuron:index` tensor; the capacity check comes before any host memory is taken."""
     size = tuple(size)
@@ -525,6 +530,8 @@ def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=No
         nbytes = math.prod(size) * itemsize
     else:
         nbytes = _extent(size, tuple(stride), itemsize)
+    if nbytes > _INT64_MAX:  # CPU's check and text (c10's computeStorageNbytes), before any OOM accounting
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(size)}")
     allocator = device(index)
     block = allocator.malloc(nbytes) if nbytes else None
     try:
@@ -553,7 +560,7 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
     As on CUDA, the new block is allocated (and checked against capacity) before the old one is freed. An adopted
     storage cannot grow or shrink its own memory, so the kept bytes move to a new host buffer whose data pointer is
     swapped into `storage`: the storage object stays the same, and every tensor and view of it sees the new memory.
-    `_swap_data_ptr_` only swaps with an empty storage, hence the empty go-between.
+    `swap_memory` (`_swap_data_ptr_`) only swaps with an empty storage, hence the empty go-between.
     """
     if nbytes < 0:
         raise RuntimeError(f"Storage size must be non-negative, but got {nbytes}")
@@ -574,8 +581,8 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
         if block is not None:
             allocator.free(block)
         raise
-    storage._swap_data_ptr_(holder)  # storage: empty; holder: the old bytes, freed when it dies below
-    storage._swap_data_ptr_(fresh)  # storage: the new bytes
+    _storage.swap_memory(storage, holder)  # storage: empty; holder: the old bytes, freed when it dies below
+    _storage.swap_memory(storage, fresh)  # storage: the new bytes
     binding = _binding_of(storage)
     if binding is None:  # a storage that started empty: it had no block
         _bind(storage, allocator, block)

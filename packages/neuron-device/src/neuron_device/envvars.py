@@ -9,7 +9,7 @@ How to declare a variable and how values are parsed: `neuron_spec.env`. The docs
 from __future__ import annotations
 
 from neuron_spec import machine as _machine
-from neuron_spec.env import EnvVar
+from neuron_spec.env import EnvVar, EnvVarError
 
 TORCH_AUTOLOAD = EnvVar(
     "TORCH_DEVICE_BACKEND_AUTOLOAD", bool, True,
@@ -101,3 +101,29 @@ VARIABLES: tuple[EnvVar, ...] = (
     STACK_TRACE,
     *NO_EFFECT,
 )
+
+
+# A bad value of a variable read while `import torch` runs (the autoload imports us) must not break `import torch`
+# for a program that never uses `neuron`: the error waits here and is raised, naming the variable, at the device's
+# first use (`neuron.lazy_init`).
+_deferred: dict[str, EnvVarError] = {}
+
+
+def defer(name: str, error: EnvVarError) -> None:
+    """Keep `error` (about variable `name`) for the device's first use."""
+    _deferred.setdefault(name, error)
+
+
+def read_at_import(variable: EnvVar):
+    """`variable.read()` for a setting fixed at import: on a bad value, the default now and the error at first use."""
+    try:
+        return variable.read()
+    except EnvVarError as error:
+        defer(variable.name, error)
+        return variable.default
+
+
+def raise_deferred() -> None:
+    """Raise the first deferred error (see `read_at_import`), if any."""
+    if _deferred:
+        raise next(iter(_deferred.values()))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import threading
 import traceback
 import warnings
 from collections import Counter
@@ -89,9 +90,11 @@ def admit(op: torch._ops.OpOverload) -> OpInfo:
 _NEURON = "neuron"
 executed_ops: Counter[str] = Counter()  # op name -> calls, for op tracking and tests
 
-# Ops whose CUDA kernels accept CPU tensors next to device tensors (indices are moved to the device).
-_MIXED_DEVICE_OK = frozenset({"aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put",
-                              "aten::_index_put_impl_", "aten::index_put.out", "aten::_index_put_impl"})
+# The argument that CUDA's kernels accept on the CPU next to device tensors: indexing's `indices` (moved to the
+# device). Any other CPU tensor with dimensions (`index_put_`'s values too) is an error, as on CUDA.
+_CPU_OK_ARGUMENT = "indices"
+_INDEXING = frozenset({"aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put",
+                       "aten::_index_put_impl_", "aten::index_put.out", "aten::_index_put_impl"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +106,8 @@ class _Plan:
     generator: tuple[int, str] | None  # (position, name) of a Generator? argument
     seeded: bool  # may draw random numbers
     dropout_position: int | None  # a seeded op's `dropout_p` argument: it draws none when that is 0
-    mixed_devices_ok: bool
+    cpu_ok_position: int | None  # the argument that may be a CPU tensor with dimensions (indexing's indices)
+    in_place: bool  # writes its first argument
     tensor_positions: tuple[int, ...]  # positional arguments typed `Tensor` (may arrive as Python numbers)
     host_call: Callable  # the op itself, or its decomposition when the CPU has no kernel for it
 
@@ -138,7 +142,11 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
         generator=generator,
         seeded=torch.Tag.nondeterministic_seeded in op.tags,
         dropout_position=next((i for i, a in enumerate(schema.arguments) if a.name == "dropout_p"), None),
-        mixed_devices_ok=name in _MIXED_DEVICE_OK,
+        cpu_ok_position=next(
+            (i for i, a in enumerate(schema.arguments) if a.name == _CPU_OK_ARGUMENT), None
+        ) if name in _INDEXING else None,
+        in_place=bool(schema.arguments) and schema.arguments[0].alias_info is not None
+        and schema.arguments[0].alias_info.is_write and not schema.arguments[0].kwarg_only,
         tensor_positions=tuple(
             i for i, a in enumerate(schema.arguments) if not a.kwarg_only and str(a.type) == "Tensor"
         ),
@@ -151,14 +159,16 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
 class _Call:
     """State of one fallback call: the device, the host aliases made, and the inputs' storages."""
 
-    __slots__ = ("aliases", "index", "mixed_cpu", "plan", "storages")
+    __slots__ = ("aliases", "hosts", "index", "plan", "storages")
 
     def __init__(self, plan: _Plan) -> None:
         self.plan = plan
         self.index: int | None = None
         self.aliases: dict[int, torch.Tensor] = {}  # id(host alias) -> neuron tensor
+        # id(neuron tensor) -> its host alias: a tensor passed twice (`mul.out(x, y, out=x)`, which `x.ldexp_(y)`
+        # becomes) is one tensor to the CPU kernel too, so its "output is also an input" rules apply.
+        self.hosts: dict[int, torch.Tensor] = {}
         self.storages: list[torch.Tensor] = []  # neuron inputs, to map results that alias them
-        self.mixed_cpu: torch.Tensor | None = None
 
     def _see_device(self, index: int) -> None:
         if self.index is None:
@@ -172,13 +182,14 @@ class _Call:
     def to_host(self, value):
         if isinstance(value, torch.Tensor):
             if value.device.type == _NEURON:
+                alias = self.hosts.get(id(value))
+                if alias is not None:
+                    return alias
                 self._see_device(value.device.index)
-                alias = host_alias(value)
+                alias = self.hosts[id(value)] = host_alias(value)
                 self.aliases[id(alias)] = value
                 self.storages.append(value)
                 return alias
-            if value.device.type == "cpu" and value.dim() > 0 and self.mixed_cpu is None:
-                self.mixed_cpu = value
             return value
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_host(v) for v in value)
@@ -187,12 +198,35 @@ class _Call:
             return torch.device("cpu")
         return value
 
-    def check_devices(self) -> None:
-        if self.mixed_cpu is not None and self.index is not None and not self.plan.mixed_devices_ok:
-            raise RuntimeError(
-                "Expected all tensors to be on the same device, but found at least two devices, "
-                f"neuron:{self.index} and cpu! (in {self.plan.name})"
-            )
+    def refresh_aliases(self) -> None:
+        """Point every host alias made so far at its tensor's memory again (after a device storage moved)."""
+        for alias in self.hosts.values():
+            alias.set_(host_alias(self.aliases[id(alias)]))
+
+    def check_devices(self, args: tuple, kwargs: dict) -> None:
+        """CUDA's device rules for CPU tensors in a `neuron` op: a 0-dim CPU tensor may be an input scalar, never
+        the tensor written (in-place `self`, `out=`); a CPU tensor with dimensions only as indexing's indices."""
+        if self.index is None:
+            return
+        plan = self.plan
+        for position, value in enumerate(args):
+            for tensor in _cpu_tensors(value):
+                if (position == 0 and plan.in_place) or (tensor.dim() > 0 and position != plan.cpu_ok_position):
+                    self._mixed(plan.name)
+        for key, value in kwargs.items():
+            for tensor in _cpu_tensors(value):
+                if key in plan.out_names:
+                    raise RuntimeError(
+                        f"Expected out tensor to have device neuron:{self.index}, but got cpu instead (in {plan.name})"
+                    )
+                if tensor.dim() > 0:
+                    self._mixed(plan.name)
+
+    def _mixed(self, name: str) -> None:
+        raise RuntimeError(
+            "Expected all tensors to be on the same device, but found at least two devices, "
+            f"neuron:{self.index} and cpu! (in {name})"
+        )
 
     def to_device(self, value):
         if isinstance(value, torch.Tensor):
@@ -226,6 +260,14 @@ class _Call:
                 view = torch.empty(0, dtype=result.dtype, device=tensor.device)
                 return view.set_(storage, offset, result.size(), result.stride())
         return None
+
+
+def _cpu_tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value] if value.device.type == "cpu" else []
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _cpu_tensors(item)]
+    return []
 
 
 def joined_device(tensor: torch.Tensor, index: int) -> int:
@@ -279,18 +321,53 @@ def _wrap_numbers(args: tuple, positions: tuple[int, ...]) -> tuple:
     return tuple(wrapped)
 
 
+def _native_dropout(generator: torch.Generator, input: torch.Tensor, p: float, train: bool | None):
+    """The CPU's `native_dropout` (aten/src/ATen/native/Dropout.cpp, step by step, so the numbers are bitwise the
+    CPU's), drawing its mask from `generator`."""
+    if input.numel() == 0:
+        return input, torch.empty_like(input)
+    if train is False:
+        return input.clone(), torch.ones_like(input, dtype=torch.bool)
+    keep = 1.0 - p
+    mask = torch.empty_like(input, dtype=torch.bool).bernoulli_(keep, generator=generator)
+    return torch.ops.aten.mul_.Scalar(input.mul(mask), 0.0 if keep == 0 else 1.0 / keep), mask
+
+
+# Random ops whose CPU kernel takes no generator, done with an explicit one (the common one: dropout in training).
+_WITH_GENERATOR: dict[str, Callable] = {"aten::native_dropout": _native_dropout}
+_borrow_lock = threading.Lock()
+
+
 def seeded_call(op: Callable, index: int, args: tuple, kwargs: dict):
-    """Run a random op without a generator argument on the generator of device `index` (swapped in as CPU's
-    default), on host tensors. Compiled graphs run their random ATen ops through it too (neuron-compile's `rng`)."""
+    """Run a random op without a generator argument on the generator of device `index`, on host tensors.
+    Compiled graphs run their random ATen ops through it too (neuron-compile's `rng`).
+
+    Where the op has a form taking a generator (`_WITH_GENERATOR`), it draws from the device's generator directly:
+    the CPU's default generator is not touched, and threads draw from the device's stream one at a time (the
+    generator's own lock), so each gets numbers of its own. Any other such op borrows the CPU's default generator
+    for the call, under a lock (one borrower at a time; a CPU draw in another thread at that moment could still see
+    the device's state: docs/device-and-memory.md says so).
+    """
     generator = _random.default_generator(index)
+    with_generator = _WITH_GENERATOR.get(_op_name(op))
+    if with_generator is not None:
+        return with_generator(generator, *args, **kwargs)
     cpu_default = torch.default_generator
-    saved = cpu_default.get_state()
-    cpu_default.set_state(generator.get_state())
-    try:
-        return op(*args, **kwargs)
-    finally:
-        generator.set_state(cpu_default.get_state())
-        cpu_default.set_state(saved)
+    with _borrow_lock:
+        saved = cpu_default.get_state()
+        cpu_default.set_state(generator.get_state())
+        try:
+            return op(*args, **kwargs)
+        finally:
+            generator.set_state(cpu_default.get_state())
+            cpu_default.set_state(saved)
+
+
+def _op_name(op: Callable) -> str | None:
+    schema = getattr(op, "_schema", None)  # an OpOverload; None for a decomposition's function
+    if schema is None:
+        return None
+    return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
 
 
 def _no_dropout(plan: _Plan, args: tuple, kwargs: dict) -> bool:
@@ -301,8 +378,15 @@ def _no_dropout(plan: _Plan, args: tuple, kwargs: dict) -> bool:
     return (args[position] if position < len(args) else kwargs.get("dropout_p", 0.0)) == 0.0
 
 
+def _shares_storage_with_input(call: _Call, outs: list[tuple[str, torch.Tensor]]) -> bool:
+    inputs = {t.untyped_storage()._cdata for t in call.storages if all(t is not out for _, out in outs)}
+    return any(out.untyped_storage()._cdata in inputs for _, out in outs)
+
+
 def _write_back(out: torch.Tensor, result: torch.Tensor) -> None:
     """Give the neuron `out` the result computed into a fresh CPU tensor (resizing `out` only if needed)."""
+    if out.numel() == 0 and out.shape == result.shape:
+        return  # already the right size: nothing to copy, and its strides stay (as on CPU)
     if out.untyped_storage().nbytes() == 0 and result.is_contiguous():
         # Nothing can share an empty storage: adopt the result's memory instead of copying it.
         adopted = allocator.adopt_tracked(result, out.device.index)
@@ -316,7 +400,12 @@ def _write_back(out: torch.Tensor, result: torch.Tensor) -> None:
 def _sync_resized_alias(out: torch.Tensor, alias: torch.Tensor) -> None:
     """The CPU kernel resized the host alias of `out` in place (within its storage): mirror that on `out`."""
     if alias.size() != out.size() or alias.stride() != out.stride():
-        offset = out.storage_offset() + (alias.data_ptr() - out.data_ptr()) // max(out.element_size(), 1)
+        if alias.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+            offset = alias.storage_offset()  # a view of the storage's host twin: the same offsets
+        elif alias.numel() and out.numel():
+            offset = out.storage_offset() + (alias.data_ptr() - out.data_ptr()) // max(out.element_size(), 1)
+        else:
+            offset = out.storage_offset()  # an empty tensor's data pointer says nothing
         out.set_(out.untyped_storage(), offset, alias.size(), alias.stride())
 
 
@@ -330,6 +419,24 @@ def refuse_sparse(op: torch._ops.OpOverload, *args, **kwargs):
         f"{op.name()} involves a sparse neuron tensor, but {_DENSE_ONLY} (for nn.Embedding and nn.EmbeddingBag: "
         "sparse=False)"
     )
+
+
+_UNSUPPORTED = {
+    "quantized": "quantized tensors (torch.quint8, qint8, qint32) are not supported on neuron; quantize on the CPU, "
+                 "or use a float8 / integer dtype on neuron",
+    "nested": "nested tensors are not supported on neuron; pad to a dense tensor (torch.nested.to_padded_tensor) "
+              "or keep them on the CPU",
+}
+
+
+def refusing(kind: str) -> Callable:
+    """The fallback of a dispatch key of tensors `neuron` cannot hold (`_UNSUPPORTED`): a clear error naming the op,
+    in place of torch's "Could not run ... 'Quantizedneuron' backend" or an internal NestedTensorImpl error."""
+    def refuse(op: torch._ops.OpOverload, *args, **kwargs):
+        raise NotImplementedError(f"{op.name()}: {_UNSUPPORTED[kind]}")
+
+    refuse.__name__ = f"refuse_{kind}"
+    return refuse
 
 
 def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
@@ -355,7 +462,7 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
         if key in plan.out_names and isinstance(value, torch.Tensor) and value.device.type == _NEURON:
             outs.append((key, value))
         host_kwargs[key] = call.to_host(value)
-    call.check_devices()
+    call.check_devices(args, kwargs)
     index = call.device_index()
 
     if plan.generator is not None:
@@ -385,6 +492,19 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
         for key, out in fresh.items():
             host_kwargs[key] = torch.empty(0, dtype=out.dtype)
         result = run(*host_args, **host_kwargs)
+        if _shares_storage_with_input(call, outs):
+            # The CPU checks overlap, grows that storage, then runs the kernel on inputs that may now overlap the
+            # output: to give the same values, grow the device storage as the CPU's resize would, then run the
+            # kernel on the device memory (it resizes the out= alias itself, within the storage).
+            for key, out in outs:
+                needed = (out.storage_offset() + host_kwargs[key].numel()) * out.element_size()
+                if needed > out.untyped_storage().nbytes():
+                    allocator.resize(out.untyped_storage(), needed)
+            call.refresh_aliases()
+            for key, out in outs:
+                host_kwargs[key] = call.hosts[id(out)]
+            fresh = {}
+            result = run(*host_args, **host_kwargs)
 
     for key, out in outs:
         if key in fresh:

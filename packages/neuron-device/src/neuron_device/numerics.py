@@ -44,7 +44,7 @@ __all__ = [
 
 DOWNCAST_64BIT_ENV = envvars.DOWNCAST_64BIT.name
 
-downcast_64bit: bool = envvars.DOWNCAST_64BIT.read()  # read on every fallback op: keep it a plain module global
+downcast_64bit: bool = envvars.read_at_import(envvars.DOWNCAST_64BIT)  # read on every fallback op: keep it a plain module global
 
 
 def set_downcast_64bit(enabled: bool) -> None:

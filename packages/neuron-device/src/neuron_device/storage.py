@@ -10,6 +10,16 @@ in place. Every op relabels its inputs and result, so the relabel is one 64-bit 
 offset the ctypes declaration of `DLTensor` gives, of the struct the capsule points to (CPython's capsule keeps that
 pointer right after the object header; checked against `PyCapsule_GetPointer` at import). DLPack has no conjugate
 or negative bit, so those are stripped before export and re-applied on the alias.
+
+**One host storage per device storage.** PyTorch's overlap and alias checks (`x[1:] = x[:-1]`, `out=` that overlaps
+an input, an in-place op that would resize an input) compare *storages*: two aliases in storages of their own look
+independent to the CPU kernels, which then compute garbage instead of raising. So `adopt` makes, once, a CPU storage
+over the device storage's memory (`_HOST`, kept in the device storage's `__dict__`, which torch preserves with the
+storage), and every host alias of every view of that device storage is a view of that one CPU storage. Lifetime:
+the device storage owns its CPU twin (attribute) and the memory (DLPack context, which holds the twin's tensor);
+the twin references nothing back, so there is no cycle, and a host alias that outlives its device storage keeps the
+memory alive. The twin has a fixed size (a DLPack import is not resizable), so no CPU kernel can move device
+memory; `swap_memory` moves the twin with the memory (`storage.resize_`, adaptive eager's adopted results).
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ import torch
 
 from .adaptive_eager import flush_barrier
 
-__all__ = ["adopt", "host_alias", "host_aliases"]
+__all__ = ["adopt", "host_alias", "host_aliases", "swap_memory"]
 
 _KDL_CPU = 1
 _KDL_EXT_DEV = 12  # torch maps this DLPack device type to PrivateUse1
@@ -90,6 +100,9 @@ def _relabel(tensor: torch.Tensor, device_word: int) -> torch.Tensor:
     return _from_dlpack(capsule)
 
 
+_HOST = "_neuron_host"  # attribute of a device storage: {dtype: CPU tensor over all of its memory}, one storage
+
+
 def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     """Return a `neuron:index` tensor over the same host memory as `cpu_tensor` (which must be dense CPU).
 
@@ -97,16 +110,37 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     """
     if cpu_tensor.is_conj() or cpu_tensor.is_neg():
         cpu_tensor = cpu_tensor.resolve_conj().resolve_neg()
-    return _relabel(cpu_tensor, _device_word(_KDL_EXT_DEV, index))
+    twin = _from_dlpack(_to_dlpack(cpu_tensor))  # the same memory in a fixed-size CPU storage of its own
+    tensor = _relabel(twin, _device_word(_KDL_EXT_DEV, index))
+    setattr(tensor.untyped_storage(), _HOST, {twin.dtype: _whole(twin.untyped_storage(), twin.dtype)})
+    return tensor
+
+
+def _whole(storage: torch.UntypedStorage, dtype: torch.dtype) -> torch.Tensor:
+    """A 1-d `dtype` tensor over all of a CPU storage: host aliases are views of it."""
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (storage.nbytes() // dtype.itemsize,), (1,))
+
+
+def swap_memory(storage: torch.UntypedStorage, other: torch.UntypedStorage) -> None:
+    """`storage._swap_data_ptr_(other)`, moving each memory's host twin along with it."""
+    storage._swap_data_ptr_(other)
+    mine, theirs = storage.__dict__.pop(_HOST, None), other.__dict__.pop(_HOST, None)
+    if theirs is not None:
+        setattr(storage, _HOST, theirs)
+    if mine is not None:
+        setattr(other, _HOST, mine)
 
 
 def host_alias(tensor: torch.Tensor) -> torch.Tensor:
     """Return a CPU tensor that aliases the memory of the `neuron` tensor `tensor` (same sizes, strides, offset)."""
     # every host read of device memory comes through here: adaptive eager's queued results are written first
     flush_barrier()
+    twins = getattr(tensor.untyped_storage(), _HOST, None)
+    if twins is not None:
+        return _view_of_twin(tensor, twins)
     conj, neg = tensor.is_conj(), tensor.is_neg()
     if not (conj or neg):
-        return _relabel(tensor, _CPU)
+        return _relabel(tensor, _CPU)  # a storage made outside `adopt`: an alias of its own
     # Strip the lazy bits (metadata-only views), export the raw memory, then put the bits back on the alias.
     raw = tensor
     if conj:
@@ -117,6 +151,19 @@ def host_alias(tensor: torch.Tensor) -> torch.Tensor:
     if neg:
         alias = alias._neg_view()
     if conj:
+        alias = alias.conj()
+    return alias
+
+
+def _view_of_twin(tensor: torch.Tensor, twins: dict[torch.dtype, torch.Tensor]) -> torch.Tensor:
+    dtype = tensor.dtype
+    base = twins.get(dtype)
+    if base is None:
+        base = twins[dtype] = _whole(next(iter(twins.values())).untyped_storage(), dtype)
+    alias = base.as_strided(tensor.size(), tensor.stride(), tensor.storage_offset())
+    if tensor.is_neg():
+        alias = alias._neg_view()
+    if tensor.is_conj():
         alias = alias.conj()
     return alias
 

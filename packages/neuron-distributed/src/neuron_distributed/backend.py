@@ -33,7 +33,7 @@ from torch._C._distributed_c10d import (
     _create_work_from_future,
 )
 
-from . import costs, matching
+from . import costs, matching, p2p
 from .hostmap import flat_tensors, to_host
 
 __all__ = ["BACKEND_NAME", "NeuronProcessGroup", "create_process_group", "register_backend"]
@@ -245,6 +245,15 @@ class NeuronProcessGroup(dist.ProcessGroup):
         input_split_sizes: list[int],
         opts: AllToAllOptions = AllToAllOptions(),  # noqa: B008
     ) -> Work:
+        size = self.size()
+        same_dtype = output.dtype == input.dtype  # if not, no count can match: every rank raises
+        matching.verify_exchange(
+            self._gloo,
+            "alltoall_base",
+            input.dtype,
+            _split_counts(input, input_split_sizes, size) if same_dtype else [-1] * size,
+            _split_counts(output, output_split_sizes, size) if same_dtype else [-1] * size,
+        )
         return self._outputs_inputs(
             "alltoall_base", self._gloo.alltoall_base, output, input, output_split_sizes, input_split_sizes, opts
         )
@@ -263,6 +272,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
             raise ValueError(
                 f"all_to_all: every input and output tensor must have the same dtype, got {dtypes}"
             )
+        matching.verify_exchange(
+            self._gloo, "alltoall", dtypes.pop(), [t.numel() for t in inputs], [t.numel() for t in outputs]
+        )
         host_out = to_host(outputs)
         flat_in = torch.cat([t.reshape(-1) for t in to_host(inputs)])
         flat_out = torch.empty(sum(t.numel() for t in host_out), dtype=flat_in.dtype)
@@ -286,15 +298,21 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:
         host = to_host(tensors)
-        return self._issue("send", tensors, [], lambda: self._gloo.send(host, dst, tag))
+        if not matching.enabled():
+            return self._issue("send", tensors, [], lambda: self._gloo.send(host, dst, tag))
+        return self._issue("send", tensors, [], lambda: p2p.checked_send(self._gloo, host, dst, tag))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Work:
         host = to_host(tensors)
-        return self._issue("recv", [], tensors, lambda: self._gloo.recv(host, src, tag))
+        if not matching.enabled():
+            return self._issue("recv", [], tensors, lambda: self._gloo.recv(host, src, tag))
+        return self._issue("recv", [], tensors, lambda: p2p.checked_recv(self._gloo, host, src, tag))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Work:
         host = to_host(tensors)
-        return self._issue("recv", [], tensors, lambda: self._gloo.recv_anysource(host, tag))
+        if not matching.enabled():
+            return self._issue("recv", [], tensors, lambda: self._gloo.recv_anysource(host, tag))
+        return self._issue("recv", [], tensors, lambda: p2p.checked_recv(self._gloo, host, None, tag))
 
     def barrier(self, opts: BarrierOptions = BarrierOptions()) -> Work:  # noqa: B008
         return self._gloo.barrier(opts)
@@ -304,6 +322,18 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         self._gloo.shutdown()
+
+
+def _split_counts(tensor: torch.Tensor, split_sizes: list[int], size: int) -> list[int]:
+    """Elements `all_to_all_single` moves to (or from) each rank: rows of dim 0 per split, or equal parts."""
+    if tensor.dim() == 0:
+        return [-1] * size
+    row = tensor[0].numel() if tensor.shape[0] else 0
+    if not split_sizes:
+        return [tensor.shape[0] // size * row] * size if tensor.shape[0] % size == 0 else [-1] * size
+    if len(split_sizes) != size or sum(split_sizes) != tensor.shape[0] or min(split_sizes) < 0:
+        return [-1] * size
+    return [split * row for split in split_sizes]
 
 
 class _AllOf(Work):

@@ -1,7 +1,8 @@
 """Faults on backend `neuron`. Usage: faults.py <scenario> <timeout seconds>.
 
-mismatch: ranks disagree on shape / dtype / collective -> ValueError on every rank, and the group stays usable;
-          then destroy_process_group leaves no thread behind.
+mismatch: ranks disagree on shape / dtype / collective, on all_to_all split sizes, or a send's size or dtype
+          differs from its recv -> ValueError on every rank, the receive buffer keeps what it held (nothing read
+          from memory nobody wrote), and the group stays usable; then destroy_process_group leaves no thread behind.
 killed:   rank 1 is SIGKILLed between collectives -> rank 0's next collective raises within the timeout.
 stalled:  rank 1 never calls the collective -> rank 0 raises within the timeout.
 absent:   rank 1 never joins -> rank 0's init_process_group raises within the timeout.
@@ -57,6 +58,51 @@ def expect_mismatch(
     assert t.cpu().tolist() == [2.0] * 3, t
 
 
+def expect_mismatch_raises(action, *, untouched: torch.Tensor | None = None) -> None:
+    """`action` must raise ValueError naming the mismatch on this rank; `untouched` must keep its values."""
+    before = None if untouched is None else untouched.cpu().clone()
+    try:
+        action()
+    except ValueError as error:
+        assert "mismatched" in str(error), error
+    else:
+        raise AssertionError("a mismatched transfer did not raise")
+    if untouched is not None:
+        assert torch.equal(untouched.cpu(), before), "the receive buffer was written"
+    t = torch.ones(3, device="neuron")
+    dist.all_reduce(t)  # the group still works afterwards
+    assert t.cpu().tolist() == [2.0] * 3, t
+
+
+def all_to_all_uneven() -> None:
+    """Rank 0 sends [1, 3] rows, rank 1 expects [1, 1] from ranks 0 and 1: rank 0's 3 rows to rank 1 don't fit."""
+    input = torch.ones(4, 2, device="neuron")
+    output = torch.full((4 if RANK == 0 else 2, 2), -7.0, device="neuron")
+    splits_in = [1, 3] if RANK == 0 else [1, 1]
+    input = input[: sum(splits_in)]
+    splits_out = [1, 1] if RANK == 1 else [1, 3]
+    expect_mismatch_raises(
+        lambda: dist.all_to_all_single(output, input, splits_out, splits_in), untouched=output
+    )
+
+
+def send_recv(sent: torch.Tensor, received: torch.Tensor) -> None:
+    if RANK == 0:
+        expect_mismatch_raises(lambda: dist.send(sent, dst=1))
+    else:
+        expect_mismatch_raises(lambda: dist.recv(received, src=0), untouched=received)
+
+
+def ring_exchange_matches() -> None:
+    """irecv; send; wait on both ranks (a ring): checked transfers must not deadlock, and deliver the data."""
+    peer = 1 - RANK
+    received = torch.zeros(5, device="neuron")
+    request = dist.irecv(received, src=peer)
+    dist.send(torch.full((5,), float(RANK), device="neuron"), dst=peer)
+    request.wait()
+    assert received.cpu().tolist() == [float(peer)] * 5, received
+
+
 def destroy_leaves_nothing() -> None:
     dist.destroy_process_group()
     deadline = time.monotonic() + TIMEOUT
@@ -82,6 +128,17 @@ if SCENARIO == "mismatch":
                 torch.ones(4, device="neuron"),
                 other=lambda t: dist.broadcast(t, src=0),
             ),
+            "all_to_all_uneven": all_to_all_uneven,
+            "send_bigger_than_recv": lambda: send_recv(
+                torch.ones(8, device="neuron"), torch.full((4,), -7.0, device="neuron")
+            ),
+            "send_smaller_than_recv": lambda: send_recv(
+                torch.ones(2, device="neuron"), torch.full((4,), -7.0, device="neuron")
+            ),
+            "send_other_dtype": lambda: send_recv(
+                torch.ones(4, dtype=torch.int32, device="neuron"), torch.full((4,), -7.0, device="neuron")
+            ),
+            "ring_exchange_matches": ring_exchange_matches,
             "destroy_leaves_nothing": destroy_leaves_nothing,
         }
     )

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _blas, _context, envvars
+from . import _blas, _context, _limits, envvars
 from ._context import CoreState, LaunchContext
 from ._cost import CoreTimeline, CostReport
 from ._dtypes import precise_fp_default
@@ -61,6 +61,24 @@ def _normalize_grid(grid) -> tuple[int, ...]:
         else:
             out.append(int(g))
     return tuple(out)
+
+
+_SCALARS = (bool, int, float, str, np.generic, np.dtype, type(None))
+
+
+def _check_argument(value: Any, name: str) -> None:
+    """A kernel argument that is not an array must be a constant: a number, a string, a dtype or a tuple of them.
+    Anything else (a list, a tensor of another framework the launch did not convert) would reach the kernel's
+    instructions as something they cannot read: an error naming the argument now."""
+    if isinstance(value, (NkiTensor, *_SCALARS)) or callable(value):
+        return
+    if isinstance(value, tuple):
+        for item in value:
+            _check_argument(item, name)
+        return
+    hint = " (np.asarray(...) makes it an array)" if isinstance(value, list) or hasattr(value, "__array__") else ""
+    raise NkiError(f"kernel argument `{name}` is a {type(value).__name__}: pass a NumPy array, or a number, string, "
+                   f"dtype or tuple of them as a constant{hint}", code="err_invalid_kernel_argument")
 
 
 def _lnc(target: Target, lnc: int | None) -> int:
@@ -96,6 +114,7 @@ def run_kernel(fn: Callable, args: tuple = (), kwargs: dict | None = None, grid=
     tgt = target if isinstance(target, Target) else resolve_target(target)
     precise = precise_fp_default() if precise is None else precise
     g = _normalize_grid(grid)
+    _limits.check_grid(g)
     n_inst = 1
     for d in g:
         n_inst *= d
@@ -110,6 +129,7 @@ def run_kernel(fn: Callable, args: tuple = (), kwargs: dict | None = None, grid=
     def wrap(v, name):
         if isinstance(v, np.ndarray):
             return wrap_array(v, name, precise, hbm)
+        _check_argument(v, name)
         return v
 
     w_args = tuple(wrap(a, params[i] if i < len(params) else f"arg{i}") for i, a in enumerate(args))

@@ -8,7 +8,10 @@ Every check raises :class:`~nki._errors.NkiValidationError` naming the kernel so
 * SBUF and PSUM capacity per partition per target: one tensor here, all live ranges in ``_liveness``;
 * memory types (e.g. matmul inputs in SBUF, output in PSUM; ``tensor_tensor`` inputs not both in PSUM;
   GpSimd cannot access PSUM; compute instructions cannot read HBM);
-* out-of-bounds access (in ``_tensor.normalize_index``).
+* out-of-bounds access (in ``_tensor.normalize_index``);
+* simulator limits, so a kernel never runs (or hangs) on the impossible: a loop (``affine_range`` and the other
+  ranges) runs at most ``MAX_TRIP_COUNT`` iterations and a launch grid has at most ``MAX_GRID_INSTANCES``
+  instances, every grid dimension at least 1; checked before anything runs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ PMAX = 128
 PSUM_BANK_BYTES = 2048
 GEMM_STATIONARY_FMAX = 128
 BN_STATS_FMAX = 512
+# Simulator limits (not hardware figures): far above any kernel of the library or the tutorials (their largest
+# loop and grid have a few thousand iterations), far below what would run for hours in the simulator.
+MAX_TRIP_COUNT = 1 << 20
+MAX_GRID_INSTANCES = 1 << 16
 
 
 def _fail(msg: str, code: str):
@@ -133,3 +140,19 @@ def check_matmul(op: str, dst, stationary, moving, target, k_limit: int = PMAX, 
     if dst.shape[0] != stationary.free_size or dst.free_size != moving.free_size:
         _fail(f"dst{fmt_shape(dst.shape)} of '{op}' must be [{stationary.free_size}, {moving.free_size}] for "
               f"stationary{fmt_shape(stationary.shape)} and moving{fmt_shape(moving.shape)}", "err_shape_mismatch")
+
+
+def check_trip_count(api: str, count: int) -> None:
+    if count > MAX_TRIP_COUNT:
+        _fail(f"{api}: a loop of {count} iterations exceeds the simulator's limit of {MAX_TRIP_COUNT}; tile the "
+              "work into fewer, larger iterations", "err_loop_trip_count_exceeds_limit")
+
+
+def check_grid(grid: tuple[int, ...]) -> None:
+    """A launch grid: every dimension at least 1 (an empty or negative grid runs nothing), and not too many."""
+    if any(d < 1 for d in grid):
+        raise NkiValidationError(f"launch grid {list(grid)}: every grid dimension must be at least 1",
+                                 code="err_invalid_launch_grid")
+    if math.prod(grid) > MAX_GRID_INSTANCES:
+        raise NkiValidationError(f"launch grid {list(grid)} has {math.prod(grid)} instances, above the simulator's "
+                                 f"limit of {MAX_GRID_INSTANCES}", code="err_invalid_launch_grid")

@@ -267,6 +267,11 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
                                          code="err_unsupported_dtype", location=kernel_location(2))
     _limits.check_matmul(op, dst, stationary if not double else _Shape2(stationary, 2),
                          moving if not double else _Shape2(moving, 2), tgt, k_limit=k_limit, stat_limit=cols)
+    for t, a in ((stationary, "stationary"), (moving, "moving")):
+        if not is_transpose and not (dt.is_float(t.dtype) and t.dtype.itemsize <= 4):
+            raise NkiValidationError(f"nc_matmul: the Tensor Engine multiplies fp8, bf16, fp16, tf32 or fp32 "
+                                     f"inputs, got {a} {dt.nki_name(t.dtype)}", code="err_unsupported_dtype",
+                                     location=kernel_location(2))
     f32_in = [t.dtype.itemsize == 4 and dt.is_float(t.dtype) for t in (stationary, moving)]
     if f32_in[0] != f32_in[1] and not is_transpose:
         raise NkiValidationError("nc_matmul: if one input is float32/tfloat32 the other must be too "

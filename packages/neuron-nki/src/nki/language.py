@@ -251,36 +251,38 @@ def ds(start, size, step: int = 1) -> DynSlice:
     return DynSlice(start, size, step)
 
 
-def _range(start, stop=None, step=1):
+def _range(start, stop=None, step=1, api: str = "range"):
     if stop is None:
         start, stop = 0, start
-    return range(int(start), int(stop), int(step))
+    loop = range(int(start), int(stop), int(step))
+    _limits.check_trip_count(api, len(loop))
+    return loop
 
 
 def affine_range(start, stop=None, step=1) -> range:
     """Parallel loop iterator (no loop-carried dependency except associative accumulation)."""
-    return _range(start, stop, step)
+    return _range(start, stop, step, "affine_range")
 
 
 def sequential_range(start, stop=None, step=1) -> range:
     """Loop iterator with loop-carried dependencies."""
-    return _range(start, stop, step)
+    return _range(start, stop, step, "sequential_range")
 
 
 def static_range(start, stop=None, step=1) -> range:
     """Fully unrolled loop iterator (executes like Python ``range`` in the simulator)."""
-    return _range(start, stop, step)
+    return _range(start, stop, step, "static_range")
 
 
 def dynamic_range(start, stop=None, step=1) -> range:
     """Runtime loop whose bounds may be registers (``nisa.register_alloc``)."""
-    return _range(start, stop, step)
+    return _range(start, stop, step, "dynamic_range")
 
 
 def fori_loop(lower, upper, body, step: int = 1, init_val=None):
     """Runtime loop: calls ``body(i)`` (or ``body(i, val)`` → new val when ``init_val`` is given)."""
     val = init_val
-    for i in _range(lower, upper, step):
+    for i in _range(lower, upper, step, "fori_loop"):
         val = body(i) if init_val is None else body(i, val)
     return val
 

@@ -79,9 +79,9 @@ _READS_INDEX_VALUES = frozenset({
 })
 
 
-enabled: bool = envvars.ADAPTIVE_EAGER.read()  # read by the fast path before every op
-buffer_size_limit: int = envvars.ADAPTIVE_EAGER_BUFFER_SIZE.read()  # ops queued before the queue flushes itself
-low_threshold: int = envvars.ADAPTIVE_EAGER_LOW_THRESHOLD.read()  # shorter runs always execute op by op
+enabled: bool = envvars.read_at_import(envvars.ADAPTIVE_EAGER)  # read by the fast path before every op
+buffer_size_limit: int = envvars.read_at_import(envvars.ADAPTIVE_EAGER_BUFFER_SIZE)  # ops queued before the queue flushes itself
+low_threshold: int = envvars.read_at_import(envvars.ADAPTIVE_EAGER_LOW_THRESHOLD)  # shorter runs always execute op by op
 
 
 class _External(NamedTuple):
@@ -502,7 +502,7 @@ def _write(host: torch.Tensor, ref: weakref.ref, result: torch.Tensor, taken: se
         return
     taken.add(pointer)
     # The storage keeps its identity (views, allocator accounting); only its memory becomes the result's.
-    storage._swap_data_ptr_(_storage.adopt(result, storage.device.index).untyped_storage())
+    _storage.swap_memory(storage, _storage.adopt(result, storage.device.index).untyped_storage())
 
 
 def _resolve(value: Any, hosts: list, values: list) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
+from .. import envvars as _envvars
 from .. import topology as _topology
 
 _initialized = False
@@ -43,6 +44,7 @@ def lazy_init() -> None:
         )
     with _lock:
         if not _initialized:
+            _envvars.raise_deferred()  # a bad value seen while `import torch` ran, named now
             _topology.topology()  # validates the environment; raises a clear error on bad values
             _initialized = True
             # neuron-top, neuron-monitor and neuron-ls see this process from now on

@@ -191,11 +191,9 @@ class Event(torch.Event):
         if self._time is None:
             return
         stream = current_stream() if stream is None else _as_stream(stream)
-        if stream.device_index != self._index:
-            raise RuntimeError(
-                f"Event recorded on neuron:{self._index} cannot be waited on by a stream of neuron:{stream.device_index}"
-            )
-        _timeline.timeline(self._index).wait_until(stream.stream_id, self._time)
+        # Another device's event may be waited on, as on CUDA: every device's clock counts simulated time from the
+        # same start, so the waiting stream starts its later work no earlier than the event's time.
+        _timeline.timeline(stream.device_index).wait_until(stream.stream_id, self._time)
 
     def query(self) -> bool:
         """Whether the work before the event is done, in simulated time (see `Stream.query` on polling)."""

@@ -53,3 +53,47 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                                                  attn_mask=attn_mask, scale=scale)[0]
     return _aten.scaled_dot_product_attention.default.decompose(query, key, value, attn_mask, dropout_p, is_causal,
                                                                 scale=scale, enable_gqa=enable_gqa)
+
+
+@registry.kernel("aten::_native_multi_head_attention")
+def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                                mask=None, need_weights=True, average_attn_weights=True, mask_type=None):
+    """`nn.MultiheadAttention`'s inference fast path: the input projections, `scaled_dot_product_attention` (the
+    flash route above), the output projection, as ops on `neuron` (the CPU's fused kernel would be a CPU fallback).
+    Weights asked for (`need_weights`) need the probabilities themselves: those are computed explicitly."""
+    batch, length, _ = query.shape
+    head_dim = embed_dim // num_head
+    if query is key and key is value:
+        q, k, v = torch.nn.functional.linear(query, qkv_weight, qkv_bias).chunk(3, dim=-1)
+    else:
+        weights, biases = qkv_weight.chunk(3), qkv_bias.chunk(3)
+        q, k, v = (torch.nn.functional.linear(x, w, b) for x, w, b in zip((query, key, value), weights, biases,
+                                                                          strict=True))
+
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        return x.view(batch, -1, num_head, head_dim).transpose(1, 2)
+
+    q, k, v = heads(q), heads(k), heads(v)
+    attend = _mha_mask(mask, mask_type, batch)
+    if need_weights:
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_dim)
+        if attend is not None:
+            scores = scores.masked_fill(~attend, -math.inf) if attend.dtype == torch.bool else scores + attend
+        probabilities = torch.softmax(scores, dim=-1)
+        out = probabilities @ v
+        weights = probabilities.mean(dim=1) if average_attn_weights else probabilities
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attend)
+        weights = None  # as the CPU kernel: an undefined tensor
+    out = out.transpose(1, 2).reshape(batch, length, embed_dim)
+    return torch.nn.functional.linear(out, proj_weight, proj_bias), weights
+
+
+def _mha_mask(mask, mask_type, batch: int):
+    """The fast path's mask as SDPA's: boolean masks mark what to hide (SDPA's mark what to attend); mask_type 1 is
+    a key padding mask (batch, source), 0 an attention mask (target, source), 2 both merged (batch, heads, ...)."""
+    if mask is None:
+        return None
+    if mask_type == 1:
+        mask = mask.view(batch, 1, 1, -1)
+    return ~mask if mask.dtype == torch.bool else mask

@@ -131,6 +131,9 @@ _VECTOR = frozenset({
     "avg_pool2d_backward", "avg_pool3d", "avg_pool3d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
     "adaptive_max_pool2d", "adaptive_max_pool2d_backward", "upsample_bilinear2d", "upsample_bilinear2d_backward",
     "upsample_nearest2d_backward",
+    # Random numbers: the engines' hardware RNG (NKI's `nki.isa.rand2` / `rng`, `nki.isa.dropout`), so these are
+    # native kernels on Trainium although they are tagged nondeterministic_seeded (which otherwise means fallback).
+    "normal", "uniform", "bernoulli", "random", "native_dropout",
 })
 
 # Gather/scatter and index arithmetic: GpSimd engine (with its integrated DMA).
@@ -138,6 +141,7 @@ _GPSIMD = frozenset({
     "index", "index_put", "_index_put_impl", "index_select", "index_add", "index_copy", "index_fill", "gather",
     "scatter", "scatter_add", "scatter_reduce", "embedding", "embedding_dense_backward", "masked_scatter", "take",
     "sort", "topk", "argsort", "arange", "linspace",
+    "randperm", "multinomial",  # random draws, then a sort / search (native, as the RNG ops of `_VECTOR`)
 })
 
 # Pure data movement: DMA engines, HBM to HBM.

@@ -41,6 +41,10 @@ def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=N
 
 @kernel("aten::empty_strided")
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    if len(size) != len(stride):
+        raise RuntimeError(
+            f"dimensionality of sizes ({len(size)}) must match dimensionality of strides ({len(stride)})"
+        )
     return allocator.empty(size, stride, dtype=dtype or torch.get_default_dtype(),
                            index=_lazy_init_and_index(device, pin_memory))
 
@@ -139,6 +143,8 @@ def _copy_from(self, dst, non_blocking=False):
 @kernel("aten::copy_")
 def copy_(self, src, non_blocking=False):
     """Direct kernel: torch's generic `copy_` loops forever on a conjugate-view source of a Python backend."""
+    if not isinstance(src, torch.Tensor):  # a wrapped Python number (GradScaler's `found_inf.copy_(...)` path)
+        src = torch.tensor(src)
     _host(self).copy_(_host(src))
     _kernels.transfer("aten::copy_", src, self)
     return self
@@ -211,3 +217,17 @@ def _has_compatible_shallow_copy_type(self, other):
         and self.device.type in ("cpu", "neuron")
         and other.device.type in ("cpu", "neuron")
     )
+
+
+@kernel("aten::conj_physical_")
+def conj_physical_(self):
+    """torch's kernel is CompositeExplicitAutograd and calls the CPU's DispatchStub with the `neuron` device type (an
+    internal assert): run it on the host alias, as every other op."""
+    return run_on_host(aten.conj_physical_.default, self)
+
+
+@kernel("aten::_lazy_clone")
+def _lazy_clone(self):
+    """torch makes a copy-on-write storage, which needs a C++ allocator's context (none for a Python backend:
+    "Expected storage != nullptr"). A real clone has the same values; copy-on-write only saves the copy."""
+    return aten.clone.default(self)
