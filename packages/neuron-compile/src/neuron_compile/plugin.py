@@ -60,7 +60,7 @@ def neuron_torch_neuronx_exports() -> dict[str, Any]:
     return {
         "get_dynamo_metrics": lambda: metrics.get_dynamo_metrics,
         "reset_dynamo_metrics": lambda: metrics.reset_dynamo_metrics,
-        "neuron_dynamo_backend": lambda: importlib.import_module("torch_neuronx.neuron_dynamo_backend"),
+        "neuron_dynamo_backend": lambda: importlib.import_module("neuron_compile.dynamo_backend_api"),
     }
 
 
