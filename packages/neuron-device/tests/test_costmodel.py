@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from neuron_device import costmodel
+from neuron_device.simulation import costmodel
 from neuron_device.topology import TARGETS
 
 TRN2 = TARGETS["trn2"]

@@ -9,8 +9,8 @@ import threading
 import pytest
 import torch
 
-from neuron_device import costmodel
 from neuron_device.neuron.streams import recorded_streams
+from neuron_device.simulation import costmodel
 
 HBM_PER_CORE = 2.9e12 / 8
 

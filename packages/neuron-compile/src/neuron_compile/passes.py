@@ -29,9 +29,7 @@ from typing import Any
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
-from neuron_device import costmodel
-from neuron_device import optracking as _optracking
-from neuron_device.ops import registry as _registry
+from neuron_device import services
 
 __all__ = ["Kernel", "KernelPlan", "plan_kernels", "priced_ops"]
 
@@ -66,7 +64,7 @@ class Kernel:
     def seconds(self) -> float:
         if self.simulated_seconds is not None:
             return self.simulated_seconds
-        return costmodel.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype).seconds
+        return services.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype).seconds
 
 
 @dataclasses.dataclass
@@ -150,14 +148,14 @@ def _matmul_flops(node: torch.fx.Node) -> float:
 
 def _plugin_estimator(name: str) -> Any:
     """The `estimate_seconds` of the kernel a plugin registered for op `name`, if it has one."""
-    if name in _registry.builtin:  # neuron-device's own kernel: priced by the cost model
+    if name in services.builtin_kernels:  # neuron-device's own kernel: priced by the cost model
         return None
-    return getattr(_registry.kernels.get(name), "estimate_seconds", None)
+    return getattr(services.registered_kernels.get(name), "estimate_seconds", None)
 
 
 def priced_ops() -> list[str]:
     """The ops a plugin's kernel prices itself (part of the compile cache's key: the plans depend on them)."""
-    return sorted(name for name in _registry.kernels if _plugin_estimator(name) is not None)
+    return sorted(name for name in services.registered_kernels if _plugin_estimator(name) is not None)
 
 
 def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
@@ -178,7 +176,7 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
         return "fusable", "vector", float(sum(_numel(a) for a in inputs[:1]))
     if str(node.target).startswith("neuron_compile.nki_"):
         return "substituted", "", 0.0
-    info = _optracking.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+    info = services.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
     if info is not None and info.engine == "tensor":  # attention and the like: priced as eager prices them
         args = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args)
         estimator = _plugin_estimator(node.target.name())  # an OpOverload: `op_info` answered for it

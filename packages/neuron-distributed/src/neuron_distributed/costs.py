@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from neuron_device import timeline, topology
+from neuron_device import services
 from neuron_spec.hardware import INSTANCE_TYPES, resolve_target
 
 __all__ = ["COLLECTIVE_LAUNCH_SECONDS", "HOP_SECONDS_ACROSS_NODES", "HOP_SECONDS_INSIDE_NODE", "LINK_EFFICIENCY",
@@ -80,7 +80,7 @@ def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: s
     """
     if group_size <= 1:
         return 0.0
-    topo = topology.topology()
+    topo = services.topology()
     spec = topo.target if target is None else resolve_target(target)
     lnc = topo.lnc if spec is topo.target else spec.default_lnc
     per_chip = max(1, spec.physical_cores_per_chip // lnc)
@@ -120,4 +120,4 @@ def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], g
         return
     seconds = collective_seconds(kind, max(_nbytes(inputs), _nbytes(outputs)), group_size)
     for index in devices:
-        timeline.charge(index, seconds, f"c10d::{kind}")  # the name labels the collective in a profiler trace
+        services.charge(index, seconds, f"c10d::{kind}")  # the name labels the collective in a profiler trace
