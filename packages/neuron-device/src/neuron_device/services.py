@@ -16,7 +16,11 @@ Running on the host
 Simulated time
     `charge` (queue device seconds on the current stream), `record_kernel` (account one launch of a kernel: the
     compile cache, the report), `estimate_kernel` (the roofline cost model), `topology` (the simulated machine; its
-    figures are the hardware spec's, `neuron_spec.hardware`, which siblings import directly).
+    figures are the hardware spec's, `neuron_spec.hardware`, which siblings import directly), `timeline` (one
+    device's stream clocks), `set_charge_recorder` (see every charge: a profiler, a planner).
+Plan mode
+    `account_planned_op` (charge an op that ran on fake tensors as its real kernel would: time and HBM),
+    `track_storage` (charge a storage to the allocator model).
 Plugins
     `hookimpl` (mark an implementation of a `neuron_device.plugins` hook).
 """
@@ -33,8 +37,11 @@ from .ops.registry import register as register_kernel
 from .plugins import hookimpl
 from .simulation.costmodel import KernelEstimate, estimate_kernel
 from .simulation.kernels import Work, record_kernel
+from .simulation.planned import account as account_planned_op
+from .simulation.planned import track_storage
 from .storage import adopt, host_alias
-from .timeline import charge
+from .timeline import charge, timeline
+from .timeline import set_recorder as set_charge_recorder
 from .topology import Topology, topology
 
 __all__ = [
@@ -42,6 +49,7 @@ __all__ = [
     "OpInfo",
     "Topology",
     "Work",
+    "account_planned_op",
     "adopt",
     "adopt_tracked",
     "builtin_kernels",
@@ -56,5 +64,8 @@ __all__ = [
     "registered_kernels",
     "run_on_host",
     "seeded_call",
+    "set_charge_recorder",
+    "timeline",
     "topology",
+    "track_storage",
 ]
