@@ -39,7 +39,7 @@ from . import costs
 from .kernels import OPS as C10D_OPS
 from .kernels import charge_c10d
 
-__all__ = ["PlanValueError", "RankPlan", "is_planning", "plan_rank"]
+__all__ = ["PlanValueError", "RankPlan", "is_planning", "plan", "plan_rank"]
 
 _aten = torch.ops.aten
 # Functional collectives (DTensor, FSDP2, async TP): op name -> the cost model's collective kind.
@@ -372,3 +372,26 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
             dist.destroy_process_group()
     sys.stdout.flush()
     return result
+
+
+def plan(fn: Callable[[], Any], *, world_size: int | None = None, rank: int = 0, steps: int | None = None) -> RankPlan:
+    """Plan `fn` (e.g. a training loop) as rank `rank` of a job of `world_size` ranks (default: every NeuronCore of
+    this process's simulated machine, `NEURON_SIM_INSTANCE_TYPE`), with the launcher's environment it would see.
+    `steps` stops after that many optimizer steps. `torch_neuronx.plan` is this function."""
+    per_node = services.topology().device_count
+    world_size = per_node if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside a world of {world_size} ranks")
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % per_node),
+           "LOCAL_WORLD_SIZE": str(min(per_node, world_size)), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        with torch.neuron.device(rank % per_node):
+            return plan_rank(fn, rank=rank, world_size=world_size, steps=steps)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
