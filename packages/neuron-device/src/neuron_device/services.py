@@ -9,7 +9,7 @@ Device memory
 Kernels
     `register_kernel` (a `neuron` kernel for an op; plugins get the registry through `neuron_register`),
     `registered_kernels` / `builtin_kernels` (which ops have a direct kernel, and which of them are neuron-device's
-    own), `op_info` (the op catalogue: an op's engine and FLOPs).
+    own), `plugin_estimator` (the seconds a plugin's kernel charges for a call), `op_info` (the op catalogue: an op's engine and FLOPs).
 Running on the host
     `run_on_host` (the CPU fallback: any op on `neuron` tensors), `seeded_call` (call a random op with the device's
     generator).
@@ -33,6 +33,7 @@ from .fallback import run_on_host, seeded_call
 from .ops.catalogue import OpInfo, op_info
 from .ops.registry import builtin as builtin_kernels
 from .ops.registry import kernels as registered_kernels
+from .ops.registry import plugin_estimator
 from .ops.registry import register as register_kernel
 from .plugins import hookimpl
 from .simulation.costmodel import KernelEstimate, estimate_kernel
@@ -59,6 +60,7 @@ __all__ = [
     "hookimpl",
     "host_alias",
     "op_info",
+    "plugin_estimator",
     "record_kernel",
     "register_kernel",
     "registered_kernels",

@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import allocator as _allocator
 from .. import fallback as _fallback
+from ..ops import registry as _registry
 from ..ops.catalogue import op_info
 from . import kernels as _kernels
 
@@ -78,8 +80,14 @@ def account(op: torch._ops.OpOverload, args: tuple, kwargs: dict, result: Any) -
             if isinstance(src, torch.Tensor):
                 _kernels.transfer(_COPIES[op], src, dst)
     elif op not in _UNCHARGED and op.namespace == "aten":
-        info = op_info(op)
-        if info.engine != "view":
+        estimator = _registry.plugin_estimator(op.name())
+        seconds = None
+        if estimator is not None:  # e.g. neuron-nki's attention: the NKI kernel's latency for the signature
+            with _disable_current_modes():  # it may simulate the kernel once on real sample tensors
+                seconds = estimator(*args, **kwargs)
+        if seconds is not None:
+            _kernels.record_kernel(op.name(), index, _kernels._signature((*args, *kwargs.values())), seconds)
+        elif op_info(op).engine != "view":
             _kernels.charge(_fallback.admit(op), index, args, kwargs, result)
     fresh = []
     for tensor in outputs:

@@ -390,7 +390,7 @@ def _make_binary(name: str, default_dtype=None):
         a, b = _align(x, y)
         if dtype is None:
             dtype = promote(x, y)
-            if name == "divide" and not _dt.is_float(dtype):  # true division, as NumPy's '/': floor(i / n) is exact
+            if name == "divide" and not _ext.is_float(dtype):  # true division, as NumPy's '/': floor(i / n) is exact
                 dtype = float32
         return _masked(core_fn(a, b, dtype=dtype), mask, x, y)
 
