@@ -25,7 +25,7 @@ from neuron_spec.hardware import INSTANCE_TYPES, TARGETS
 __all__ = ["build_report", "cores_per_node", "main", "parse_command"]
 
 _REPORT_ORDER = ("world_size", "step_seconds", "compute_seconds", "communication_seconds",
-                 "exposed_communication_seconds", "flops_per_step", "mfu", "peak_hbm_bytes", "hbm_capacity_bytes",
+                 "exposed_communication_seconds", "flops_per_step", "mfu", "peak_hbm_bytes", "peak_allocated_bytes", "hbm_capacity_bytes",
                  "fits", "tokens_per_second", "cost_per_step_usd", "cost_per_million_tokens_usd")
 
 
@@ -120,6 +120,7 @@ def build_report(plans: list[dict[str, Any]], *, instance: str, nodes: int, toke
         "flops_per_step": slowest["flops_per_step"],
         "mfu": slowest["flops_per_step"] / (step * peak_flops) if step > 0 else 0.0,
         "peak_hbm_bytes": max(p["peak_hbm_bytes"] for p in plans),
+        "peak_allocated_bytes": max(p["peak_allocated_bytes"] for p in plans),
         "hbm_capacity_bytes": slowest["hbm_capacity_bytes"],
         "fits": all(p["fits"] for p in plans),
     }

@@ -222,7 +222,8 @@ class _Planner:
         self.rank, self.world_size, self.steps = rank, world_size, steps
         self.index = torch.neuron.current_device()
         self.capacity = services.topology().hbm_bytes_per_device
-        self.boundaries: list[float] = [0.0]
+        torch.neuron.reset_peak_memory_stats(self.index)  # the plan's peak, not what this process did before
+        self.boundaries: list[float] = [self.clock()]
         self.flops_at: list[float] = [0.0]
         self.charges: list[tuple[str, int, float, float]] = []
         self.live: dict[int, tuple[weakref.ref, int, str, str]] = {}
@@ -299,6 +300,18 @@ def _swap_fakes(swap: Callable) -> Callable:
     return swap_tensors
 
 
+def _outside_plan(fn: Callable) -> Callable:
+    """`fn` with plan mode's tensor modes off: a DeviceMesh is laid out by a real CPU tensor of rank numbers, which
+    it reads (its layout, not the job's data)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with _disable_current_modes():
+            return fn(*args, **kwargs)
+
+    return call
+
+
 @contextlib.contextmanager
 def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
     old = getattr(obj, name)
@@ -346,6 +359,9 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
         # DDP checks parameter shapes across ranks by reading a CPU tensor's data: one planned rank has no peers
         # to disagree with, and the fake holds no data.
         stack.enter_context(_patched(dist, "_verify_params_across_processes", lambda *args: None))
+        from torch.distributed import device_mesh
+
+        stack.enter_context(_patched(device_mesh, "init_device_mesh", _outside_plan(device_mesh.init_device_mesh)))
         ddp = torch.nn.parallel.DistributedDataParallel
         stack.enter_context(_patched(ddp, "__init__", _ddp_init(ddp.__init__)))
         dist.Backend._plugins["NEURON"] = plugin._replace(creator_fn=_fake_neuron_group)
