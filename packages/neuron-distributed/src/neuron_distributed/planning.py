@@ -57,6 +57,7 @@ _VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.de
 _HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__))
 
 _active: _Planner | None = None
+_FakeTensor = torch._subclasses.fake_tensor.FakeTensor
 
 
 def is_planning() -> bool:
@@ -149,6 +150,9 @@ class _Charger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(t is not _FakeTensor and t is not torch.Tensor for t in types):
+            # a DTensor's op (global shapes): it runs ops on its local shards, which come back here to be charged
+            return NotImplemented
         if func in _VALUE_READS and not _known(args):
             raise _value_read(f"{func.__name__} of a tensor")
         try:

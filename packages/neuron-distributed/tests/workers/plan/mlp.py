@@ -1,4 +1,4 @@
-"""A plain training script whose parallelism is chosen on the command line: ddp, fsdp2, fsdp2_hybrid, tp, none;
+"""A plain training script whose parallelism is chosen on the command line: ddp, fsdp2, fsdp2_noreshard, tp, none;
 `--value-read` reads the loss's value, `--width` sizes the model (the OOM tests)."""
 
 import argparse
@@ -25,8 +25,7 @@ elif args.mode.startswith("fsdp2"):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    shape = (2, world // 2) if args.mode == "fsdp2_hybrid" else (world,)
-    mesh = init_device_mesh("neuron", shape)
+    mesh = init_device_mesh("neuron", (world,))
     model.to(device)
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh, reshard_after_forward=args.mode != "fsdp2_noreshard")
