@@ -1,12 +1,12 @@
 """Calibration as code: run the points of ``calibration.md`` §3 in the simulator, print predicted vs published.
 
-    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--json out.json]
+    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K3|K8|C1|E] [--json out.json]
 
 K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf16): the three memory-bound
 kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
 depth each fits in SBUF without liveness-based allocation) and scale by the number of blocks; the fully optimised
 one runs whole (about half a minute of CPU). ``--full`` runs all four at the exact size (the hoisted and
-blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
+blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); E1/E2 BERT compiled on one trn1 core; T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
 ``neuron-plan`` from a plain HF + DDP script (several minutes of CPU: 32 micro-batches of BERT-Large in plan mode).
 Every estimate uses the same named parameters (``nki._cost``); nothing here is specific to one kernel.
 """
@@ -14,6 +14,7 @@ Every estimate uses the same named parameters (``nki._cost``); nothing here is s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -119,6 +120,40 @@ def k3() -> list[dict]:
     return rows
 
 
+E_POINTS = (("base", 1, 0.943), ("base", 16, 9.34), ("large", 1, 2.67), ("large", 4, 7.24))  # p50 ms, trn1
+BERT = {"base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+        "large": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                  "intermediate_size": 4096}}
+
+
+def e() -> list[dict]:
+    """E1/E2: transformers' BERT built from its config, compiled with backend="neuron" on one trn1 core, seq 128.
+    Published: fp32 models with bf16 matmul autocast on neuronx-cc, which casts the constant weights once; the
+    compiled `neuron` backend does not apply autocast inside a compiled graph yet, so the model runs in bf16
+    (weights read as bf16, as the compiler's cast leaves them). Needs transformers (e.g. the hf venv)."""
+    import torch
+    import transformers
+
+    rows = []
+    for size, batch, ms in E_POINTS:
+        torch.manual_seed(0)
+        config = transformers.BertConfig(**BERT[size])
+        model = transformers.BertModel(config).eval().to("neuron").bfloat16()
+        forward = torch.compile(model, backend="neuron", dynamic=False)
+        ids = torch.zeros((batch, 128), dtype=torch.long, device="neuron")
+        with torch.no_grad():
+            forward(input_ids=ids)  # compiles
+            torch.neuron.synchronize()
+            start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+            start.record()
+            forward(input_ids=ids)
+            end.record()
+            end.synchronize()
+        rows.append({"id": f"E bert-{size} batch {batch}", "published": ms, "predicted": start.elapsed_time(end),
+                     "unit": "ms"})
+    return rows
+
+
 C1_US = {1024: 58.0, 64 * 1024: 58.0, 1 << 20: 68.0, 4 << 20: 107.0, 16 << 20: 332.0, 64 << 20: 1214.0,
          256 << 20: 4750.0, 1 << 30: 18930.0}  # nccom-test, 2 ranks of one trn1 instance, fp32 all-reduce
 
@@ -160,10 +195,13 @@ def main() -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
     ap.add_argument("--json", help="also write the table as JSON to this file")
-    ap.add_argument("--only", choices=("K1", "K3", "K8", "C1", "T1"), help="run one group of points")
+    ap.add_argument("--only", choices=("K1", "K3", "K8", "C1", "E", "T1"), help="run one group of points")
     args = ap.parse_args()
     os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
-    groups = {"K1": lambda: k1(args.full), "K3": k3, "K8": k8, "C1": c1, "T1": t1}
+    groups = {"K1": lambda: k1(args.full), "K3": k3, "K8": k8, "C1": c1, "E": e, "T1": t1}
+    if args.only is None and importlib.util.find_spec("transformers") is None:
+        print("E1/E2 and T1 skipped: transformers is not installed (run --only E or --only T1 with it)")
+        del groups["E"], groups["T1"]
     rows = [r for name, run in groups.items() if args.only in (None, name) for r in run()]
     for r in rows:
         r["error"] = r["predicted"] / r["published"] - 1.0

@@ -19,7 +19,9 @@ def test_pointwise_and_reduction_chain_fuses_into_the_matmul() -> None:
     plan = _plan(lambda x, w, b: torch.relu(torch.mm(x, w) + b).sum(1), x, w, b)
     assert len(plan.kernels) == 1
     (kernel,) = plan.kernels
-    assert kernel.work["tensor"] == 2 * 32 * 64 * 16
+    # the Tensor engine's occupancy, as the product tiles onto the 128 x 128 array (issue 17; it was 2 m k n): one
+    # 64-deep slice, one pass of max(min(64, 32 stationary columns), 16 moving columns) = 32 cycles
+    assert kernel.work["tensor"] == 2 * 128 * 128 * 32
     # Only what crosses the kernel boundary moves: x, w, b in, the 32 sums out (the 32x16 product stays on chip).
     assert kernel.hbm_bytes == 4 * (32 * 64 + 64 * 16 + 16 + 32)
 

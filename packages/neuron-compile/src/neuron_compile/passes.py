@@ -64,7 +64,8 @@ class Kernel:
     def seconds(self) -> float:
         if self.simulated_seconds is not None:
             return self.simulated_seconds
-        return services.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype).seconds
+        # kernels of a compiled graph run back to back in one instruction stream: no per-kernel launch
+        return services.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype, launch_seconds=0.0).seconds
 
 
 @dataclasses.dataclass
@@ -81,7 +82,10 @@ class KernelPlan:
 
     @property
     def seconds(self) -> float:
-        return sum(kernel.seconds() for kernel in self.kernels)
+        """The kernels back to back, plus one launch of the graph (the runtime's launch of an op's kernel)."""
+        if not self.kernels:
+            return 0.0
+        return services.LAUNCH_SECONDS + sum(kernel.seconds() for kernel in self.kernels)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-safe form (stored in the compile cache next to the compiled code)."""
@@ -121,6 +125,18 @@ def _nbytes(node: torch.fx.Node) -> int:
     return sum(_size(t.numel()) * t.element_size() for t in _meta(node.meta.get("val")))
 
 
+_GATHERS = frozenset({aten.embedding, aten.index_select, aten.gather, aten.index})
+
+
+def _read_bytes(node: torch.fx.Node, members: list[torch.fx.Node], source: Mapping) -> int:
+    """HBM bytes a kernel reads of input `node`: all of it, except a table only gathered from (embedding,
+    index_select, gather, index as first argument), of which the DMA reads just the gathered rows."""
+    readers = [m for m in members if any(source.get(a, a) is node for a in m.all_input_nodes)]
+    if readers and all(_packet(m) in _GATHERS and source.get(m.args[0], m.args[0]) is node for m in readers):
+        return min(_nbytes(node), sum(_nbytes(m) for m in readers))
+    return _nbytes(node)
+
+
 def _numel(node: torch.fx.Node) -> int:
     return sum(_size(t.numel()) for t in _meta(node.meta.get("val")))
 
@@ -137,10 +153,10 @@ def _matmul_flops(node: torch.fx.Node) -> float:
         return 0.0
     args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
     outputs = _size(out[0].numel())
-    if packet in (aten.mm, aten.bmm):
-        return 2.0 * outputs * _size(args[0].shape[-1])
-    if packet in (aten.addmm, aten.baddbmm):
-        return 2.0 * outputs * _size(args[1].shape[-1])
+    if packet in (aten.mm, aten.bmm, aten.addmm, aten.baddbmm):  # tiled onto the 128 x 128 array
+        m, n = _size(out[0].shape[-2]), _size(out[0].shape[-1])
+        contraction = _size(args[0 if packet in (aten.mm, aten.bmm) else 1].shape[-1])
+        return services.matmul_array_flops(m, contraction, n, outputs // (m * n) if m * n else 0)
     weight = args[1]  # convolution / convolution_backward: 2 x outputs x input channels per group x kernel size
     macs = _size(weight.shape[1] * math.prod(weight.shape[2:])) if weight is not None and weight.dim() > 1 else 1
     return 2.0 * outputs * macs * (2 if packet is aten.convolution_backward else 1)
@@ -228,7 +244,7 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
             consumers = [u for u in _consumers(node, source) if u not in inside]
             if consumers:
                 written[node] = consumers
-        hbm = sum(_nbytes(n) for n in read) + sum(_nbytes(n) for n in written)
+        hbm = sum(_read_bytes(n, members, source) for n in read) + sum(_nbytes(n) for n in written)
         tensors = _meta(members[0].meta.get("val"))
         dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
         amounts = {engine: float(amount) for engine, amount in work[index].items()}  # static: SymFloat -> float

@@ -15,7 +15,8 @@ Running on the host
     generator).
 Simulated time
     `charge` (queue device seconds on the current stream), `record_kernel` (account one launch of a kernel: the
-    compile cache, the report), `estimate_kernel` (the roofline cost model), `topology` (the simulated machine; its
+    compile cache, the report), `estimate_kernel` (the cost model), `matmul_array_flops` (a matmul's Tensor-engine occupancy as it tiles onto
+    the 128 x 128 array), `LAUNCH_SECONDS` (the runtime's launch of one kernel), `topology` (the simulated machine; its
     figures are the hardware spec's, `neuron_spec.hardware`, which siblings import directly), `timeline` (one
     device's stream clocks), `set_charge_recorder` (see every charge: a profiler, a planner).
 Plan mode
@@ -36,7 +37,7 @@ from .ops.registry import kernels as registered_kernels
 from .ops.registry import plugin_estimator
 from .ops.registry import register as register_kernel
 from .plugins import hookimpl
-from .simulation.costmodel import KernelEstimate, estimate_kernel
+from .simulation.costmodel import LAUNCH_SECONDS, KernelEstimate, estimate_kernel, matmul_array_flops
 from .simulation.kernels import Work, record_kernel
 from .simulation.planned import account as account_planned_op
 from .simulation.planned import track_storage
@@ -46,6 +47,7 @@ from .timeline import set_recorder as set_charge_recorder
 from .topology import Topology, topology
 
 __all__ = [
+    "LAUNCH_SECONDS",
     "KernelEstimate",
     "OpInfo",
     "Topology",
@@ -59,6 +61,7 @@ __all__ = [
     "estimate_kernel",
     "hookimpl",
     "host_alias",
+    "matmul_array_flops",
     "op_info",
     "plugin_estimator",
     "record_kernel",

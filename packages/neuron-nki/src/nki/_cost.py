@@ -21,7 +21,7 @@ Scheduling: each engine is an in-order queue; an instruction starts when its eng
 written (RAW) and the buffers it writes are no longer read or written (WAR/WAW), tracked per allocation. DMA
 queues run beside compute, so overlap shows up as it does on the chip. The largest end time is the latency.
 Timelines are per NeuronCore (LNC2 has two). The fitted parameters and their calibration points are listed in
-``docs/simulated-time.md``.
+``docs/simulated-time.md``; the parameters live in ``neuron_spec.costs``.
 """
 
 from __future__ import annotations
@@ -30,31 +30,26 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
+from neuron_spec.costs import (
+    ACCESS_CYCLES,
+    DEPENDENT_STALL_CYCLES,
+    DMA_PARTITIONS_PER_ENGINE,
+    DMA_QUEUE_HEAD_NS,
+    DMA_ROW_NS,
+    LOAD_STATIONARY_RATIO,
+    MIN_II,
+    STRIDE_PENALTY_BYTES,
+)
+
 from ._targets import Target
 
-__all__ = ["ENGINES", "MIN_II", "CoreTimeline", "CostReport"]
+__all__ = ["ENGINES", "MIN_II", "STRIDE_PENALTY_BYTES", "CoreTimeline", "CostReport"]
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma", "sync")
 WAIT_CAUSES = ("input", "buffer", "port", "dma_queue")
 
-# -- documented per-instruction figures (SDK@HEAD nki_perf_guide.rst; SDK@2.23 nki/isa/__init__.py) --------------
-MIN_II = 64  # minimum initiation interval of a compute instruction, engine cycles
-ACCESS_CYCLES = 60  # fixed cost of each SBUF/PSUM tensor access of a Vector/Scalar/GpSimd instruction
-STRIDE_PENALTY_BYTES = 16  # a minor-dimension stride above this halves SBUF/PSUM bandwidth
-LOAD_STATIONARY_RATIO = 4  # LoadStationary is ~4x faster than a matmul of the same free size
-
-# -- fitted parameters (see docs/simulated-time.md for the points each one is fitted on) ------------------------
-# 1-element dependent Scalar activations issue every 264 cycles on NC-v2 (K8): 64 + 2 x 60 + 80.
-DEPENDENT_STALL_CYCLES = 80
-# A DMA queue keeps one transfer in flight; each pays this head latency (descriptor fetch, semaphores, packet
-# set-up) before its packets move. Fitted on K1 (tiled / hoisted / blocked-free matmuls, trn1).
-DMA_QUEUE_HEAD_NS = 750.0
-# Per partition row (one descriptor each): fitted with DMA_QUEUE_HEAD_NS on K1; 256 B rows run at ~40 %, 2 KiB at
-# ~85 %, 4 KiB at ~92 % of an engine's bandwidth (the guide: < 256 B overhead-bound, >= 2 KiB near peak).
-DMA_ROW_NS = 22.0
-DMA_PARTITIONS_PER_ENGINE = 8
-
-
+# Named parameters (documented and fitted, with their sources and calibration points) are shared with the eager
+# cost model: neuron_spec.costs.
 _BUCKET_NS = 1000.0
 
 

@@ -4,7 +4,8 @@ registers the op.
 
 An op is native when it has an engine (`NATIVE`, plus every op tagged `pointwise` or `reduction`, and metadata-only
 views); every other op is a CPU fallback (`neuron_device.fallback.admit`). `op_info` classifies an op once and
-caches the answer; `simulation.kernels` turns an op's work into charged device time.
+caches the answer; `simulation.kernels` turns an op's work into charged device time. A matmul's work is the
+Tensor engine's occupancy as it tiles onto the 128 x 128 array (`simulation.costmodel.matmul_array_flops`).
 """
 
 from __future__ import annotations
@@ -15,19 +16,30 @@ from typing import Any
 
 import torch
 
+from ..simulation import costmodel as _costmodel
+
 __all__ = ["NATIVE", "OpInfo", "op_info"]
 
 _Flops = Callable[[tuple, Any], float]
 
 
+def _array_flops(out: Any, contraction: int) -> float:
+    """Tensor-engine occupancy of products whose output is `out` ([..., m, n], [m] or a scalar)."""
+    shape = tuple(out.shape)
+    m, n = (shape[-2], shape[-1]) if len(shape) >= 2 else ((shape[0], 1) if shape else (1, 1))
+    batch = out.numel() // (m * n) if m * n else 0
+    return _costmodel.matmul_array_flops(m, contraction, n, batch)
+
+
 def _matmul_flops(args: tuple, out: Any) -> float:
-    """mm, bmm, dot, mv, _grouped_mm: 2 x outputs x contraction size (the first input's last dim)."""
-    return 2.0 * out.numel() * args[0].shape[-1]
+    """mm, bmm, dot, mv, _grouped_mm: the products tiled onto the 128 x 128 array (contraction: the first
+    input's last dim)."""
+    return _array_flops(out, args[0].shape[-1])
 
 
 def _addmm_flops(args: tuple, out: Any) -> float:
-    """addmm, baddbmm, addmv: the product of args 1 and 2, plus adding the bias."""
-    return 2.0 * out.numel() * args[1].shape[-1] + out.numel()
+    """addmm, baddbmm, addmv: the product of args 1 and 2 on the array, plus adding the bias."""
+    return _array_flops(out, args[1].shape[-1]) + out.numel()
 
 
 def _addbmm_flops(args: tuple, out: Any) -> float:
