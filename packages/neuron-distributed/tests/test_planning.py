@@ -112,3 +112,27 @@ def test_plan_matches_the_real_run_at_two_ranks(tmp_path):
     assert report["step_seconds"] == pytest.approx(step, rel=0.02)
     assert report["peak_hbm_bytes"] == pytest.approx(reserved, rel=0.02)
     assert report["peak_allocated_bytes"] == pytest.approx(allocated, rel=0.02)
+
+
+def test_python_api_plans_a_callable():
+    """torch_neuronx.plan: a DDP step planned as rank 3 of 8 in this process, no script file."""
+    code = """
+import json, torch, torch.distributed as dist, torch_neuronx
+def step():
+    assert torch_neuronx.is_planning()
+    dist.init_process_group("neuron")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(512, 512).to("neuron"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 512, device="neuron")).sum().backward()
+    opt.step()
+    dist.destroy_process_group()
+plan = torch_neuronx.plan(step, world_size=8, rank=3)
+assert not torch_neuronx.is_planning()
+print(json.dumps(plan.as_dict()))
+"""
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.32xlarge"}, check=False)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    assert plan["rank"] == 3 and plan["world_size"] == 8 and plan["steps_observed"] == 1
+    assert plan["communication_seconds"] > 0 and plan["fits"]

@@ -353,6 +353,8 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
 
     if _active is not None:
         raise RuntimeError("plan mode is already active in this process; plans do not nest")
+    # initialised, as a real run's first device op does: fake factories then resolve "neuron" to the current device
+    torch.neuron.init()
     planner = _Planner(rank, world_size, steps)
     allocator = services.device_allocator(planner.index)
     plugin = dist.Backend._plugins["NEURON"]
