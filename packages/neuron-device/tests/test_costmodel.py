@@ -163,3 +163,13 @@ def test_elementwise_op_is_charged_its_hbm_traffic():
 def test_metadata_only_view_costs_nothing():
     a = torch.ones(64, 64, device="neuron")
     assert _elapsed_ms(lambda: a.t()) == 0.0
+
+
+def test_matmul_array_flops_charges_the_idle_part_of_the_array():
+    # shapes that fill the 128 x 128 array cost their FLOPs
+    assert costmodel.matmul_array_flops(1024, 1024, 1024) == 2 * 1024**3
+    # a mat-vec fills one column: each 128-deep slice is a 64-cycle pass per 128 rows (NKI's matmul cost)
+    assert costmodel.matmul_array_flops(4096, 4096, 1) == 2 * 128 * 128 * 64 * 32 * 32
+    # either operand can be the stationary one: the cheaper orientation is taken
+    assert costmodel.matmul_array_flops(1, 4096, 4096) == costmodel.matmul_array_flops(4096, 4096, 1)
+    assert costmodel.matmul_array_flops(0, 8, 8) == 0.0

@@ -168,3 +168,39 @@ def test_sbuf_psum_peak_tracking():
 
 def test_dtype_import_sanity():
     assert np.zeros(1, ml_dtypes.bfloat16).dtype == nl.bfloat16
+
+
+def test_trn2_tensor_engine_starts_throttled_and_ramps_up(monkeypatch):
+    def busy(target, count):
+        monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+
+        @nki.jit
+        def k():
+            s = nl.zeros((128, 128), nl.bfloat16)
+            m = nl.zeros((128, 512), nl.bfloat16)
+            for _ in range(count):
+                d = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(d, s, m)
+
+        return k.run().cost.engine_busy_ns["tensor"]
+
+    per_matmul = 512 / 2.4
+    # the first 3 us run at 50 % rising to 100 %: 40 matmuls take longer than at peak, but less than twice
+    assert 40 * per_matmul < busy("trn2", 40) < 2 * 40 * per_matmul
+    assert busy("trn1", 40) == pytest.approx((40 * 512 + 32) / 2.8)  # NC-v2 has no throttle
+
+
+def test_nc_v2_vector_and_gpsimd_share_the_sbuf_port(monkeypatch):
+    @nki.jit
+    def k():
+        a = nl.zeros((128, 2048), nl.float32)
+        v = nl.ndarray((128, 2048), nl.float32)
+        g = nl.ndarray((128, 2048), nl.int32)
+        nisa.tensor_scalar(v, a, nl.add, 1.0)
+        nisa.iota(g, [[1, 2048]])
+
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    trn1 = k.run().cost
+    assert trn1.engine_wait_ns["gpsimd"]["port"] > 0  # GpSimd waited for the Vector engine's SBUF access
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    assert k.run().cost.engine_wait_ns.get("gpsimd", {}).get("port", 0.0) == 0.0  # lifted on NC-v3
