@@ -20,6 +20,7 @@ Simulated time
     figures are the hardware spec's, `neuron_spec.hardware`, which siblings import directly), `timeline` (one
     device's stream clocks), `set_charge_recorder` (see every charge: a profiler, a planner).
 Plan mode
+    `LOCAL_RANK` (the launcher's variable the device reads, for a planner that sets it),
     `account_planned_op` (charge an op that ran on fake tensors as its real kernel would: time and HBM),
     `track_storage` (charge a storage to the allocator model).
 Plugins
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from .allocator import adopt_tracked
 from .allocator import device as device_allocator
+from .envvars import LOCAL_RANK
 from .fallback import run_on_host, seeded_call
 from .ops.catalogue import OpInfo, op_info
 from .ops.registry import builtin as builtin_kernels
@@ -48,6 +50,7 @@ from .topology import Topology, topology
 
 __all__ = [
     "LAUNCH_SECONDS",
+    "LOCAL_RANK",
     "KernelEstimate",
     "OpInfo",
     "Topology",

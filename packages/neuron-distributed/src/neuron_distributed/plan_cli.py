@@ -21,6 +21,10 @@ import tempfile
 from typing import Any
 
 from neuron_spec.hardware import INSTANCE_TYPES, TARGETS
+from neuron_spec.machine import INSTANCE
+
+from . import envvars
+from .planning import launcher_environment
 
 __all__ = ["build_report", "cores_per_node", "main", "parse_command"]
 
@@ -78,12 +82,6 @@ def parse_command(command: list[str], per_node: int, nodes: int) -> list[str]:
     return command  # a script path given directly
 
 
-def _rank_env(rank: int, per_node: int, nodes: int, instance: str) -> dict[str, str]:
-    return {"RANK": str(rank), "WORLD_SIZE": str(per_node * nodes), "LOCAL_RANK": str(rank % per_node),
-            "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(rank // per_node), "NODE_RANK": str(rank // per_node),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "NEURON_SIM_INSTANCE_TYPE": instance}
-
-
 def _run_script(script: list[str]) -> None:
     if script[0] == "-m":
         sys.argv = [script[1], *script[2:]]
@@ -98,7 +96,7 @@ def _plan_one(rank: int, steps: int | None, out: str, script: list[str]) -> None
     """Child process: plan `rank` (the environment is already the rank's) and write its plan as JSON."""
     from .planning import plan_rank
 
-    plan = plan_rank(lambda: _run_script(script), rank=rank, world_size=int(os.environ["WORLD_SIZE"]), steps=steps)
+    plan = plan_rank(lambda: _run_script(script), rank=rank, world_size=envvars.WORLD_SIZE.read(), steps=steps)
     with open(out, "w") as handle:
         json.dump({**plan.as_dict(), "lanes": plan.lanes}, handle)
 
@@ -205,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for rank in ranks:
             out = os.path.join(scratch, f"rank{rank}.json")
-            env = {**os.environ, **_rank_env(rank, per_node, options.nodes, options.instance)}
             command = [sys.executable, "-m", "neuron_distributed.plan_cli", "--_rank", str(rank),
                        str(options.steps), out, *script]
-            done = subprocess.run(command, env=env, check=False)
+            with launcher_environment(rank, world, per_node), INSTANCE.overridden(options.instance):
+                done = subprocess.run(command, check=False)
             if done.returncode != 0:
                 print(f"neuron-plan: planning rank {rank} failed (exit code {done.returncode})", file=sys.stderr)
                 return done.returncode

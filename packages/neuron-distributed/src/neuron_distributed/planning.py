@@ -35,11 +35,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from neuron_device import services
 
-from . import costs
+from . import costs, envvars
 from .kernels import OPS as C10D_OPS
 from .kernels import charge_c10d
 
-__all__ = ["PlanValueError", "RankPlan", "is_planning", "plan", "plan_rank"]
+__all__ = ["PlanValueError", "RankPlan", "is_planning", "launcher_environment", "plan", "plan_rank"]
 
 _aten = torch.ops.aten
 # Functional collectives (DTensor, FSDP2, async TP): op name -> the cost model's collective kind.
@@ -333,8 +333,8 @@ def _init_process_group(init: Callable) -> Callable:
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
         kwargs.setdefault("store", FakeStore())
-        kwargs.setdefault("rank", int(os.environ["RANK"]))
-        kwargs.setdefault("world_size", int(os.environ["WORLD_SIZE"]))
+        kwargs.setdefault("rank", envvars.RANK.read())
+        kwargs.setdefault("world_size", envvars.WORLD_SIZE.read())
         return init(backend, *args, **kwargs)
 
     return planned
@@ -404,16 +404,17 @@ def plan(fn: Callable[[], Any], *, world_size: int | None = None, rank: int = 0,
     world_size = per_node if world_size is None else world_size
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside a world of {world_size} ranks")
-    env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % per_node),
-           "LOCAL_WORLD_SIZE": str(min(per_node, world_size)), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        with torch.neuron.device(rank % per_node):
-            return plan_rank(fn, rank=rank, world_size=world_size, steps=steps)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with launcher_environment(rank, world_size, per_node), torch.neuron.device(rank % per_node):
+        return plan_rank(fn, rank=rank, world_size=world_size, steps=steps)
+
+
+@contextlib.contextmanager
+def launcher_environment(rank: int, world_size: int, per_node: int) -> Iterator[None]:
+    """torchrun's environment for `rank` of `world_size` ranks, `per_node` a node, for a block (then restored)."""
+    values = {envvars.RANK: rank, envvars.WORLD_SIZE: world_size, services.LOCAL_RANK: rank % per_node,
+              envvars.LOCAL_WORLD_SIZE: min(per_node, world_size), envvars.MASTER_ADDR: "127.0.0.1",
+              envvars.MASTER_PORT: "29500"}
+    with contextlib.ExitStack() as stack:
+        for variable, value in values.items():
+            stack.enter_context(variable.overridden(str(value)))
+        yield
