@@ -6,7 +6,8 @@ K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf
 kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
 depth each fits in SBUF without liveness-based allocation) and scale by the number of blocks; the fully optimised
 one runs whole (about half a minute of CPU). ``--full`` runs all four at the exact size (the hoisted and
-blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); E1/E2 BERT compiled on one trn1 core.
+blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); E1/E2 BERT compiled on one trn1 core; T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
+``neuron-plan`` from a plain HF + DDP script (several minutes of CPU: 32 micro-batches of BERT-Large in plan mode).
 Every estimate uses the same named parameters (``nki._cost``); nothing here is specific to one kernel.
 """
 
@@ -168,17 +169,39 @@ def c1() -> list[dict]:
     return rows
 
 
+T1_PUBLISHED_SEQ_PER_S = 3826.6  # calibration.md T1: BERT-Large phase 1, 1 x trn1.32xlarge, DP 32
+
+
+def t1() -> list[dict]:
+    """T1 planned from a plain HF + DDP script (plan_scripts/bert_pretrain_ddp.py): one optimizer step of the global
+    batch 16,384 (32 micro-batches of 16 per rank, seq 128, bf16 autocast, AdamW); sequences per second."""
+    import subprocess
+    import tempfile
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan_scripts", "bert_pretrain_ddp.py")
+    with tempfile.TemporaryDirectory() as scratch:
+        out = os.path.join(scratch, "t1.json")
+        subprocess.run([sys.executable, "-m", "neuron_distributed.plan_cli", "--instance", "trn1.32xlarge",
+                        "--steps", "1", "--json", out, "--", "python", script, "--global-batch", "16384",
+                        "--steps", "1"], check=True, stdout=subprocess.DEVNULL,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        with open(out) as handle:
+            report = json.load(handle)
+    return [{"id": "T1 BERT-Large DP 32 (planned)", "published": T1_PUBLISHED_SEQ_PER_S,
+             "predicted": 16384 / report["step_seconds"], "unit": "seq/s"}]
+
+
 def main() -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
     ap.add_argument("--json", help="also write the table as JSON to this file")
-    ap.add_argument("--only", choices=("K1", "K3", "K8", "C1", "E"), help="run one group of points")
+    ap.add_argument("--only", choices=("K1", "K3", "K8", "C1", "E", "T1"), help="run one group of points")
     args = ap.parse_args()
     os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
-    groups = {"K1": lambda: k1(args.full), "K3": k3, "K8": k8, "C1": c1, "E": e}
+    groups = {"K1": lambda: k1(args.full), "K3": k3, "K8": k8, "C1": c1, "E": e, "T1": t1}
     if args.only is None and importlib.util.find_spec("transformers") is None:
-        print("E1/E2 skipped: transformers is not installed (run --only E with it)")
-        del groups["E"]
+        print("E1/E2 and T1 skipped: transformers is not installed (run --only E or --only T1 with it)")
+        del groups["E"], groups["T1"]
     rows = [r for name, run in groups.items() if args.only in (None, name) for r in run()]
     for r in rows:
         r["error"] = r["predicted"] / r["published"] - 1.0

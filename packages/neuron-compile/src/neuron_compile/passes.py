@@ -154,16 +154,9 @@ def _matmul_flops(node: torch.fx.Node) -> float:
     return 2.0 * outputs * macs * (2 if packet is aten.convolution_backward else 1)
 
 
-def _plugin_estimator(name: str) -> Any:
-    """The `estimate_seconds` of the kernel a plugin registered for op `name`, if it has one."""
-    if name in services.builtin_kernels:  # neuron-device's own kernel: priced by the cost model
-        return None
-    return getattr(services.registered_kernels.get(name), "estimate_seconds", None)
-
-
 def priced_ops() -> list[str]:
     """The ops a plugin's kernel prices itself (part of the compile cache's key: the plans depend on them)."""
-    return sorted(name for name in services.registered_kernels if _plugin_estimator(name) is not None)
+    return sorted(name for name in services.registered_kernels if services.plugin_estimator(name) is not None)
 
 
 def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
@@ -187,7 +180,7 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
     info = services.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
     if info is not None and info.engine == "tensor":  # attention and the like: priced as eager prices them
         args = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args)
-        estimator = _plugin_estimator(node.target.name())  # an OpOverload: `op_info` answered for it
+        estimator = services.plugin_estimator(node.target.name())  # an OpOverload: `op_info` answered for it
         if estimator is not None:
             kwargs = {k: v.meta.get("val") if isinstance(v, torch.fx.Node) else v for k, v in node.kwargs.items()}
             seconds = estimator(*args, **kwargs)

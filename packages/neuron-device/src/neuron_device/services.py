@@ -9,7 +9,7 @@ Device memory
 Kernels
     `register_kernel` (a `neuron` kernel for an op; plugins get the registry through `neuron_register`),
     `registered_kernels` / `builtin_kernels` (which ops have a direct kernel, and which of them are neuron-device's
-    own), `op_info` (the op catalogue: an op's engine and FLOPs).
+    own), `plugin_estimator` (the seconds a plugin's kernel charges for a call), `op_info` (the op catalogue: an op's engine and FLOPs).
 Running on the host
     `flat_tensors` (every tensor in nested lists and tuples), `run_on_host` (the CPU fallback: any op on `neuron` tensors), `seeded_call` (call a random op with the device's
     generator).
@@ -17,7 +17,12 @@ Simulated time
     `charge` (queue device seconds on the current stream), `record_kernel` (account one launch of a kernel: the
     compile cache, the report), `estimate_kernel` (the cost model), `matmul_array_flops` (a matmul's Tensor-engine occupancy as it tiles onto
     the 128 x 128 array), `LAUNCH_SECONDS` (the runtime's launch of one kernel), `topology` (the simulated machine; its
-    figures are the hardware spec's, `neuron_spec.hardware`, which siblings import directly).
+    figures are the hardware spec's, `neuron_spec.hardware`, which siblings import directly), `timeline` (one
+    device's stream clocks), `set_charge_recorder` (see every charge: a profiler, a planner).
+Plan mode
+    `LOCAL_RANK` (the launcher's variable the device reads, for a planner that sets it),
+    `account_planned_op` (charge an op that ran on fake tensors as its real kernel would: time and HBM),
+    `track_storage` (charge a storage to the allocator model).
 Plugins
     `hookimpl` (mark an implementation of a `neuron_device.plugins` hook).
 """
@@ -26,24 +31,31 @@ from __future__ import annotations
 
 from .allocator import adopt_tracked
 from .allocator import device as device_allocator
+from .envvars import LOCAL_RANK
 from .fallback import run_on_host, seeded_call
 from .ops.catalogue import OpInfo, op_info
 from .ops.registry import builtin as builtin_kernels
 from .ops.registry import kernels as registered_kernels
+from .ops.registry import plugin_estimator
 from .ops.registry import register as register_kernel
 from .plugins import hookimpl
 from .simulation.costmodel import LAUNCH_SECONDS, KernelEstimate, estimate_kernel, matmul_array_flops
 from .simulation.kernels import Work, flat_tensors, record_kernel
+from .simulation.planned import account as account_planned_op
+from .simulation.planned import track_storage
 from .storage import adopt, host_alias
-from .timeline import charge
+from .timeline import charge, timeline
+from .timeline import set_recorder as set_charge_recorder
 from .topology import Topology, topology
 
 __all__ = [
     "LAUNCH_SECONDS",
+    "LOCAL_RANK",
     "KernelEstimate",
     "OpInfo",
     "Topology",
     "Work",
+    "account_planned_op",
     "adopt",
     "adopt_tracked",
     "builtin_kernels",
@@ -55,10 +67,14 @@ __all__ = [
     "host_alias",
     "matmul_array_flops",
     "op_info",
+    "plugin_estimator",
     "record_kernel",
     "register_kernel",
     "registered_kernels",
     "run_on_host",
     "seeded_call",
+    "set_charge_recorder",
+    "timeline",
     "topology",
+    "track_storage",
 ]

@@ -204,9 +204,12 @@ class Instance:
 
 # From calibration.md §1 and hardware.md (trn{1,2}-arch.rst): trn1.32xlarge 16 chips, EFA 800 Gbps (trn1n 1,600);
 # trn2.48xlarge 16 chips in a 4x4 torus, EFAv3 3,200 Gbps; the 1-chip sizes from AWS's instance pages.
+# Prices (on-demand, US dollars per hour, us-east-1): trn1.32xlarge $21.50, as quoted by
+# https://www.usage.ai/blogs/aws/ai-ml-cost/trainium-vs-gpu-instances/ (updated 2026-06-25). The others have no
+# price in our references: a plan asks for `--price-per-hour` rather than guess.
 INSTANCE_TYPES: dict[str, Instance] = {
     "trn1.2xlarge": Instance("trn1.2xlarge", "trn1", 1, None, "single chip"),
-    "trn1.32xlarge": Instance("trn1.32xlarge", "trn1", 16, 800.0, "2D torus"),
+    "trn1.32xlarge": Instance("trn1.32xlarge", "trn1", 16, 800.0, "2D torus", usd_per_hour=21.50),
     "trn1n.32xlarge": Instance("trn1n.32xlarge", "trn1", 16, 1600.0, "2D torus"),
     "trn2.3xlarge": Instance("trn2.3xlarge", "trn2", 1, None, "single chip"),
     "trn2.48xlarge": Instance("trn2.48xlarge", "trn2", 16, 3200.0, "4x4 torus"),

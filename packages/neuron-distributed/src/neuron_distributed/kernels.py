@@ -18,7 +18,7 @@ import torch
 from . import costs
 from .hostmap import flat_tensors, to_host
 
-__all__ = ["OPS", "register_kernels"]
+__all__ = ["OPS", "charge_c10d", "register_kernels"]
 
 # c10d op -> the collective kind of the cost model. The first argument of each op is its output (or in-place) tensors.
 OPS: dict[str, str] = {
@@ -46,10 +46,22 @@ OPS: dict[str, str] = {
 
 
 def _group_size(args: tuple[Any, ...]) -> int:
+    """Size of the op's process group: the boxed ProcessGroup (a ScriptObject) of a `c10d::*` op's arguments."""
     for arg in args:
-        if isinstance(arg, torch.ScriptObject) and hasattr(arg, "size"):
+        if isinstance(arg, torch.distributed.ProcessGroup):
             return int(arg.size())
+        if isinstance(arg, torch.ScriptObject):
+            try:
+                return int(torch.distributed.ProcessGroup.unbox(arg).size())
+            except RuntimeError:  # another custom class (a ReduceOp, Work)
+                continue
     return 1
+
+
+def charge_c10d(kind: str, args: tuple[Any, ...]) -> None:
+    """Charge one `c10d::*` call of collective `kind` (its first argument is the output or in-place tensors)."""
+    second = flat_tensors(args[1]) if len(args) > 1 else []
+    costs.charge(kind, second, flat_tensors(args[0]), _group_size(args))
 
 
 def _kernel(op_name: str, kind: str) -> Callable[..., Any]:
@@ -57,8 +69,7 @@ def _kernel(op_name: str, kind: str) -> Callable[..., Any]:
 
     def on_host(*args: Any, **kwargs: Any) -> Any:
         result = op(*to_host(args), **to_host(kwargs))
-        second = flat_tensors(args[1]) if len(args) > 1 else []
-        costs.charge(kind, second, flat_tensors(args[0]), _group_size(args))
+        charge_c10d(kind, args)
         if isinstance(
             result, tuple
         ):  # (outputs, Work): hand back the caller's neuron outputs, not the aliases

@@ -24,3 +24,16 @@ def neuron_device_ready(device_module: Any) -> None:
     from .backend import register_backend
 
     register_backend()
+
+
+@hookimpl
+def neuron_torch_neuronx_exports() -> dict[str, Any]:
+    """The planner on `torch_neuronx`: `plan` (plan a callable as one rank of a full cluster), `is_planning`."""
+
+    def planning(name: str) -> Any:
+        from . import planning
+
+        return getattr(planning, name)
+
+    return {"plan": lambda: planning("plan"), "is_planning": lambda: planning("is_planning"),
+            "PlanValueError": lambda: planning("PlanValueError")}

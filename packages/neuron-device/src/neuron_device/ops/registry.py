@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["builtin", "kernel", "kernels", "register", "register_fallback"]
+__all__ = ["builtin", "kernel", "kernels", "plugin_estimator", "register", "register_fallback"]
 
 _DISPATCH_KEY = "PrivateUse1"
 _libraries: dict[str, torch.library.Library] = {}
@@ -20,6 +20,14 @@ kernels: dict[str, Callable] = {}  # "aten::add.Tensor" -> kernel, for every op 
 # Ops whose kernel is neuron-device's own (the CPU kernel on host aliases), not one a plugin or a user registered:
 # neuron-compile substitutes only the latter in compiled graphs.
 builtin: set[str] = set()
+
+
+def plugin_estimator(name: str) -> Callable | None:
+    """The `estimate_seconds` of the kernel a plugin registered for op `name` (it prices its own calls, e.g. an NKI
+    kernel's simulated latency), or None: neuron-device's own kernels are priced by the cost model."""
+    if name in builtin:
+        return None
+    return getattr(kernels.get(name), "estimate_seconds", None)
 
 
 def _library(namespace: str) -> torch.library.Library:

@@ -1,0 +1,227 @@
+"""`neuron-plan`: plan a Trainium job at full scale (HBM fit, step time, cost) from an unmodified script.
+
+    neuron-plan [--instance trn1.32xlarge] [--nodes N] [--steps N] [--ranks 0,31] [--json FILE] [--trace FILE]
+                [--tokens-per-step N] [--price-per-hour USD] -- python train.py ARGS
+    neuron-plan ... -- torchrun --nproc-per-node 32 --nnodes 1 train.py ARGS
+
+Each planned rank runs in its own process (`plan_rank`, fresh simulator state) with the environment torchrun would
+give it on the whole cluster; the report takes the slowest rank's step and the largest per-core HBM peak. Ranks
+are planned as listed by `--ranks` (default: rank 0): ranks that do the same work need planning once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from neuron_spec.hardware import INSTANCE_TYPES, TARGETS
+from neuron_spec.machine import INSTANCE
+
+from . import envvars
+from .planning import launcher_environment
+
+__all__ = ["build_report", "cores_per_node", "main", "parse_command"]
+
+_REPORT_ORDER = ("world_size", "step_seconds", "compute_seconds", "communication_seconds",
+                 "exposed_communication_seconds", "flops_per_step", "mfu", "peak_hbm_bytes", "peak_allocated_bytes", "hbm_capacity_bytes",
+                 "fits", "tokens_per_second", "cost_per_step_usd", "cost_per_million_tokens_usd")
+
+
+def cores_per_node(instance: str) -> int:
+    """Logical NeuronCores (one rank each) of one instance: chips x physical cores per chip / default LNC."""
+    found = INSTANCE_TYPES.get(instance)
+    if found is None:
+        raise SystemExit(f"neuron-plan: unknown instance type {instance!r}; known: {sorted(INSTANCE_TYPES)}")
+    target = TARGETS[found.target]
+    return found.chips * target.physical_cores_per_chip // target.default_lnc
+
+
+def _option(args: list[str], names: tuple[str, ...]) -> tuple[str | None, list[str]]:
+    """Remove `--name VALUE` / `--name=VALUE` (any spelling in `names`) from `args`; return the value and the rest."""
+    rest, value, i = [], None, 0
+    while i < len(args):
+        arg = args[i]
+        key = arg.split("=", 1)[0]
+        if key in names:
+            value = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+            i += 1 if "=" in arg else 2
+            continue
+        rest.append(arg)
+        i += 1
+    return value, rest
+
+
+def parse_command(command: list[str], per_node: int, nodes: int) -> list[str]:
+    """The script and its arguments (`[script, *args]` or `["-m", module, *args]`) of a `python ...` or
+    `torchrun ...` command; a torchrun world the cluster cannot hold is refused with the arithmetic."""
+    if not command:
+        raise SystemExit("neuron-plan: give the command after '--', e.g. neuron-plan -- python train.py")
+    head, rest = os.path.basename(command[0]), command[1:]
+    if head.startswith("torchrun"):
+        nproc, rest = _option(rest, ("--nproc-per-node", "--nproc_per_node"))
+        nnodes, rest = _option(rest, ("--nnodes",))
+        for flag in ("--standalone",):
+            rest = [a for a in rest if a != flag]
+        if nproc is not None and nproc.isdigit() and int(nproc) > per_node:
+            raise SystemExit(f"neuron-plan: torchrun asks for {nproc} processes per node, but one instance has "
+                             f"{per_node} NeuronCores (one rank each)")
+        if nnodes is not None and nnodes.isdigit() and int(nnodes) != nodes:
+            raise SystemExit(f"neuron-plan: torchrun asks for {nnodes} nodes but --nodes is {nodes}")
+        if nproc is not None and nproc.isdigit() and int(nproc) != per_node:
+            raise SystemExit(f"neuron-plan: torchrun asks for {nproc} processes per node; plan mode plans the whole "
+                             f"cluster, {nodes} x {per_node} NeuronCores = {nodes * per_node} ranks (use every core)")
+        return rest
+    if head.startswith("python"):
+        return rest
+    return command  # a script path given directly
+
+
+def _run_script(script: list[str]) -> None:
+    if script[0] == "-m":
+        sys.argv = [script[1], *script[2:]]
+        runpy.run_module(script[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(script)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))
+        runpy.run_path(script[0], run_name="__main__")
+
+
+def _plan_one(rank: int, steps: int | None, out: str, script: list[str]) -> None:
+    """Child process: plan `rank` (the environment is already the rank's) and write its plan as JSON."""
+    from .planning import plan_rank
+
+    plan = plan_rank(lambda: _run_script(script), rank=rank, world_size=envvars.WORLD_SIZE.read(), steps=steps)
+    with open(out, "w") as handle:
+        json.dump({**plan.as_dict(), "lanes": plan.lanes}, handle)
+
+
+def build_report(plans: list[dict[str, Any]], *, instance: str, nodes: int, tokens_per_step: int | None,
+                 price_per_hour: float | None) -> dict[str, Any]:
+    """The job's report from its planned ranks: the slowest rank's step, the largest per-core HBM peak."""
+    slowest = max(plans, key=lambda p: p["step_seconds"])
+    found = INSTANCE_TYPES[instance]
+    target = TARGETS[found.target]
+    peak_flops = target.tensor_tflops_bf16 * 1e12 * target.default_lnc  # one logical core
+    step = slowest["step_seconds"]
+    report: dict[str, Any] = {
+        "instance": instance, "nodes": nodes, "world_size": slowest["world_size"],
+        "ranks_planned": [p["rank"] for p in plans], "steps_observed": slowest["steps_observed"],
+        "step_seconds": step, "compute_seconds": slowest["compute_seconds"],
+        "communication_seconds": slowest["communication_seconds"],
+        "exposed_communication_seconds": slowest["exposed_communication_seconds"],
+        "flops_per_step": slowest["flops_per_step"],
+        "mfu": slowest["flops_per_step"] / (step * peak_flops) if step > 0 else 0.0,
+        "peak_hbm_bytes": max(p["peak_hbm_bytes"] for p in plans),
+        "peak_allocated_bytes": max(p["peak_allocated_bytes"] for p in plans),
+        "hbm_capacity_bytes": slowest["hbm_capacity_bytes"],
+        "fits": all(p["fits"] for p in plans),
+    }
+    oom = next((p for p in plans if p["oom"] is not None), None)
+    if oom is not None:
+        report["oom"] = {"rank": oom["rank"], **oom["oom"]}
+    if tokens_per_step:
+        report["tokens_per_second"] = tokens_per_step / step if step > 0 else 0.0
+    if price_per_hour is None and found.usd_per_hour is not None:
+        price_per_hour = found.price_per_hour()
+    if price_per_hour is not None:
+        report["price_per_hour_usd"] = price_per_hour
+        report["cost_per_step_usd"] = step * price_per_hour * nodes / 3600
+        if tokens_per_step:
+            report["cost_per_million_tokens_usd"] = report["cost_per_step_usd"] / tokens_per_step * 1e6
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as text, one key a line, bytes in GiB."""
+    lines = [f"neuron-plan: {report['nodes']} x {report['instance']}, world size {report['world_size']} "
+             f"(ranks planned: {report['ranks_planned']})"]
+    for key in _REPORT_ORDER:
+        if key not in report:
+            continue
+        value = report[key]
+        if key.endswith("_bytes"):
+            text = f"{value / 2**30:.2f} GiB"
+        elif isinstance(value, float):
+            text = f"{value:.6g}"
+        else:
+            text = str(value)
+        lines.append(f"  {key:32s} {text}")
+    if "oom" in report:
+        oom = report["oom"]
+        lines.append(f"  out of HBM on rank {oom['rank']} at {oom['op']} in {oom['module']}; largest live tensors:")
+        lines += [f"    {e['module']:60s} {e['bytes'] / 2**30:8.2f} GiB in {e['tensors']} tensors"
+                  for e in oom["largest_live_tensors_by_module"]]
+    return "\n".join(lines)
+
+
+def _trace(path: str, plans: list[dict[str, Any]]) -> None:
+    """A Perfetto (Chrome JSON) trace of the planned step: a process per planned rank, a thread per stream."""
+    events = []
+    for plan in plans:
+        events.append({"ph": "M", "name": "process_name", "pid": plan["rank"], "args": {"name": f"rank {plan['rank']}"}})
+        for name, stream, start, end in plan["lanes"]:
+            events.append({"ph": "X", "name": name, "pid": plan["rank"], "tid": stream, "ts": start * 1e6,
+                           "dur": (end - start) * 1e6})
+    with open(path, "w") as handle:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, handle)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--_rank"]:  # child process: one rank
+        rank, steps, out, *script = argv[1:]
+        _plan_one(int(rank), int(steps) if steps != "all" else None, out, script)
+        return 0
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog="neuron-plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--instance", default="trn1.32xlarge")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps to plan (the last one is reported)")
+    parser.add_argument("--ranks", default="0", help="comma-separated ranks to plan (the distinct roles)")
+    parser.add_argument("--json", dest="json_path")
+    parser.add_argument("--trace")
+    parser.add_argument("--tokens-per-step", type=int)
+    parser.add_argument("--price-per-hour", type=float)
+    options = parser.parse_args(argv[:split])
+    per_node = cores_per_node(options.instance)
+    if options.nodes < 1:
+        raise SystemExit(f"neuron-plan: --nodes must be at least 1, got {options.nodes}")
+    world = per_node * options.nodes
+    script = parse_command(argv[split + 1:], per_node, options.nodes)
+    ranks = [int(r) for r in options.ranks.split(",")]
+    for rank in ranks:
+        if not 0 <= rank < world:
+            raise SystemExit(f"neuron-plan: rank {rank} is outside the world: {options.nodes} x {options.instance} "
+                             f"= {options.nodes} x {per_node} NeuronCores = {world} ranks")
+    plans = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for rank in ranks:
+            out = os.path.join(scratch, f"rank{rank}.json")
+            command = [sys.executable, "-m", "neuron_distributed.plan_cli", "--_rank", str(rank),
+                       str(options.steps), out, *script]
+            with launcher_environment(rank, world, per_node), INSTANCE.overridden(options.instance):
+                done = subprocess.run(command, check=False)
+            if done.returncode != 0:
+                print(f"neuron-plan: planning rank {rank} failed (exit code {done.returncode})", file=sys.stderr)
+                return done.returncode
+            with open(out) as handle:
+                plans.append(json.load(handle))
+    report = build_report(plans, instance=options.instance, nodes=options.nodes,
+                          tokens_per_step=options.tokens_per_step, price_per_hour=options.price_per_hour)
+    print(format_report(report))
+    if options.json_path:
+        with open(options.json_path, "w") as handle:
+            json.dump(report, handle, indent=2)
+    if options.trace:
+        _trace(options.trace, plans)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

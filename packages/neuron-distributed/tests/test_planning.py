@@ -1,0 +1,138 @@
+"""neuron-plan: an unmodified script planned as one rank of a full cluster (fake tensors, fake process group),
+charged as the real run is. Each plan runs the CLI in a subprocess (fresh simulator state), bounded in time."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from launcher import WORKERS, launch
+
+from neuron_distributed.plan_cli import build_report, cores_per_node, parse_command
+
+PLAN = WORKERS / "plan"
+REPORT_KEYS = {"world_size": int, "step_seconds": float, "compute_seconds": float, "communication_seconds": float,
+               "exposed_communication_seconds": float, "flops_per_step": float, "mfu": float, "peak_hbm_bytes": int,
+               "hbm_capacity_bytes": int, "fits": bool}
+
+
+def plan(tmp_path, *args: str, script: str = "mlp.py", options: tuple[str, ...] = ()):
+    """Run neuron-plan on workers/plan/<script> ARGS; return (exit code, JSON report or None, stderr)."""
+    out = tmp_path / "plan.json"
+    command = [sys.executable, "-m", "neuron_distributed.plan_cli", *options, "--json", str(out), "--",
+               "python", str(PLAN / script), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    report = json.loads(out.read_text()) if out.exists() else None
+    return done.returncode, report, done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "fsdp2_noreshard", "tp"])
+def test_parallelism_plans_with_its_collectives(tmp_path, mode):
+    code, report, output = plan(tmp_path, mode, options=("--tokens-per-step", "4096"))
+    assert code == 0, output
+    for key, kind in REPORT_KEYS.items():
+        assert isinstance(report[key], kind), (key, report[key])
+    assert report["world_size"] == 32 and report["fits"]
+    assert report["communication_seconds"] > 0
+    assert 0 < report["compute_seconds"] <= report["step_seconds"]
+    assert report["exposed_communication_seconds"] <= report["communication_seconds"] + 1e-12
+    # priced from the spec's cited trn1.32xlarge price
+    assert report["cost_per_step_usd"] == pytest.approx(report["step_seconds"] * 21.50 / 3600)
+    assert report["tokens_per_second"] == pytest.approx(4096 / report["step_seconds"])
+    assert report["cost_per_million_tokens_usd"] == pytest.approx(report["cost_per_step_usd"] / 4096 * 1e6)
+
+
+def test_tensor_parallel_charges_the_local_shard(tmp_path):
+    """TP over 32 ranks: each rank multiplies 1/32 of the weights (DTensor ops are charged by their local ops)."""
+    _, full, _ = plan(tmp_path, "none")
+    _, tp, _ = plan(tmp_path, "tp")
+    assert tp["flops_per_step"] == pytest.approx(full["flops_per_step"] / 32)
+
+
+def test_value_read_names_the_line(tmp_path):
+    code, report, output = plan(tmp_path, "ddp", "--value-read")
+    assert code != 0 and report is None
+    assert "PlanValueError" in output and "mlp.py:47" in output and "loss.item()" in output
+    assert "is_planning" in output  # the way out
+
+
+def test_oom_is_located_and_lowering_the_batch_fits(tmp_path):
+    """A 4096-wide MLP with batch 2^18 does not fit one trn1 core's 16 GiB: its first layer's output alone is
+    2^18 x 16384 x 4 B = 16 GiB; batch 8 fits (activations scale with the batch)."""
+    _, big, _ = plan(tmp_path, "none", "--width", "4096", "--batch", str(1 << 18))
+    assert big["fits"] is False and big["peak_hbm_bytes"] > big["hbm_capacity_bytes"]
+    oom = big["oom"]
+    assert oom["op"] == "aten.addmm.default" and oom["module"] == "Sequential.0"
+    assert oom["largest_live_tensors_by_module"][0] == {"module": "Sequential.0", "bytes": 16 << 30, "tensors": 1}
+    _, small, _ = plan(tmp_path, "none", "--width", "4096", "--batch", "8")
+    assert small["fits"] is True and "oom" not in small
+
+
+def test_world_size_the_nodes_cannot_hold_is_refused():
+    per_node = cores_per_node("trn1.32xlarge")
+    assert per_node == 32
+    with pytest.raises(SystemExit, match="64 processes per node, but one instance has 32 NeuronCores"):
+        parse_command(["torchrun", "--nproc-per-node", "64", "train.py"], per_node, 1)
+    with pytest.raises(SystemExit, match="2 nodes but --nodes is 1"):
+        parse_command(["torchrun", "--nproc_per_node=32", "--nnodes=2", "train.py"], per_node, 1)
+    assert parse_command(["torchrun", "--nproc-per-node", "32", "train.py", "--lr", "1"], per_node, 1) == [
+        "train.py", "--lr", "1"]
+
+
+def test_price_is_required_where_none_is_cited():
+    plans = [{"rank": 0, "world_size": 2, "steps_observed": 1, "step_seconds": 2.0, "compute_seconds": 1.5,
+              "communication_seconds": 0.5, "exposed_communication_seconds": 0.5, "flops_per_step": 1e12,
+              "peak_hbm_bytes": 1, "peak_allocated_bytes": 1, "hbm_capacity_bytes": 2, "fits": True, "oom": None}]
+    report = build_report(plans, instance="trn2.48xlarge", nodes=2, tokens_per_step=None, price_per_hour=None)
+    assert "cost_per_step_usd" not in report  # no cited price: no made-up cost
+    report = build_report(plans, instance="trn2.48xlarge", nodes=2, tokens_per_step=1000, price_per_hour=36.0)
+    assert report["cost_per_step_usd"] == pytest.approx(2.0 * 36.0 * 2 / 3600)
+    assert report["mfu"] == pytest.approx(1e12 / (2.0 * 79e12 * 2))  # a trn2 logical core is 2 physical cores
+
+
+@pytest.mark.multiprocess
+def test_plan_matches_the_real_run_at_two_ranks(tmp_path):
+    """Plan mode changes what is stored, not what is charged: a tiny Llama under DDP on 2 ranks (trn1.2xlarge),
+    planned and run for real, has the same simulated step time and peak HBM within 2 %."""
+    pytest.importorskip("transformers")
+    env = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
+    _, outputs = launch("plan/measure.py", 2, str(PLAN / "llama_ddp.py"), timeout=300, env=env)
+    measured = {}
+    for rank, output in outputs.items():
+        line = next(line for line in output.splitlines() if line.startswith("MEASURED"))
+        _, _, step, reserved, allocated = line.split()
+        measured[rank] = (float(step), int(reserved), int(allocated))
+    assert len(measured) == 2
+    code, report, output = plan(tmp_path, script="llama_ddp.py",
+                                options=("--instance", "trn1.2xlarge", "--ranks", "0,1", "--steps", "3"))
+    assert code == 0, output
+    step, reserved, allocated = max(measured.values())
+    assert report["world_size"] == 2 and report["communication_seconds"] > 0
+    assert report["step_seconds"] == pytest.approx(step, rel=0.02)
+    assert report["peak_hbm_bytes"] == pytest.approx(reserved, rel=0.02)
+    assert report["peak_allocated_bytes"] == pytest.approx(allocated, rel=0.02)
+
+
+def test_python_api_plans_a_callable():
+    """torch_neuronx.plan: a DDP step planned as rank 3 of 8 in this process, no script file."""
+    code = """
+import json, torch, torch.distributed as dist, torch_neuronx
+def step():
+    assert torch_neuronx.is_planning()
+    dist.init_process_group("neuron")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(512, 512).to("neuron"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 512, device="neuron")).sum().backward()
+    opt.step()
+    dist.destroy_process_group()
+plan = torch_neuronx.plan(step, world_size=8, rank=3)
+assert not torch_neuronx.is_planning()
+print(json.dumps(plan.as_dict()))
+"""
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.32xlarge"}, check=False)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    assert plan["rank"] == 3 and plan["world_size"] == 8 and plan["steps_observed"] == 1
+    assert plan["communication_seconds"] > 0 and plan["fits"]
