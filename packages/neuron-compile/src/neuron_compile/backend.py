@@ -106,7 +106,7 @@ def _compile_static(
             else:
                 metrics.record("cache_misses")
             fn = compiler.compile_graph(gm, graph_inputs, artifacts=artifacts, plans=plans, traced=traced,
-                                        cache_key=entry.key)
+                                        cache_key=entry.key, host_code=settings.host_code)
             if not entry.hit:
                 entry.store(plans)
     except DynamicShapesNotSupported:

@@ -15,6 +15,7 @@ __all__ = [
     "CACHE_LOCK_TIMEOUT",
     "DEBUG_DIR",
     "FALLBACK_DISABLED",
+    "HOST_CODE",
     "INDUCTOR_CACHE_DIR",
     "PRESERVE_ARTIFACTS",
     "RANK",
@@ -42,11 +43,16 @@ CACHE_LOCK_TIMEOUT = _compile("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", float, 60
                               "seconds to wait for another process compiling the same graph")
 XDG_CACHE_HOME = _compile("XDG_CACHE_HOME", str, None, "base of the default compile cache directory")
 RANK = _compile("RANK", str, "0", "names per-rank subdirectories of the debug dir")
+HOST_CODE = _compile("NEURON_COMPILE_HOST_CODE", str, "aten",
+                     "host code of compiled graphs when `options` has no `host_code`: `aten` (default: the graph "
+                     "runs its ATen CPU kernels, no C++ compiler, compiles in seconds) or `inductor` (Inductor's C++ "
+                     "code generation: minutes to compile, faster host code for long runs)",
+                     choices=("aten", "inductor"))
 INDUCTOR_CACHE_DIR = _compile("TORCHINDUCTOR_CACHE_DIR", str, None,
                               "Inductor's own variable: pointed into the compile cache while a graph compiles, then "
                               "restored")
 
 VARIABLES: tuple[EnvVar, ...] = (
     FALLBACK_DISABLED, AUTOCOPY_DISABLED, DEBUG_DIR, PRESERVE_ARTIFACTS, CACHE_DIR, CACHE_DISABLED,
-    CACHE_LOCK_TIMEOUT, XDG_CACHE_HOME, RANK, INDUCTOR_CACHE_DIR,
+    CACHE_LOCK_TIMEOUT, XDG_CACHE_HOME, RANK, INDUCTOR_CACHE_DIR, HOST_CODE,
 )
