@@ -13,7 +13,11 @@ codes (`options={"host_code": ...}`): "aten" (default: the AOT graph calls ATen 
   first process's, per host code;
 * steady state of the inference forward, `backend="neuron"` per host code / CPU Inductor, and / eager `neuron`;
   CPU Inductor / CPU eager (what compiling saves with no device in the way);
-* simulated device time of one forward, compiled / eager, and compiled "aten" / compiled "inductor" (must be 1).
+* simulated device time of one forward, compiled / eager, and compiled "aten" / compiled "inductor" (must be 1);
+* transformers `generate(cache_implementation="static")` of a tiny `LlamaForCausalLM` (2 layers, hidden 32, 8 new
+  tokens; generate compiles its forward with the `neuron` backend), first call in a fresh process: "aten" /
+  "inductor" (today's host code), and a second process with the first one's compile cache / the first (skipped
+  without transformers).
 
 Steady-state sides are interleaved ABBA on one thread in process CPU time (`_timing.py`); each case also checks that
 both sides compute the same logits.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import os
 import platform
@@ -38,6 +43,7 @@ from _models import LlamaConfig, TinyLlama
 from _timing import compare
 
 _ROLE = "--first-compile"
+_GENERATE_ROLE = "--first-generate"
 HOST_CODES = ("aten", "inductor")
 
 
@@ -78,10 +84,28 @@ def first_compile(backend: str) -> tuple[float, float]:
     return _cpu_seconds() - cpu, time.perf_counter() - wall
 
 
-def _fresh_process(backend: str, cache_dir: str, inductor_dir: str) -> tuple[float, float]:
+def first_generate() -> tuple[float, float]:
+    """CPU and wall seconds of the first static-cache `generate` on `neuron` (run in a fresh process; the host code
+    is the one `NEURON_COMPILE_HOST_CODE` names)."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    transformers.set_seed(0)
+    model = transformers.LlamaForCausalLM(config).to("neuron").eval()
+    prompt = torch.tensor([[1, 17, 42, 99, 5, 63]], device="neuron")
+    cpu, wall = _cpu_seconds(), time.perf_counter()
+    model.generate(prompt, max_new_tokens=8, pad_token_id=0, do_sample=False, cache_implementation="static")
+    return _cpu_seconds() - cpu, time.perf_counter() - wall
+
+
+def _fresh_process(backend: str, cache_dir: str, inductor_dir: str, role: str = _ROLE) -> tuple[float, float]:
     env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": cache_dir, "TORCHINDUCTOR_CACHE_DIR": inductor_dir,
            "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # C++ compiles as waited-for children: counted in CPU time
-    done = subprocess.run([sys.executable, __file__, _ROLE, backend], env=env, capture_output=True, text=True,
+    if role == _GENERATE_ROLE:
+        env["NEURON_COMPILE_HOST_CODE"] = backend
+    done = subprocess.run([sys.executable, __file__, role, backend], env=env, capture_output=True, text=True,
                           check=True)
     cpu, wall = done.stdout.strip().splitlines()[-1].split()
     return float(cpu), float(wall)
@@ -105,6 +129,13 @@ def measure(rounds: int) -> dict[str, object]:
             backend = f"neuron-{host_code}"
             first[host_code] = _fresh_process(backend, f"{scratch}/neff-{host_code}", f"{scratch}/ind-{host_code}-1")
             hits[host_code] = _fresh_process(backend, f"{scratch}/neff-{host_code}", f"{scratch}/ind-{host_code}-2")
+        generate = {}
+        if importlib.util.find_spec("transformers") is not None:
+            for host_code in HOST_CODES:
+                cache = f"{scratch}/generate-{host_code}"
+                generate[host_code] = _fresh_process(host_code, cache, f"{cache}-ind-1", _GENERATE_ROLE)
+                generate[f"{host_code}_cache_hit"] = _fresh_process(host_code, cache, f"{cache}-ind-2",
+                                                                    _GENERATE_ROLE)
 
         os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = f"{scratch}/neff-steady"
         model, tokens = _llama("neuron")
@@ -136,6 +167,7 @@ def measure(rounds: int) -> dict[str, object]:
             "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": 1},
             "first_compile_cpu_wall_seconds": first,
             "cache_hit_cpu_wall_seconds": hits,
+            "generate_static_cpu_wall_seconds": generate,
             "steady_state": steady,
             "cpu_inductor_over_cpu_eager": inductor_vs_cpu_eager.ratio,
             "simulated_forward_ms": {k: v * 1e3 for k, v in simulated.items()},
@@ -168,6 +200,14 @@ def _print_table(report: dict) -> None:
                  f"{simulated['aten']:.3f} ms vs {simulated['eager']:.3f} ms"))
     rows.append(("simulated device time: aten / inductor", simulated["aten"] / simulated["inductor"], 1.0,
                  "must be exactly 1"))
+    generate = report["generate_static_cpu_wall_seconds"]
+    if generate:
+        rows.append(("generate(static) first call: aten / inductor (today)", generate["aten"][0] / generate["inductor"][0],
+                     0.4, "{:.1f} s vs {:.1f} s CPU".format(generate["aten"][0], generate["inductor"][0])))
+        for host_code in HOST_CODES:
+            hit, first_call = generate[f"{host_code}_cache_hit"][0], generate[host_code][0]
+            rows.append((f"generate(static) warm cache / first, {host_code}", hit / first_call, 0.15,
+                         f"{hit:.1f} s vs {first_call:.1f} s CPU"))
     print(f"{report['model']} (process CPU time, 1 thread)")
     print(f"{'ratio':<52} {'value':>7} {'target':>8}  detail")
     for name, value, target, detail in rows:
@@ -175,9 +215,9 @@ def _print_table(report: dict) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == _ROLE:
+    if len(sys.argv) == 3 and sys.argv[1] in (_ROLE, _GENERATE_ROLE):
         torch.set_num_threads(1)
-        print(*first_compile(sys.argv[2]))
+        print(*(first_compile(sys.argv[2]) if sys.argv[1] == _ROLE else first_generate()))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
