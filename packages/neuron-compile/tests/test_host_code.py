@@ -1,6 +1,7 @@
 """The two host codes of a compiled graph (`options={"host_code": ...}`): "aten" (default, the AOT graph runs its
 ATen CPU kernels, no C++ compiler) and "inductor" (Inductor's C++ code). Both run the graph the Neuron passes
-planned, so the simulated device time, the device memory accounting and the results are the same."""
+planned, so the simulated device time is the same, bitwise, and the results agree (to float rounding: Inductor
+may reorder a reduction)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def _step(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.compiler
 def test_simulated_time_and_results_are_the_same_in_both_host_codes(monkeypatch) -> None:
-    """The same charges (name and seconds, bitwise), the same device-memory peak, and results that agree."""
+    """The same charges (name and seconds, bitwise) and results that agree. (Not the device-memory peak: the graph's
+    outputs and saved activations are the host code's own buffers, which the allocator accounts as they are.)"""
     charges = []
     charge = services.charge
     monkeypatch.setattr(services, "charge", lambda index, seconds, name, *args, **kwargs: (
@@ -39,17 +41,13 @@ def test_simulated_time_and_results_are_the_same_in_both_host_codes(monkeypatch)
                                  options={"host_code": host_code})
         _step(compiled, ids)  # compiles
         model.zero_grad()
-        torch.neuron.synchronize()
-        torch.neuron.reset_peak_memory_stats()
         charges.clear()
         logits = _step(compiled, ids)
         grads = [p.grad.cpu() for p in model.parameters()]
-        measured[host_code] = list(charges), torch.neuron.max_memory_allocated(), logits, grads
-    (aten_charges, aten_peak, aten_logits, aten_grads), (inductor_charges, inductor_peak, inductor_logits,
-                                                         inductor_grads) = measured.values()
+        measured[host_code] = list(charges), logits, grads
+    (aten_charges, aten_logits, aten_grads), (inductor_charges, inductor_logits, inductor_grads) = measured.values()
     assert [name for name, _ in aten_charges] == ["neuron_compile::graph_forward", "neuron_compile::graph_backward"]
     assert aten_charges == inductor_charges  # the same kernel plans, charged the same way
-    assert aten_peak == inductor_peak
     torch.testing.assert_close(aten_logits, inductor_logits, atol=1e-5, rtol=1e-5)
     for got, want in zip(aten_grads, inductor_grads):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
