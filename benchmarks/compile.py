@@ -123,7 +123,7 @@ def _simulated_forward_seconds(fn: Callable[[], torch.Tensor]) -> float:
 def measure(rounds: int) -> dict[str, object]:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="neuron-compile-bench-") as scratch:  # compile caches: removed after
-        first = {"inductor": _fresh_process("inductor", f"{scratch}/neff-unused", f"{scratch}/inductor-cpu")}
+        first = {"cpu_inductor": _fresh_process("inductor", f"{scratch}/neff-unused", f"{scratch}/inductor-cpu")}
         hits = {}
         for host_code in HOST_CODES:
             backend = f"neuron-{host_code}"
@@ -181,9 +181,9 @@ def _print_table(report: dict) -> None:
     simulated = report["simulated_forward_ms"]
     rows = []
     for host_code, target in (("aten", 0.35), ("inductor", None)):
-        rows.append((f"first compile fwd+bwd: neuron {host_code} / CPU Inductor", first[host_code][0] / first["inductor"][0],
-                     target, "{:.1f} s vs {:.1f} s CPU ({:.1f} s vs {:.1f} s wall)".format(
-                         first[host_code][0], first["inductor"][0], first[host_code][1], first["inductor"][1])))
+        (cpu, wall), (cpu_inductor, wall_inductor) = first[host_code], first["cpu_inductor"]
+        rows.append((f"first compile fwd+bwd: neuron {host_code} / CPU Inductor", cpu / cpu_inductor, target,
+                     f"{cpu:.1f} s vs {cpu_inductor:.1f} s CPU ({wall:.1f} s vs {wall_inductor:.1f} s wall)"))
     rows.append(("first compile: neuron aten / neuron inductor", first["aten"][0] / first["inductor"][0], None,
                  "the host-code choice alone"))
     for host_code in HOST_CODES:
