@@ -9,7 +9,7 @@ from __future__ import annotations
 import nox
 
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "device", "compile", "distributed", "nki", "all", "hf", "docs"]
+nox.options.sessions = ["lint", "device", "compile", "compile-inductor", "distributed", "nki", "all", "hf", "docs"]
 
 PYTHON = "3.11"
 DEVICE = "packages/neuron-device"
@@ -56,6 +56,17 @@ def device_concatenation(session: nox.Session) -> None:
     selection = () if session.posargs else ("-m", "not slow")
     session.run("python", "-m", "pytest", f"{DEVICE}/tests", *selection, *session.posargs,
                 env={"PYTHONHASHSEED": "0", "TORCH_NEURONX_ENABLE_CONCATENATION": "1"})
+
+
+@nox.session(python=PYTHON, name="compile-inductor")
+def compile_inductor(session: nox.Session) -> None:
+    """neuron-compile's tests and adaptive eager's fused path on the "inductor" host code
+    (`NEURON_COMPILE_HOST_CODE=inductor`: Inductor's C++ code generation; the `compile` session tests the default
+    "aten" host code). Not slow tests, to keep the C++ compiles few (`nox -s compile-inductor -- -m slow` runs them)."""
+    session.install(*TEST_TOOLS, DEVICE, PATHS["compile"])
+    selection = () if session.posargs else ("-m", "not slow")
+    session.run("python", "-m", "pytest", f"{PATHS['compile']}/tests", "tests/test_concatenation_fused.py", *selection,
+                *session.posargs, env={"PYTHONHASHSEED": "0", "NEURON_COMPILE_HOST_CODE": "inductor"})
 
 
 @nox.session(python=PYTHON, name="all")

@@ -33,6 +33,7 @@ from collections.abc import Callable
 import torch
 from _models import LlamaConfig, TinyLlama
 from _timing import Comparison, compare
+from python_kernel_floor import floor_kernel, with_kernel
 from torch.nn import functional as F
 
 Case = Callable[[str], Callable[[], torch.Tensor]]
@@ -137,12 +138,19 @@ CASES: dict[str, Case] = {
 }
 
 
+FLOOR_CASES = {"add (16 elems)": "add.Tensor", "mul (16 elems)": "mul.Tensor"}
+
+
 def measure(rounds: int) -> dict[str, Comparison]:
     results = {}
     for name, case in CASES.items():
         on_neuron, on_cpu = case("neuron"), case("cpu")
         torch.testing.assert_close(on_neuron().cpu(), on_cpu(), atol=1e-4, rtol=1e-4, msg=f"{name}: results differ")
         results[name] = compare(on_neuron, on_cpu, rounds=rounds)
+    for name, op in FLOOR_CASES.items():  # the floor kernel vs the CPU; the device's own / floor is the ratio's ratio
+        floor = with_kernel(floor_kernel(getattr(torch.ops.aten, op.split(".")[0]).Tensor), CASES[name]("neuron"), op)
+        results[f"{name}, floor kernel"] = compare(floor, CASES[name]("cpu"), rounds=rounds)
+        floor = None  # destroys the overriding library: the device's kernel is back
     return results
 
 
@@ -213,6 +221,12 @@ def _print_table(report: dict[str, object]) -> None:
     print(f"{'case':<32} {'neuron us':>11} {'cpu us':>11} {'neuron/cpu':>11}")
     for row in report["results"]:
         print(f"{row['case']:<32} {row['neuron_us']:>11.1f} {row['cpu_us']:>11.1f} {row['ratio']:>10.1f}x")
+    ratios = {row["case"]: row["ratio"] for row in report["results"]}
+    for name in FLOOR_CASES:
+        print(f"{name}: neuron / floor kernel of python_kernel_floor.py = "
+              f"{ratios[name] / ratios[name + ', floor kernel']:.2f}x (target <= 1.3)")
+    print(f"llama fwd: neuron / cpu eager = {ratios['llama fwd (2L, h256, s128, b2)']:.2f}x (target <= 1.2); "
+          f"adaptive eager: {ratios['llama fwd, adaptive eager']:.2f}x (target <= 1.05)")
     print(f"NEURON_NKI_NATIVE_KERNELS={report['nki_native_kernels']}")
     rss = report["peak_rss"]
     if rss is not None:

@@ -30,8 +30,7 @@ from _timing import Comparison, compare
 import neuron_device  # noqa: F401  (registers `neuron` when torch's autoload is off)
 from neuron_device import storage as hostmem
 
-_ADD = torch.ops.aten.add.Tensor
-_cpu_add = _ADD._op  # the CPU kernel, reached through the dispatcher without `OpOverload.__call__`'s frame
+_cpu_add = torch.ops.aten.add.Tensor._op  # the CPU kernel, through the dispatcher without `OpOverload.__call__`'s frame
 
 
 def _dispatch_only(a: torch.Tensor, b: torch.Tensor, alpha=1) -> torch.Tensor:
@@ -42,14 +41,25 @@ def _floor(a: torch.Tensor, b: torch.Tensor, alpha=1) -> torch.Tensor:
     return hostmem.adopt(_cpu_add(hostmem.host_alias(a), hostmem.host_alias(b), alpha=alpha), a.device.index)
 
 
-def _with_kernel(kernel: Callable | None, work: Callable[[], object]) -> Callable[[], object]:
-    """`work`, run while `kernel` replaces `aten::add.Tensor`'s `neuron` kernel (None: the device's own)."""
+def floor_kernel(op: torch._ops.OpOverload) -> Callable[..., torch.Tensor]:
+    """The floor kernel of a binary functional `op` (e.g. `aten.mul.Tensor`): alias, CPU kernel, adopt."""
+    cpu_kernel = op._op
+
+    def floor(a: torch.Tensor, b: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        return hostmem.adopt(cpu_kernel(hostmem.host_alias(a), hostmem.host_alias(b), *args, **kwargs),
+                             a.device.index)
+
+    return floor
+
+
+def with_kernel(kernel: Callable | None, work: Callable[[], object], op: str = "add.Tensor") -> Callable[[], object]:
+    """`work`, run while `kernel` replaces `aten::<op>`'s `neuron` kernel (None: the device's own)."""
     if kernel is None:
         return work
     library = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "overriding a previously registered kernel": that is the point
-        library.impl("add.Tensor", kernel, "PrivateUse1")
+        library.impl(op, kernel, "PrivateUse1")
 
     def run() -> object:
         return work()
@@ -67,7 +77,7 @@ def measure(rounds: int) -> dict[str, Comparison]:
     a, b = a_cpu.to("neuron"), b_cpu.to("neuron")
     results = {}
     for name, kernel in KERNELS.items():
-        on_neuron = _with_kernel(kernel, lambda: a + b)
+        on_neuron = with_kernel(kernel, lambda: a + b)
         if kernel is not _dispatch_only:
             torch.testing.assert_close(on_neuron().cpu(), a_cpu + b_cpu, msg=f"{name}: wrong sum")
         results[name] = compare(on_neuron, lambda: a_cpu + b_cpu, rounds=rounds)

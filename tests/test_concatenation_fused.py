@@ -1,6 +1,7 @@
 """Adaptive eager's fused path with neuron-compile installed: a run of queued eager ops seen a second time is
-compiled by the `neuron_fuse` hook (Inductor's CPU backend) and later runs call the compiled kernel. Results are
-compared with the CPU: floating point to a tight tolerance (Inductor may reorder a reduction), integers exactly."""
+handed to the `neuron_fuse` hook (its FX graph as host code, or Inductor's CPU backend under
+`NEURON_COMPILE_HOST_CODE=inductor`, as the `compile-inductor` nox session runs it) and later runs call it. Results
+are compared with the CPU: floating point to a tight tolerance (Inductor may reorder a reduction), integers exactly."""
 
 from __future__ import annotations
 

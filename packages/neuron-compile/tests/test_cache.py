@@ -97,8 +97,10 @@ def test_entry_not_signed_by_this_cache_is_rejected(tmp_path) -> None:
         assert not _lookup(tmp_path).hit
 
 
-def _run_worker(cache_dir: Path, inductor_dir: Path) -> subprocess.Popen:
+def _run_worker(cache_dir: Path, inductor_dir: Path, host_code: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(cache_dir), "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
+    if host_code is not None:
+        env["NEURON_COMPILE_HOST_CODE"] = host_code
     return subprocess.Popen([sys.executable, str(WORKER)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -112,17 +114,26 @@ def _result(process: subprocess.Popen) -> dict:
 @pytest.mark.slow
 @pytest.mark.compiler
 @pytest.mark.multiprocess
-def test_second_process_hits_and_a_corrupted_entry_recompiles(tmp_path) -> None:
-    first = _result(_run_worker(tmp_path / "cache", tmp_path / "inductor-1"))
-    assert (first["cache_misses"], first["cache_hits"]) == (1, 0) and first["grad_ok"]
-    second = _result(_run_worker(tmp_path / "cache", tmp_path / "inductor-2"))
-    assert (second["cache_misses"], second["cache_hits"]) == (0, 1) and second["grad_ok"]
-    assert second["autograd_cache_hits"] == 1  # nothing traced or lowered again
+@pytest.mark.parametrize("host_code", ["aten", "inductor"])
+def test_second_process_hits_and_a_corrupted_entry_recompiles(tmp_path, host_code) -> None:
+    def run(inductor_dir: str) -> dict:
+        return _result(_run_worker(tmp_path / "cache", tmp_path / inductor_dir, host_code))
 
-    libraries = list((tmp_path / "cache" / "entries").glob("*/files/**/*.so"))
-    assert libraries, "the entry holds the compiled C++ kernels"
-    libraries[0].write_bytes(b"\x7fELF corrupted")
-    third = _result(_run_worker(tmp_path / "cache", tmp_path / "inductor-3"))
+    first = run("inductor-1")
+    assert (first["cache_misses"], first["cache_hits"]) == (1, 0) and first["grad_ok"]
+    second = run("inductor-2")
+    assert (second["cache_misses"], second["cache_hits"]) == (0, 1) and second["grad_ok"]
+    if host_code == "inductor":
+        assert second["autograd_cache_hits"] == 1  # nothing traced or lowered again
+        corrupted = list((tmp_path / "cache" / "entries").glob("*/files/**/*.so"))
+        assert corrupted, "the entry holds the compiled C++ kernels"
+        corrupted[0].write_bytes(b"\x7fELF corrupted")
+    else:  # the entry holds the kernel plans (the host code is traced again)
+        corrupted = list((tmp_path / "cache" / "entries").glob("*/manifest.json"))
+        manifest = json.loads(corrupted[0].read_text())
+        manifest["plans"]["forward"]["kernels"] = []
+        corrupted[0].write_text(json.dumps(manifest))
+    third = run("inductor-3")
     assert (third["cache_misses"], third["cache_hits"]) == (1, 0) and third["grad_ok"]
 
 
@@ -145,6 +156,7 @@ def test_inductor_caches_hit_exactly_when_ours_does(tmp_path, monkeypatch) -> No
     x = torch.randn(16, device="neuron")
 
     def compile_once(**options) -> dict:
+        options.setdefault("host_code", "inductor")  # the "aten" host code uses neither cache
         torch._dynamo.reset()
         counters.clear()
         torch.neuron.reset_dynamo_metrics()

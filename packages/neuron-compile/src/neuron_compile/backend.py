@@ -3,7 +3,8 @@
 * static shapes: `dynamic=True` is rejected with the alternatives; a new input shape compiles a new graph (with
   Dynamo's automatic dynamic shapes, the symbolic graph is specialised per concrete shape here) and is counted in
   `torch.neuron.get_dynamo_metrics()`;
-* `mode` other than "default" warns and compiles as default; `options={"model_name": ..., "fallback_execution": ...}`;
+* `mode` other than "default" warns and compiles as default;
+  `options={"model_name": ..., "fallback_execution": ..., "host_code": ...}`;
 * a compile failure raises `NeuronCompileError`, unless fallback execution is enabled
   (`TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0` or `options={"fallback_execution": True}`): then the graph runs
   eagerly on `neuron`, with a warning;
@@ -119,7 +120,7 @@ def _compile_static(
             else:
                 metrics.record("cache_misses")
             fn = compiler.compile_graph(gm, graph_inputs, artifacts=artifacts, plans=plans, traced=traced,
-                                        cache_key=entry.key)
+                                        cache_key=entry.key, host_code=settings.host_code)
             if not entry.hit:
                 entry.store(plans)
     except DynamicShapesNotSupported:

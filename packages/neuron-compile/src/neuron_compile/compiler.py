@@ -1,5 +1,13 @@
 """The compile pipeline of one graph: AOTAutograd (forward and backward) with the Neuron decomposition table, the
-Neuron FX passes on each AOT graph, then Inductor's C++ host codegen.
+Neuron FX passes on each AOT graph, then the graph's host code, one of two (`CompileSettings.host_code`):
+
+* "aten" (default): the AOT graph after the passes is the host code: its Python calls each node's ATen CPU kernel
+  on host tensors. No code generation and no C++ compiler, so a compile costs Dynamo + AOTAutograd + our passes
+  (seconds); each node pays one dispatcher call at run time.
+* "inductor": Inductor's C++ code generation and compiler for the same graph (tens of seconds per graph, cached):
+  fused loops, faster host code for long runs.
+
+Both run the graph the passes planned, so the kernel plan (simulated device time) is the same for both.
 
 The graph is compiled as a *host* graph: device memory is host memory, so a `neuron` graph is lowered exactly as
 the same graph on CPU tensors, and run on zero-copy host aliases of its `neuron` arguments (`boundary`). This takes
@@ -18,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch._functorch.aot_autograd import make_boxed_func
 
 from . import _patches, boundary, metrics, nki_substitution, passes, rms_norm, rng
 from .artifacts import ArtifactWriter
@@ -116,9 +125,11 @@ def _inner_compile(
     *args: Any,
     artifacts: ArtifactWriter,
     plans: dict[str, passes.KernelPlan],
+    host_code: str,
     **kwargs: Any,
 ) -> Any:
-    """Neuron FX passes on one AOT graph, then Inductor's codegen for it."""
+    """Neuron FX passes on one AOT graph, then its host code (see the module doc). A stage whose plan `plans`
+    already holds (a compile-cache hit) is not planned again: the plan is a function of the graph and the key."""
     from torch._inductor.compile_fx import compile_fx_inner
 
     stage = "backward" if kwargs.get("is_backward") else ("inference" if kwargs.get("is_inference") else "forward")
@@ -127,9 +138,15 @@ def _inner_compile(
             rms_norm.fuse_rms_norm(gm)
         nki_substitution.substitute(gm)
         rng.seed_from_device(gm)
-        plans[stage] = passes.plan_kernels(gm)
+        if stage not in plans:
+            plans[stage] = passes.plan_kernels(gm)
     artifacts.write_graph(stage, gm)
     with metrics.phase("lower"):
+        if host_code == "aten":
+            rng.seeded_host_random(gm)
+            gm.recompile()
+            artifacts.write_code(stage, gm.code)
+            return make_boxed_func(gm.forward)
         compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
     artifacts.write_code(stage, getattr(compiled, "source_code", None))
     return compiled
@@ -143,12 +160,14 @@ def compile_graph(
     plans: dict[str, passes.KernelPlan],
     traced: bool = True,
     cache_key: str = "",
+    host_code: str = "aten",
 ) -> HostGraph:
     """Compile a Dynamo graph of `neuron` tensors with static shapes to a callable taking the same arguments;
     `plans` receives the kernel plan of each AOT graph compiled ("forward", "backward" or "inference"; none on an
     AOTAutograd cache hit). `traced=False` compiles from the concrete `example_inputs` alone (a graph Dynamo traced
     with symbolic shapes, specialised outside Dynamo). `cache_key`: the compile cache's key of this graph ("" when
-    the cache is disabled), which Inductor's own caches are keyed on too."""
+    the cache is disabled), which Inductor's own caches are keyed on too. `host_code`: "aten" or "inductor" (see
+    the module doc)."""
     from torch._inductor import compile_fx as compile_fx_module
 
     artifacts.write_graph("dynamo", gm)
@@ -158,7 +177,7 @@ def compile_graph(
     if not traced or len(fakes) != len(example_inputs):
         fakes = [None] * len(example_inputs)
     inputs = [_host_example(v, t) for v, t in zip(example_inputs, fakes)]
-    inner = functools.partial(_inner_compile, artifacts=artifacts, plans=plans)
+    inner = functools.partial(_inner_compile, artifacts=artifacts, plans=plans, host_code=host_code)
     nki_substitution.define_replacements()  # code loaded from Inductor's caches calls them by name
     rng.define_device_ops()
     # The backward graph is compiled now, not at the first backward: failures surface at compile time, and the
@@ -167,7 +186,7 @@ def compile_graph(
     # be wrapped in an object Inductor's FX-graph cache cannot key, and every graph would bypass that cache.
     with (torch._functorch.config.patch(force_non_lazy_backward_lowering=True),
           _patches.inductor_decompositions(neuron_decompositions),
-          _inductor_caches(cache_key)):
+          _inductor_caches(cache_key if host_code == "inductor" else "")):
         return HostGraph(compile_fx_module.compile_fx(gm, inputs, inner_compile=inner))
 
 
@@ -175,6 +194,7 @@ def compile_graph(
 def _inductor_caches(cache_key: str) -> Iterator[None]:
     """Key Inductor's FX-graph and AOTAutograd caches on our compile-cache key as well.
 
+    Only Inductor's host code uses them (the "aten" host code is the AOT graph itself, which they do not store).
     On a hit of our cache, AOTAutograd's cache hits the entry's records and nothing is traced or lowered again. On a
     miss, AOTAutograd must trace: an AOTAutograd hit skips the Neuron passes, so no kernel plan (simulated time) or
     debug artifact would be made. Our key covers every setting that changes them (AOTAutograd's does not, e.g. the

@@ -43,6 +43,11 @@ XDG_CACHE_HOME = _compile("XDG_CACHE_HOME", str, None, "base of the default comp
 XDG_CONFIG_HOME = _compile("XDG_CONFIG_HOME", str, None,
                            "base of the directory of the compile cache's signing key (default `~/.config`)")
 RANK = _compile("RANK", str, "0", "names per-rank subdirectories of the debug dir")
+HOST_CODE = _compile("NEURON_COMPILE_HOST_CODE", str, "aten",
+                     "host code of compiled graphs when `options` has no `host_code`: `aten` (default: the graph "
+                     "runs its ATen CPU kernels, no C++ compiler, compiles in seconds) or `inductor` (Inductor's C++ "
+                     "code generation: minutes to compile, faster host code for long runs)",
+                     choices=("aten", "inductor"))
 INDUCTOR_CACHE_DIR = _compile("TORCHINDUCTOR_CACHE_DIR", str, None,
                               "Inductor's own variable: pointed into the compile cache while a graph compiles, then "
                               "restored")
@@ -50,7 +55,7 @@ INDUCTOR_CACHE_DIR = _compile("TORCHINDUCTOR_CACHE_DIR", str, None,
 # Documented TorchNeuron variables of the real compiler: accepted with a one-time note that they have no effect.
 NO_EFFECT: tuple[EnvVar, ...] = (
     _compile("NEURON_CC_FLAGS", str, None, "accepted, no effect here: there is no neuronx-cc; graphs compile to host "
-             "code through Inductor"),
+             "code (see NEURON_COMPILE_HOST_CODE)"),
     _compile("NEURON_COMPILER_OPT_LEVEL", str, None, "accepted, no effect here: there is no neuronx-cc to optimise"),
     _compile("TORCH_NEURONX_COMPLEX_DECOMPOSE", str, None, "accepted, no effect here: complex ops compile to the "
              "host's complex kernels, with the same results either way"),
@@ -61,5 +66,6 @@ NO_EFFECT: tuple[EnvVar, ...] = (
 VARIABLES: tuple[EnvVar, ...] = (
     FALLBACK_DISABLED, AUTOCOPY_DISABLED, DEBUG_DIR, PRESERVE_ARTIFACTS, CACHE_DIR, CACHE_DISABLED,
     CACHE_DISABLED_ALIAS, CACHE_LOCK_TIMEOUT, XDG_CACHE_HOME, XDG_CONFIG_HOME, RANK, INDUCTOR_CACHE_DIR, RETAIN_DEVICE,
-    METRICS_ENABLED, METRIC_TABLES, METRICS_DIR, *NO_EFFECT,
+    METRICS_ENABLED, METRIC_TABLES, METRICS_DIR, HOST_CODE,
+    *NO_EFFECT,
 )

@@ -39,7 +39,7 @@ def _lazy_inductor_hooks(original: Any) -> Any:
 
 @hookimpl
 def neuron_fuse(graph_module: Any, example_inputs: list) -> Any:
-    """Adaptive eager hands a repeated run of queued ops over: compile it with Inductor (`fuser`)."""
+    """Adaptive eager hands a repeated run of queued ops over: its host code (`fuser`)."""
     from . import fuser
 
     return fuser.fuse(graph_module, example_inputs)

@@ -13,6 +13,11 @@ Random ops Inductor does not lower (e.g. `randperm`, `multinomial`, or every ran
 `neuron_compile::device_rng_*` op of the same schema that runs that kernel on the `neuron` generator, as eager
 `neuron` runs it (`host_exec`): these ops give eager's numbers bitwise and advance the device generator as eager
 does. An explicit `generator=` argument is used as given.
+
+The "aten" host code (no Inductor lowering) runs the graph's `inductor_random` / `inductor_randint` nodes as ATen
+calls, whose eager forms ignore their seed and draw from the CPU generator. `seeded_host_random` retargets them to
+`neuron_compile::seeded_random` / `seeded_randint`, which draw from a generator seeded with the node's seed (itself
+drawn from the device generator), so both host codes are reproducible from `torch.neuron.manual_seed`.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import torch
 
 from neuron_device.services import seeded_call
 
-__all__ = ["define_device_ops", "device_seeds", "seed_from_device"]
+__all__ = ["define_device_ops", "device_seeds", "seed_from_device", "seeded_host_random", "seeded_randint",
+           "seeded_random"]
 
 _LIMITS = torch.iinfo(torch.int64)
 
@@ -40,6 +46,32 @@ def device_seeds(count: int) -> torch.Tensor:
 @device_seeds.register_fake
 def _(count: int) -> torch.Tensor:
     return torch.empty(count, dtype=torch.int64)
+
+
+def _generator(seed: torch.Tensor) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed))
+
+
+@torch.library.custom_op("neuron_compile::seeded_random", mutates_args=())
+def seeded_random(size: list[int], seed: torch.Tensor, mode: str) -> torch.Tensor:
+    """`inductor_random` as ATen: float32 `torch.rand`/`torch.randn` (`mode`) from a generator seeded by `seed`."""
+    return getattr(torch, mode)(size, dtype=torch.float32, generator=_generator(seed))
+
+
+@seeded_random.register_fake
+def _(size: list[int], seed: torch.Tensor, mode: str) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.float32)
+
+
+@torch.library.custom_op("neuron_compile::seeded_randint", mutates_args=())
+def seeded_randint(low: int, high: int, size: list[int], seed: torch.Tensor) -> torch.Tensor:
+    """`inductor_randint` as ATen: int64 `torch.randint` from a generator seeded by `seed`."""
+    return torch.randint(low, high, size, generator=_generator(seed))
+
+
+@seeded_randint.register_fake
+def _(low: int, high: int, size: list[int], seed: torch.Tensor) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int64)
 
 
 _library = torch.library.Library("neuron_compile", "FRAGMENT")
@@ -111,3 +143,18 @@ def seed_from_device(gm: torch.fx.GraphModule) -> int:
     if nodes or random_ops:
         gm.recompile()
     return len(nodes) + len(random_ops)
+
+
+def seeded_host_random(gm: torch.fx.GraphModule) -> int:
+    """Retarget the graph's `inductor_random` / `inductor_randint` nodes to their seeded ATen forms (for the "aten"
+    host code, see the module doc); return how many nodes changed."""
+    changed = 0
+    for node in list(gm.graph.find_nodes(op="call_function", target=torch.ops.prims.inductor_random.default)):
+        node.target, node.kwargs = torch.ops.neuron_compile.seeded_random.default, {}  # align_dtype: CUDA only
+        changed += 1
+    for node in list(gm.graph.find_nodes(op="call_function", target=torch.ops.prims.inductor_randint.default)):
+        node.target = torch.ops.neuron_compile.seeded_randint.default
+        changed += 1
+    if changed:
+        gm.recompile()
+    return changed

@@ -17,7 +17,8 @@ from . import envvars
 __all__ = ["CompileSettings", "default_cache_dir"]
 
 # The `options` keys this backend reads; anything else is a mistake worth reporting.
-KNOWN_OPTIONS = ("model_name", "fallback_execution")
+KNOWN_OPTIONS = ("model_name", "fallback_execution", "host_code")
+HOST_CODES = ("aten", "inductor")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
@@ -34,6 +35,7 @@ class CompileSettings:
     mode: str
     model_name: str | None
     fallback_execution: bool
+    host_code: str  # "aten": the FX graph runs its ATen CPU kernels; "inductor": Inductor's C++ code generation
     autocopy: bool
     debug_dir: Path | None
     cache_dir: Path | None  # None: the persistent cache is disabled
@@ -69,6 +71,11 @@ class CompileSettings:
             fallback = not envvars.FALLBACK_DISABLED.read()
         elif not isinstance(fallback, bool):
             raise TypeError(f"options['fallback_execution'] must be a bool, got {fallback!r}")
+        host_code = options.get("host_code")
+        if host_code is None:
+            host_code = envvars.HOST_CODE.read()
+        elif host_code not in HOST_CODES:
+            raise ValueError(f"options['host_code'] must be one of {list(HOST_CODES)}, got {host_code!r}")
         debug_dir = None
         if envvars.DEBUG_DIR.is_set() and envvars.PRESERVE_ARTIFACTS.read():
             debug_dir = Path(envvars.DEBUG_DIR.read())
@@ -80,6 +87,7 @@ class CompileSettings:
             mode=mode,
             model_name=model_name,
             fallback_execution=fallback,
+            host_code=host_code,
             autocopy=not envvars.AUTOCOPY_DISABLED.read(),
             debug_dir=debug_dir,
             cache_dir=cache_dir,
@@ -89,4 +97,4 @@ class CompileSettings:
 
     def cache_fields(self) -> dict[str, Any]:
         """The options that are part of the cache key (`mode` is not: every mode compiles as "default")."""
-        return {"model_name": self.model_name, "autocopy": self.autocopy}
+        return {"model_name": self.model_name, "autocopy": self.autocopy, "host_code": self.host_code}

@@ -20,8 +20,8 @@ while the program does not look at their values and to fuse what it queued. Ours
 * **Execute adaptively.** A flushed run is keyed by its structure (ops, signatures, how results feed ops, which
   results are still referenced). The first time, it runs op by op on host aliases: the same ATen CPU kernels as
   plain eager, so results are bitwise identical, and each op is charged as in eager. From the second time, the run
-  is handed, as an FX graph of CPU ops, to the `neuron_fuse` plugin hook (neuron-compile compiles it with
-  Inductor); the compiled callable then runs the whole run and the timeline is charged one fused kernel, whose HBM
+  is handed, as an FX graph of CPU ops, to the `neuron_fuse` plugin hook (neuron-compile runs the graph itself, or
+  compiles it with Inductor under `NEURON_COMPILE_HOST_CODE=inductor`); its callable then runs the whole run and the timeline is charged one fused kernel, whose HBM
   traffic is only the run's inputs and its live outputs. Results nobody references any more are never written.
 
 Errors a kernel raises only when it reads values (integer division by zero) surface at the flush, as asynchronous

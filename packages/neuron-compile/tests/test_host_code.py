@@ -1,0 +1,98 @@
+"""The two host codes of a compiled graph (`options={"host_code": ...}`): "aten" (default, the AOT graph runs its
+ATen CPU kernels, no C++ compiler) and "inductor" (Inductor's C++ code). Both run the graph the Neuron passes
+planned, so the simulated device time is the same, bitwise, and the results agree (to float rounding: Inductor
+may reorder a reduction)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from models import decoder
+
+from neuron_compile import passes
+from neuron_compile.settings import CompileSettings
+from neuron_device import services
+
+
+def _step(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """One forward + backward; the logits."""
+    logits = model(ids)
+    logits.float().pow(2).mean().backward()
+    return logits.detach().cpu()
+
+
+@pytest.mark.compiler
+def test_simulated_time_and_results_are_the_same_in_both_host_codes(monkeypatch) -> None:
+    """The same charges (name and seconds, bitwise) and results that agree. (Not the device-memory peak: the graph's
+    outputs and saved activations are the host code's own buffers, which the allocator accounts as they are.)"""
+    charges = []
+    charge = services.charge
+    monkeypatch.setattr(services, "charge", lambda index, seconds, name, *args, **kwargs: (
+        charges.append((name, seconds)), charge(index, seconds, name, *args, **kwargs))[1])
+    torch.manual_seed(0)
+    eager = decoder("llama", layers=1).to("neuron")
+    ids = torch.randint(0, 64, (2, 8), device="neuron")
+    measured = {}
+    for host_code in ("aten", "inductor"):
+        model = copy.deepcopy(eager)
+        compiled = torch.compile(model, backend="neuron", fullgraph=True, dynamic=False,
+                                 options={"host_code": host_code})
+        _step(compiled, ids)  # compiles
+        model.zero_grad()
+        charges.clear()
+        logits = _step(compiled, ids)
+        grads = [p.grad.cpu() for p in model.parameters()]
+        measured[host_code] = list(charges), logits, grads
+    (aten_charges, aten_logits, aten_grads), (inductor_charges, inductor_logits, inductor_grads) = measured.values()
+    assert [name for name, _ in aten_charges] == ["neuron_compile::graph_forward", "neuron_compile::graph_backward"]
+    assert aten_charges == inductor_charges  # the same kernel plans, charged the same way
+    torch.testing.assert_close(aten_logits, inductor_logits, atol=1e-5, rtol=1e-5)
+    for got, want in zip(aten_grads, inductor_grads):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_aten_host_code_runs_no_inductor_codegen(monkeypatch) -> None:
+    from torch._inductor import compile_fx
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the 'aten' host code must not call Inductor's code generation")
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", refuse)
+    x = torch.randn(4, 5, device="neuron", requires_grad=True)
+    out = torch.compile(lambda t: (t.sin() * 2).sum(), backend="neuron", options={"host_code": "aten"})(x)
+    out.backward()
+    torch.testing.assert_close(x.grad.cpu(), 2 * x.detach().cpu().cos())
+
+
+def test_aten_cache_hit_reuses_the_stored_kernel_plans(tmp_path, monkeypatch) -> None:
+    """A hit of the compile cache on the "aten" host code traces again (the AOT graph is its host code) but takes
+    the entry's kernel plans instead of planning again."""
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path))
+    planned = []
+    plan_kernels = passes.plan_kernels
+    monkeypatch.setattr(passes, "plan_kernels", lambda gm: planned.append(gm) or plan_kernels(gm))
+    x = torch.randn(16, device="neuron")
+    results = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        torch.neuron.reset_dynamo_metrics()
+        results.append(torch.compile(lambda t: (t * 7 - 2).exp(), backend="neuron",
+                                     options={"host_code": "aten"})(x).cpu())
+    assert torch.neuron.get_dynamo_metrics()["cache_hits"] == 1
+    assert len(planned) == 1
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
+
+
+def test_host_code_option_and_environment_variable(monkeypatch) -> None:
+    assert CompileSettings.resolve(options={"host_code": "inductor"}).host_code == "inductor"
+    monkeypatch.setenv("NEURON_COMPILE_HOST_CODE", "inductor")
+    assert CompileSettings.resolve().host_code == "inductor"
+    assert CompileSettings.resolve(options={"host_code": "aten"}).host_code == "aten"
+    monkeypatch.delenv("NEURON_COMPILE_HOST_CODE")
+    assert CompileSettings.resolve().host_code == "aten"
+    with pytest.raises(ValueError, match="host_code"):
+        CompileSettings.resolve(options={"host_code": "c++"})
+    assert (CompileSettings.resolve(options={"host_code": "aten"}).cache_fields()
+            != CompileSettings.resolve(options={"host_code": "inductor"}).cache_fields())
