@@ -1,41 +1,32 @@
-"""Every environment variable the four packages read is in docs/environment-variables.md, and nothing else is.
+"""Every environment variable the four packages read is declared once, in its package's declarations module, and
+docs/environment-variables.md documents exactly the declared ones.
 
-The sources are scanned as text (no import), so the check covers every package whether or not it is installed.
-A variable is read when its name is a literal in ``os.environ.get(...)`` / ``os.getenv(...)`` /
-``os.environ[...]`` / ``"NAME" in os.environ``, or is the value of a module constant whose name ends in ``ENV``
-(``TARGET_ENV = "NEURON_..."``) or of an ``ENV = {...}`` table, the two ways the packages name variables they
-read through a helper.
+The declarations (`EnvVar` constants listed in each module's ``VARIABLES``; how to add one: `neuron_spec.env`) are
+the list. That the code reads nothing undeclared is checked on the sources' syntax trees: only the one parser
+(`neuron_spec.env`) and the places that hand the whole environment to it touch ``os.environ``.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import re
+from collections import Counter
 from pathlib import Path
+
+from neuron_spec.env import EnvVar
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(ROOT.glob("packages/*/src/**/*.py"))
 TABLE = ROOT / "docs" / "environment-variables.md"
-NAME = r"[\"']([A-Z][A-Z0-9_]*)[\"']"
-DIRECT = [
-    re.compile(r"(?:environ\.get|getenv|environ\.pop|environ\.setdefault)\(\s*" + NAME),
-    re.compile(r"environ\[\s*" + NAME + r"\s*\]"),
-    re.compile(NAME + r"\s+(?:not\s+)?in\s+os\.environ"),
-]
-CONSTANT = re.compile(r"^(?:[A-Z][A-Z0-9_]*)?ENV\s*(?::[^=\n]+)?=\s*" + NAME, re.MULTILINE)
-TABLE_BLOCK = re.compile(r"^ENV(?::[^=\n]+)?\s*=\s*\{(.*?)^\}", re.MULTILINE | re.DOTALL)
-TABLE_VALUE = re.compile(r":\s*" + NAME)
-# Read by torch, not by us, but it decides whether `import torch` registers the device: documented on purpose.
-TORCH_OWN = {"TORCH_DEVICE_BACKEND_AUTOLOAD"}
+DECLARATIONS = ("neuron_device.envvars", "neuron_compile.envvars", "neuron_distributed.envvars", "nki.envvars")
+# Modules that pass the whole environment to the parser (`read_topology(os.environ)`), or are the parser.
+WHOLE_ENVIRONMENT = {"neuron_spec/env.py", "neuron_device/topology.py", "nki/_targets.py"}
 
 
-def read_variables(text: str) -> set[str]:
-    """Names of the environment variables one source file reads."""
-    names = {match for pattern in DIRECT for match in pattern.findall(text)}
-    if "environ" in text or "getenv" in text:
-        names |= set(CONSTANT.findall(text))
-        for block in TABLE_BLOCK.findall(text):
-            names |= set(TABLE_VALUE.findall(block))
-    return names
+def declared() -> list[EnvVar]:
+    """Every declared variable, in declaration order (a name declared twice appears twice)."""
+    return [var for module in DECLARATIONS for var in importlib.import_module(module).VARIABLES]
 
 
 def documented() -> set[str]:
@@ -43,21 +34,42 @@ def documented() -> set[str]:
     return set(re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \|", TABLE.read_text(encoding="utf-8"), re.MULTILINE))
 
 
-def test_the_scanner_finds_each_form():
-    sample = (
-        'import os\nTARGET_ENV = "A_TARGET"\nENV = {\n    "x": "A_TABLE",  # comment\n}\n'
-        'os.environ.get("A_GET"); os.getenv("A_GETENV"); os.environ["A_ITEM"]\nif "A_IN" in os.environ: pass\n'
-        'os.environ.get(name)\n'
-    )
-    assert read_variables(sample) == {"A_TARGET", "A_TABLE", "A_GET", "A_GETENV", "A_ITEM", "A_IN"}
-    assert read_variables('X_ENV = "NOT_READ"\n') == set()  # a constant in a file that reads no environment
+def environment_reads(tree: ast.AST) -> list[int]:
+    """Lines of a module that touch ``os.environ`` or call ``os.getenv`` / ``os.putenv``."""
+    return sorted(node.lineno for node in ast.walk(tree)
+            if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv"))
+            or (isinstance(node, ast.ImportFrom) and node.module == "os"
+            and any(alias.name in ("environ", "getenv") for alias in node.names)))
 
 
-def test_every_variable_read_is_documented_and_every_documented_one_is_read():
-    read = set().union(*(read_variables(path.read_text(encoding="utf-8")) for path in SOURCES))
-    # the scan must see the variables of every package, or it proves nothing
+def test_every_declaration_is_an_envvar_declared_once():
+    variables = declared()
+    assert all(isinstance(var, EnvVar) for var in variables)
+    twice = [name for name, count in Counter(var.name for var in variables).items() if count > 1]
+    assert twice == [], "declared in more than one place"
+    # every package contributes: an empty list would prove nothing
+    names = {var.name for var in variables}
     assert {"NEURON_PLATFORM_TARGET_OVERRIDE", "NEURON_SIM_REPORT", "TORCH_NEURONX_NEFF_CACHE_DIR",
-            "NEURON_DISTRIBUTED_CHECK_COLLECTIVES", "NKI_PRECISE_FP"} <= read
+            "NEURON_DISTRIBUTED_CHECK_COLLECTIVES", "NKI_PRECISE_FP"} <= names
+
+
+def test_every_declared_variable_is_documented_and_every_documented_one_is_declared():
+    names = {var.name for var in declared()}
     table = documented()
-    assert read - table == set(), "read by the code but missing from docs/environment-variables.md"
-    assert table - read - TORCH_OWN == set(), "in docs/environment-variables.md but read by no package"
+    assert names - table == set(), "declared but missing from docs/environment-variables.md"
+    assert table - names == set(), "in docs/environment-variables.md but declared by no package"
+
+
+def test_no_module_reads_the_environment_around_the_declarations():
+    readers = {}
+    for path in SOURCES:
+        relative = "/".join(path.relative_to(ROOT).parts[3:])  # packages/<wheel>/src/<this part>
+        lines = environment_reads(ast.parse(path.read_text(encoding="utf-8")))
+        if lines and relative not in WHOLE_ENVIRONMENT:
+            readers[relative] = lines
+    assert readers == {}, "read the environment directly: declare the variable (neuron_spec.env) and use .read()"
+
+
+def test_the_scanner_sees_each_form():
+    sample = "import os\nos.environ.get('A')\nos.getenv('B')\nfrom os import environ\n"
+    assert environment_reads(ast.parse(sample)) == [2, 3, 4]

@@ -4,16 +4,17 @@ the FX graphs each stage saw and the host code generated, laid out as TorchNeuro
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
+
+from . import envvars
 
 __all__ = ["ArtifactWriter"]
 
 
 def _rank() -> str:
-    return os.environ.get("RANK", "0")
+    return envvars.RANK.read()
 
 
 class ArtifactWriter:

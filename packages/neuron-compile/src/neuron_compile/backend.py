@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from . import cache, compiler, inductor_device, metrics
+from . import cache, compiler, envvars, inductor_device, metrics
 from .artifacts import ArtifactWriter
 from .passes import KernelPlan
 from .runtime import CompiledGraph
-from .settings import ENV, CompileSettings
+from .settings import CompileSettings
 
 __all__ = ["DynamicShapesNotSupported", "NeuronCompileError", "neuron_backend"]
 
@@ -89,7 +89,7 @@ def _compile_static(
     has_cpu = compiler.has_cpu_tensor_inputs(example_inputs)
     if has_cpu and not settings.autocopy:
         raise NeuronCompileError(
-            f"graph {name!r} has inputs on the CPU and auto-copy to 'neuron' is disabled ({ENV['autocopy']}=1): "
+            f"graph {name!r} has inputs on the CPU and auto-copy to 'neuron' is disabled ({envvars.AUTOCOPY_DISABLED.name}=1): "
             "move the inputs to 'neuron' or unset the variable"
         )
     graph_inputs = compiler.to_neuron(example_inputs) if has_cpu else list(example_inputs)
@@ -117,7 +117,7 @@ def _compile_static(
         if not settings.fallback_execution:
             raise NeuronCompileError(
                 f"neuron compilation of graph {name!r} failed: {type(error).__name__}: {error}. To run failing graphs "
-                f"eagerly instead, set {ENV['fallback']}=0 or pass options={{'fallback_execution': True}}."
+                f"eagerly instead, set {envvars.FALLBACK_DISABLED.name}=0 or pass options={{'fallback_execution': True}}."
             ) from error
         warnings.warn(
             f"neuron compilation of graph {name!r} failed ({type(error).__name__}: {error}); running it eagerly on "

@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from . import __version__, nki_substitution, passes
+from . import __version__, envvars, nki_substitution, passes
 from .passes import KernelPlan
-from .settings import ENV, CompileSettings
+from .settings import CompileSettings
 
 __all__ = ["CacheEntry", "cache_key", "entry"]
 
@@ -136,15 +136,8 @@ def _files(directory: Path) -> set[str]:
 
 @contextlib.contextmanager
 def _inductor_dir(directory: Path) -> Iterator[None]:
-    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(directory)
-    try:
+    with envvars.INDUCTOR_CACHE_DIR.overridden(str(directory)):
         yield
-    finally:
-        if saved is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
 
 
 @contextlib.contextmanager
@@ -160,7 +153,7 @@ def _locked(path: Path, timeout: float) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"waited {timeout:g} s for another process compiling the same graph (lock {path}); raise "
-                        f"{ENV['lock_timeout']} or remove the stale lock"
+                        f"{envvars.CACHE_LOCK_TIMEOUT.name} or remove the stale lock"
                     ) from None
                 time.sleep(0.05)
         try:

@@ -12,39 +12,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "CompileSettings", "default_cache_dir"]
+from . import envvars
 
-# Every environment variable neuron-compile reads (TorchNeuron's names).
-ENV = {
-    "fallback": "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION",  # default 1: a compile failure raises
-    "autocopy": "TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY",  # 1: CPU inputs are not copied to `neuron`
-    "debug_dir": "TORCH_NEURONX_DEBUG_DIR",
-    "preserve": "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS",
-    "cache_dir": "TORCH_NEURONX_NEFF_CACHE_DIR",
-    "disable_cache": "TORCH_NEURONX_NEFF_DISABLE_CACHE",
-    "lock_timeout": "TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT",  # seconds to wait for another process's compile
-}
+__all__ = ["CompileSettings", "default_cache_dir"]
 
 # The `options` keys this backend reads; anything else is a mistake worth reporting.
 KNOWN_OPTIONS = ("model_name", "fallback_execution")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
-def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"environment variable {name}={value!r} must be 0 or 1")
-
-
 def default_cache_dir() -> Path:
     """The persistent compile cache when `TORCH_NEURONX_NEFF_CACHE_DIR` is unset: under the user cache dir."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = envvars.XDG_CACHE_HOME.read() or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "neuron-compile"
 
 
@@ -86,25 +65,21 @@ class CompileSettings:
             )
         fallback = options.get("fallback_execution")
         if fallback is None:
-            fallback = not _flag(ENV["fallback"], True)
+            fallback = not envvars.FALLBACK_DISABLED.read()
         elif not isinstance(fallback, bool):
             raise TypeError(f"options['fallback_execution'] must be a bool, got {fallback!r}")
         debug_dir = None
-        if os.environ.get(ENV["debug_dir"]) and _flag(ENV["preserve"], False):
-            debug_dir = Path(os.environ[ENV["debug_dir"]])
+        if envvars.DEBUG_DIR.is_set() and envvars.PRESERVE_ARTIFACTS.read():
+            debug_dir = Path(envvars.DEBUG_DIR.read())
         cache_dir = None
-        if not _flag(ENV["disable_cache"], False):
-            cache_dir = Path(os.environ.get(ENV["cache_dir"]) or default_cache_dir())
-        timeout_text = os.environ.get(ENV["lock_timeout"], "600")
-        try:
-            lock_timeout = float(timeout_text)
-        except ValueError:
-            raise ValueError(f"{ENV['lock_timeout']}={timeout_text!r} must be a number of seconds") from None
+        if not envvars.CACHE_DISABLED.read():
+            cache_dir = Path(envvars.CACHE_DIR.read() or default_cache_dir())
+        lock_timeout = envvars.CACHE_LOCK_TIMEOUT.read()
         return cls(
             mode=mode,
             model_name=model_name,
             fallback_execution=fallback,
-            autocopy=not _flag(ENV["autocopy"], False),
+            autocopy=not envvars.AUTOCOPY_DISABLED.read(),
             debug_dir=debug_dir,
             cache_dir=cache_dir,
             lock_timeout=lock_timeout,

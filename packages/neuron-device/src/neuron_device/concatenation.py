@@ -32,7 +32,6 @@ device errors do on an accelerator. Writes into device memory that bypass `host_
 from __future__ import annotations
 
 import operator
-import os
 import threading
 import warnings
 import weakref
@@ -41,7 +40,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import allocator, hostmem
+from . import allocator, envvars, hostmem
 from . import numerics as _numerics
 from . import optracking as _optracking
 from . import topology as _topology
@@ -61,9 +60,9 @@ __all__ = [
     "stats",
 ]
 
-ENABLE_ENV = "TORCH_NEURONX_ENABLE_CONCATENATION"
-BUFFER_SIZE_ENV = "TORCH_NEURONX_CONCATENATION_BUFFER_SIZE_LIMIT"
-LOW_THRESHOLD_ENV = "TORCH_NEURONX_CONCATENATION_QUEUE_LOW_THRESHOLD"
+ENABLE_ENV = envvars.ADAPTIVE_EAGER.name
+BUFFER_SIZE_ENV = envvars.ADAPTIVE_EAGER_BUFFER_SIZE.name
+LOW_THRESHOLD_ENV = envvars.ADAPTIVE_EAGER_LOW_THRESHOLD.name
 FUSED_KERNEL_NAME = "neuron::concatenated_kernel"
 
 FUSE_AFTER = 2  # a run is compiled the second time its structure is seen
@@ -77,31 +76,9 @@ _READS_INDEX_VALUES = frozenset({
 })
 
 
-def _env_int(name: str, default: int, minimum: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise RuntimeError(f"{name}={raw!r} is invalid: use an integer >= {minimum}")
-    return value
-
-
-def _env_flag(name: str) -> bool:
-    raw = os.environ.get(name, "0").strip().lower()
-    if raw in ("1", "true"):
-        return True
-    if raw in ("", "0", "false"):
-        return False
-    raise RuntimeError(f"{name}={raw!r} is invalid: use 1/true (queue and fuse eager ops) or 0/false (the default)")
-
-
-enabled: bool = _env_flag(ENABLE_ENV)  # read by the fast path before every op
-buffer_size_limit: int = _env_int(BUFFER_SIZE_ENV, 512, 1)  # ops queued before the queue flushes itself
-low_threshold: int = _env_int(LOW_THRESHOLD_ENV, 2, 1)  # shorter runs always execute op by op
+enabled: bool = envvars.ADAPTIVE_EAGER.read()  # read by the fast path before every op
+buffer_size_limit: int = envvars.ADAPTIVE_EAGER_BUFFER_SIZE.read()  # ops queued before the queue flushes itself
+low_threshold: int = envvars.ADAPTIVE_EAGER_LOW_THRESHOLD.read()  # shorter runs always execute op by op
 
 
 class _External(NamedTuple):

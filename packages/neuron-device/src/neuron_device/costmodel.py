@@ -2,7 +2,7 @@
 
     time = max(work on each engine / that engine's rate, HBM bytes / HBM bandwidth) + launch
 
-Engines and their units of work (rates per physical NeuronCore, from `shared/reference/hardware.md`):
+Engines and their units of work (rates per physical NeuronCore, from the hardware spec `neuron_spec.hardware`):
 
 * ``tensor``: FLOPs, at the Tensor engine's peak for the input dtype (bf16/fp16, fp32, fp8);
 * ``vector``, ``scalar``, ``gpsimd``: elements processed, at lanes x clock (the Vector engine has twice the lanes
@@ -22,9 +22,12 @@ every engine's rate and the HBM share. See docs/simulated-time.md for the assump
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 
 import torch
+
+from neuron_spec import hardware as _hardware
 
 from . import numerics as _numerics
 from . import topology as _topology
@@ -46,7 +49,7 @@ ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 # (instruction issue, engine semaphores) is our assumption. Host-side runtime overheads are not modelled.
 LAUNCH_SECONDS = 2.0e-6
 # Fixed cost of one host<->device transfer (the DMA guide's ~1.3 us semaphore-to-start cost).
-TRANSFER_FIXED_SECONDS = 1.3e-6
+TRANSFER_FIXED_SECONDS = _hardware.DMA_FIXED_NS * 1e-9
 
 _16BIT = frozenset({torch.bfloat16, torch.float16})
 _8BIT = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
@@ -54,7 +57,8 @@ _8BIT = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz
 
 @dataclasses.dataclass(frozen=True)
 class EngineRates:
-    """Element rates and links of one physical NeuronCore of a target (elements/s and bytes/s)."""
+    """Element rates and links of one physical NeuronCore of a target (elements/s and bytes/s), derived from the
+    hardware spec (`neuron_spec.hardware`: lanes x clock)."""
 
     vector: float  # 32-bit elements/s
     vector_narrow: float  # elements/s for the narrow dtypes the Vector engine runs at a wider rate
@@ -63,30 +67,26 @@ class EngineRates:
     scalar_narrow: float
     scalar_narrow_dtypes: frozenset[torch.dtype]
     gpsimd: float
-    host_link: float  # bytes/s between host memory and one device (assumption: nominal PCIe x16 rate)
+    host_link: float  # bytes/s between host memory and one device
 
 
-# lanes x clock per physical core, from hardware.md (Trn1: Vector 128 lanes at 1.12 GHz, Scalar 128 at 1.4 GHz, GpSimd
-# 8 cores x 16 fp32 lanes at 1.4 GHz; Trn2: Vector 512 bf16/fp16 or 256 other elem/cycle at 0.96 GHz, Scalar 128 at
-# 1.2 GHz, GpSimd 1.2 GHz; Trn3: Vector 512 (16/8-bit) or 256 at 1.2 GHz, Scalar 256 (16/8-bit) or 128 at 1.2 GHz,
-# GpSimd 128 at 1.2 GHz). AWS publishes no host-link figure in our references: PCIe Gen4 x16 (32 GB/s) for trn1 and
-# Gen5 x16 (64 GB/s) for trn2/trn3 are assumptions.
-_RATES: dict[str, EngineRates] = {
-    "trn1": EngineRates(128 * 1.12e9, 128 * 1.12e9, frozenset(), 128 * 1.4e9, 128 * 1.4e9, frozenset(),
-                        128 * 1.4e9, 32e9),
-    "trn2": EngineRates(256 * 0.96e9, 512 * 0.96e9, _16BIT, 128 * 1.2e9, 128 * 1.2e9, frozenset(),
-                        128 * 1.2e9, 64e9),
-    "trn3": EngineRates(256 * 1.2e9, 512 * 1.2e9, _16BIT | _8BIT, 128 * 1.2e9, 256 * 1.2e9, _16BIT | _8BIT,
-                        128 * 1.2e9, 64e9),
-}
+def _dtypes(names: frozenset[str]) -> frozenset[torch.dtype]:
+    return frozenset(getattr(torch, name) for name in names if hasattr(torch, name))
 
 
+@functools.cache
 def engine_rates(target: _topology.Target) -> EngineRates:
-    """The engine rates of `target` (raises for a target without figures)."""
-    rates = _RATES.get(target.name)
-    if rates is None:
-        raise NotImplementedError(f"the cost model has no engine figures for target {target.name!r}")
-    return rates
+    """The engine rates of `target`."""
+    return EngineRates(
+        vector=target.vector_lanes * target.vector_ghz * 1e9,
+        vector_narrow=target.vector_narrow_lanes * target.vector_ghz * 1e9,
+        vector_narrow_dtypes=_dtypes(target.vector_narrow_dtypes),
+        scalar=target.scalar_lanes * target.scalar_ghz * 1e9,
+        scalar_narrow=target.scalar_narrow_lanes * target.scalar_ghz * 1e9,
+        scalar_narrow_dtypes=_dtypes(target.scalar_narrow_dtypes),
+        gpsimd=target.gpsimd_lanes * target.gpsimd_ghz * 1e9,
+        host_link=target.host_link_bytes_per_second,
+    )
 
 
 def tensor_flops_per_second(target: _topology.Target, dtype: torch.dtype) -> float:
@@ -107,7 +107,7 @@ def tensor_flops_per_second(target: _topology.Target, dtype: torch.dtype) -> flo
 
 def hbm_bytes_per_second(target: _topology.Target) -> float:
     """HBM bandwidth share of one physical core."""
-    return target.hbm_bandwidth_per_chip / target.physical_cores_per_chip
+    return target.hbm_bytes_per_second_per_core
 
 
 @dataclasses.dataclass(frozen=True)

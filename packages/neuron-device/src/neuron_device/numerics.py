@@ -23,14 +23,13 @@ bf16), in its own accumulation order, and neuron results would depend on the hos
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
 
-from . import allocator
+from . import allocator, envvars
 from .hostmem import host_alias
 
 __all__ = [
@@ -43,20 +42,9 @@ __all__ = [
     "set_downcast_64bit",
 ]
 
-DOWNCAST_64BIT_ENV = "TORCH_NEURONX_DOWNCAST_64BIT"
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+DOWNCAST_64BIT_ENV = envvars.DOWNCAST_64BIT.name
 
-
-def _env_flag(name: str) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{name}={os.environ[name]!r}: expected 1 or 0 (also accepted: true/false, yes/no, on/off)")
-
-
-downcast_64bit: bool = _env_flag(DOWNCAST_64BIT_ENV)  # read on every fallback op: keep it a plain module global
+downcast_64bit: bool = envvars.DOWNCAST_64BIT.read()  # read on every fallback op: keep it a plain module global
 
 
 def set_downcast_64bit(enabled: bool) -> None:

@@ -19,7 +19,6 @@ The per-op work is a dict lookup per op, a tuple of shapes and dtypes per call, 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import warnings
 from collections import Counter
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from . import costmodel as _costmodel
+from . import envvars
 from . import hostmem as _hostmem
 from . import numerics as _numerics
 from . import timeline as _timeline
@@ -55,7 +55,7 @@ __all__ = [
     "transfer",
 ]
 
-FALLBACK_ENV = "NEURON_FALLBACK_ENABLED"
+FALLBACK_ENV = envvars.FALLBACK.name
 _NEURON = "neuron"
 
 _Flops = Callable[[tuple, Any], float]
@@ -274,15 +274,7 @@ _cache_hits = 0
 
 
 def _fallback_enabled() -> bool:
-    raw = os.environ.get(FALLBACK_ENV)
-    if raw is None:
-        return True
-    value = raw.strip().lower()
-    if value in ("1", "true"):
-        return True
-    if value in ("0", "false"):
-        return False
-    raise RuntimeError(f"{FALLBACK_ENV}={raw!r} is invalid: use 1/true (fall back to CPU, the default) or 0/false")
+    return envvars.FALLBACK.read()
 
 
 _LIBRARY_PACKAGES = frozenset({"torch", "neuron_device", "torch_neuronx"})

@@ -9,18 +9,19 @@ whose hook raises is reported by name in a warning and skipped, so one broken pa
 
 from __future__ import annotations
 
-import os
 import warnings
 from importlib.metadata import entry_points
 from typing import Any
 
 import pluggy
 
+from . import envvars
+
 __all__ = ["ENTRY_POINT_GROUP", "PluginLoadError", "fuse", "hookimpl", "hookspec", "load_plugins", "loaded_plugins"]
 
 PROJECT = "neuron_device"
 ENTRY_POINT_GROUP = "neuron_device.plugins"
-STRICT_ENV = "NEURON_DEVICE_STRICT_PLUGINS"
+STRICT_ENV = envvars.STRICT_PLUGINS.name
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -57,7 +58,7 @@ loaded_plugins: dict[str, str] = {}  # plugin name -> "ok" or the error that dis
 
 
 def _strict() -> bool:
-    return os.environ.get(STRICT_ENV, "0") == "1"
+    return envvars.STRICT_PLUGINS.read()
 
 
 def _report(name: str, stage: str, error: BaseException) -> None:

@@ -7,20 +7,21 @@ every `min_interval` seconds and erased when the iteration ends, so it never mix
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import TextIO, TypeVar
 
+from . import envvars
+
 __all__ = ["PROGRESS_ENV", "progress"]
 
-PROGRESS_ENV = "NEURON_SIM_PROGRESS"
+PROGRESS_ENV = envvars.PROGRESS.name
 _T = TypeVar("_T")
 
 
 def _enabled(stream: TextIO) -> bool:
-    if os.environ.get(PROGRESS_ENV, "1").strip().lower() in ("0", "false", "off"):
+    if not envvars.PROGRESS.read():
         return False
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())

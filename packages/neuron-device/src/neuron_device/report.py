@@ -18,20 +18,22 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from collections import Counter
 from typing import Any
 
+from neuron_spec.env import EnvVarError, parse_bool
+
 from . import allocator as _allocator
+from . import envvars
 from . import optracking as _optracking
 from . import timeline as _timeline
 from . import topology as _topology
 
 __all__ = ["FILE_ENV", "REPORT_ENV", "collect", "format_text", "install_exit_report", "report"]
 
-REPORT_ENV = "NEURON_SIM_REPORT"
-FILE_ENV = "NEURON_SIM_REPORT_FILE"
+REPORT_ENV = envvars.REPORT.name
+FILE_ENV = envvars.REPORT_FILE.name
 _FORMATS = ("text", "json")
 TOP_OPS = 15
 
@@ -193,12 +195,15 @@ def _write_at_exit(format: str, path: str | None) -> None:
 
 def install_exit_report() -> None:
     """Print the report at exit if ``NEURON_SIM_REPORT`` asks for it (``1``/``text`` or ``json``; ``0``: off)."""
-    raw = os.environ.get(REPORT_ENV, "").strip().lower()
-    if raw in ("", "0", "false"):
+    raw = envvars.REPORT.read().lower()
+    try:
+        format = "text" if parse_bool(REPORT_ENV, raw) else None
+    except EnvVarError:
+        format = raw  # not a boolean: a format name
+    if format is None:
         return
-    format = "text" if raw in ("1", "true", "text") else raw
     if format not in _FORMATS:
-        raise RuntimeError(f"{REPORT_ENV}={raw!r} is invalid. Accepted: 1 or text, json, 0 (off).")
+        raise EnvVarError(f"{REPORT_ENV}={raw!r} is invalid. Accepted: 1 or text, json, 0 (off).")
     import atexit
 
-    atexit.register(_write_at_exit, format, os.environ.get(FILE_ENV))
+    atexit.register(_write_at_exit, format, envvars.REPORT_FILE.read())

@@ -10,11 +10,10 @@ from __future__ import annotations
 import torch
 
 from neuron_device import timeline, topology
+from neuron_spec.hardware import resolve_target
 
-__all__ = ["LINK_BYTES_PER_SECOND", "STEP_LATENCY_SECONDS", "charge", "collective_seconds"]
+__all__ = ["STEP_LATENCY_SECONDS", "charge", "collective_seconds"]
 
-# Chip-to-chip interconnect bandwidth per chip (bytes/s): NeuronLink-v2 / v3 / v4.
-LINK_BYTES_PER_SECOND: dict[str, float] = {"trn1": 384e9, "trn2": 1.28e12, "trn3": 2.56e12}
 # Per-hop latency of one ring step (DMA descriptor + link), a typical figure for NeuronLink-class fabrics.
 STEP_LATENCY_SECONDS = 2e-6
 
@@ -48,11 +47,12 @@ def _factor(kind: str, group_size: int) -> tuple[float, int]:
 
 def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: str | None = None) -> float:
     """Simulated seconds of one collective `kind` whose per-rank payload (the larger of input and output) is given."""
-    name = topology.topology().target.name if target is None else target
+    spec = topology.topology().target if target is None else resolve_target(target)
     crossings, steps = _factor(kind, group_size)
     if group_size <= 1:
         return 0.0
-    return crossings * payload_bytes / LINK_BYTES_PER_SECOND[name] + steps * STEP_LATENCY_SECONDS
+    # the chip-to-chip interconnect (NeuronLink-v2 / v3 / v4) bandwidth per chip, from the hardware spec
+    return crossings * payload_bytes / spec.neuronlink_bytes_per_second + steps * STEP_LATENCY_SECONDS
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:

@@ -9,15 +9,16 @@ shape) in one small all-gather and raise `ValueError` naming every rank's view i
 
 from __future__ import annotations
 
-import os
 import zlib
 
 import torch
 from torch._C._distributed_c10d import ProcessGroupGloo
 
+from . import envvars
+
 __all__ = ["CHECK_ENV", "enabled", "verify_same"]
 
-CHECK_ENV = "NEURON_DISTRIBUTED_CHECK_COLLECTIVES"
+CHECK_ENV = envvars.CHECK_COLLECTIVES.name
 _KINDS = (
     "allreduce",
     "allreduce_coalesced",
@@ -37,7 +38,7 @@ _LENGTH = 5 + _SHOWN_DIMS  # kind, tensor count, dtype, ndim, crc of everything,
 
 
 def enabled() -> bool:
-    return os.environ.get(CHECK_ENV, "1") != "0"
+    return envvars.CHECK_COLLECTIVES.read()
 
 
 def _signature(kind: str, tensors: list[torch.Tensor]) -> torch.Tensor:

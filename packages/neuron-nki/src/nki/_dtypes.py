@@ -11,10 +11,10 @@ float types are stored as float32 and only *report* their logical dtype.
 
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
+
+from . import envvars
 
 bool_ = np.dtype(np.bool_)
 int8 = np.dtype(np.int8)
@@ -89,7 +89,7 @@ def is_packed(dtype: np.dtype) -> bool:
 
 def precise_fp_default() -> bool:
     """``NKI_PRECISE_FP`` (default on, as in NKI 0.4+)."""
-    return os.environ.get("NKI_PRECISE_FP", "1").strip().lower() not in ("0", "false", "no", "off")
+    return envvars.PRECISE_FP.read()
 
 
 def storage_dtype(dtype: np.dtype, precise: bool) -> np.dtype:

@@ -21,7 +21,6 @@ import functools
 import importlib
 import inspect
 import itertools
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -30,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _blas, _context
+from . import _blas, _context, envvars
 from ._context import CoreState, LaunchContext
 from ._cost import CoreTimeline, CostReport
 from ._dtypes import precise_fp_default
 from ._errors import NkiError
-from ._targets import Target, resolve_target
+from ._targets import Target, current_lnc, resolve_target
 from ._tensor import NkiTensor, hbm, wrap_array
 
 __all__ = ["Kernel", "KernelRun", "benchmark", "jit", "register_framework", "run_kernel", "simulate"]
@@ -66,8 +65,7 @@ def _normalize_grid(grid) -> tuple[int, ...]:
 def _lnc(target: Target, lnc: int | None) -> int:
     if lnc is not None:
         return int(lnc)
-    env = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
-    return int(env) if env else target.default_lnc
+    return current_lnc(target)
 
 
 def _to_host(x, precise: bool):
@@ -310,7 +308,7 @@ class Kernel:
         if runner is not None:
             return runner(self, self.grid, args, kwargs)
         if any(_is_foreign_array(v) for v in list(args) + list(kwargs.values())):
-            if os.environ.get("NKI_SIMULATOR", "0") == "1":
+            if envvars.SIMULATOR.read():
                 return _dlpack_fallback(self, args, kwargs)
             raise NkiError("no NKI framework integration is registered for argument types "
                            f"{sorted({type(v).__name__ for v in args})}; pass NumPy arrays, set NKI_SIMULATOR=1, or "

@@ -15,7 +15,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from . import _context, _limits
+from . import _context, _limits, envvars
 from . import _dtypes as dt
 from . import isa as nisa
 from ._cost import MIN_II
@@ -181,9 +181,7 @@ class _TileSize:
 
     @property
     def psum_num_banks(self) -> int:
-        import os
-
-        return 7 if os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").lower() == "true" else 8
+        return 7 if envvars.DMA_TRANSPOSE_AS_PE_TRANSPOSE.read() else 8
 
     def _target(self):
         ctx = _context.current()

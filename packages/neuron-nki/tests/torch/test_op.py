@@ -169,3 +169,52 @@ def test_wrap_nki_rejects_kernels_that_write_arguments_when_traced() -> None:
 def test_wrap_nki_needs_a_kernel() -> None:
     with pytest.raises(TypeError, match=r"@nki\.jit kernel"):
         wrap_nki(lambda x: x)
+
+
+_TRN1_SCRIPT = '''
+import torch
+import nki.language as nl
+from nki.torch.adapter import record_launches
+from torch_neuronx import nki, nki_op
+
+
+@nki.jit
+def wide_copy(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.load(x))  # one SBUF tile of x's size
+    return out
+
+
+@nki_op("nki_test::wide_copy", mutates_args={})
+def copy(x: torch.Tensor) -> torch.Tensor:
+    return wide_copy(x)
+
+
+small = torch.ones(128, 1024, device="neuron")  # 4 KiB per partition: fits every target
+with record_launches() as launches:
+    assert torch.equal(copy(small).cpu(), small.cpu())
+print(launches[0].cost.target)
+try:
+    copy(torch.ones(128, 50 * 1024, device="neuron"))  # 200 KiB per partition: fits trn2's 224, not trn1's 192
+except Exception as error:
+    print(type(error).__name__, "SBUF" in str(error) or "sbuf" in str(error), "196608" in str(error))
+'''
+
+
+@pytest.mark.parametrize(("instance", "target", "fits"), [("trn1.32xlarge", "trn1", False),
+                                                            ("trn2.48xlarge", "trn2", True)])
+def test_a_kernel_on_neuron_is_checked_and_costed_for_the_simulated_instance(instance, target, fits):
+    """The device's target is the kernel's (issue 16): under trn1.32xlarge a 200 KiB-per-partition SBUF tile is
+    refused (trn1 has 192 KiB per partition) and the launch is costed as trn1, while nki alone would default to
+    trn2."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "NEURON_PLATFORM_TARGET_OVERRIDE"}
+    result = subprocess.run([sys.executable, "-c", _TRN1_SCRIPT], capture_output=True, text=True, timeout=300,
+                            env={**env, "NEURON_SIM_INSTANCE_TYPE": instance})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == target
+    assert lines[1:] == ([] if fits else ["NkiValidationError True True"])

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from typing import Any
 
 import torch
 
+from .. import envvars
 from .. import topology as _topology
 from ..numerics import is_downcast_64bit_enabled, set_downcast_64bit
 from . import amp as amp  # torch.neuron.amp, as torch.cuda.amp
@@ -148,7 +148,7 @@ _current = _CurrentDevice()
 def _default_index() -> int:
     # Under a launcher (torchrun, accelerate) each process works on neuron:<LOCAL_RANK>: accelerate's MULTI_NEURON
     # path never calls set_device and hands DDP device_ids=[local_rank].
-    local_rank = os.environ.get("LOCAL_RANK")
+    local_rank = envvars.LOCAL_RANK.read()
     if local_rank is not None and local_rank.isdigit() and int(local_rank) < device_count():
         return int(local_rank)
     return 0

@@ -21,13 +21,12 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
 import pathlib
 from collections.abc import Callable
 
 import numpy as np
 
-from nki import _context
+from nki import _context, envvars
 from nki._dtypes import precise_fp_default
 from nki._errors import NkiError
 from nki._launch import Kernel, KernelRun, run_kernel
@@ -46,7 +45,7 @@ MODES = ("auto", "jax", "torchxla", "baremetal", "benchmark", "simulation", "tra
 
 def legacy_precise() -> bool:
     """fp32 storage unless ``NKI_PRECISE_FP`` is set explicitly (see module docstring)."""
-    return precise_fp_default() if "NKI_PRECISE_FP" in os.environ else False
+    return precise_fp_default() if envvars.PRECISE_FP.is_set() else False
 
 
 def grid_plan(grid) -> tuple[tuple[int, ...], Callable | None, int]:

@@ -193,6 +193,19 @@ def _device_of(tensors: list[torch.Tensor]) -> torch.device:
     return tensors[0].device
 
 
+def _bind(kernel: Kernel, grid: Any, device: torch.device) -> Kernel:
+    """The kernel bound to its launch grid and, on a `neuron` device, to that device's target and logical-core
+    size (the simulated machine's, e.g. trn1 under ``NEURON_SIM_INSTANCE_TYPE=trn1.32xlarge``), unless the kernel
+    names its own target."""
+    bound = kernel[grid] if grid != () else kernel
+    if device.type != "neuron" or "target" in bound.options:
+        return bound
+    from neuron_device.topology import topology
+
+    machine = topology()
+    return Kernel(bound.fn, bound.grid, **{**bound.options, "target": machine.target, "lnc": machine.lnc})
+
+
 @dataclass(frozen=True)
 class _Spec:
     """Shape and dtype of a tensor (a fake argument or a simulated output)."""
@@ -223,7 +236,7 @@ def _fake_outputs(kernel: Kernel, grid: Any, args: tuple, kwargs: dict, device: 
             inputs.append(a)
             return a
 
-        bound = kernel[grid] if grid != () else kernel
+        bound = _bind(kernel, grid, device)
         sampled_args = _map(key[2], sample)
         sampled_kwargs = {k: _map(v, sample) for k, v in key[3]}
         originals = [a.copy() for a in inputs]
@@ -253,7 +266,7 @@ def launch(kernel: Kernel, grid: Any, args: tuple, kwargs: dict, *, name: str | 
     def conv(v: Any) -> Any:
         return to_numpy(v) if isinstance(v, torch.Tensor) else v
 
-    bound = kernel[grid] if grid != () else kernel
+    bound = _bind(kernel, grid, device)
     run = bound.run(*_map(args, conv), **{k: _map(v, conv) for k, v in kwargs.items()})
     kname = name or f"nki::{getattr(kernel.fn, '__name__', 'kernel')}"
     record_launch(KernelLaunch(kname, (repr(grid), signature(args, kwargs)), run.cost.latency_ns, run.cost), device)

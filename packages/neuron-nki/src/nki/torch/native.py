@@ -34,16 +34,19 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from neuron_spec.env import parse_bool
+
+from .. import envvars
+
 __all__ = ["ENV", "MAX_HEAD_DIM", "MAX_ROW", "register"]
 
-ENV = "NEURON_NKI_NATIVE_KERNELS"
+ENV = envvars.NATIVE_KERNELS.name
 MAX_HEAD_DIM = 128  # one partition tile of the head dim
 MAX_ROW = 8192  # elements per row the norm/softmax kernels keep in SBUF per tile (fp32 working copies)
 _FLOATS = (torch.float32, torch.bfloat16)
@@ -66,7 +69,11 @@ _TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
 
 
 def _mode() -> str:
-    return os.environ.get(ENV, "1").strip().lower()
+    """``simulate``, ``1`` (on) or ``0`` (off); on and off in any spelling of a boolean."""
+    raw = envvars.NATIVE_KERNELS.read().lower()
+    if raw == SIMULATE:
+        return SIMULATE
+    return "1" if parse_bool(ENV, raw) else "0"
 
 
 def _native(nki_call: Callable[[], Any], host_fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -428,7 +435,7 @@ ROUTES: dict[str, Callable] = {
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false")
+    return _mode() != "0"
 
 
 def substitute_in_graphs() -> bool:
