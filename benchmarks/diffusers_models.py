@@ -279,11 +279,7 @@ def _pixart() -> tuple[object, dict]:
     ).eval()
     pipeline = diffusers.PixArtSigmaPipeline(tokenizer=None, text_encoder=None, vae=_vae(), transformer=transformer,
                                              scheduler=diffusers.DPMSolverMultistepScheduler(num_train_timesteps=50))
-    prompt, negative = _embeds((1, 7, 32), (1, 7, 32))
-    mask = torch.ones(1, 7, dtype=torch.long)
-    return pipeline, {"prompt_embeds": prompt, "prompt_attention_mask": mask, "negative_prompt": None,
-                      "negative_prompt_embeds": negative,
-                      "negative_prompt_attention_mask": mask, "height": 16, "width": 16, "guidance_scale": 3.0,
+    return pipeline, {**_masked_prompts(32), "height": 16, "width": 16, "guidance_scale": 3.0,
                       "use_resolution_binning": False}
 
 
@@ -302,8 +298,47 @@ def _wan() -> tuple[object, dict]:
                       "num_frames": 5, "guidance_scale": 3.0}
 
 
+def _masked_prompts(width: int) -> dict:
+    """Prompt and negative-prompt embeddings with their attention masks (T5/Gemma-encoded pipelines)."""
+    prompt, negative = _embeds((1, TEXT, width), (1, TEXT, width))
+    mask = torch.ones(1, TEXT, dtype=torch.long)
+    return {"prompt_embeds": prompt, "prompt_attention_mask": mask, "negative_prompt": None,
+            "negative_prompt_embeds": negative, "negative_prompt_attention_mask": mask}
+
+
+def _auraflow() -> tuple[object, dict]:
+    transformer = diffusers.AuraFlowTransformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, num_mmdit_layers=1, num_single_dit_layers=1,
+        attention_head_dim=8, num_attention_heads=2, caption_projection_dim=16, joint_attention_dim=32,
+        out_channels=4, pos_embed_max_size=64,
+    ).eval()
+    pipeline = diffusers.AuraFlowPipeline(tokenizer=None, text_encoder=None, vae=_vae(), transformer=transformer,
+                                          scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
+    return pipeline, {**_masked_prompts(32), "height": 16, "width": 16, "guidance_scale": 3.0}
+
+
+def _sana() -> tuple[object, dict]:
+    transformer = diffusers.SanaTransformer2DModel(
+        patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_attention_heads=2, attention_head_dim=4,
+        num_cross_attention_heads=2, cross_attention_head_dim=4, cross_attention_dim=8, caption_channels=8,
+        sample_size=16,
+    ).eval()
+    vae = diffusers.AutoencoderDC(
+        in_channels=3, latent_channels=4, attention_head_dim=2, encoder_block_types=("ResBlock", "EfficientViTBlock"),
+        decoder_block_types=("ResBlock", "EfficientViTBlock"), encoder_block_out_channels=(8, 8),
+        decoder_block_out_channels=(8, 8), encoder_qkv_multiscales=((), (5,)), decoder_qkv_multiscales=((), (5,)),
+        encoder_layers_per_block=(1, 1), decoder_layers_per_block=[1, 1], downsample_block_type="conv",
+        upsample_block_type="interpolate", decoder_norm_types="rms_norm", decoder_act_fns="silu",
+        scaling_factor=0.41407,
+    ).eval()
+    pipeline = diffusers.SanaPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
+                                      scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0))
+    return pipeline, {**_masked_prompts(8), "height": 32, "width": 32, "guidance_scale": 3.0,
+                      "use_resolution_binning": False, "complex_human_instruction": None}
+
+
 PIPELINES = {"ddpm": _ddpm, "ddim": _ddim, "dit": _dit, "stable-diffusion": _stable_diffusion, "sdxl": _sdxl,
-             "sd3": _sd3, "flux": _flux, "pixart-sigma": _pixart, "wan": _wan}
+             "sd3": _sd3, "flux": _flux, "pixart-sigma": _pixart, "wan": _wan, "auraflow": _auraflow, "sana": _sana}
 
 
 def _images(build, device: str) -> np.ndarray:
