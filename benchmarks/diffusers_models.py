@@ -15,7 +15,6 @@ run on the CPU this way are listed as `cpu-fail` and not counted. Pipelines: see
 from __future__ import annotations
 
 import argparse
-import copy
 import inspect
 import os
 import random
@@ -86,12 +85,25 @@ def _dims(config: dict, names: tuple[str, ...]) -> int | None:
     return value[0] if isinstance(value, (tuple, list)) else value
 
 
+def _sample_shape(model: torch.nn.Module, channels: int) -> tuple[int, ...]:
+    """The layout of the main input: named by the class (video, audio), else that of its first convolution."""
+    name = type(model).__name__
+    first_conv = next((type(m) for m in model.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)), None)
+    video = ("3D", "Video", "Temporal", "Motion", "Wan")
+    if any(word in name for word in video) or first_conv in (torch.nn.Conv3d, torch.nn.ConvTranspose3d):
+        if name.startswith(FRAMES_BEFORE_CHANNELS):
+            return BATCH, FRAMES, channels, SIDE, SIDE
+        return BATCH, channels, FRAMES, SIDE, SIDE
+    if any(word in name for word in ("1D", "Audio", "Oobleck")) or first_conv is torch.nn.Conv1d:
+        return BATCH, channels, LENGTH
+    return BATCH, channels, SIDE, SIDE
+
+
 def make_inputs(model: torch.nn.Module) -> dict[str, object]:
     """Inputs for `model.forward` from its signature and config."""
     config = dict(model.config)
     params = inspect.signature(model.forward).parameters
     generator = torch.Generator().manual_seed(1)
-    name = type(model).__name__
     channels = config.get("in_channels") or config.get("latent_channels") or 4
     inputs: dict[str, object] = {}
     main = next((p for p in ("sample", "hidden_states", "x") if p in params), None)
@@ -99,13 +111,8 @@ def make_inputs(model: torch.nn.Module) -> dict[str, object]:
     if main:
         if packed:  # Flux-style: patch tokens already packed, with their (t, h, w) position ids
             shape: tuple[int, ...] = (BATCH, (SIDE // 2) ** 2, channels)
-        elif "1D" in name or "Audio" in name or "Oobleck" in name:
-            shape = (BATCH, channels, LENGTH)
-        elif "3D" in name or "Video" in name or "Temporal" in name or "Motion" in name or "Wan" in name:
-            shape = ((BATCH, FRAMES, channels, SIDE, SIDE) if name.startswith(FRAMES_BEFORE_CHANNELS)
-                     else (BATCH, channels, FRAMES, SIDE, SIDE))
         else:
-            shape = (BATCH, channels, SIDE, SIDE)
+            shape = _sample_shape(model, channels)
         inputs[main] = torch.randn(shape, generator=generator)
     for timestep in ("timestep", "timesteps", "t"):
         if timestep in params:
@@ -145,15 +152,19 @@ def _on(device: str, inputs: dict) -> dict:
     return {name: value.to(device) if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
 
 
+def _seeded(cls: type) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return cls(**tiny_init(cls)).eval()
+
+
 def check(class_name: str, compiled: bool = False) -> Result:
     """Forward + backward of one diffusers model class on `neuron` against the CPU."""
     mode = "compile" if compiled else "eager"
     start = time.perf_counter()
     try:
         cls = getattr(diffusers, class_name)
-        torch.manual_seed(0)
-        cpu_model = cls(**tiny_init(cls)).eval()
-        dev_model = copy.deepcopy(cpu_model)
+        cpu_model, dev_model = (_seeded(cls) for _ in range(2))  # not deepcopy: weight_norm's weights refuse it
+        dev_model.load_state_dict(cpu_model.state_dict())
         inputs = make_inputs(cpu_model)
         cpu_out, cpu_grads = _forward_backward(cpu_model, inputs, compiled=False)
     except Exception as error:
