@@ -17,7 +17,8 @@ and not counted. One subprocess per model type (all its tasks) with a timeout.
 in FILE are not run again (a long sweep resumes after an interruption) and count in the summary. `--timeout` fails
 a model type whose subprocess takes longer than SECONDS. `--shuffle SEED` runs the model types in a seeded random
 order, so that a sweep stopped early (`--budget`: start no model type after SECONDS) has covered a uniform sample.
-`--per-task N` keeps at most N model types per task (after shuffling): a sample that covers every task head.
+`--per-task N` keeps at most N model types per task (after shuffling): a sample that covers every task head;
+`--runnable-in FILE` keeps only the pairs that ran on the CPU in the report FILE (a compiled sample of an eager run).
 `--table FILE...` prints the summary table and the failures of JSON reports without running anything.
 """
 
@@ -345,9 +346,13 @@ def _worker(model_type: str, tasks: list[str], compiled: bool, seconds: int) -> 
         torch._dynamo.reset()
 
 
-def plan(tasks: list[str], only: list[str], limit: int, shuffle: int | None, per_task: int) -> dict[str, list[str]]:
-    """Model type -> its tasks to check (among `tasks`), in sweep order."""
+def plan(tasks: list[str], only: list[str], limit: int, shuffle: int | None, per_task: int,
+         runnable: set[tuple[str, str]] | None = None) -> dict[str, list[str]]:
+    """Model type -> its tasks to check (among `tasks`, and among the `runnable` pairs if given), in sweep order."""
     mappings = task_mappings()
+    if runnable is not None:
+        mappings = {task: {m: c for m, c in mapping.items() if (m, task) in runnable} for task, mapping in
+                    mappings.items()}
     model_types = sorted({m for task in tasks for m in mappings[task]})
     if only:
         model_types = [m for m in model_types if m in only]
@@ -383,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shuffle", type=int, default=None, help="run in a random order from this seed")
     parser.add_argument("--budget", type=float, default=0, help="start no model type after this many seconds")
     parser.add_argument("--per-task", type=int, default=0, help="at most N model types per task")
+    parser.add_argument("--runnable-in", default="", help="only the pairs this JSON report ran on the CPU")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     parser.add_argument("--table", nargs="+", default=None, help="summarise these JSON reports; run nothing")
     args = parser.parse_args(argv)
@@ -398,7 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.table is not None:
         print(report([r for path in args.table for r in _sweep.load(path).values()]))
         return 0
-    chosen = plan(tasks, args.only.split(",") if args.only else [], args.limit, args.shuffle, args.per_task)
+    runnable = ({(r.model_type, r.task) for r in _sweep.load(args.runnable_in).values() if r.status != "cpu-fail"}
+                if args.runnable_in else None)
+    chosen = plan(tasks, args.only.split(",") if args.only else [], args.limit, args.shuffle, args.per_task,
+                  runnable)
     extra = ["--task-timeout", str(args.task_timeout)] if args.task_timeout else []
     results = _sweep.drive(__file__, chosen, compiled=args.compile, timeout=args.timeout, json_path=args.json,
                            skip_done=args.skip_done, extra=extra, budget=args.budget)
