@@ -229,6 +229,11 @@ def make_inputs(model: torch.nn.Module, config: PretrainedConfig, task: str) -> 
                              if isinstance(getattr(config, n, None), int)), 80)
             shape = (BATCH, FEATURE_FRAMES, features * getattr(config, "input_channels", 1))
         inputs["input_features"] = torch.randn(shape, generator=generator)
+    if "noise" in params and "pixel_values" in inputs and isinstance(getattr(vision, "patch_size", None), int):
+        # ViT-MAE's random masking, given rather than drawn: a compiled graph draws other numbers than eager does
+        height, width = inputs["pixel_values"].shape[-2:]
+        patches = (height // vision.patch_size) * (width // vision.patch_size)
+        inputs["noise"] = torch.rand(BATCH, patches, generator=generator)
     _add_labels(inputs, params, config, task, vocab)
     if "decoder_input_ids" in params and "labels" not in inputs and isinstance(vocab, int):
         inputs["decoder_input_ids"] = _token_ids(config, length=SEQ // 2)
