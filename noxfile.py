@@ -82,9 +82,11 @@ def hf(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff over the whole tree."""
+    """ruff over the whole tree, and the layering of the wheels (tests/test_layering.py: which wheel may import what;
+    standard library only, so it runs without installing the packages)."""
     session.install("ruff==0.17.6")
     session.run("ruff", "check", ".")
+    session.run("python", "tests/test_layering.py")
 
 
 DOCS_TOOLS = ["mkdocs==1.6.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"]

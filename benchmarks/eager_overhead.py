@@ -97,7 +97,7 @@ def llama_forward_adaptive(device: str) -> Callable[[], torch.Tensor]:
     forward = llama_forward(device)
     if device != "neuron":
         return forward
-    from neuron_device import concatenation
+    from neuron_device.adaptive_eager import queue as concatenation
 
     def adaptive() -> torch.Tensor:
         concatenation.set_enabled(True)

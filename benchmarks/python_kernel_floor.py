@@ -28,7 +28,7 @@ import torch
 from _timing import Comparison, compare
 
 import neuron_device  # noqa: F401  (registers `neuron` when torch's autoload is off)
-from neuron_device import hostmem
+from neuron_device import storage as hostmem
 
 _ADD = torch.ops.aten.add.Tensor
 _cpu_add = _ADD._op  # the CPU kernel, reached through the dispatcher without `OpOverload.__call__`'s frame

@@ -8,16 +8,17 @@ import pytest
 import torch
 from torch import nn
 
-from neuron_device import concatenation, optracking
+from neuron_device.adaptive_eager import queue as adaptive_eager
+from neuron_device.simulation import kernels
 
 pytest.importorskip("neuron_compile")
 
 
 @pytest.fixture
 def adaptive():
-    previous = concatenation.set_enabled(True)
+    previous = adaptive_eager.set_enabled(True)
     yield
-    concatenation.set_enabled(previous)
+    adaptive_eager.set_enabled(previous)
 
 
 class _Block(nn.Module):
@@ -52,10 +53,10 @@ def test_repeated_forward_is_compiled_and_matches_cpu(adaptive):
     with torch.no_grad():
         expected = model(x)
         device_model, nx = model.to("neuron"), x.to("neuron")
-        before = concatenation.stats()
+        before = adaptive_eager.stats()
         for _ in range(4):
             _close(device_model(nx), expected)
-    after = concatenation.stats()
+    after = adaptive_eager.stats()
     assert after["compiled"] > before["compiled"]
     assert after["fused_runs"] >= before["fused_runs"] + 2
     assert after["fuse_failures"] == before["fuse_failures"]
@@ -73,11 +74,11 @@ def test_fused_views_of_queued_results(adaptive):
         t = (x + 1).unsqueeze(0).expand(2, 6, 6).transpose(1, 2) * 3  # a queued result with a permuted layout
         return q, r, s, t[:, 2:, 1:] + t[1:, :4, :5].sum(0)
 
-    before = concatenation.stats()["fused_runs"]
+    before = adaptive_eager.stats()["fused_runs"]
     for _ in range(4):
         for got, expected in zip(views(na, nb), views(a, b), strict=True):
             _close(got, expected)
-    assert concatenation.stats()["fused_runs"] >= before + 2
+    assert adaptive_eager.stats()["fused_runs"] >= before + 2
 
 
 def test_fused_integer_run_is_exact(adaptive):
@@ -88,10 +89,10 @@ def test_fused_integer_run_is_exact(adaptive):
         w = (v * 3 + 7).div(4, rounding_mode="floor")
         return torch.maximum(w, v.t().reshape(5, 8)) - w.sum(0)
 
-    before = concatenation.stats()["fused_runs"]
+    before = adaptive_eager.stats()["fused_runs"]
     for _ in range(4):
         assert torch.equal(run(device_values).cpu(), run(values))
-    assert concatenation.stats()["fused_runs"] >= before + 2
+    assert adaptive_eager.stats()["fused_runs"] >= before + 2
 
 
 def test_fused_training_steps_match_cpu(adaptive):
@@ -102,7 +103,7 @@ def test_fused_training_steps_match_cpu(adaptive):
     loss.backward()
     expected = [p.grad.clone() for p in model.parameters()]
     device_model, nx = model.to("neuron"), x.to("neuron")
-    before = concatenation.stats()["fused_runs"]
+    before = adaptive_eager.stats()["fused_runs"]
     for _ in range(3):
         device_model.zero_grad(set_to_none=True)
         device_loss = device_model(nx).square().mean()
@@ -110,7 +111,7 @@ def test_fused_training_steps_match_cpu(adaptive):
         _close(device_loss, loss.detach())
         for parameter, grad in zip(device_model.parameters(), expected, strict=True):
             _close(parameter.grad, grad)
-    assert concatenation.stats()["fused_runs"] > before
+    assert adaptive_eager.stats()["fused_runs"] > before
 
 
 def test_equal_results_stay_distinct_tensors(adaptive):
@@ -132,11 +133,11 @@ def test_fused_kernel_is_one_launch(adaptive):
     expected = ((a.cpu() @ b.cpu()).relu() * 2 + 1).sum().item()
     run()
     run()
-    optracking.clear_op_tracking()
+    kernels.clear_op_tracking()
     assert run() == pytest.approx(expected, rel=1e-6)
-    launches = {launch.name: launch.calls for launch in optracking.launches()}
-    assert launches.get(concatenation.FUSED_KERNEL_NAME) == 1
-    assert "aten::mm" not in launches and "aten::mm" in optracking.get_executed_ops()
+    launches = {launch.name: launch.calls for launch in kernels.launches()}
+    assert launches.get(adaptive_eager.FUSED_KERNEL_NAME) == 1
+    assert "aten::mm" not in launches and "aten::mm" in kernels.get_executed_ops()
 
 
 def test_collectives_read_queued_results(adaptive):
@@ -146,9 +147,9 @@ def test_collectives_read_queued_results(adaptive):
     try:
         x = torch.arange(8, dtype=torch.float32)
         t = x.to("neuron") * 3 + 1
-        assert concatenation.pending_ops() > 0
+        assert adaptive_eager.pending_ops() > 0
         dist.all_reduce(t)  # reads the queued result: the queue runs first
-        assert concatenation.pending_ops() == 0
+        assert adaptive_eager.pending_ops() == 0
         assert torch.equal(t.cpu(), x * 3 + 1)
     finally:
         dist.destroy_process_group()

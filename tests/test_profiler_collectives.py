@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 pytest.importorskip("neuron_distributed")
 
-from neuron_device.profiler import DEVICE_PID_BASE, NeuronProfiler
+from neuron_device.simulation.profiler import DEVICE_PID_BASE, NeuronProfiler
 
 
 def test_all_reduce_gets_a_collective_lane(tmp_path):

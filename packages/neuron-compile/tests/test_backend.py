@@ -11,7 +11,7 @@ import torch
 
 from neuron_compile import backend, compiler
 from neuron_compile.backend import DynamicShapesNotSupported, NeuronCompileError
-from neuron_device.ops import host_exec
+from neuron_device import fallback as host_exec
 
 pytestmark = pytest.mark.compiler
 

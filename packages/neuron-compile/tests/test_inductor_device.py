@@ -7,7 +7,7 @@ import pytest
 import torch
 from models import MLP
 
-from neuron_device.ops import host_exec
+from neuron_device import fallback as host_exec
 
 pytestmark = pytest.mark.compiler
 

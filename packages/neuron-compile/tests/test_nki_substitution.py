@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.compiler, pytest.mark.multiprocess]
 
 PLUGIN = '''
 import torch
-from neuron_device.hostmem import adopt, host_alias
+from neuron_device.storage import adopt, host_alias
 from neuron_device.plugins import hookimpl
 
 calls = []

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -20,3 +21,12 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
 @pytest.fixture
 def python():
     return run_python
+
+
+@pytest.fixture
+def highest_precision():
+    """float32 matmuls in full float32 for the test (the cost model's fp32 rate depends on the setting)."""
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(saved)

@@ -1,4 +1,4 @@
-"""Adaptive eager (`neuron_device.concatenation`): queued ops, flush points, views, in-place ops, autograd, the
+"""Adaptive eager (`neuron_device.adaptive_eager`): queued ops, flush points, views, in-place ops, autograd, the
 deterministic switch, the queue limit and what the timeline is charged. Every result is compared with the CPU.
 
 The op-by-op tests keep the fuser out (`FUSE_AFTER` out of reach): they check neuron-device alone. The fused-path
@@ -12,16 +12,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from neuron_device import concatenation, costmodel, optracking, plugins
+from neuron_device import plugins
+from neuron_device.adaptive_eager import queue as adaptive_eager
+from neuron_device.simulation import costmodel, kernels
 
 
 @pytest.fixture
 def queued(monkeypatch):
     """Adaptive eager on, every run executed op by op."""
-    monkeypatch.setattr(concatenation, "FUSE_AFTER", 1 << 30)
-    previous = concatenation.set_enabled(True)
+    monkeypatch.setattr(adaptive_eager, "FUSE_AFTER", 1 << 30)
+    previous = adaptive_eager.set_enabled(True)
     yield
-    concatenation.set_enabled(previous)
+    adaptive_eager.set_enabled(previous)
 
 
 @pytest.fixture
@@ -34,9 +36,9 @@ def graphs(monkeypatch):
         return graph_module
 
     monkeypatch.setattr(plugins, "fuse", fuse)
-    previous = concatenation.set_enabled(True)
+    previous = adaptive_eager.set_enabled(True)
     yield seen
-    concatenation.set_enabled(previous)
+    adaptive_eager.set_enabled(previous)
 
 
 @pytest.fixture(params=["op by op", "fused"])
@@ -45,10 +47,10 @@ def adaptive(request, monkeypatch):
     if request.param == "fused":
         monkeypatch.setattr(plugins, "fuse", lambda graph_module, example_inputs: graph_module)
     else:
-        monkeypatch.setattr(concatenation, "FUSE_AFTER", 1 << 30)
-    previous = concatenation.set_enabled(True)
+        monkeypatch.setattr(adaptive_eager, "FUSE_AFTER", 1 << 30)
+    previous = adaptive_eager.set_enabled(True)
     yield request.param
-    concatenation.set_enabled(previous)
+    adaptive_eager.set_enabled(previous)
 
 
 def _pair(*shape):
@@ -67,29 +69,29 @@ def _chain(a, b):
 def test_ops_are_queued_and_match_the_cpu_bitwise(queued):
     a, b, na, nb = _pair(8, 8)
     results = _chain(na, nb)
-    assert concatenation.pending_ops() > 0
+    assert adaptive_eager.pending_ops() > 0
     assert all(r.device.type == "neuron" for r in results)
     for got, expected in zip(results, _chain(a, b), strict=True):
         assert got.shape == expected.shape and got.stride() == expected.stride() and got.dtype == expected.dtype
         assert torch.equal(got.cpu(), expected)
-    assert concatenation.pending_ops() == 0
+    assert adaptive_eager.pending_ops() == 0
 
 
 def test_queued_results_are_charged_to_the_allocator(queued):
     before = torch.neuron.memory_allocated()
     x = torch.zeros(1024, device="neuron")
     y = x + 1
-    assert concatenation.pending_ops() == 1
+    assert adaptive_eager.pending_ops() == 1
     assert torch.neuron.memory_allocated() >= before + 2 * 4096
     del y
-    concatenation.flush()
+    adaptive_eager.flush()
 
 
 @pytest.mark.parametrize("read", ["print", "item", "cpu", "tolist", "bool", "numpy"])
 def test_every_host_read_flushes(queued, read, capsys):
     a, b, na, nb = _pair(3)
     y = (na * nb).sum()
-    assert concatenation.pending_ops() == 2
+    assert adaptive_eager.pending_ops() == 2
     expected = (a * b).sum()
     if read == "print":
         print(y)
@@ -104,15 +106,15 @@ def test_every_host_read_flushes(queued, read, capsys):
         assert bool(y > 0) == bool(expected > 0)
     else:
         assert y.cpu().numpy() == expected.numpy()
-    assert concatenation.pending_ops() == 0
+    assert adaptive_eager.pending_ops() == 0
 
 
 def test_a_non_fusable_op_flushes_first(queued):
     a, b, na, nb = _pair(6)
     y = na - nb
-    assert concatenation.pending_ops() == 1
+    assert adaptive_eager.pending_ops() == 1
     nonzero = torch.nonzero(y > 0)  # data-dependent output shape: never queued
-    assert concatenation.pending_ops() == 0
+    assert adaptive_eager.pending_ops() == 0
     assert torch.equal(nonzero.cpu(), torch.nonzero(a - b > 0))
 
 
@@ -125,7 +127,7 @@ def test_index_ops_run_at_once_with_their_errors(queued):
 def test_shape_errors_raise_at_the_call(queued):
     with pytest.raises(RuntimeError, match="size of tensor"):
         torch.ones(3, device="neuron") + torch.ones(4, device="neuron")
-    assert concatenation.pending_ops() == 0
+    assert adaptive_eager.pending_ops() == 0
 
 
 def test_in_place_op_on_an_input_of_a_queued_op(adaptive):
@@ -169,12 +171,12 @@ def test_set_on_an_input_of_a_queued_op(queued):
 def test_storage_resized_under_a_queued_op(python):
     """FSDP2 frees an unsharded parameter with `untyped_storage().resize_(0)` while ops reading it may be queued:
     the resize flushes them first (they used to read freed memory at the flush: a segfault)."""
-    code = ("import torch, neuron_device.concatenation as c\n"
+    code = ("import torch, neuron_device.adaptive_eager.queue as c\n"
             "x = torch.arange(4096.0).to('neuron'); y = x * 2; z = (y + 1).sum()\n"
             "assert c.pending_ops() == 3\n"
             "x.untyped_storage().resize_(0); w = torch.ones(1 << 20, device='neuron')\n"
             "print(c.pending_ops(), z.item())")
-    result = python(code, env={concatenation.ENABLE_ENV: "1"})
+    result = python(code, env={adaptive_eager.ENABLE_ENV: "1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[0] == f"0 {float((torch.arange(4096.0) * 2 + 1).sum())}"
 
@@ -185,7 +187,7 @@ def test_queued_results_have_the_cpu_kernels_dtypes(queued):
     x, w, b = (torch.randn(*shape, dtype=torch.bfloat16) for shape in ((4, 8), (8,), (8,)))
     expected = torch.ops.aten.native_layer_norm(x, [8], w, b, 1e-5)
     got = torch.ops.aten.native_layer_norm(x.to("neuron"), [8], w.to("neuron"), b.to("neuron"), 1e-5)
-    if concatenation.pending_ops() == 0:
+    if adaptive_eager.pending_ops() == 0:
         pytest.skip("a plugin's native_layer_norm kernel runs it (not queued)")
     for result, reference in zip(got, expected, strict=True):
         assert result.dtype == reference.dtype and result.stride() == reference.stride()
@@ -202,11 +204,11 @@ def test_views_of_queued_results(adaptive):
         s = (p.view(36)[::5] + 1).view(-1, 1).expand(8, 3) * 1.5
         return q, r, s, p.transpose(0, 1).contiguous()
 
-    fused = concatenation.stats()["fused_runs"]
+    fused = adaptive_eager.stats()["fused_runs"]
     for _ in range(3):
         for got, expected in zip(views(na, nb), views(a, b), strict=True):
             assert torch.equal(got.cpu(), expected)
-    assert (concatenation.stats()["fused_runs"] > fused) == (adaptive == "fused")
+    assert (adaptive_eager.stats()["fused_runs"] > fused) == (adaptive == "fused")
 
 
 def test_views_of_non_contiguous_queued_results(adaptive):
@@ -216,10 +218,10 @@ def test_views_of_non_contiguous_queued_results(adaptive):
         y = x.transpose(1, 2) * 2  # queued result with the transposed input's layout
         return y[:, :, 1:] + y.chunk(2, dim=1)[1].sum(1, keepdim=True)[..., :2]
 
-    fused = concatenation.stats()["fused_runs"]
+    fused = adaptive_eager.stats()["fused_runs"]
     for _ in range(3):
         assert torch.equal(chain(na).cpu(), chain(a))
-    assert (concatenation.stats()["fused_runs"] > fused) == (adaptive == "fused")
+    assert (adaptive_eager.stats()["fused_runs"] > fused) == (adaptive == "fused")
 
 
 def test_dtype_view_of_a_queued_result(adaptive):
@@ -276,7 +278,7 @@ def test_runs_differing_only_in_a_number_are_different_runs(adaptive):
 def test_dead_results_are_not_written(queued):
     a, b, na, nb = _pair(4)
     x = na + nb
-    host = concatenation._queue[-1].outputs[0][0]
+    host = adaptive_eager._queue[-1].outputs[0][0]
     host.fill_(7.0)  # the buffer behind x's device memory
     del x
     y = na * nb
@@ -293,10 +295,10 @@ def test_autograd_forward_and_backward_are_queued(queued):
     expected = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     device_model = model.to("neuron")
-    before = concatenation.stats()["recorded"]
+    before = adaptive_eager.stats()["recorded"]
     loss = device_model(x.to("neuron")).sum()
     loss.backward()
-    assert concatenation.stats()["recorded"] > before + 6
+    assert adaptive_eager.stats()["recorded"] > before + 6
     assert torch.equal(loss.cpu(), reference)
     for parameter, grad in zip(device_model.parameters(), expected, strict=True):
         assert torch.equal(parameter.grad.cpu(), grad)
@@ -305,37 +307,37 @@ def test_autograd_forward_and_backward_are_queued(queued):
 def test_deterministic_algorithms_disable_queueing(queued):
     a, b, na, nb = _pair(4)
     y = na + nb
-    assert concatenation.pending_ops() == 1
+    assert adaptive_eager.pending_ops() == 1
     torch.use_deterministic_algorithms(True)
     try:
         z = na * nb  # flushes what was queued and runs directly
-        assert concatenation.pending_ops() == 0
+        assert adaptive_eager.pending_ops() == 0
         w = z - 1
-        assert concatenation.pending_ops() == 0
+        assert adaptive_eager.pending_ops() == 0
     finally:
         torch.use_deterministic_algorithms(False)
     assert torch.equal(y.cpu(), a + b) and torch.equal(w.cpu(), a * b - 1)
 
 
 def test_queue_flushes_at_its_size_limit(queued, monkeypatch):
-    monkeypatch.setattr(concatenation, "buffer_size_limit", 3)
+    monkeypatch.setattr(adaptive_eager, "buffer_size_limit", 3)
     a, _, na, _ = _pair(4)
-    flushes = concatenation.stats()["flushes"]
+    flushes = adaptive_eager.stats()["flushes"]
     y = na
     for _ in range(7):
         y = y + 1
-    assert concatenation.stats()["flushes"] == flushes + 2
-    assert concatenation.pending_ops() == 1
+    assert adaptive_eager.stats()["flushes"] == flushes + 2
+    assert adaptive_eager.pending_ops() == 1
     assert torch.equal(y.cpu(), a + 7)
 
 
 def test_run_time_switch(queued):
     a, _, na, _ = _pair(4)
     y = na + 1
-    assert concatenation.set_enabled(False) is True  # switching off flushes
-    assert concatenation.pending_ops() == 0
+    assert adaptive_eager.set_enabled(False) is True  # switching off flushes
+    assert adaptive_eager.pending_ops() == 0
     z = y * 2
-    assert concatenation.pending_ops() == 0
+    assert adaptive_eager.pending_ops() == 0
     assert torch.equal(z.cpu(), (a + 1) * 2)
 
 
@@ -345,21 +347,21 @@ def test_stream_event_and_synchronize_calls_flush(queued):
                  lambda: torch.neuron.current_stream().synchronize(),
                  lambda: torch.neuron.set_stream(torch.neuron.Stream())):
         y = na + nb
-        assert concatenation.pending_ops() == 1
+        assert adaptive_eager.pending_ops() == 1
         call()
-        assert concatenation.pending_ops() == 0
+        assert adaptive_eager.pending_ops() == 0
         del y
     torch.neuron.set_stream(torch.neuron.default_stream())
 
 
 def test_op_by_op_run_charges_each_op_as_eager(queued):
     _, _, na, nb = _pair(32, 32)
-    optracking.clear_op_tracking()
+    kernels.clear_op_tracking()
     y = (na @ nb).relu()
     y.cpu()
-    names = {launch.name for launch in optracking.launches()}
+    names = {launch.name for launch in kernels.launches()}
     assert {"aten::mm", "aten::relu"} <= names
-    assert {"aten::mm", "aten::relu"} <= set(optracking.get_executed_ops())
+    assert {"aten::mm", "aten::relu"} <= set(kernels.get_executed_ops())
 
 
 def _device_seconds(fn) -> float:
@@ -387,7 +389,7 @@ def test_fused_run_is_one_graph_with_live_outputs_only(graphs):
     assert len(output.args[0]) == 1  # only the returned tensor is written back
     targets = [node.target for node in graph.nodes if node.op == "call_function"]
     assert torch.ops.aten.mm.default in targets and torch.ops.aten.as_strided.default in targets
-    assert concatenation.stats()["fused_runs"] >= 1
+    assert adaptive_eager.stats()["fused_runs"] >= 1
 
 
 def test_fused_run_is_charged_once(graphs):
@@ -398,13 +400,13 @@ def test_fused_run_is_charged_once(graphs):
 
     eager = _device_seconds(run)  # first run: op by op
     run()  # compiled here
-    optracking.clear_op_tracking()
+    kernels.clear_op_tracking()
     fused = _device_seconds(run)
-    launches = {launch.name: launch for launch in optracking.launches()}
-    kernel = launches[concatenation.FUSED_KERNEL_NAME]
+    launches = {launch.name: launch for launch in kernels.launches()}
+    kernel = launches[adaptive_eager.FUSED_KERNEL_NAME]
     assert kernel.calls == 1
     assert not {"aten::mm", "aten::relu", "aten::sum"} & set(launches)
-    assert {"aten::mm", "aten::relu", "aten::sum"} <= set(optracking.get_executed_ops())
+    assert {"aten::mm", "aten::relu", "aten::sum"} <= set(kernels.get_executed_ops())
     # one kernel: the matmul's FLOPs, HBM traffic only for the two inputs and the scalar result
     expected = costmodel.estimate_kernel({"tensor": 2 * 64**3, "vector": 3 * 64 * 64}, 2 * 64 * 64 * 4 + 4).seconds
     assert kernel.seconds == pytest.approx(expected)
@@ -431,14 +433,14 @@ def test_fused_run_with_autograd(graphs):
 
 
 def test_environment_variable_switches_it_on(python):
-    code = ("import torch, neuron_device.concatenation as c; x = torch.ones(3, device='neuron') + 1; "
+    code = ("import torch, neuron_device.adaptive_eager.queue as c; x = torch.ones(3, device='neuron') + 1; "
             "print(c.is_enabled(), c.pending_ops(), x.tolist())")
-    result = python(code, env={concatenation.ENABLE_ENV: "1"})
+    result = python(code, env={adaptive_eager.ENABLE_ENV: "1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[0] == "True 1 [2.0, 2.0, 2.0]"
     # 'yes' is a boolean since every flag shares one parser (issue 16); a value that is no boolean is refused
-    result = python("import torch", env={concatenation.ENABLE_ENV: "maybe"})
-    assert result.returncode != 0 and f"{concatenation.ENABLE_ENV}='maybe' is invalid" in result.stderr
+    result = python("import torch", env={adaptive_eager.ENABLE_ENV: "maybe"})
+    assert result.returncode != 0 and f"{adaptive_eager.ENABLE_ENV}='maybe' is invalid" in result.stderr
 
 
 def test_ops_alternating_between_devices(adaptive):

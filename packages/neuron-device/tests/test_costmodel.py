@@ -5,20 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from neuron_device import costmodel
+from neuron_device.simulation import costmodel
 from neuron_device.topology import TARGETS
 
 TRN2 = TARGETS["trn2"]
 HBM_PER_CORE_TRN2 = 2.9e12 / 8  # chip bandwidth shared by 8 physical cores
 LAUNCH = costmodel.LAUNCH_SECONDS
-
-
-@pytest.fixture
-def highest_precision():
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(saved)
 
 
 def _elapsed_ms(fn) -> float:

@@ -9,14 +9,16 @@ import torch
 
 import torch_neuronx
 import torch_neuronx.metrics as met
-from neuron_device import costmodel, optracking
+from neuron_device import fallback
+from neuron_device.ops import catalogue
+from neuron_device.simulation import costmodel, kernels
 
 aten = torch.ops.aten
 
 
 @pytest.fixture(autouse=True)
 def fresh_tracking(monkeypatch):
-    monkeypatch.delenv(optracking.FALLBACK_ENV, raising=False)
+    monkeypatch.delenv(fallback.FALLBACK_ENV, raising=False)
     torch_neuronx.clear_op_tracking()
     torch_neuronx.clear_compilation_cache()
 
@@ -45,7 +47,7 @@ def _fallback_warnings(fn) -> list[str]:
     ],
 )
 def test_engine_mapping(op, engine):
-    assert optracking.op_info(op).engine == engine
+    assert catalogue.op_info(op).engine == engine
 
 
 def test_native_op_is_recorded_as_executed_without_warning():
@@ -208,12 +210,12 @@ def test_kernels_outside_the_fallback_are_recorded_and_charged():
     torch.neuron.synchronize()
     start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
     start.record()
-    optracking.record_kernel("nki::rmsnorm", 0, ((128, 512), torch.bfloat16), 5e-6)
-    optracking.record_kernel("nki::rmsnorm", 0, ((128, 512), torch.bfloat16), 5e-6)
+    kernels.record_kernel("nki::rmsnorm", 0, ((128, 512), torch.bfloat16), 5e-6)
+    kernels.record_kernel("nki::rmsnorm", 0, ((128, 512), torch.bfloat16), 5e-6)
     end.record()
     assert start.elapsed_time(end) == pytest.approx(10e-3)
     assert "nki::rmsnorm" in torch_neuronx.get_executed_ops()
     stats = torch_neuronx.get_compilation_cache_stats()
     assert (stats["compilations_per_op"]["nki::rmsnorm"], stats["in_memory_hits"]) == (1, 1)
     with pytest.raises(ValueError, match="non-negative"):
-        optracking.record_kernel("nki::rmsnorm", 0, "sig", -1.0)
+        kernels.record_kernel("nki::rmsnorm", 0, "sig", -1.0)

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 
 import torch_neuronx
 from neuron_device import allocator
+from neuron_device.fallback import executed_ops
 from neuron_device.ops import fastpath, registry
-from neuron_device.ops.host_exec import executed_ops
 
 
 def _inputs(*shapes, dtype=torch.float32):
@@ -160,7 +160,7 @@ def test_undefined_optional_outputs_stay_none():
 def test_fallback_runs_the_decomposition_of_an_op_the_cpu_has_no_kernel_for():
     """`_fused_rms_norm_backward` has CUDA/MPS kernels and a decomposition, but no CPU kernel: `nn.RMSNorm` training
     on `neuron` (without neuron-nki's kernel for it) reached the fallback and raised NotImplementedError."""
-    from neuron_device.ops.host_exec import run_on_host
+    from neuron_device.fallback import run_on_host
 
     x, weight, grad = _inputs((3, 5), (5,), (3, 5))
     x.requires_grad_()

@@ -12,8 +12,9 @@ import warnings
 import pytest
 import torch
 
-from neuron_device import concatenation, timeline
-from neuron_device.profiler import DEVICE_PID_BASE, NeuronProfiler, device_trace_events
+from neuron_device import timeline
+from neuron_device.adaptive_eager import queue as concatenation
+from neuron_device.simulation.profiler import DEVICE_PID_BASE, NeuronProfiler, device_trace_events
 
 PID = DEVICE_PID_BASE  # neuron:0
 

@@ -10,7 +10,8 @@ import weakref
 import pytest
 import torch
 
-from neuron_device import allocator, hostmem
+from neuron_device import allocator
+from neuron_device import storage as hostmem
 
 
 @pytest.fixture

@@ -9,18 +9,10 @@ import threading
 import pytest
 import torch
 
-from neuron_device import costmodel
 from neuron_device.neuron.streams import recorded_streams
+from neuron_device.simulation import costmodel
 
 HBM_PER_CORE = 2.9e12 / 8
-
-
-@pytest.fixture
-def highest_precision():
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(saved)
 
 
 def _timed() -> torch.neuron.Event:

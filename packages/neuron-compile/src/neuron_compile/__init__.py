@@ -2,10 +2,21 @@
 
 Dynamo -> AOTAutograd (forward and backward) with the Neuron decomposition table -> Neuron FX passes (kernel
 partitioning and fusion, NKI kernel substitution) -> Inductor's C++ host codegen registered for the `neuron` device.
-Modules: `backend` (the Dynamo backend and TorchNeuron's contract), `compiler` (the pipeline), `inductor_device`
-(Inductor/Dynamo registration of `neuron`), `host_runtime` (what generated code calls), `passes`, `nki_substitution`,
-`decompositions`, `cache` (persistent compile cache), `artifacts` (debug dumps), `metrics`, `settings` (env vars),
-`runtime` (the compiled callable), `plugin` (the `neuron_device.plugins` hooks).
+
+================================= ================================================================================
+the backend and its contract      `backend` (Dynamo backend), `settings` (mode, options, environment per compile)
+the pipeline                      `compiler`, `decompositions`, `passes` (kernel partitioning, fusion, cost of
+                                  each fused kernel), `nki_substitution`, `rms_norm`, `rng`
+Inductor for `neuron`             `inductor_device` (registration), `_patches` (every patch of Dynamo/Inductor
+                                  internals, with its reason)
+running a compiled graph          `compiled_graph` (the callable Dynamo gets), `boundary` and `host_runtime`
+                                  (device/host crossings; `host_runtime` is what generated code calls)
+adaptive eager's fuser            `fuser`
+cache, artifacts, metrics         `cache` (persistent compile cache), `artifacts` (debug dumps), `metrics`
+environment variables             `envvars`
+joining the device                `plugin` (the `neuron_device.plugins` hooks); neuron-device is used through
+                                  `neuron_device.services` only
+================================= ================================================================================
 
 Importing this package stays light: the torch._dynamo / torch._inductor parts load when a graph is compiled.
 """

@@ -23,8 +23,8 @@ import torch
 
 from . import cache, compiler, envvars, inductor_device, metrics
 from .artifacts import ArtifactWriter
+from .compiled_graph import CompiledGraph
 from .passes import KernelPlan
-from .runtime import CompiledGraph
 from .settings import CompileSettings
 
 __all__ = ["DynamicShapesNotSupported", "NeuronCompileError", "neuron_backend"]

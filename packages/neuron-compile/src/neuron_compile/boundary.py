@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from neuron_device import allocator
-from neuron_device.hostmem import host_alias
+from neuron_device import services
+from neuron_device.services import host_alias
 
 from .host_runtime import to_device as _outputs_to_device
 
@@ -27,7 +27,7 @@ _NEURON = "neuron"
 def _adopt_grad(grad: torch.Tensor | None, index: int) -> torch.Tensor | None:
     if grad is None or grad.device.type != "cpu":
         return grad
-    return allocator.adopt_tracked(grad if grad.is_contiguous() else grad.contiguous(), index)
+    return services.adopt_tracked(grad if grad.is_contiguous() else grad.contiguous(), index)
 
 
 def _alias_grad(grad: torch.Tensor | None) -> torch.Tensor | None:

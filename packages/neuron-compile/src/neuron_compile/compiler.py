@@ -16,11 +16,10 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from unittest import mock
 
 import torch
 
-from . import boundary, nki_substitution, passes, rms_norm, rng
+from . import _patches, boundary, nki_substitution, passes, rms_norm, rng
 from .artifacts import ArtifactWriter
 from .decompositions import neuron_decompositions
 
@@ -165,7 +164,7 @@ def compile_graph(
     # `neuron_decompositions` in place of its `select_decomp_table`: passed as a dict (`decompositions=`), it would
     # be wrapped in an object Inductor's FX-graph cache cannot key, and every graph would bypass that cache.
     with (torch._functorch.config.patch(force_non_lazy_backward_lowering=True),
-          mock.patch.object(compile_fx_module, "select_decomp_table", neuron_decompositions),
+          _patches.inductor_decompositions(neuron_decompositions),
           _inductor_caches(cache_key)):
         return HostGraph(compile_fx_module.compile_fx(gm, inputs, inner_compile=inner))
 

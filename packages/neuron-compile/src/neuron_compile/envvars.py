@@ -8,20 +8,6 @@ from __future__ import annotations
 
 from neuron_spec.env import EnvVar
 
-__all__ = [
-    "AUTOCOPY_DISABLED",
-    "CACHE_DIR",
-    "CACHE_DISABLED",
-    "CACHE_LOCK_TIMEOUT",
-    "DEBUG_DIR",
-    "FALLBACK_DISABLED",
-    "INDUCTOR_CACHE_DIR",
-    "PRESERVE_ARTIFACTS",
-    "RANK",
-    "VARIABLES",
-    "XDG_CACHE_HOME",
-]
-
 
 def _compile(name: str, type: type, default: object, doc: str, **extra: object) -> EnvVar:
     return EnvVar(name, type, default, doc, owner="compile", **extra)

@@ -1,6 +1,6 @@
 """Adaptive eager's fuser (`neuron_fuse` hook): compile a run of queued eager ops into one host kernel.
 
-neuron-device queues fusable eager ops (`neuron_device.concatenation`) and, once a run of them repeats, hands the
+neuron-device queues fusable eager ops (`neuron_device.adaptive_eager`) and, once a run of them repeats, hands the
 run over as an FX graph of ATen ops on CPU tensors. Device memory is host memory, so the run is compiled exactly
 as a CPU graph with Inductor's C++ backend: the fused loops read the run's inputs once and write only its live
 outputs, with no per-op Python. The simulated device time of the fused kernel is priced by neuron-device.

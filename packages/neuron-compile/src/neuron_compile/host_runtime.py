@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from neuron_device import allocator
-from neuron_device.hostmem import host_alias
+from neuron_device import services
+from neuron_device.services import host_alias
 
 __all__ = ["to_device", "to_host"]
 
@@ -45,7 +45,7 @@ def _view_of(output: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
 
 def _whole_storage(output: torch.Tensor, index: int) -> torch.Tensor:
     """A `neuron` uint8 tensor adopting all of `output`'s host storage, to build several views of it."""
-    return allocator.adopt_tracked(torch.empty(0, dtype=torch.uint8).set_(output.untyped_storage()), index)
+    return services.adopt_tracked(torch.empty(0, dtype=torch.uint8).set_(output.untyped_storage()), index)
 
 
 def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any]) -> tuple[Any, ...]:
@@ -74,7 +74,7 @@ def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any
         pointer = output.untyped_storage().data_ptr()
         base = bases.get(pointer)
         if base is None and fresh[pointer] == 1:
-            result.append(allocator.adopt_tracked(output, index))
+            result.append(services.adopt_tracked(output, index))
             continue
         if base is None:
             base = bases[pointer] = _whole_storage(output, index)

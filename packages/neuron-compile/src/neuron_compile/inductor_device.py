@@ -23,9 +23,11 @@ from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 
+from . import _patches
+
 __all__ = ["CppScheduling", "NeuronInterface", "NeuronWrapperCodegen", "WrapperFxCodegen", "register"]
 
-DEVICE = "neuron"
+DEVICE = _patches.DEVICE
 
 
 class NeuronInterface(CpuInterface):
@@ -110,37 +112,6 @@ class NeuronCppWrapperUnsupported:
         )
 
 
-def _patch_scheduler_host_check() -> None:
-    """Inductor's scheduler asks `node.is_cpu()` to mean "scheduled as host C++ kernels" (it then skips GPU-only
-    loop reindexing that the C++ backend cannot handle). `neuron` buffers are scheduled exactly so: say yes."""
-    from torch._inductor.scheduler import BaseSchedulerNode
-
-    def is_cpu(self: BaseSchedulerNode) -> bool:
-        device = self.get_device()
-        return device is not None and device.type in ("cpu", DEVICE)
-
-    BaseSchedulerNode.is_cpu = is_cpu
-
-
-def _register_stream_functions() -> None:
-    """Dynamo traces `torch.cuda.current_stream()` / `torch.accelerator.current_stream()` as a stream of the graph
-    (a handler of its own, by function identity). `torch.neuron.current_stream` (which diffusers and trl call as
-    `<device module>.current_stream()`) gets the same handler; inlined instead, it graph-breaks in `torch.Stream`'s
-    C constructor. And the frames of the stream functions themselves (neuron-device's routing of
-    `torch.accelerator`'s, called when a compiled graph rebuilds the current stream) run as plain Python: tracing
-    them as frames would graph-break there too."""
-    from torch._dynamo import trace_rules
-    from torch._dynamo.eval_frame import skip_code
-    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
-
-    handlers = TorchInGraphFunctionVariable._get_handlers()
-    rules = trace_rules.get_torch_obj_rule_map()
-    handlers.setdefault(torch.neuron.current_stream, handlers[torch.accelerator.current_stream])
-    rules.setdefault(torch.neuron.current_stream, TorchInGraphFunctionVariable)
-    for function in (torch.accelerator.current_stream, torch.neuron.current_stream):
-        skip_code(function.__code__)
-
-
 _lock = threading.Lock()
 _registered = False
 
@@ -160,6 +131,6 @@ def register() -> None:
             DEVICE, CppScheduling, NeuronWrapperCodegen, NeuronCppWrapperUnsupported, WrapperFxCodegen
         )
         register_device_op_overrides(DEVICE, CpuDeviceOpOverrides())
-        _patch_scheduler_host_check()
-        _register_stream_functions()
+        _patches.patch_scheduler_host_check()
+        _patches.register_stream_functions()
         _registered = True

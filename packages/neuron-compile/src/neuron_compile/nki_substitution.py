@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from neuron_device.hostmem import adopt, host_alias
-from neuron_device.ops import registry as _registry
+from neuron_device import services
+from neuron_device.services import adopt, host_alias
 
 __all__ = ["SUBSTITUTABLE", "define_replacements", "substitutable_ops", "substitute", "substituted_calls"]
 
@@ -65,9 +65,9 @@ def substitutable_ops() -> dict[torch._ops.OpOverload, Callable]:
     only take the op out of Inductor's hands. A kernel with a `substitute_in_graphs()` attribute is asked at compile
     time (neuron-nki's kernels say yes only when they run in the instruction simulator)."""
     found = {}
-    for name, fn in list(_registry.kernels.items()):
+    for name, fn in list(services.registered_kernels.items()):
         wanted = getattr(fn, "substitute_in_graphs", None)
-        if (name.split(".")[0] in SUBSTITUTABLE and name not in _registry.builtin
+        if (name.split(".")[0] in SUBSTITUTABLE and name not in services.builtin_kernels
                 and (wanted is None or wanted())):
             op = _overload(name)
             if op is not None:

@@ -29,9 +29,7 @@ from typing import Any
 import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
-from neuron_device import costmodel
-from neuron_device import optracking as _optracking
-from neuron_device.ops import registry as _registry
+from neuron_device import services
 
 __all__ = ["Kernel", "KernelPlan", "plan_kernels", "priced_ops"]
 
@@ -66,7 +64,7 @@ class Kernel:
     def seconds(self) -> float:
         if self.simulated_seconds is not None:
             return self.simulated_seconds
-        return costmodel.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype).seconds
+        return services.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype).seconds
 
 
 @dataclasses.dataclass
@@ -106,25 +104,17 @@ class KernelPlan:
         return cls(kernels, int(data["workspace_bytes"]))
 
 
-def _meta(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _meta(v)]
-    return []
-
-
 def _size(value: int | torch.SymInt) -> int:
     """A concrete size to price: a data-dependent one (`nonzero`, `bincount`, ...) at Inductor's planning size."""
     return optimization_hint(value, fallback=_UNBACKED_SIZE)
 
 
 def _nbytes(node: torch.fx.Node) -> int:
-    return sum(_size(t.numel()) * t.element_size() for t in _meta(node.meta.get("val")))
+    return sum(_size(t.numel()) * t.element_size() for t in services.flat_tensors(node.meta.get("val")))
 
 
 def _numel(node: torch.fx.Node) -> int:
-    return sum(_size(t.numel()) for t in _meta(node.meta.get("val")))
+    return sum(_size(t.numel()) for t in services.flat_tensors(node.meta.get("val")))
 
 
 def _packet(node: torch.fx.Node) -> Any:
@@ -134,7 +124,7 @@ def _packet(node: torch.fx.Node) -> Any:
 
 def _matmul_flops(node: torch.fx.Node) -> float:
     packet = _packet(node)
-    out = _meta(node.meta.get("val"))
+    out = services.flat_tensors(node.meta.get("val"))
     if not out:
         return 0.0
     args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
@@ -150,14 +140,14 @@ def _matmul_flops(node: torch.fx.Node) -> float:
 
 def _plugin_estimator(name: str) -> Any:
     """The `estimate_seconds` of the kernel a plugin registered for op `name`, if it has one."""
-    if name in _registry.builtin:  # neuron-device's own kernel: priced by the cost model
+    if name in services.builtin_kernels:  # neuron-device's own kernel: priced by the cost model
         return None
-    return getattr(_registry.kernels.get(name), "estimate_seconds", None)
+    return getattr(services.registered_kernels.get(name), "estimate_seconds", None)
 
 
 def priced_ops() -> list[str]:
     """The ops a plugin's kernel prices itself (part of the compile cache's key: the plans depend on them)."""
-    return sorted(name for name in _registry.kernels if _plugin_estimator(name) is not None)
+    return sorted(name for name in services.registered_kernels if _plugin_estimator(name) is not None)
 
 
 def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
@@ -178,7 +168,7 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
         return "fusable", "vector", float(sum(_numel(a) for a in inputs[:1]))
     if str(node.target).startswith("neuron_compile.nki_"):
         return "substituted", "", 0.0
-    info = _optracking.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+    info = services.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
     if info is not None and info.engine == "tensor":  # attention and the like: priced as eager prices them
         args = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args)
         estimator = _plugin_estimator(node.target.name())  # an OpOverload: `op_info` answered for it
@@ -187,7 +177,7 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
             seconds = estimator(*args, **kwargs)
             if seconds is not None:
                 return "priced", "tensor", float(seconds)
-        out = _meta(node.meta.get("val"))
+        out = services.flat_tensors(node.meta.get("val"))
         return "matmul", "tensor", float(info.flops(args, out[0] if out else None))
     return "other", "dma" if packet in (aten.cat, aten.copy, aten.clone, aten.index, aten.embedding,
                                         aten.gather, aten.scatter, aten.index_put) else "gpsimd", float(_numel(node))
@@ -238,7 +228,7 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
             if consumers:
                 written[node] = consumers
         hbm = sum(_nbytes(n) for n in read) + sum(_nbytes(n) for n in written)
-        tensors = _meta(members[0].meta.get("val"))
+        tensors = services.flat_tensors(members[0].meta.get("val"))
         dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
         amounts = {engine: float(amount) for engine, amount in work[index].items()}  # static: SymFloat -> float
         kernels.append(Kernel([n.name for n in members], amounts, float(hbm), dtype, engines[index],

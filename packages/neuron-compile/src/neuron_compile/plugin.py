@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_device.plugins import hookimpl
+from neuron_device.services import hookimpl
 
 from . import metrics
 
@@ -43,6 +43,12 @@ def neuron_fuse(graph_module: Any, example_inputs: list) -> Any:
     from . import fuser
 
     return fuser.fuse(graph_module, example_inputs)
+
+
+@hookimpl
+def neuron_report_graphs() -> dict[str, Any]:
+    """The compiled-graph counters of the simulation report."""
+    return metrics.get_dynamo_metrics()
 
 
 @hookimpl

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from neuron_device.ops.host_exec import seeded_call
+from neuron_device.services import seeded_call
 
 __all__ = ["define_device_ops", "device_seeds", "seed_from_device"]
 

@@ -2,6 +2,30 @@
 
 `import torch` registers the device through the `torch.backends` entry point (`_autoload`); with
 `TORCH_DEVICE_BACKEND_AUTOLOAD=0`, `import neuron_device` or `import torch_neuronx` registers it.
+
+Where each concept lives (one file per runtime concept, as PyTorch's OpenReg does):
+
+====================== ==============================================================================================
+start-up               `_registration` (the phases of `register()`), `hooks` (PrivateUse1 hooks)
+device, guard, index   `device` (current device per thread, `set_device`, `device`/`device_of`, `NeuronGuard`)
+machine and figures    `topology` (this process's machine), the hardware spec `neuron_spec.hardware` / `.machine`
+memory                 `allocator` (caching allocator per device, HBM capacity, stats), `storage` (adopting CPU
+                       memory as device storage, host aliases)
+streams and clocks     `neuron/streams` (`Stream`, `Event`), `timeline` (a simulated clock per stream)
+random numbers         `neuron/random` (one generator per device)
+kernels                `ops/registry` (registration), `ops/catalogue` (engine and work per op), `ops/minimal`,
+                       `ops/matmul`, `ops/attention`, `ops/rnn_cells`, `ops/cpu_exact` (kernels), `ops/fastpath`
+                       (the direct call of common ops)
+CPU fallback           `fallback` (any op on host aliases; which ops fall back, `NEURON_FALLBACK_ENABLED`)
+simulated cost         `simulation/costmodel` (an op's device time), `simulation/kernels` (charging, compile cache,
+                       counters), `simulation/report`, `simulation/profiler`
+adaptive eager         `adaptive_eager` (the flush barrier), `adaptive_eager/queue` (queue and fusion)
+numerics, autocast     `numerics`, `autocast`, `neuron/amp`
+torch.neuron           `neuron/` (the `torch.cuda`-shaped facade), `neuron/memory`, `neuron/comm`
+patches of torch       `_patches` (each with its reason)
+environment variables  `envvars` (declared once; parser in `neuron_spec.env`)
+other wheels           `plugins` (hooks they implement), `services` (all they may import of this package)
+====================== ==============================================================================================
 """
 
 from __future__ import annotations

@@ -16,26 +16,6 @@ _lock = threading.Lock()
 _CONFLICTING_DISTRIBUTIONS = ("torch-neuronx", "neuronx-cc")
 
 
-class _NeuronHooks(torch._C._acc.PrivateUse1Hooks):
-    """What C++ asks of the backend: the simulator is always built and available."""
-
-    def is_available(self) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
-
-    def has_primary_context(self, device_index: int) -> bool:
-        return torch.neuron.is_initialized()
-
-
-class _NeuronGuard(torch._C._acc.DeviceGuard):
-    """torch 2.13's Python device guard can only name the device type; the index lives on each tensor."""
-
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
-
-
 def _check_no_aws_stack() -> None:
     for name in _CONFLICTING_DISTRIBUTIONS:
         try:
@@ -51,6 +31,8 @@ def _check_no_aws_stack() -> None:
 
 def _register_device() -> None:
     from . import neuron
+    from .device import NeuronGuard
+    from .hooks import NeuronHooks
 
     torch.utils.rename_privateuse1_backend("neuron")
     torch.utils.generate_methods_for_privateuse1_backend(
@@ -62,19 +44,18 @@ def _register_device() -> None:
     for name, module in vars(neuron).items():
         if isinstance(module, types.ModuleType) and module.__name__ == f"{neuron.__name__}.{name}":
             sys.modules[f"torch.neuron.{name}"] = module
-    torch._C._acc.register_python_privateuseone_hook(_NeuronHooks())
-    torch._C._acc.register_python_privateuseone_device_guard(_NeuronGuard())
+    torch._C._acc.register_python_privateuseone_hook(NeuronHooks())
+    torch._C._acc.register_python_privateuseone_device_guard(NeuronGuard())
 
 
 def _register_kernels() -> None:
-    from . import autocast
-
     # Importing `minimal`, `cpu_exact`, `matmul`, `attention` and `rnn_cells` registers their kernels.
-    from .ops import attention, cpu_exact, host_exec, matmul, minimal, registry, rnn_cells  # noqa: F401
+    from . import autocast, fallback
+    from .ops import attention, cpu_exact, matmul, minimal, registry, rnn_cells  # noqa: F401
 
-    registry.register_fallback(host_exec.run_on_host)
+    registry.register_fallback(fallback.run_on_host)
     for sparse_key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
-        registry.register_fallback(host_exec.refuse_sparse, sparse_key)
+        registry.register_fallback(fallback.refuse_sparse, sparse_key)
     registry.builtin.update(registry.kernels)
     autocast.register()
 
@@ -99,7 +80,7 @@ def _install_fast_path() -> None:
 
 
 def _install_exit_report() -> None:
-    from . import report  # light: the op tracker and allocator it reads are imported by then
+    from .simulation import report  # light: the op tracker and allocator it reads are imported by then
 
     report.install_exit_report()
 

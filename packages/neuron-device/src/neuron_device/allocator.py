@@ -1,6 +1,6 @@
 """Device memory: a model of CUDA's caching allocator, run against each device's simulated HBM capacity.
 
-Storage is host memory (see `hostmem`), allocated by the CPU allocator and adopted as `neuron` storage; the host
+Storage is host memory (see `storage`), allocated by the CPU allocator and adopted as `neuron` storage; the host
 bytes are freed by the CPU allocator as soon as the storage dies. What the device would hold is modelled here, with
 the rules of PyTorch's CUDACachingAllocator, so `memory_allocated`/`memory_reserved` and out-of-memory behave as on
 a GPU of the same size:
@@ -33,8 +33,9 @@ import weakref
 
 import torch
 
-from . import hostmem
+from . import storage as _storage
 from . import topology as _topology
+from .adaptive_eager import flush_barrier
 
 __all__ = [
     "DeviceAllocator",
@@ -501,11 +502,11 @@ def _extent(size, stride, itemsize: int) -> int:
 
 
 def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
-    """`hostmem.adopt`, charging the new storage to device `index` (OutOfMemoryError if it does not fit).
+    """`storage.adopt`, charging the new storage to device `index` (OutOfMemoryError if it does not fit).
 
     The host memory exists already, so the storage is adopted first and charged for exactly the bytes it spans.
     """
-    tensor = hostmem.adopt(cpu_tensor, index)
+    tensor = _storage.adopt(cpu_tensor, index)
     storage = tensor.untyped_storage()
     nbytes = storage.nbytes()
     if nbytes:
@@ -531,7 +532,7 @@ def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=No
             host = torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format)
         else:
             host = torch.empty_strided(size, stride, dtype=dtype)
-        tensor = hostmem.adopt(host, index)
+        tensor = _storage.adopt(host, index)
     except BaseException:
         if block is not None:
             allocator.free(block)
@@ -543,7 +544,7 @@ def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=No
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
     """A CPU uint8 tensor over all the bytes of a `neuron` storage."""
-    return hostmem.host_alias(torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage))
+    return _storage.host_alias(torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage))
 
 
 def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
@@ -559,17 +560,16 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
     old = storage.nbytes()
     if nbytes == old:
         return
-    if hostmem.flush_pending is not None:  # adaptive eager: queued ops still read or write the old memory
-        hostmem.flush_pending()
+    flush_barrier()  # adaptive eager: queued ops still read or write the old memory
     index = storage.device.index
     allocator = device(index)
     block = allocator.malloc(nbytes) if nbytes else None
     try:
-        fresh = hostmem.adopt(torch.empty(nbytes, dtype=torch.uint8), index).untyped_storage()
+        fresh = _storage.adopt(torch.empty(nbytes, dtype=torch.uint8), index).untyped_storage()
         kept = min(old, nbytes)
         if kept:
             _bytes_of(fresh)[:kept].copy_(_bytes_of(storage)[:kept])
-        holder = hostmem.adopt(torch.empty(0, dtype=torch.uint8), index).untyped_storage()
+        holder = _storage.adopt(torch.empty(0, dtype=torch.uint8), index).untyped_storage()
     except BaseException:
         if block is not None:
             allocator.free(block)

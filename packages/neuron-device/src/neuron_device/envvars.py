@@ -11,20 +11,6 @@ from __future__ import annotations
 from neuron_spec import machine as _machine
 from neuron_spec.env import EnvVar
 
-__all__ = [
-    "ADAPTIVE_EAGER",
-    "ADAPTIVE_EAGER_BUFFER_SIZE",
-    "ADAPTIVE_EAGER_LOW_THRESHOLD",
-    "DOWNCAST_64BIT",
-    "FALLBACK",
-    "LOCAL_RANK",
-    "PROGRESS",
-    "REPORT",
-    "REPORT_FILE",
-    "STRICT_PLUGINS",
-    "VARIABLES",
-]
-
 TORCH_AUTOLOAD = EnvVar(
     "TORCH_DEVICE_BACKEND_AUTOLOAD", bool, True,
     "`0`: `import torch` does not register `neuron`; `import torch_neuronx` (or `neuron_device`) does it",

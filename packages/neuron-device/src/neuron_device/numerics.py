@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from . import allocator, envvars
-from .hostmem import host_alias
+from .storage import host_alias
 
 __all__ = [
     "DOWNCAST_64BIT_ENV",

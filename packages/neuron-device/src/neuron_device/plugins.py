@@ -17,7 +17,17 @@ import pluggy
 
 from . import envvars
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginLoadError", "fuse", "hookimpl", "hookspec", "load_plugins", "loaded_plugins"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginLoadError",
+    "fuse",
+    "hookimpl",
+    "hookspec",
+    "load_plugins",
+    "loaded_plugins",
+    "report_graphs",
+    "torch_neuronx_export",
+]
 
 PROJECT = "neuron_device"
 ENTRY_POINT_GROUP = "neuron_device.plugins"
@@ -41,6 +51,16 @@ class NeuronDeviceSpec:
     @hookspec
     def neuron_device_ready(self, device_module: Any) -> None:
         """The device is usable: `device_module` is `torch.neuron`. Register backends, interfaces, etc. here."""
+
+    @hookspec(firstresult=True)
+    def neuron_report_graphs(self) -> dict[str, Any] | None:
+        """This process's compiled-graph counters for the simulation report (neuron-compile's dynamo metrics), or
+        None. Called when the report is made."""
+
+    @hookspec
+    def neuron_torch_neuronx_exports(self) -> dict[str, Any]:
+        """Names the plugin adds to `torch_neuronx` (e.g. neuron-nki's `nki`, `nki_op`, `wrap_nki`): name -> a
+        callable of no arguments that returns the object, called on first access (so nothing heavy loads early)."""
 
     @hookspec(firstresult=True)
     def neuron_fuse(self, graph_module: Any, example_inputs: list) -> Any:
@@ -79,6 +99,22 @@ def _call_each(manager: pluggy.PluginManager, hook: str, **kwargs: Any) -> None:
             impl.function(**kwargs)
         except Exception as error:
             _report(impl.plugin_name, f"run its {hook} hook", error)
+
+
+def report_graphs() -> dict[str, Any] | None:
+    """Compiled-graph counters from the first plugin that has them (`neuron_report_graphs`), or None."""
+    if _manager is None:
+        return None
+    return _manager.hook.neuron_report_graphs()
+
+
+def torch_neuronx_export(name: str) -> Any:
+    """The object a plugin adds to `torch_neuronx` under `name` (`neuron_torch_neuronx_exports`); AttributeError if
+    no plugin does."""
+    for exports in ([] if _manager is None else _manager.hook.neuron_torch_neuronx_exports()):
+        if name in exports:
+            return exports[name]()
+    raise AttributeError(name)
 
 
 def fuse(graph_module: Any, example_inputs: list) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from . import hostmem as _hostmem
+from .adaptive_eager import flush_barrier
 
 __all__ = ["DeviceTimeline", "Recorder", "charge", "current_stream_id", "set_current_stream_id", "set_recorder",
            "timeline"]
@@ -74,8 +74,7 @@ _timelines: dict[int, DeviceTimeline] = {}
 
 def timeline(index: int) -> DeviceTimeline:
     """The timeline of device `neuron:index` (created on first use)."""
-    if _hostmem.flush_pending is not None:  # adaptive eager: queued ops reach the clocks before anyone reads them
-        _hostmem.flush_pending()
+    flush_barrier()  # adaptive eager: queued ops reach the clocks before anyone reads them
     found = _timelines.get(index)
     if found is None:
         found = _timelines.setdefault(index, DeviceTimeline())
@@ -97,8 +96,7 @@ def current_stream_id(index: int) -> int:
 
 def set_current_stream_id(index: int, stream_id: int) -> None:
     """Make `stream_id` this thread's current stream on device `index`."""
-    if _hostmem.flush_pending is not None:  # queued ops are charged to the stream they were issued on
-        _hostmem.flush_pending()
+    flush_barrier()  # queued ops are charged to the stream they were issued on
     _current.ids[index] = stream_id
 
 

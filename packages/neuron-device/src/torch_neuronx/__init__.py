@@ -15,11 +15,11 @@ import torch  # noqa: F401  (first: importing torch autoloads and registers neur
 
 import neuron_device
 from neuron_device import __version__
-from neuron_device import optracking as _optracking
 from neuron_device.neuron import synchronize
 from neuron_device.neuron.streams import Event, Stream, current_stream, default_stream, set_stream, stream
-from neuron_device.profiler import NeuronProfiler
-from neuron_device.report import report as simulation_report
+from neuron_device.simulation import kernels as _kernels
+from neuron_device.simulation.profiler import NeuronProfiler
+from neuron_device.simulation.report import report as simulation_report
 
 __all__ = [
     "Event",
@@ -42,46 +42,47 @@ __all__ = [
 neuron_device.register()
 
 
-_NKI_EXPORTS = {"nki": "nki", "nki_op": "nki.torch", "wrap_nki": "nki.torch"}
+# TorchNeuron names that a sibling wheel provides through the plugin hook `neuron_torch_neuronx_exports`, and the
+# package to install when it is missing.
+_FROM_PLUGINS = {"nki": "neuron-nki", "nki_op": "neuron-nki", "wrap_nki": "neuron-nki"}
 
 
 def __getattr__(name: str) -> Any:
-    """TorchNeuron's NKI entry points (`nki`, `nki_op`, `wrap_nki`), provided by neuron-nki when it is installed."""
-    module = _NKI_EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")
-    import importlib
+    """Names plugins add (TorchNeuron's NKI entry points `nki`, `nki_op`, `wrap_nki` come from neuron-nki)."""
+    from neuron_device import plugins
 
     try:
-        import nki.torch  # noqa: F401  (registers the torch adapter of @nki.jit kernels)
-    except ImportError as error:
-        raise ImportError(f"torch_neuronx.{name} needs the neuron-nki package (pip install neuron-nki)") from error
-    found = importlib.import_module(module)
-    return found if name == "nki" else getattr(found, name)
+        return plugins.torch_neuronx_export(name)
+    except AttributeError:
+        pass
+    if name in _FROM_PLUGINS:
+        raise ImportError(f"torch_neuronx.{name} needs the {_FROM_PLUGINS[name]} package (pip install "
+                          f"{_FROM_PLUGINS[name]})")
+    raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")
 
 
 def get_fallback_ops() -> list[str]:
     """Names of the operations that fell back to CPU (e.g. ``'aten::linalg_inv_ex.inverse'``), sorted."""
-    return _optracking.get_fallback_ops()
+    return _kernels.get_fallback_ops()
 
 
 def get_executed_ops() -> list[str]:
     """Names of the operations executed by Neuron kernels, sorted."""
-    return _optracking.get_executed_ops()
+    return _kernels.get_executed_ops()
 
 
 def clear_op_tracking() -> None:
     """Clear both the fallback and the executed operation tracking (useful in tests)."""
-    _optracking.clear_op_tracking()
+    _kernels.clear_op_tracking()
 
 
 def get_compilation_cache_stats() -> dict[str, Any]:
     """Kernel compilation cache statistics: the real device compiles one kernel per op signature (op, input shapes
     and dtypes, non-tensor arguments). Keys as TorchNeuron's: ``total_compilations``, ``in_memory_hits``,
     ``in_memory_misses``, ``total_entries``, ``hit_rate``; plus ``compilations_per_op``."""
-    return _optracking.compilation_stats()
+    return _kernels.compilation_stats()
 
 
 def clear_compilation_cache() -> None:
     """Drop every cached kernel and reset the counters: the next call of every signature compiles again."""
-    _optracking.clear_compilation_cache()
+    _kernels.clear_compilation_cache()

@@ -3,6 +3,11 @@
 Installing the wheel is enough: neuron-device loads it as a plugin during `import torch`, which registers the
 backend, so `dist.init_process_group("neuron")`, `"cpu:gloo,neuron:neuron"` and a bare `init_process_group()` (the
 current accelerator is `neuron`) all work. Importing this package registers it too (`TORCH_DEVICE_BACKEND_AUTOLOAD=0`).
+
+Modules: `backend` (the process group: collectives through Gloo on host aliases), `costs` (simulated time of each
+collective over NeuronLink, from the hardware spec), `matching` (the cross-rank check of collective calls),
+`hostmap` (tensors to host aliases and back), `kernels` (device kernels of the collectives' helpers), `envvars`,
+`plugin` (the `neuron_device.plugins` hooks). neuron-device is used through `neuron_device.services` only.
 """
 
 from __future__ import annotations

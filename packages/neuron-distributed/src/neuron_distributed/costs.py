@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from neuron_device import timeline, topology
+from neuron_device import services
 from neuron_spec.hardware import resolve_target
 
 __all__ = ["STEP_LATENCY_SECONDS", "charge", "collective_seconds"]
@@ -47,7 +47,7 @@ def _factor(kind: str, group_size: int) -> tuple[float, int]:
 
 def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: str | None = None) -> float:
     """Simulated seconds of one collective `kind` whose per-rank payload (the larger of input and output) is given."""
-    spec = topology.topology().target if target is None else resolve_target(target)
+    spec = services.topology().target if target is None else resolve_target(target)
     crossings, steps = _factor(kind, group_size)
     if group_size <= 1:
         return 0.0
@@ -66,4 +66,4 @@ def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], g
         return
     seconds = collective_seconds(kind, max(_nbytes(inputs), _nbytes(outputs)), group_size)
     for index in devices:
-        timeline.charge(index, seconds, f"c10d::{kind}")  # the name labels the collective in a profiler trace
+        services.charge(index, seconds, f"c10d::{kind}")  # the name labels the collective in a profiler trace

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from neuron_spec.env import EnvVar
 
-__all__ = ["CHECK_COLLECTIVES", "VARIABLES"]
-
 CHECK_COLLECTIVES = EnvVar("NEURON_DISTRIBUTED_CHECK_COLLECTIVES", bool, True,
                            "`0`: skip the cross-rank check that every rank calls the same collective (kind, dtype, "
                            "shape)", owner="distributed")

@@ -1,6 +1,6 @@
 """Map the tensors of a collective's arguments to their zero-copy host aliases, so Gloo can move them.
 
-Device memory is host memory in the simulator (`neuron_device.hostmem`), so a collective that writes into the alias
+Device memory is host memory in the simulator (`neuron_device.storage`), so a collective that writes into the alias
 has written into the `neuron` tensor: no staging copy, no copy-back.
 """
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from neuron_device.hostmem import host_alias
+from neuron_device.services import flat_tensors, host_alias
 
 __all__ = ["flat_tensors", "to_host"]
 
@@ -24,10 +24,3 @@ def to_host(value: Any) -> Any:
     return value
 
 
-def flat_tensors(value: Any) -> list[torch.Tensor]:
-    """Every tensor in `value` (a tensor or nested lists of them), in order."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in flat_tensors(item)]
-    return []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_device.plugins import hookimpl
+from neuron_device.services import hookimpl
 
 
 @hookimpl

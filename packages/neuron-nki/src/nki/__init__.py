@@ -7,7 +7,11 @@ simulates it), ``kernel[grid]``, ``nki.simulate(kernel)(*arrays)``, ``nki.benchm
 
 Core structure (one module per concept; the legacy ``neuronxcc.nki`` layer reuses all of it):
 
-* ``_targets``  trn1/trn2/trn3 figures; ``NEURON_PLATFORM_TARGET_OVERRIDE`` picks one (default trn2).
+* ``_targets``  the target a kernel is checked and costed for: the hardware spec's figures (``neuron_spec``);
+  the `neuron` device's target for kernels on `neuron` tensors, else ``NEURON_PLATFORM_TARGET_OVERRIDE`` or the
+  target of ``NEURON_SIM_INSTANCE_TYPE`` (default trn2).
+* ``envvars``   every environment variable neuron-nki reads, declared once.
+* ``extension`` what the legacy ``neuronxcc.nki`` layer may use beyond the public API.
 * ``_dtypes``   NKI dtypes as real NumPy/ml_dtypes dtypes (``tfloat32``/MX-x4 are tagged float32/uint32);
   ``NKI_PRECISE_FP`` storage policy (precise: exact dtype storage; imprecise: narrow floats stored as fp32);
   ``cast_for_store`` is the one rounding/saturating conversion used on every write.
@@ -46,6 +50,9 @@ Core structure (one module per concept; the legacy ``neuronxcc.nki`` layer reuse
   threads (``core_barrier``/``sendrecv`` switch cores). ``run_kernel(core_assignment=f)`` overrides placement
   (legacy ``nl.spmd_dim``/``nl.nc``); grid entries may implement ``__nki_grid_size__()``.
   ``run_kernel(precise=False)`` gives legacy fp32 storage; ``extra={...}`` seeds ``LaunchContext.extra``.
+* ``torch``     the PyTorch integration (the only part that imports torch): the adapter of kernels on torch
+  tensors, ``nki_op``/``wrap_nki``, the NKI library as native kernels, the ``neuron_device.plugins`` hooks.
+* ``library``, ``tutorials``  NKI kernels (attention, norms, softmax, matmul) written in the language above.
 """
 
 from __future__ import annotations

@@ -52,6 +52,13 @@ class NkiValidationError(NkiError, AssertionError):
 _USER_DIRS = [os.path.join(_PKG_DIR, "tutorials")]  # kernels shipped with the package are user code
 
 
+def register_user_dir(path: str) -> None:
+    """Mark a directory inside an internal one (e.g. ``neuronxcc/nki/tutorials``) as user code for error locations."""
+    p = os.path.abspath(path)
+    if p not in _USER_DIRS:
+        _USER_DIRS.append(p)
+
+
 def _is_internal(filename: str) -> bool:
     f = os.path.abspath(filename)
     if any(f.startswith(d + os.sep) for d in _USER_DIRS):

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from neuron_spec.env import EnvVar
 
-__all__ = ["DMA_TRANSPOSE_AS_PE_TRANSPOSE", "NATIVE_KERNELS", "PRECISE_FP", "SIMULATOR", "VARIABLES"]
-
 NATIVE_KERNELS = EnvVar(
     "NEURON_NKI_NATIVE_KERNELS", str, "1",
     "the NKI kernel library as the native implementation of attention, norms, softmax: `1` (default) simulate "

@@ -24,12 +24,13 @@ from collections.abc import Callable
 import torch
 
 from .. import allocator
-from .. import concatenation as _concatenation
 from .. import numerics as _numerics
-from .. import optracking as _optracking
-from ..hostmem import host_alias
+from ..adaptive_eager import queue as _adaptive_eager
+from ..fallback import executed_ops, joined_device, run_on_host, tensor_list
+from ..simulation import kernels as _kernels
+from ..storage import host_alias
 from . import registry
-from .host_exec import executed_ops, joined_device, run_on_host
+from .catalogue import op_info
 
 __all__ = ["HOT_OPS", "install", "run_direct"]
 
@@ -99,7 +100,7 @@ class _Plan:
         self.call = op._op  # the C++ callable `OpOverload.__call__` forwards to, minus that Python frame
         first = schema.arguments[0].alias_info
         self.in_place = first is not None and first.is_write
-        self.info = _optracking.op_info(op)
+        self.info = op_info(op)
         self.name = self.info.name
         seeded = torch.Tag.nondeterministic_seeded in op.tags
         self.dropout_position = _dropout_position(op) if seeded else None
@@ -133,8 +134,8 @@ def _adopt(result, host: list, args: tuple, positions: tuple[int, ...], index: i
 
 def _direct(plan: _Plan, args: tuple, kwargs: dict):
     """Run the common call of `plan.op` on host aliases; None if the call is not the common one."""
-    if _concatenation.enabled:  # adaptive eager: queue the op instead (None: it must run now)
-        result = _concatenation.record(plan, args, kwargs)
+    if _adaptive_eager.enabled:  # adaptive eager: queue the op instead (None: it must run now)
+        result = _adaptive_eager.record(plan, args, kwargs)
         if result is not None:
             return result
     if _numerics.downcast_64bit:
@@ -160,18 +161,10 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
                 return None
             host[position] = host_alias(value)
         elif type(value) is list or type(value) is tuple:
-            items = []
-            for item in value:
-                if item is None:
-                    items.append(None)
-                    continue
-                if not isinstance(item, _Tensor):
-                    return None
-                index = joined_device(item, index)
-                if index < 0:
-                    return None
-                items.append(host_alias(item))
-            host[position] = items
+            walked = tensor_list(value, index, host_alias)
+            if walked is None:
+                return None
+            host[position], index = walked
         elif value is not None:
             if position != 1 or plan.scalar_call is None or not isinstance(value, _NUMBERS):
                 return None
@@ -180,7 +173,7 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
         return None
     executed_ops[plan.name] += 1
     result = call(*host, **kwargs)
-    _optracking.charge(plan.info, index, host, kwargs, result)
+    _kernels.charge(plan.info, index, host, kwargs, result)
     if type(result) is _Tensor and not plan.in_place:
         return allocator.adopt_tracked(result, index)  # a functional op's one result is fresh: the common case
     return _adopt(result, host, args, plan.tensor_positions, index)
@@ -233,8 +226,8 @@ def install() -> None:
         packet = getattr(aten, packet_name)
         for overload in packet.overloads():
             op = getattr(packet, overload)
-            name = _optracking.op_info(op).name
-            if name in registry.kernels or _optracking.op_info(op).engine is None or not _fast_eligible(op):
+            name = op_info(op).name
+            if name in registry.kernels or op_info(op).engine is None or not _fast_eligible(op):
                 continue
             if _differentiable_only_by_decomposition(op):
                 continue

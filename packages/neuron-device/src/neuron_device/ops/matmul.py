@@ -13,10 +13,10 @@ from collections.abc import Callable
 import torch
 
 from .. import allocator, numerics
-from .. import optracking as _optracking
-from ..hostmem import host_alias
+from ..fallback import admit, run_on_host
+from ..simulation import kernels as _kernels
+from ..storage import host_alias
 from .fastpath import run_direct
-from .host_exec import run_on_host
 from .registry import kernel
 
 __all__ = ["OPERANDS"]
@@ -62,7 +62,7 @@ def _in_fp32(functional: torch._ops.OpOverload, args: tuple, kwargs: dict, dtype
     with numerics.ieee_host_matmul():
         result = functional(*host_args, **kwargs).to(dtype)
     index = next(a.device.index for a in args if isinstance(a, torch.Tensor))
-    _optracking.charge(_optracking.admit(functional), index, args, kwargs, result)  # a Tensor engine kernel
+    _kernels.charge(admit(functional), index, args, kwargs, result)  # a Tensor engine kernel
     return result
 
 

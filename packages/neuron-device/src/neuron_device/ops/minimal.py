@@ -9,9 +9,9 @@ import math
 import torch
 
 from .. import allocator
-from .. import optracking as _optracking
-from ..hostmem import host_alias
-from .host_exec import run_on_host
+from ..fallback import run_on_host
+from ..simulation import kernels as _kernels
+from ..storage import host_alias
 from .registry import kernel
 
 aten = torch.ops.aten
@@ -132,7 +132,7 @@ def _host(tensor: torch.Tensor) -> torch.Tensor:
 def _copy_from(self, dst, non_blocking=False):
     """Copy `self` into `dst`, either of which may be on the host: one memcpy between host buffers."""
     _host(dst).copy_(_host(self))
-    _optracking.transfer("aten::_copy_from", self, dst)
+    _kernels.transfer("aten::_copy_from", self, dst)
     return dst
 
 
@@ -140,7 +140,7 @@ def _copy_from(self, dst, non_blocking=False):
 def copy_(self, src, non_blocking=False):
     """Direct kernel: torch's generic `copy_` loops forever on a conjugate-view source of a Python backend."""
     _host(self).copy_(_host(src))
-    _optracking.transfer("aten::copy_", src, self)
+    _kernels.transfer("aten::copy_", src, self)
     return self
 
 
@@ -164,12 +164,12 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
         # `.shape`: a lazy module's uninitialized parameter refuses `.shape` but moves between devices.
         result = allocator.empty(self.size(), dtype=dtype or self.dtype, index=_device_index(target))
         host_alias(result).copy_(host_alias(self))
-        _optracking.transfer("aten::_to_copy", self, result)
+        _kernels.transfer("aten::_to_copy", self, result)
         return result
     result = aten._to_copy.default(
         host_alias(self), dtype=dtype, layout=layout, pin_memory=pin_memory, memory_format=memory_format
     )
-    _optracking.transfer("aten::_to_copy", self, result, target)
+    _kernels.transfer("aten::_to_copy", self, result, target)
     if target.type == "neuron":
         return allocator.adopt_tracked(result, _device_index(target))
     if target.type != "cpu":
@@ -180,7 +180,7 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 @kernel("aten::_local_scalar_dense")
 def _local_scalar_dense(self):
     value = host_alias(self)
-    _optracking.transfer("aten::_local_scalar_dense", self, value)
+    _kernels.transfer("aten::_local_scalar_dense", self, value)
     return value.item()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import allocator
-from ..hostmem import host_alias
+from ..storage import host_alias
 from .registry import kernel
 
 _LOW = (torch.bfloat16, torch.float16)

@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import os as _os
 
-from nki import _errors as _core_errors
+from nki import extension as _ext
 
 from . import compiler, isa, language, typing
 from ._launch import LegacyKernel, baremetal, benchmark, jit, profile, simulate_kernel, trace
 
 _HERE = _os.path.dirname(_os.path.abspath(__file__))
-_core_errors.register_internal_dir(_HERE)
+_ext.register_internal_dir(_HERE)
 # Our tutorial kernels are user code for error locations, like the core's own tutorials.
-if _os.path.join(_HERE, "tutorials") not in _core_errors._USER_DIRS:
-    _core_errors._USER_DIRS.append(_os.path.join(_HERE, "tutorials"))
+_ext.register_user_dir(_os.path.join(_HERE, "tutorials"))
 
 __all__ = ["LegacyKernel", "baremetal", "benchmark", "compiler", "isa", "jit", "language", "profile",
            "simulate_kernel", "trace", "typing"]

@@ -26,13 +26,20 @@ from collections.abc import Callable
 
 import numpy as np
 
-from nki import _context, envvars
-from nki._dtypes import precise_fp_default
-from nki._errors import NkiError
-from nki._launch import Kernel, KernelRun, run_kernel
-from nki._launch import benchmark as _core_benchmark
-from nki._targets import resolve_target
-from nki._tensor import NkiTensor, hbm, wrap_array
+from nki import envvars
+from nki import extension as _ext
+from nki.extension import (
+    Kernel,
+    KernelRun,
+    NkiError,
+    NkiTensor,
+    hbm,
+    precise_fp_default,
+    resolve_target,
+    run_kernel,
+    wrap_array,
+)
+from nki.extension import benchmark as _core_benchmark
 
 from ._index import nc, spmd_dim
 from ._scope import OutOfScope, instrument
@@ -185,7 +192,7 @@ class LegacyKernel(Kernel):
         return run
 
     def __call__(self, *args, **kwargs):
-        if _context.current() is not None:  # a sub-kernel (``mode='trace'``) called from a kernel runs inline
+        if _ext.current_context() is not None:  # a sub-kernel (``mode='trace'``) called from a kernel runs inline
             if self.grid not in ((), None):
                 raise NkiError("Calling a NKI kernel with a SPMD grid from another NKI kernel is not supported",
                                code="err_nested_kernel_with_spmd_grid")

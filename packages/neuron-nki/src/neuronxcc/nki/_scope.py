@@ -28,9 +28,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 
-from nki._dtypes import nki_name
-from nki._errors import NkiError, fmt_shape, kernel_location
-from nki._tensor import NkiTensor
+from nki.extension import NkiError, NkiTensor, fmt_shape, kernel_location, nki_name
 
 __all__ = ["OutOfScope", "instrument"]
 

@@ -22,12 +22,18 @@ import math
 
 import numpy as np
 
-from nki import _context, _limits
+from nki import extension as _ext
 from nki import isa as core_isa
-from nki._cost import MIN_II
-from nki._dtypes import uninit_value
-from nki._errors import NkiValidationError, fmt_shape, kernel_location
-from nki._tensor import DynSlice, NkiTensor, psum
+from nki.extension import (
+    MIN_II,
+    DynSlice,
+    NkiTensor,
+    NkiValidationError,
+    fmt_shape,
+    kernel_location,
+    psum,
+    uninit_value,
+)
 
 from ._index import IndexExpr, Var, as_mask
 
@@ -79,7 +85,7 @@ class LegacyTile(NkiTensor):
                 if retarget:
                     dst.alloc.ready = max(dst.alloc.ready, value.alloc.ready)
                 else:
-                    core_isa._charge(_context.require("tensor_copy"), "vector", max(MIN_II, dst.free_size),
+                    _ext.charge(_ext.require_context("tensor_copy"), "vector", max(MIN_II, dst.free_size),
                                      (value,), (dst,), "tensor_copy")
                 return
             if value.shape != dst.shape and same_layout and value.key is None:
@@ -420,4 +426,4 @@ def check_matmul_operands(op: str, stationary: NkiTensor, moving: NkiTensor, sta
     the error names the operand, with the legacy ``err_size_of_dimension_exceed_arch_limit`` message."""
     for t, arg, limit in ((stationary, stationary_arg, 128), (moving, moving_arg, 512)):
         if t.ndim >= 2:
-            _limits.check_dim_size(t, op, arg, 1, limit, size=t.free_size)
+            _ext.check_dim_size(t, op, arg, 1, limit, size=t.free_size)

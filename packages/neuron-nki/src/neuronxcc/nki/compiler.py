@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from nki._tensor import Buffer
-from nki._tensor import psum as _psum
-from nki._tensor import sbuf as _sbuf
+from nki.extension import Buffer
+from nki.extension import psum as _psum
+from nki.extension import sbuf as _sbuf
 
 __all__ = [
     "allocation_scope", "enable_stack_allocator", "force_auto_alloc", "multi_buffer", "no_reorder", "psum", "sbuf",

@@ -14,10 +14,8 @@ from enum import IntEnum
 import numpy as np
 
 import nki.isa as _c
-from nki import _context, _limits
-from nki import _dtypes as _dt
-from nki._errors import NkiValidationError, kernel_location
-from nki._tensor import NkiTensor, allocate, psum, sbuf
+from nki import extension as _ext
+from nki.extension import NkiTensor, NkiValidationError, allocate, kernel_location, psum, sbuf
 from nki.isa import (
     dge_mode,
     engine,
@@ -97,7 +95,7 @@ def nc_matmul(stationary: NkiTensor, moving: NkiTensor, *, is_stationary_onezero
     _check(mask, stationary, moving)
     check_matmul_operands("nc_matmul", stationary, moving)
     out = _new((stationary.free_size, moving.free_size),
-               stationary.dtype if is_transpose else _dt.float32, psum, "nc_matmul")
+               stationary.dtype if is_transpose else _ext.float32, psum, "nc_matmul")
     _c.nc_matmul(out, stationary, moving, is_stationary_onezero=is_stationary_onezero,
                  is_moving_onezero=is_moving_onezero, is_transpose=is_transpose, accumulate=False,
                  tile_position=tile_position, tile_size=tile_size)
@@ -140,7 +138,7 @@ def tensor_tensor(data1: NkiTensor, data2: NkiTensor, op, *, dtype=None, mask=No
                   **kwargs) -> LegacyTile:
     """Element-wise ``data1 op data2`` (Vector Engine; ``power`` on GpSimd)."""
     _check(mask, data1, data2)
-    _limits.check_same_partitions("tensor_tensor", data1=data1, data2=data2)  # the documented message
+    _ext.check_same_partitions("tensor_tensor", data1=data1, data2=data2)  # the documented message
     out = _new(data1.shape, dtype or promote(data1, data2), sbuf, "tensor_tensor")
     _c.tensor_tensor(out, data1, data2, op, engine=_engine(engine))
     return _done(out, mask, data1)
@@ -236,7 +234,7 @@ def memset(shape, value, dtype, *, mask=None, engine=None, **kwargs) -> LegacyTi
 
 
 def _charge(api: str, eng: str, cycles: float, reads, writes) -> None:
-    _c._charge(_context.require(api), eng, cycles, reads, writes, api)
+    _ext.charge(_ext.require_context(api), eng, cycles, reads, writes, api)
 
 
 def iota(expr, dtype, *, mask=None, **kwargs) -> LegacyTile:
@@ -246,7 +244,7 @@ def iota(expr, dtype, *, mask=None, **kwargs) -> LegacyTile:
                                  location=kernel_location(2))
     vals = expr.values if expr.ndim >= 2 else expr.values.reshape(1, -1)
     out = _new(vals.shape, dtype, sbuf, "iota")
-    out.write(vals.astype(np.int32) if _dt.is_int(out.dtype) else vals.astype(np.float32))
+    out.write(vals.astype(np.int32) if _ext.is_int(out.dtype) else vals.astype(np.float32))
     _charge("iota", "gpsimd", 150 + out.free_size, (), (out,))
     return _done(out, mask)
 
@@ -316,7 +314,7 @@ def bn_stats(data: NkiTensor, *, mask=None, dtype=None, **kwargs) -> LegacyTile:
     if len(set(keep.sum(axis=1)[rows].tolist())) > 1:
         raise NkiValidationError("bn_stats mask must select the same number of elements in every selected partition",
                                  code="err_unsupported_mask", location=kernel_location(2))
-    tmp = _new(packed.shape, _dt.float32, sbuf, "bn_stats")
+    tmp = _new(packed.shape, _ext.float32, sbuf, "bn_stats")
     tmp.write(packed)
     _c.bn_stats(out, tmp)
     return _done(out, np.broadcast_to(rows[:, None], out.shape))
@@ -341,7 +339,7 @@ def max8(*, src: NkiTensor, mask=None, dtype=None, **kwargs) -> LegacyTile:
 def nc_find_index8(*, data: NkiTensor, vals: NkiTensor, mask=None, dtype=None, **kwargs) -> LegacyTile:
     """Index of the first occurrence of each of 8 values per partition (uint32)."""
     _check(mask, data, vals)
-    out = _new((data.shape[0], 8), dtype or _dt.uint32, sbuf, "nc_find_index8")
+    out = _new((data.shape[0], 8), dtype or _ext.uint32, sbuf, "nc_find_index8")
     _c.nc_find_index8(out, data, vals)
     return _done(out, mask)
 
@@ -399,9 +397,9 @@ def dma_copy(*, dst: NkiTensor, src: NkiTensor, mask=None, dst_rmw_op=None, oob_
         _c.dma_copy(dst, src, oob_mode=oob_mode, dge_mode=dge_mode)
         return
     masked_write(dst, np.reshape(src.read(), dst.shape), m)
-    ctx = _context.require("dma_copy")
-    ctx.core.timeline.dma(int(m.sum()) * dst.itemsize, dst.shape[0] if dst.ndim else 1, _c._allocs((src,)),
-                          _c._allocs((dst,)), "dma_copy", int(m.sum()) * dst.itemsize)
+    ctx = _ext.require_context("dma_copy")
+    ctx.core.timeline.dma(int(m.sum()) * dst.itemsize, dst.shape[0] if dst.ndim else 1, _ext.allocs((src,)),
+                          _ext.allocs((dst,)), "dma_copy", int(m.sum()) * dst.itemsize)
 
 
 def dma_transpose(src: NkiTensor, *, axes=None, mask=None, dtype=None, **kwargs) -> LegacyTile:
@@ -411,6 +409,6 @@ def dma_transpose(src: NkiTensor, *, axes=None, mask=None, dtype=None, **kwargs)
     perm = tuple(axes) if axes is not None else default.get(src.ndim, tuple(range(src.ndim))[::-1])
     out = _new(tuple(src.shape[a] for a in perm), src.dtype, sbuf, "dma_transpose")
     _c.dma_transpose(out, src, axes=perm)
-    if dtype is not None and _dt.as_dtype(dtype) != out.dtype:
+    if dtype is not None and _ext.as_dtype(dtype) != out.dtype:
         return _done(tensor_copy(out, dtype=dtype), mask)
     return _done(out, mask)

@@ -24,39 +24,37 @@ import warnings
 
 import numpy as np
 
-import nki.isa as _cisa
 import nki.language as _cnl
-from nki import _context, _errors
-from nki import _dtypes as _dt
-from nki._cost import MIN_II
-from nki._dtypes import (
+from nki import extension as _ext
+from nki.extension import (
+    BUFFERS,
+    MIN_II,
+    Allocation,
+    Buffer,
+    NkiTensor,
+    NkiValidationError,
+    allocate,
     bfloat16,
     bool_,
     float8_e4m3,
     float8_e5m2,
     float16,
     float32,
+    hbm,
     int8,
     int16,
     int32,
+    kernel_location,
+    private_hbm,
+    psum,
+    resolve,
+    sbuf,
+    shared_hbm,
     tfloat32,
     uint8,
     uint16,
     uint32,
-)
-from nki._errors import NkiValidationError, kernel_location, unimplemented
-from nki._ops import resolve
-from nki._tensor import (
-    BUFFERS,
-    Allocation,
-    Buffer,
-    NkiTensor,
-    allocate,
-    hbm,
-    private_hbm,
-    psum,
-    sbuf,
-    shared_hbm,
+    unimplemented,
 )
 from nki.language import (
     affine_range,
@@ -128,11 +126,11 @@ def _promote2(a: np.dtype, b: np.dtype) -> np.dtype:
         return a
     a = uint8 if a == bool_ else a
     b = uint8 if b == bool_ else b
-    fa, fb = _dt.is_float(a), _dt.is_float(b)
+    fa, fb = _ext.is_float(a), _ext.is_float(b)
     if fa != fb:
         return a if fa else b
     if fa:
-        pair = {_dt.nki_name(a), _dt.nki_name(b)}
+        pair = {_ext.nki_name(a), _ext.nki_name(b)}
         if pair == {"float16", "bfloat16"}:
             return float32
         if pair == {"float8_e4m3", "float8_e5m2"}:
@@ -187,7 +185,7 @@ def _align(x, y):
 
 
 def _charge(engine: str, cycles: float, reads, writes, name: str) -> None:
-    _cisa._charge(_context.require(name), engine, cycles, reads, writes, name)
+    _ext.charge(_ext.require_context(name), engine, cycles, reads, writes, name)
 
 
 # -- memory ----------------------------------------------------------------------------------------------------
@@ -217,16 +215,16 @@ def _assigned_name() -> str:
 def _direct_alloc(shape, dtype, buffer: Buffer, name: str, fill=None, api: str = "ndarray") -> NkiTensor:
     """A directly allocated (``ncc.*.alloc``/``mod_alloc``) on-chip tensor: partition-checked, own storage, not
     counted against capacity (see ``nki.compiler``)."""
-    ctx = _context.require(api)
-    dtype = _dt.as_dtype(dtype)
+    ctx = _ext.require_context(api)
+    dtype = _ext.as_dtype(dtype)
     if shape and shape[0] > tile_size.pmax:
         raise NkiValidationError(f"Size of partition dimension {shape[0]} exceeds architecture limitation of "
                                  f"{tile_size.pmax}.", code="err_num_partition_exceed_arch_limit",
                                  location=kernel_location(3))
-    sdt = _dt.storage_dtype(dtype, ctx.precise)
-    data = np.full(shape, _dt.uninit_value(dtype), dtype=sdt)
+    sdt = _ext.storage_dtype(dtype, ctx.precise)
+    data = np.full(shape, _ext.uninit_value(dtype), dtype=sdt)
     if fill is not None:
-        data[...] = _dt.cast_for_store(np.asarray(fill), dtype, sdt, ctx.precise)
+        data[...] = _ext.cast_for_store(np.asarray(fill), dtype, sdt, ctx.precise)
     alloc = Allocation(data, dtype, buffer, name or api, ctx.precise)
     if fill is not None and alloc.written is not None:
         alloc.written[...] = True
@@ -323,21 +321,21 @@ def device_print(prefix: str, x, *, mask=None, **kwargs) -> None:
 
 # -- data movement -----------------------------------------------------------------------------------------------
 def _dma_charge(nbytes: int, rows: int, src, dst, api: str) -> None:
-    ctx = _context.require(api)
+    ctx = _ext.require_context(api)
     hbm_bytes = nbytes if (not src.buffer.on_chip or not dst.buffer.on_chip) else 0
-    ctx.core.timeline.dma(nbytes, rows, _cisa._allocs((src,)), _cisa._allocs((dst,)), api, hbm_bytes)
+    ctx.core.timeline.dma(nbytes, rows, _ext.allocs((src,)), _ext.allocs((dst,)), api, hbm_bytes)
 
 
 def load(src: NkiTensor, *, mask=None, dtype=None, **kwargs) -> LegacyTile:
     """HBM → new SBUF tile (DMA). With ``mask`` only the selected elements are read (ragged last tiles)."""
-    _context.require("load")
+    _ext.require_context("load")
     check_access(src, mask, kernel_location(2))
     m = mask_array(mask, src.shape, "load source", like=src)
     if m is None:
         t = instruction_result(_cnl.load(src, dtype=dtype))
     else:
         t = _alloc(src.shape, dtype or src.dtype, sbuf, "load", "load")
-        masked_write(t, np.asarray(src.read(), dtype=np.float32) if _dt.is_float(t.dtype) else src.read(), m)
+        masked_write(t, np.asarray(src.read(), dtype=np.float32) if _ext.is_float(t.dtype) else src.read(), m)
         _dma_charge(int(m.sum()) * t.itemsize, t.shape[0] if t.ndim else 1, src, t, "load")
         t = instruction_result(t)
     t.ivars = getattr(src, "ivars", None)  # masks on the loaded tile align with the access's variables
@@ -347,7 +345,7 @@ def load(src: NkiTensor, *, mask=None, dtype=None, **kwargs) -> LegacyTile:
 def store(dst: NkiTensor, value, *, mask=None, **kwargs) -> None:
     """Tile (or scalar) → HBM (DMA; PSUM tiles are copied to SBUF first). With ``mask`` only selected elements
     are written."""
-    _context.require("store")
+    _ext.require_context("store")
     check_access(dst, mask, kernel_location(2))
     if isinstance(value, NkiTensor):
         check_access(value, mask, kernel_location(2))
@@ -360,7 +358,7 @@ def store(dst: NkiTensor, value, *, mask=None, **kwargs) -> None:
     vals = value.read() if isinstance(value, NkiTensor) else value
     if isinstance(value, NkiTensor) and value.shape != dst.shape and value.size == dst.size:
         vals = np.reshape(vals, dst.shape)
-    masked_write(dst, np.asarray(vals, dtype=np.float32) if _dt.is_float(dst.dtype) else vals, m)
+    masked_write(dst, np.asarray(vals, dtype=np.float32) if _ext.is_float(dst.dtype) else vals, m)
     src = value if isinstance(value, NkiTensor) else dst
     _dma_charge(int(m.sum()) * dst.itemsize, dst.shape[0] if dst.ndim else 1, src, dst, "store")
 
@@ -478,7 +476,7 @@ def _axes(x: NkiTensor, axis, api: str) -> tuple[int, ...]:
 
 def _reduce(api: str, op: str, x: NkiTensor, axis, dtype, mask, keepdims: bool, post=None) -> LegacyTile:
     """Reduce any free axes on the Vector Engine (one instruction, cost as ``nisa.tensor_reduce``)."""
-    _context.require(api)
+    _ext.require_context(api)
     _checked(mask, x)
     axes = _axes(x, axis, api)
     spec = resolve(op)
@@ -552,7 +550,7 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs) -> Lega
     from . import isa as _lisa
 
     frame = sys._getframe(1)
-    while frame is not None and _errors._is_internal(frame.f_code.co_filename):
+    while frame is not None and _ext.is_internal_file(frame.f_code.co_filename):
         frame = frame.f_back
     m = _ASSIGN.match(linecache.getline(frame.f_code.co_filename, frame.f_lineno)) if frame else None
     dst = frame.f_locals.get(m.group(1)) if m else None

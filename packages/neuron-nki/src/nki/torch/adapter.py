@@ -4,7 +4,7 @@ A ``neuron`` tensor is host memory (neuron-device's storage model), so its NumPy
 storage: a kernel that writes an input writes the caller's tensor. CPU tensors are viewed the same way.
 Kernel outputs become tensors on the device of the first tensor argument (``neuron`` outputs are adopted by the
 device allocator, so they count against its HBM). The launch's simulated latency is charged to the current stream
-of that device through ``optracking.record_kernel`` and logged per kernel (:func:`kernel_log`).
+of that device through ``neuron_device.services.record_kernel`` and logged per kernel (:func:`kernel_log`).
 
 Fake tensors (``torch.compile`` tracing, ``register_fake``) never reach the simulator with data: the kernel is run
 once per signature on zero-filled arrays to learn its output shapes and dtypes, and fake outputs are returned.
@@ -40,7 +40,7 @@ _FROM_NUMPY = {np_dtype: (int_dtype, torch_dtype) for torch_dtype, (int_dtype, n
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A NumPy view of a CPU or ``neuron`` tensor's memory (same shape and strides; no copy)."""
     if t.device.type == "neuron":
-        from neuron_device.hostmem import host_alias
+        from neuron_device.services import host_alias
 
         t = host_alias(t)
     elif t.device.type != "cpu":
@@ -66,9 +66,9 @@ def from_numpy(a: np.ndarray, device: torch.device) -> torch.Tensor:
     else:
         t = torch.from_numpy(a)
     if device.type == "neuron":
-        from neuron_device import allocator
+        from neuron_device import services
 
-        return allocator.adopt_tracked(t, device.index if device.index is not None else 0)
+        return services.adopt_tracked(t, device.index if device.index is not None else 0)
     return t
 
 
@@ -200,7 +200,7 @@ def _bind(kernel: Kernel, grid: Any, device: torch.device) -> Kernel:
     bound = kernel[grid] if grid != () else kernel
     if device.type != "neuron" or "target" in bound.options:
         return bound
-    from neuron_device.topology import topology
+    from neuron_device.services import topology
 
     machine = topology()
     return Kernel(bound.fn, bound.grid, **{**bound.options, "target": machine.target, "lnc": machine.lnc})
@@ -283,7 +283,7 @@ def record_launch(record: KernelLaunch, device: torch.device) -> None:
         return
     _all_launches.append(record)
     if device.type == "neuron":
-        from neuron_device import optracking
+        from neuron_device import services
 
         index = device.index if device.index is not None else 0
-        optracking.record_kernel(record.name, index, record.signature, record.latency_ns * 1e-9)
+        services.record_kernel(record.name, index, record.signature, record.latency_ns * 1e-9)

@@ -147,16 +147,16 @@ def _sample_arguments(values: Any) -> Any:
 def _on_host(fn: Callable, device: torch.device, args: tuple, kwargs: dict) -> Any:
     """``fn`` on host aliases of the ``neuron`` arguments, its tensor results adopted by ``device`` (not charged:
     the caller charges the kernel's latency instead)."""
-    from neuron_device import allocator
-    from neuron_device.hostmem import host_alias
+    from neuron_device import services
+    from neuron_device.services import host_alias
 
     def host(v: Any) -> Any:
         return host_alias(v) if isinstance(v, torch.Tensor) and v.device.type == "neuron" else v
 
     result = fn(*(host(a) for a in args), **{k: host(v) for k, v in kwargs.items()})
     if isinstance(result, torch.Tensor):
-        return allocator.adopt_tracked(result, device.index)
-    return tuple(allocator.adopt_tracked(r, device.index) if isinstance(r, torch.Tensor) else r for r in result)
+        return services.adopt_tracked(result, device.index)
+    return tuple(services.adopt_tracked(r, device.index) if isinstance(r, torch.Tensor) else r for r in result)
 
 
 def _check_agreement(launches: list[Any], simulated: Any, result: Any) -> None:
@@ -165,7 +165,7 @@ def _check_agreement(launches: list[Any], simulated: Any, result: Any) -> None:
     Compared with `torch.allclose`, not `torch.testing.assert_close`: the latter imports torch.distributed.tensor
     (and sympy with it), about 40 MB of modules a model that never uses them would carry from its first NKI call.
     """
-    from neuron_device.hostmem import host_alias
+    from neuron_device.services import host_alias
 
     pairs = [(simulated, result)] if isinstance(result, torch.Tensor) else list(zip(simulated, result, strict=True))
     for got, expected in pairs:
@@ -188,7 +188,7 @@ def _check_agreement(launches: list[Any], simulated: Any, result: Any) -> None:
 
 
 def _host(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
-    from neuron_device.ops.host_exec import run_on_host
+    from neuron_device.services import run_on_host
 
     return run_on_host(op, *args, **kwargs)
 

@@ -11,7 +11,7 @@ while the program does not look at their values and to fuse what it queued. Ours
   accounts as usual but that is not written yet. In-place and `out=` ops, random ops, ops whose results or errors
   depend on index values, and anything outside the fast path's common call run as usual, after a flush.
 * **Flush.** The queue runs, in order, before anything reads device memory on the host: every such read goes
-  through `hostmem.host_alias`, which calls `flush` while ops are queued (so `print`, `.item()`, `.cpu()`,
+  through `storage.host_alias`, which calls `flush` while ops are queued (so `print`, `.item()`, `.cpu()`,
   `.tolist()`, a non-fusable op, an in-place op on a queued op's input, a collective all flush), and so does a
   storage resize (FSDP2 frees and re-allocates its parameters' storages that way). Stream, event and
   synchronize calls flush through `timeline.timeline`; the queue flushes itself at its size limit, when an op
@@ -40,11 +40,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import allocator, envvars, hostmem
-from . import numerics as _numerics
-from . import optracking as _optracking
-from . import topology as _topology
-from .ops.host_exec import executed_ops, joined_device
+from .. import adaptive_eager as _barrier
+from .. import allocator, envvars
+from .. import numerics as _numerics
+from .. import storage as _storage
+from .. import topology as _topology
+from ..fallback import executed_ops, joined_device, tensor_list
+from ..ops.catalogue import OpInfo
+from ..simulation import kernels as _kernels
 
 __all__ = [
     "BUFFER_SIZE_ENV",
@@ -100,7 +103,7 @@ class _Spec(NamedTuple):
 
     outputs: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
     single: bool  # the op returns one tensor (else a tuple)
-    work: _optracking.Work
+    work: _kernels.Work
 
 
 class _Entry:
@@ -133,7 +136,7 @@ class _Input(NamedTuple):
             # e.g. `x.unsqueeze_(0)` after x was queued: read x as the op saw it
             tensor = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
                 self.storage, self.offset, self.size, self.stride)
-        return hostmem.host_alias(tensor)
+        return _storage.host_alias(tensor)
 
 
 class _Run:
@@ -147,7 +150,7 @@ class _Run:
         self.tried = False
         self.compiled: Callable | None = None
         self.seconds = 0.0
-        self.work: _optracking.Work | None = None
+        self.work: _kernels.Work | None = None
         self.names: frozenset[str] = frozenset()
 
 
@@ -232,14 +235,14 @@ def _probe(value: Any) -> Any:
     return value
 
 
-def _spec(signature: tuple, call: torch._ops.OpOverload, info: _optracking.OpInfo, args: tuple,
+def _spec(signature: tuple, call: torch._ops.OpOverload, info: OpInfo, args: tuple,
           kwargs: dict) -> _Spec | None:
     """Run `call` once, with its CPU kernel, on zeros laid out like `args`: the outputs' metadata and the op's
     work, or None (the op is then never queued). The CPU kernel, not the op's meta function: what plain eager
     returns is what a queued result must look like, and meta functions do not always agree with CPU kernels
     (`native_layer_norm`'s statistics are float32 for bfloat16 input on meta, bfloat16 on the CPU)."""
     spec = result = None
-    if sum(t.nbytes for t in _tensors(args)) <= _PROBE_BYTES:
+    if sum(t.nbytes for t in _kernels.flat_tensors(args)) <= _PROBE_BYTES:
         probes = _probe(args)
         try:
             with _HostContext():
@@ -250,17 +253,9 @@ def _spec(signature: tuple, call: torch._ops.OpOverload, info: _optracking.OpInf
     outputs = (result,) if single else result
     if type(outputs) is tuple and outputs and all(isinstance(t, _Tensor) for t in outputs):
         metadata = tuple((tuple(t.shape), t.stride(), t.dtype) for t in outputs)
-        spec = _Spec(metadata, single, _optracking._work(info, probes, kwargs, result))
+        spec = _Spec(metadata, single, _kernels._work(info, probes, kwargs, result))
     _specs[signature] = spec
     return spec
-
-
-def _tensors(values: Any):
-    for value in values:
-        if isinstance(value, _Tensor):
-            yield value
-        elif type(value) is list or type(value) is tuple:
-            yield from _tensors(value)
 
 
 def _argument(value: _Tensor) -> tuple[_External | _Queued | bool, tuple]:
@@ -353,18 +348,13 @@ def _record(plan: Any, args: tuple, kwargs: dict):
             template[position] = reference
             refs.append(reference)
         elif (type(value) is list or type(value) is tuple) and value and position in tensor_positions:
+            walked = tensor_list(value, index, _argument)  # (reference, signature) per item, the fast path's walk
+            if walked is None:
+                return None
+            pairs, index = walked
             items, shapes = [], []
-            for item in value:
-                if item is None:
-                    items.append(None)
-                    shapes.append(None)
-                    continue
-                if not isinstance(item, _Tensor):
-                    return None
-                index = joined_device(item, index)
-                if index < 0:
-                    return None
-                reference, shape_key = _argument(item)
+            for pair in pairs:
+                reference, shape_key = (None, None) if pair is None else pair
                 if type(reference) is bool:
                     return None if reference else False
                 items.append(reference)
@@ -415,7 +405,7 @@ def _record(plan: Any, args: tuple, kwargs: dict):
     _device = index
     _counters["recorded"] += 1
     executed_ops[plan.name] += 1
-    hostmem.flush_pending = flush
+    _barrier.pending = flush
     if len(_queue) >= buffer_size_limit:
         flush()
     return result if results is None else tuple(results)
@@ -439,7 +429,7 @@ def flush() -> None:
         try:
             _execute(queue, inputs, index)
         finally:
-            hostmem.flush_pending = None if not _queue else flush
+            _barrier.pending = None if not _queue else flush
 
 
 class _HostContext:
@@ -494,8 +484,8 @@ def _execute(queue: list[_Entry], inputs: list[_Input], index: int) -> None:
     taken: set[int] = set()
     for (host, ref), result in zip(written, results, strict=True):
         _write(host, ref, result, taken)
-    _optracking.mark_executed(run.names)  # the ops ran, inside one kernel
-    _optracking.record_kernel(FUSED_KERNEL_NAME, index, run.number, run.seconds, run.work)
+    _kernels.mark_executed(run.names)  # the ops ran, inside one kernel
+    _kernels.record_kernel(FUSED_KERNEL_NAME, index, run.number, run.seconds, run.work)
 
 
 def _write(host: torch.Tensor, ref: weakref.ref, result: torch.Tensor, taken: set[int]) -> None:
@@ -512,7 +502,7 @@ def _write(host: torch.Tensor, ref: weakref.ref, result: torch.Tensor, taken: se
         return
     taken.add(pointer)
     # The storage keeps its identity (views, allocator accounting); only its memory becomes the result's.
-    storage._swap_data_ptr_(hostmem.adopt(result, storage.device.index).untyped_storage())
+    storage._swap_data_ptr_(_storage.adopt(result, storage.device.index).untyped_storage())
 
 
 def _resolve(value: Any, hosts: list, values: list) -> Any:
@@ -542,12 +532,12 @@ def _op_by_op(queue: list[_Entry], hosts: list, live: tuple, index: int) -> None
                 _write(host, ref, output, taken)
             produced.append(output)
         values.append(produced)
-        _optracking.charge(entry.info, index, args, entry.kwargs, result)
+        _kernels.charge(entry.info, index, args, entry.kwargs, result)
 
 
 def _compile(run: _Run, queue: list[_Entry], hosts: list, live: tuple) -> None:
     """Build the run's FX graph and hand it to the fuser plugin; on success `run` gets the callable and its cost."""
-    from . import plugins
+    from .. import plugins
 
     try:
         graph_module = _graph(queue, len(hosts), live)
@@ -621,7 +611,7 @@ def _memory_order(size: tuple[int, ...], stride: tuple[int, ...]) -> list[int]:
     return order
 
 
-def _fused_work(queue: list[_Entry], hosts: list, live: tuple) -> _optracking.Work:
+def _fused_work(queue: list[_Entry], hosts: list, live: tuple) -> _kernels.Work:
     """The run as one kernel: every op's engine work, HBM traffic only across the run's boundary."""
     work: dict[str, float] = {}
     for entry in queue:
@@ -630,4 +620,4 @@ def _fused_work(queue: list[_Entry], hosts: list, live: tuple) -> _optracking.Wo
     nbytes = sum(h.numel() * h.element_size() for h in hosts)
     nbytes += sum(host.numel() * host.element_size() for entry, flags in zip(queue, live)
                   for (host, _), alive in zip(entry.outputs, flags) if alive)
-    return _optracking.Work(tuple(work.items()), nbytes, queue[0].spec.work.dtype)
+    return _kernels.Work(tuple(work.items()), nbytes, queue[0].spec.work.dtype)

@@ -24,11 +24,12 @@ from typing import Any
 
 from neuron_spec.env import EnvVarError, parse_bool
 
-from . import allocator as _allocator
-from . import envvars
-from . import optracking as _optracking
-from . import timeline as _timeline
-from . import topology as _topology
+from .. import allocator as _allocator
+from .. import envvars
+from .. import plugins as _plugins
+from .. import timeline as _timeline
+from .. import topology as _topology
+from . import kernels as _kernels
 
 __all__ = ["FILE_ENV", "REPORT_ENV", "collect", "format_text", "install_exit_report", "report"]
 
@@ -62,7 +63,7 @@ def _streams() -> list[dict[str, Any]]:
     return rows
 
 
-def _ops(launches: list[_optracking.Launch]) -> list[dict[str, Any]]:
+def _ops(launches: list[_kernels.Launch]) -> list[dict[str, Any]]:
     calls: Counter[str] = Counter()
     seconds: Counter[str] = Counter()
     signatures: Counter[str] = Counter()
@@ -70,13 +71,13 @@ def _ops(launches: list[_optracking.Launch]) -> list[dict[str, Any]]:
         calls[launch.name] += launch.calls
         seconds[launch.name] += launch.calls * launch.seconds
         signatures[launch.name] += 1
-    compiled = _optracking.compilation_stats()["compilations_per_op"]
+    compiled = _kernels.compilation_stats()["compilations_per_op"]
     return [{"name": name, "calls": calls[name], "seconds": seconds[name], "signatures": signatures[name],
              "kernels_compiled": compiled.get(name, 0)}
             for name in sorted(seconds, key=lambda name: (-seconds[name], name))]
 
 
-def _by_target(launches: list[_optracking.Launch], unattributed: float) -> dict[str, dict[str, float]]:
+def _by_target(launches: list[_kernels.Launch], unattributed: float) -> dict[str, dict[str, float]]:
     recorded = sum(launch.calls * launch.seconds for launch in launches if launch.work is None)
     result = {}
     for name, target in _topology.TARGETS.items():
@@ -100,23 +101,22 @@ def _memory(topo: _topology.Topology) -> list[dict[str, Any]]:
 
 
 def _graphs() -> dict[str, Any] | None:
-    """neuron-compile's graph counters, if it ran in this process (never imported from here)."""
-    metrics = sys.modules.get("neuron_compile.metrics")
-    return None if metrics is None else metrics.get_dynamo_metrics()
+    """Compiled-graph counters, from the plugin that compiles graphs (neuron-compile's `neuron_report_graphs`)."""
+    return _plugins.report_graphs()
 
 
 def collect() -> dict[str, Any]:
     """The report as a JSON-serialisable dict (seconds are simulated device seconds)."""
     topo = _topology.topology()
-    launches = _optracking.launches()
+    launches = _kernels.launches()
     ops = _ops(launches)
     streams = _streams()
     ops_total = sum(op["seconds"] for op in ops)
     busy_total = sum(row["busy_seconds"] for row in streams)
     # Stream time not in an op signature: compiled graphs, collectives, and ops before the last clear_op_tracking().
     unattributed = max(busy_total - ops_total, 0.0)
-    fallback_names = set(_optracking.get_fallback_ops())
-    stats = _optracking.compilation_stats()
+    fallback_names = set(_kernels.get_fallback_ops())
+    stats = _kernels.compilation_stats()
     compiled = stats["compilations_per_op"]
     return {
         "target": {"name": topo.target.name, "chips": topo.chips, "lnc": topo.lnc, "devices": topo.device_count,

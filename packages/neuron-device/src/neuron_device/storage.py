@@ -20,6 +20,8 @@ import sys
 
 import torch
 
+from .adaptive_eager import flush_barrier
+
 __all__ = ["adopt", "host_alias", "host_aliases"]
 
 _KDL_CPU = 1
@@ -74,7 +76,7 @@ def _check_layout() -> None:
         and _word_at(pointer + _DEVICE_OFFSET).value == _device_word(device.device_type, device.device_id)
     )
     if not expected:
-        raise ImportError("neuron_device.hostmem: unexpected PyCapsule or DLTensor layout in this Python build")
+        raise ImportError("neuron_device.storage: unexpected PyCapsule or DLTensor layout in this Python build")
 
 
 _check_layout()
@@ -98,15 +100,10 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     return _relabel(cpu_tensor, _device_word(_KDL_EXT_DEV, index))
 
 
-# While adaptive eager has ops queued (`concatenation`), the callable that executes them: every host read of device
-# memory comes through `host_alias`, so this is where queued results get written before anyone looks at them.
-flush_pending = None
-
-
 def host_alias(tensor: torch.Tensor) -> torch.Tensor:
     """Return a CPU tensor that aliases the memory of the `neuron` tensor `tensor` (same sizes, strides, offset)."""
-    if flush_pending is not None:
-        flush_pending()
+    # every host read of device memory comes through here: adaptive eager's queued results are written first
+    flush_barrier()
     conj, neg = tensor.is_conj(), tensor.is_neg()
     if not (conj or neg):
         return _relabel(tensor, _CPU)

@@ -1,4 +1,5 @@
-"""Run any ATen op on `neuron` tensors by executing the CPU kernel on zero-copy host aliases.
+"""The CPU fallback: run any ATen op on `neuron` tensors by executing the CPU kernel on zero-copy host aliases, and
+the policy that says which ops are fallbacks on the real device (`admit`).
 
 This is the generic path every op without a direct kernel takes (the boxed PrivateUse1 fallback). Because device
 memory is host memory, inputs are never copied: in-place ops write straight into device memory, and fresh results
@@ -8,6 +9,9 @@ are adopted as device storage without a copy. The semantics follow PyTorch's own
 * a result that aliases an input becomes a `neuron` view of that input's storage;
 * tensors of one op must share one device (0-dim CPU tensors are allowed as scalars, as on CUDA);
 * random ops draw from the device's generator (`torch.neuron.random`), so they are reproducible per device;
+* an op the catalogue (`ops.catalogue`) gives no engine is a CPU fallback on the real device too: `admit` warns
+  once per op with TorchNeuron's text ``Operator 'aten::X' fell back to CPU``, records it, and raises instead with
+  ``NEURON_FALLBACK_ENABLED=0``; its host copies are charged by `simulation.kernels`;
 * an op with no CPU kernel but a decomposition in `torch._decomp` (GPU-only backward kernels such as
   `_fused_rms_norm_backward`, which `nn.RMSNorm` training reaches on `neuron`) runs that decomposition on the host.
 """
@@ -15,18 +19,59 @@ are adopted as device storage without a copy. The semantics follow PyTorch's own
 from __future__ import annotations
 
 import dataclasses
+import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from .. import allocator
-from .. import numerics as _numerics
-from .. import optracking as _optracking
-from ..hostmem import host_alias
-from ..neuron import random as _random
+from . import allocator, envvars
+from . import numerics as _numerics
+from .neuron import random as _random
+from .ops.catalogue import OpInfo, _infos, op_info
+from .simulation import kernels as _kernels
+from .simulation.kernels import _fallbacks
+from .storage import host_alias
 
-__all__ = ["executed_ops", "joined_device", "run_on_host", "seeded_call"]
+__all__ = ["FALLBACK_ENV", "admit", "executed_ops", "joined_device", "run_on_host", "seeded_call"]
+
+FALLBACK_ENV = envvars.FALLBACK.name
+
+
+def _fallback_enabled() -> bool:
+    return envvars.FALLBACK.read()
+
+
+_LIBRARY_PACKAGES = frozenset({"torch", "neuron_device", "torch_neuronx"})
+
+
+def _user_stacklevel() -> int:
+    """The `stacklevel` that points a warning raised in `admit` at the first frame outside torch and this package."""
+    frame, level = sys._getframe(2), 2  # level 1 is admit, level 2 its caller
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _LIBRARY_PACKAGES:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def admit(op: torch._ops.OpOverload) -> OpInfo:
+    """Classify `op` before it runs: a fallback warns once per op, is recorded, and raises in strict mode."""
+    info = _infos.get(op) or op_info(op)
+    if info.engine is None:
+        name = info.name
+        if name not in _fallbacks:
+            _fallbacks.add(name)
+            if _fallback_enabled():
+                warnings.warn(f"Operator '{name}' fell back to CPU", stacklevel=_user_stacklevel())
+        if not _fallback_enabled():
+            raise RuntimeError(
+                f"Operator '{name}' has no Neuron kernel and CPU fallback is disabled ({FALLBACK_ENV}=0); unset "
+                f"{FALLBACK_ENV} to let it fall back to CPU"
+            )
+    return info
+
+
 
 _NEURON = "neuron"
 executed_ops: Counter[str] = Counter()  # op name -> calls, for op tracking and tests
@@ -178,6 +223,24 @@ def joined_device(tensor: torch.Tensor, index: int) -> int:
     return device if device >= 0 and (index < 0 or device == index) else -2
 
 
+def tensor_list(value: list | tuple, index: int, convert: Callable[[torch.Tensor], Any]) -> tuple[list, int] | None:
+    """A tensor-list argument of the common call (the fast path's and adaptive eager's): each item through
+    `convert` (None items stay None) and the device index joined over them (`joined_device`); None when an item is
+    not a tensor or not on that device."""
+    items = []
+    for item in value:
+        if item is None:
+            items.append(None)
+            continue
+        if not isinstance(item, torch.Tensor):
+            return None
+        index = joined_device(item, index)
+        if index < 0:
+            return None
+        items.append(convert(item))
+    return items, index
+
+
 _FULL_PRECISION = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
@@ -266,7 +329,7 @@ def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
 def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
     plan = _plan(op)
     executed_ops[plan.name] += 1
-    tracked = _optracking.admit(op)  # native kernel or CPU fallback (warns once; raises in strict mode)
+    tracked = admit(op)  # native kernel or CPU fallback (warns once; raises in strict mode)
     call = _Call(plan)
     host_args = call.to_host(args)
     for position in plan.tensor_positions:
@@ -316,5 +379,5 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
             call.aliases[id(host_kwargs[key])] = out
         else:
             _sync_resized_alias(out, host_kwargs[key])
-    _optracking.charge(tracked, index, host_args, host_kwargs, result)
+    _kernels.charge(tracked, index, host_args, host_kwargs, result)
     return call.to_device(result)

@@ -13,257 +13,47 @@ real Trainium would do:
   mode), as do ops with data-dependent output shapes. With ``NEURON_FALLBACK_ENABLED=0`` (TorchNeuron's variable) a
   fallback raises instead, to test that a workload runs natively.
 
+Which engine runs an op, and its work, is the op catalogue's (`ops.catalogue`); the fallback policy is
+`fallback.admit`. This module keeps the books: `charge` per op, `record_kernel` for kernels that do not run through
+the fallback (NKI kernels, compiled graphs), `transfer` for host<->device copies, `compilation_stats`.
+
 The per-op work is a dict lookup per op, a tuple of shapes and dtypes per call, and a dict lookup per signature.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
-import warnings
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 import torch
 
+from .. import numerics as _numerics
+from .. import timeline as _timeline
+from .. import topology as _topology
+from ..adaptive_eager import flush_barrier
+from ..ops.catalogue import OpInfo
 from . import costmodel as _costmodel
-from . import envvars
-from . import hostmem as _hostmem
-from . import numerics as _numerics
-from . import timeline as _timeline
-from . import topology as _topology
 
 __all__ = [
-    "FALLBACK_ENV",
-    "NATIVE",
     "Launch",
-    "OpInfo",
     "Work",
-    "admit",
     "charge",
     "clear_compilation_cache",
     "clear_compilation_counters",
     "clear_op_tracking",
     "compilation_stats",
+    "flat_tensors",
     "get_executed_ops",
     "get_fallback_ops",
     "launches",
     "mark_executed",
-    "op_info",
     "record_kernel",
     "transfer",
 ]
 
-FALLBACK_ENV = envvars.FALLBACK.name
 _NEURON = "neuron"
-
-_Flops = Callable[[tuple, Any], float]
-
-
-def _matmul_flops(args: tuple, out: Any) -> float:
-    """mm, bmm, dot, mv, _grouped_mm: 2 x outputs x contraction size (the first input's last dim)."""
-    return 2.0 * out.numel() * args[0].shape[-1]
-
-
-def _addmm_flops(args: tuple, out: Any) -> float:
-    """addmm, baddbmm, addmv: the product of args 1 and 2, plus adding the bias."""
-    return 2.0 * out.numel() * args[1].shape[-1] + out.numel()
-
-
-def _addbmm_flops(args: tuple, out: Any) -> float:
-    """addbmm: a batch of products summed into one matrix."""
-    return 2.0 * args[1].numel() * args[2].shape[-1] + out.numel()
-
-
-def _macs_per_output(weight: torch.Tensor) -> float:
-    return weight.numel() / weight.shape[0] if weight.shape[0] else 0.0
-
-
-def _convolution_flops(args: tuple, out: Any) -> float:
-    """convolution(input, weight, bias, stride, padding, dilation, transposed, ...)."""
-    input, weight, transposed = args[0], args[1], args[6]
-    return 2.0 * (input.numel() if transposed else out.numel()) * _macs_per_output(weight)
-
-
-def _convolution_backward_flops(args: tuple, out: Any) -> float:
-    """convolution_backward(grad_output, input, weight, ..., transposed, ..., output_mask): one forward-sized product
-    per gradient asked for (input and weight)."""
-    grad_output, input, weight, transposed, mask = args[0], args[1], args[2], args[7], args[10]
-    forward = 2.0 * (input.numel() if transposed else grad_output.numel()) * _macs_per_output(weight)
-    return forward * (int(mask[0]) + int(mask[1]))
-
-
-def _attention_flops(query: torch.Tensor, key: torch.Tensor, causal: bool) -> float:
-    """Q K^T and P V: two products of B x H x Sq x Sk x d; a causal mask skips about half."""
-    flops = 4.0 * query.numel() * key.shape[-2]
-    return flops / 2 if causal else flops
-
-
-def _flash_attention_flops(args: tuple, out: Any) -> float:
-    """_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, ...)."""
-    return _attention_flops(args[0], args[1], len(args) > 4 and bool(args[4]))
-
-
-def _flash_attention_backward_flops(args: tuple, out: Any) -> float:
-    """The backward (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal): P recomputed, then dV, dP,
-    dQ and dK, five products to the forward's two."""
-    return 2.5 * _attention_flops(args[1], args[2], len(args) > 7 and bool(args[7]))
-
-
-# Tensor engine ops and their FLOPs.
-_TENSOR: dict[str, _Flops] = {
-    "mm": _matmul_flops,
-    "bmm": _matmul_flops,
-    "dot": _matmul_flops,
-    "vdot": _matmul_flops,
-    "mv": _matmul_flops,
-    "_grouped_mm": _matmul_flops,
-    "addmm": _addmm_flops,
-    "_addmm_activation": _addmm_flops,
-    "baddbmm": _addmm_flops,
-    "addmv": _addmm_flops,
-    "addbmm": _addbmm_flops,
-    "convolution": _convolution_flops,
-    "_convolution": _convolution_flops,
-    "convolution_backward": _convolution_backward_flops,
-    "_scaled_dot_product_flash_attention_for_cpu": _flash_attention_flops,
-    "_scaled_dot_product_flash_attention_for_cpu_backward": _flash_attention_backward_flops,
-}
-
-# Transcendental and activation functions run on the Scalar (activation) engine.
-_SCALAR = frozenset({
-    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sigmoid", "tanh", "gelu", "silu", "mish", "softplus",
-    "elu", "selu", "celu", "erf", "erfc", "erfinv", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
-    "asinh", "acosh", "atanh", "rsqrt", "sqrt", "reciprocal", "pow", "hardswish", "hardsigmoid", "logit", "glu",
-    "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "softplus_backward", "elu_backward",
-    "mish_backward", "hardswish_backward", "hardsigmoid_backward", "log_sigmoid_forward", "log_sigmoid_backward",
-    "glu_backward",
-})
-
-# Vector engine: arithmetic, comparisons, reductions, normalisations, softmax, losses, fused optimizer steps
-# (besides every op tagged `pointwise` or `reduction`).
-_VECTOR = frozenset({
-    "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data", "native_layer_norm",
-    "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward", "native_batch_norm",
-    "native_batch_norm_backward", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
-    "_native_batch_norm_legit_functional", "_batch_norm_with_update", "_batch_norm_no_update", "batch_norm_backward",
-    "_fused_rms_norm", "_fused_rms_norm_backward", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward",
-    "nll_loss2d_backward", "mse_loss", "mse_loss_backward", "l1_loss", "smooth_l1_loss", "smooth_l1_loss_backward",
-    "huber_loss", "huber_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward", "cumsum", "cumprod",
-    "logsumexp", "norm", "linalg_vector_norm", "_linalg_vector_norm", "var", "std", "var_mean", "std_mean", "mean",
-    "sum", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "all", "any", "equal", "fill", "zero",
-    "masked_fill", "tril", "triu", "addr", "where", "threshold_backward", "hardtanh_backward", "leaky_relu_backward",
-    "_amp_foreach_non_finite_check_and_unscale", "_amp_update_scale", "_fused_adam", "_fused_adamw", "_fused_sgd",
-    "lerp", "addcmul", "addcdiv", "clamp", "clamp_min", "clamp_max", "_foreach_norm", "max_pool2d_with_indices",
-    "max_pool2d_with_indices_backward", "max_pool3d_with_indices", "max_pool3d_with_indices_backward", "avg_pool2d",
-    "avg_pool2d_backward", "avg_pool3d", "avg_pool3d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
-    "adaptive_max_pool2d", "adaptive_max_pool2d_backward", "upsample_bilinear2d", "upsample_bilinear2d_backward",
-    "upsample_nearest2d_backward",
-})
-
-# Gather/scatter and index arithmetic: GpSimd engine (with its integrated DMA).
-_GPSIMD = frozenset({
-    "index", "index_put", "_index_put_impl", "index_select", "index_add", "index_copy", "index_fill", "gather",
-    "scatter", "scatter_add", "scatter_reduce", "embedding", "embedding_dense_backward", "masked_scatter", "take",
-    "sort", "topk", "argsort", "arange", "linspace",
-})
-
-# Pure data movement: DMA engines, HBM to HBM.
-_DMA = frozenset({
-    "copy", "clone", "contiguous", "_copy_from", "_copy_from_and_resize", "cat", "_cat", "stack", "_stack", "repeat",
-    "constant_pad_nd", "flip", "roll", "narrow_copy", "split_with_sizes_copy", "split_copy", "unbind_copy",
-    "_chunk_cat", "slice_scatter", "select_scatter", "diagonal_scatter", "as_strided_scatter", "expand_copy",
-    "permute_copy", "transpose_copy", "view_copy", "t_copy", "unsqueeze_copy", "squeeze_copy", "detach_copy",
-    "alias_copy", "unfold_copy", "reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d",
-    "upsample_nearest1d", "upsample_nearest2d", "pixel_shuffle", "pixel_unshuffle", "im2col", "col2im",
-    "_foreach_copy",
-})
-
-# Metadata-only ops whose schema does not say they alias their input.
-_VIEWS = frozenset({"_unsafe_view", "lift_fresh"})
-
-NATIVE: dict[str, frozenset[str]] = {
-    "tensor": frozenset(_TENSOR),
-    "scalar": _SCALAR,
-    "vector": _VECTOR,
-    "gpsimd": _GPSIMD,
-    "dma": _DMA,
-}
-_FALLBACK_TAGS = (torch.Tag.nondeterministic_seeded, torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
-
-
-@dataclasses.dataclass(frozen=True)
-class OpInfo:
-    """How the chip runs one op overload: `engine` is "view", an engine of `costmodel.ENGINES`, or None (fallback)."""
-
-    name: str  # "aten::add.Tensor", as TorchNeuron names ops
-    engine: str | None
-    flops: _Flops | None = None
-
-
-_FOREACH = "_foreach_"
-
-
-def _base_name(op: torch._ops.OpOverload) -> str:
-    """The op's name without namespace, overload and in-place underscore ("add_" -> "add")."""
-    name = op._schema.name.partition("::")[2]
-    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
-
-
-def _elementwise_tags(packet_name: str) -> bool:
-    """Whether aten op `packet_name` is tagged pointwise or reduction (for the `_foreach_` lists of such ops)."""
-    packet = getattr(torch.ops.aten, packet_name, None)
-    if packet is None:
-        return False
-    tags = {tag for overload in packet.overloads() for tag in getattr(packet, overload).tags}
-    return torch.Tag.pointwise in tags or torch.Tag.reduction in tags
-
-
-def _is_view(op: torch._ops.OpOverload) -> bool:
-    schema = op._schema
-    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
-        return False
-    return bool(schema.returns) and all(r.alias_info is not None for r in schema.returns)
-
-
-def _engine(op: torch._ops.OpOverload, base: str) -> str | None:
-    for engine, names in NATIVE.items():
-        if base in names:
-            return engine
-    if any(tag in op.tags for tag in _FALLBACK_TAGS):
-        return None
-    if _is_view(op) or base in _VIEWS:
-        return "view"
-    if torch.Tag.pointwise in op.tags or torch.Tag.reduction in op.tags:
-        return "vector"
-    if base.startswith(_FOREACH):  # a list version of an elementwise op: the engine of that op
-        inner = base[len(_FOREACH):]
-        for engine, names in NATIVE.items():
-            if inner in names:
-                return engine
-        if _elementwise_tags(inner):
-            return "vector"
-    return None
-
-
-def _name(op: torch._ops.OpOverload) -> str:
-    schema = op._schema
-    return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
-
-
-_infos: dict[torch._ops.OpOverload, OpInfo] = {}
-
-
-def op_info(op: torch._ops.OpOverload) -> OpInfo:
-    """How the chip runs `op` (cached per overload)."""
-    info = _infos.get(op)
-    if info is None:
-        base = _base_name(op)
-        engine = _engine(op, base)
-        info = _infos[op] = OpInfo(_name(op), engine, _TENSOR.get(base) if engine == "tensor" else None)
-    return info
-
 
 _executed: set[str] = set()
 _fallbacks: set[str] = set()
@@ -271,38 +61,6 @@ _kernels: dict[tuple, float] = {}  # signature of a compiled native kernel -> it
 _seconds: dict[tuple, float] = {}  # the same for signatures that compile nothing (fallbacks, device copies)
 _compilations: Counter[str] = Counter()  # op name -> kernels compiled (distinct signatures)
 _cache_hits = 0
-
-
-def _fallback_enabled() -> bool:
-    return envvars.FALLBACK.read()
-
-
-_LIBRARY_PACKAGES = frozenset({"torch", "neuron_device", "torch_neuronx"})
-
-
-def _user_stacklevel() -> int:
-    """The `stacklevel` that points a warning raised in `admit` at the first frame outside torch and this package."""
-    frame, level = sys._getframe(2), 2  # level 1 is admit, level 2 its caller
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _LIBRARY_PACKAGES:
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def admit(op: torch._ops.OpOverload) -> OpInfo:
-    """Classify `op` before it runs: a fallback warns once per op, is recorded, and raises in strict mode."""
-    info = _infos.get(op) or op_info(op)
-    if info.engine is None:
-        name = info.name
-        if name not in _fallbacks:
-            _fallbacks.add(name)
-            if _fallback_enabled():
-                warnings.warn(f"Operator '{name}' fell back to CPU", stacklevel=_user_stacklevel())
-        if not _fallback_enabled():
-            raise RuntimeError(
-                f"Operator '{name}' has no Neuron kernel and CPU fallback is disabled ({FALLBACK_ENV}=0); unset "
-                f"{FALLBACK_ENV} to let it fall back to CPU"
-            )
-    return info
 
 
 _TENSOR_TYPE = torch.Tensor
@@ -332,12 +90,13 @@ def _signature(values: Iterable[Any]) -> tuple:
     return tuple(key)
 
 
-def _tensors(value: Any):
+def flat_tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in `value` (a tensor or nested lists and tuples of them), in order."""
     if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in flat_tensors(item)]
+    return []
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
@@ -387,9 +146,8 @@ def _launch(key: tuple, name: str, seconds: float) -> None:
 
 
 def _settle() -> None:
-    """Ops queued by adaptive eager (`concatenation`) execute, and are accounted, before the tracking is read."""
-    if _hostmem.flush_pending is not None:
-        _hostmem.flush_pending()
+    """Ops queued by adaptive eager execute, and are accounted, before the tracking is read."""
+    flush_barrier()
 
 
 def launches() -> list[Launch]:
@@ -400,9 +158,9 @@ def launches() -> list[Launch]:
 
 def _work(info: OpInfo, args: tuple, kwargs: dict, result: Any) -> Work:
     """What one call of a signature does (computed once per signature)."""
-    outputs = list(_tensors(result))
+    outputs = flat_tensors(result)
     # an out= tensor is written, not read: it counts once, as an output
-    inputs = list(_tensors(args)) + [t for t in _tensors(list(kwargs.values())) if all(t is not o for o in outputs)]
+    inputs = flat_tensors(args) + [t for t in flat_tensors(list(kwargs.values())) if all(t is not o for o in outputs)]
     if info.engine is None:
         return Work(host_copies=(_nbytes(inputs), _nbytes(outputs)))
     first = outputs[0] if outputs else None

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity
 
-from . import optracking as _optracking
-from . import timeline as _timeline
-from . import topology as _topology
+from .. import timeline as _timeline
+from .. import topology as _topology
+from ..ops.catalogue import _infos
 
 __all__ = ["DEVICE_PID_BASE", "NeuronProfiler", "device_trace_events"]
 
@@ -56,7 +56,7 @@ def _engine_of(name: str, engines: dict[str, str | None]) -> str | None:
 def device_trace_events(records: Iterable[_Record], base_ns: int) -> list[dict[str, Any]]:
     """Chrome trace events (lanes and their metadata) of the recorded device work; `base_ns` is the trace's
     ``baseTimeNanoseconds`` (timestamps are microseconds after it)."""
-    engines = {info.name: info.engine for info in list(_optracking._infos.values())}
+    engines = {info.name: info.engine for info in list(_infos.values())}
     target = _topology.topology().target.name
     events: list[dict[str, Any]] = []
     lanes: dict[tuple[int, int], str] = {}

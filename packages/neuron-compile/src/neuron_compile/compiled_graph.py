@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from neuron_device import allocator, timeline
+from neuron_device import services
 
 from .compiler import to_neuron
 
@@ -48,16 +48,16 @@ class CompiledGraph:
 
     def _charge_backward(self, grad_outputs: Any) -> None:
         if self.backward_seconds:
-            timeline.charge(self.index, self.backward_seconds, "neuron_compile::graph_backward")
+            services.charge(self.index, self.backward_seconds, "neuron_compile::graph_backward")
         if self.backward_workspace:  # the backward graph runs right after this hook: its peak, checked now
-            device = allocator.device(self.index)
+            device = services.device_allocator(self.index)
             device.free(device.malloc(self.backward_workspace))
 
     def __call__(self, *args: Any) -> Any:
         if self.autocopy:
             args = tuple(to_neuron(args))
         if self.forward_workspace:
-            device = allocator.device(self.index)
+            device = services.device_allocator(self.index)
             workspace = device.malloc(self.forward_workspace)
             try:
                 outputs = self.fn(*args)
@@ -66,7 +66,7 @@ class CompiledGraph:
         else:
             outputs = self.fn(*args)
         if self.forward_seconds:
-            timeline.charge(self.index, self.forward_seconds, "neuron_compile::graph_forward")
+            services.charge(self.index, self.forward_seconds, "neuron_compile::graph_forward")
         if self.backward_seconds or self.backward_workspace:
             for output in outputs if isinstance(outputs, (list, tuple)) else (outputs,):
                 if isinstance(output, torch.Tensor) and output.grad_fn is not None:

@@ -29,8 +29,8 @@ import torch
 
 from neuron_spec import hardware as _hardware
 
-from . import numerics as _numerics
-from . import topology as _topology
+from .. import numerics as _numerics
+from .. import topology as _topology
 
 __all__ = [
     "ENGINES",

@@ -1,0 +1,59 @@
+"""neuron-compile's patches of Dynamo and Inductor internals, in one place, each with its reason (as neuron-device
+keeps its own in `neuron_device._patches`). They are applied when `neuron` registers with Inductor
+(`inductor_device.register`) or, for the scoped one, around one compile (`compiler`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+
+__all__ = ["inductor_decompositions", "patch_scheduler_host_check", "register_stream_functions"]
+
+DEVICE = "neuron"
+
+
+def patch_scheduler_host_check() -> None:
+    """Inductor's scheduler asks `node.is_cpu()` to mean "scheduled as host C++ kernels" (it then skips GPU-only
+    loop reindexing that the C++ backend cannot handle). `neuron` buffers are scheduled exactly so: say yes."""
+    from torch._inductor.scheduler import BaseSchedulerNode
+
+    def is_cpu(self: BaseSchedulerNode) -> bool:
+        device = self.get_device()
+        return device is not None and device.type in ("cpu", DEVICE)
+
+    BaseSchedulerNode.is_cpu = is_cpu
+
+
+def register_stream_functions() -> None:
+    """Dynamo traces `torch.cuda.current_stream()` / `torch.accelerator.current_stream()` as a stream of the graph
+    (a handler of its own, by function identity). `torch.neuron.current_stream` (which diffusers and trl call as
+    `<device module>.current_stream()`) gets the same handler; inlined instead, it graph-breaks in `torch.Stream`'s
+    C constructor. And the frames of the stream functions themselves (neuron-device's routing of
+    `torch.accelerator`'s, called when a compiled graph rebuilds the current stream) run as plain Python: tracing
+    them as frames would graph-break there too."""
+    from torch._dynamo import trace_rules
+    from torch._dynamo.eval_frame import skip_code
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+    handlers = TorchInGraphFunctionVariable._get_handlers()
+    rules = trace_rules.get_torch_obj_rule_map()
+    handlers.setdefault(torch.neuron.current_stream, handlers[torch.accelerator.current_stream])
+    rules.setdefault(torch.neuron.current_stream, TorchInGraphFunctionVariable)
+    for function in (torch.accelerator.current_stream, torch.neuron.current_stream):
+        skip_code(function.__code__)
+
+
+@contextlib.contextmanager
+def inductor_decompositions(select_decomp_table: Callable[[], dict]) -> Iterator[None]:
+    """Inductor takes our decomposition table as the function `select_decomp_table` of `compile_fx` while one graph
+    compiles: passed as a dict (`decompositions=`), it would be wrapped in an object Inductor's FX-graph cache cannot
+    key, and every graph would bypass that cache."""
+    from unittest import mock
+
+    from torch._inductor import compile_fx as compile_fx_module
+
+    with mock.patch.object(compile_fx_module, "select_decomp_table", select_decomp_table):
+        yield
