@@ -88,7 +88,9 @@ def all_packages(session: nox.Session) -> None:
 def hf(session: nox.Session) -> None:
     """The Hugging Face drop-in: pinned transformers, accelerate, diffusers, peft, trl, kernels next to the four
     wheels; tiny models from configs (no downloads). The libraries come from the package index, pinned in
-    requirements-hf.txt; about 2 minutes of tests on a quiet 2-core machine."""
+    requirements-hf.txt; about 2 minutes of tests on a quiet 2-core machine, plus the architecture sweeps' fixed
+    sample (tests/hf/test_sweep.py: one model per task-head family, diffusers models and pipeline families, one
+    compiled pair; 75 s of CPU time, measured on a loaded machine)."""
     session.install(*TEST_TOOLS, *PATHS.values(), TORCH_NEURONX, "-r", "requirements-hf.txt")
     session.env["HF_HUB_OFFLINE"] = "1"
     _pytest(session, "tests/hf")

@@ -1,40 +1,48 @@
-"""Architecture sweep: every transformers causal-LM architecture, tiny and random, on `neuron` vs CPU.
+"""Architecture sweep: every transformers model type with each task head it has, tiny and random, on `neuron` vs CPU.
 
-For each model type in transformers' causal-LM auto mapping: build the model from a shrunken default config
-(random weights, no download), run forward + backward on CPU and on `neuron` from the same weights, compare
-logits, loss and every parameter gradient, then compare greedy `generate()` tokens. Architectures whose CPU run
-fails are listed apart and not counted. Prints a per-architecture status table and the coverage figure.
+The pairs are (model type, task) from transformers' auto mappings (`MODEL_MAPPING_NAMES` is the task "base",
+`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` is "causal-lm", ...). For each pair: build the head from a shrunken default
+config (random weights, no download), generate inputs from the config and the head's `forward` signature (token ids
+with padding, pixel values, audio, labels), run forward + backward on the CPU and on `neuron` from the same weights,
+compare every output tensor, the loss (or, for heads without one, the sum of the output means) and every parameter
+gradient, then greedy `generate()` (with cache) where the head generates. Pairs whose CPU run fails are listed apart
+and not counted. One subprocess per model type (all its tasks) with a timeout.
 
-    python benchmarks/hf_models.py [--compile] [--only llama,gpt2] [--limit N] [--json FILE [--skip-done]]
-                                   [--timeout SECONDS] [--shuffle SEED]
+    python benchmarks/hf_models.py [--compile] [--only llama,gpt2] [--tasks base,causal-lm] [--limit N]
+                                   [--json FILE [--skip-done]] [--timeout SECONDS] [--shuffle SEED]
+                                   [--budget SECONDS] [--per-task N]
 
 `--compile` runs the `neuron` side under `torch.compile(backend="neuron")` (forward + backward; no generate).
-`--json FILE` appends each result to FILE as a JSON line as soon as it is known; with `--skip-done`, architectures
-already in FILE are not run again (a long sweep resumes after an interruption) and count in the summary.
-`--timeout` fails an architecture that takes longer than SECONDS. `--shuffle SEED` runs the architectures in a
-seeded random order, so that a sweep stopped early has covered a uniform sample of them.
+`--json FILE` appends each result to FILE as a JSON line as soon as it is known; with `--skip-done`, pairs already
+in FILE are not run again (a long sweep resumes after an interruption) and count in the summary. `--timeout` fails
+a model type whose subprocess takes longer than SECONDS. `--shuffle SEED` runs the model types in a seeded random
+order, so that a sweep stopped early (`--budget`: start no model type after SECONDS) has covered a uniform sample.
+`--per-task N` keeps at most N model types per task (after shuffling): a sample that covers every task head;
+`--runnable-in FILE` keeps only the pairs that ran on the CPU in the report FILE (a compiled sample of an eager run).
+`--table FILE...` prints the summary table and the failures of JSON reports without running anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
-import json
+import inspect
 import os
 import random
 import signal
 import sys
 import time
-import traceback
 import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+import _sweep
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+import transformers
+from _sweep import Result
+from transformers import AutoConfig, PretrainedConfig
+from transformers.models.auto import modeling_auto
 
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers")
 # Tiny values for the size attributes configs use (only attributes the default config has are set, and only
@@ -59,6 +67,13 @@ TINY_SIZES: dict[str, int] = {
     **dict.fromkeys(("sliding_window", "attention_window_size"), 64),
     "rotary_dim": 8,
     "n_groups": 2,
+    # encoder-decoders, vision and speech
+    **dict.fromkeys(("encoder_layers", "decoder_layers", "num_encoder_layers"), 2),
+    **dict.fromkeys(("encoder_attention_heads", "decoder_num_attention_heads"), 4),
+    **dict.fromkeys(("encoder_ffn_dim", "decoder_intermediate_size", "decoder_hidden_size"), 128),
+    "image_size": 64,
+    "max_source_positions": 32,
+    "max_target_positions": 64,
 }
 # Token-id attributes that must stay inside the tiny vocabulary.
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
@@ -68,7 +83,15 @@ DERIVED_LISTS = (
     "moe_layers", "no_rope_layers",
 )
 SEQ, BATCH, NEW_TOKENS = 12, 2, 4
-DEVICE = "neuron"
+AUDIO_SAMPLES, FEATURE_FRAMES, PADDED = 8000, 64, 3
+DEVICE = _sweep.DEVICE
+# Tasks whose heads generate text from a prompt: prompts are left-padded, and `generate` is compared.
+GENERATING = ("causal-lm", "seq-to-seq-causal-lm", "speech-seq-2-seq", "image-text-to-text", "multimodal-lm")
+# Tasks whose `labels` are one class per example, one class per token, or the input tokens themselves.
+CLASS_LABELS = ("sequence-classification", "image-classification", "audio-classification", "video-classification",
+                "multiple-choice", "next-sentence-prediction", "time-series-classification")
+TOKEN_LABELS = ("token-classification", "audio-frame-classification")
+LM_LABELS = ("causal-lm", "masked-lm", "seq-to-seq-causal-lm", "speech-seq-2-seq")
 
 
 def tiny_kwargs(config: PretrainedConfig) -> dict:
@@ -111,19 +134,34 @@ def tiny_config(model_type: str) -> PretrainedConfig:
     return type(default)(**tiny_kwargs(default))
 
 
-@dataclasses.dataclass
-class Result:
-    model_type: str
-    status: str  # "pass", "fail" (neuron differs or errors), "cpu-fail" (forward/backward fails on CPU: not counted)
-    reason: str = ""
-    seconds: float = 0.0
+
+def task_mappings() -> dict[str, dict[str, str]]:
+    """Task name -> {model type: head class name}, from every `MODEL_*_MAPPING_NAMES` of transformers' auto module
+    (`MODEL_MAPPING_NAMES` is "base"; `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` is "causal-lm")."""
+    tasks = {}
+    for name in dir(modeling_auto):
+        if name.startswith("MODEL") and name.endswith("_MAPPING_NAMES"):
+            task = name.removeprefix("MODEL").removeprefix("_FOR").removesuffix("_MAPPING_NAMES").strip("_")
+            mapping = getattr(modeling_auto, name)
+            tasks[task.lower().replace("_", "-") or "base"] = {
+                model_type: classes if isinstance(classes, str) else classes[0] for model_type, classes in mapping.items()
+            }
+    return tasks
 
 
-def _inputs(config: PretrainedConfig) -> torch.Tensor:
+def head_class(model_type: str, task: str) -> type:
+    name = task_mappings()[task][model_type]
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        raise RuntimeError(f"{name} is named in the auto mapping but not exported by transformers")
+    return cls
+
+
+def _token_ids(config: PretrainedConfig, length: int = SEQ) -> torch.Tensor:
     text = config.get_text_config()
     vocab = getattr(text, "vocab_size", None) or 512
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(2, vocab, (BATCH, SEQ), generator=generator)
+    ids = torch.randint(2, vocab, (BATCH, length), generator=generator)
     # Keep special tokens (pad/eos, image placeholders that would require pixel inputs) out of the prompt.
     names = (*TOKEN_IDS, "image_token_id", "image_token_index", "video_token_id", "audio_token_id")
     special = [getattr(source, name, None) for source in (config, text) for name in names]
@@ -132,58 +170,154 @@ def _inputs(config: PretrainedConfig) -> torch.Tensor:
     return ids
 
 
-def _run(model: torch.nn.Module, ids: torch.Tensor, compiled: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def _inputs(config: PretrainedConfig) -> torch.Tensor:
+    """The causal-LM prompt: token ids without padding or special tokens."""
+    return _token_ids(config)
+
+
+def _size(value: object, default: int) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    if isinstance(value, (list, tuple)) and len(value) >= 2:
+        return int(value[-2]), int(value[-1])
+    return default, default
+
+
+def _padding_mask(left: bool, length: int = SEQ) -> torch.Tensor:
+    """All ones but the last example's PADDED first (left padding) or last positions."""
+    mask = torch.ones(BATCH, length, dtype=torch.long)
+    if left:
+        mask[-1, :PADDED] = 0
+    else:
+        mask[-1, -PADDED:] = 0
+    return mask
+
+
+def make_inputs(model: torch.nn.Module, config: PretrainedConfig, task: str) -> dict[str, torch.Tensor]:
+    """Inputs for `model.forward` generated from the config and the parameters the head takes: token ids with
+    padding, pixel values, audio waveforms or features, and the labels of the task."""
+    params = inspect.signature(model.forward).parameters
+    text = config.get_text_config()
+    vocab = getattr(text, "vocab_size", None)
+    generator = torch.Generator().manual_seed(1)
+    inputs: dict[str, torch.Tensor] = {}
+    multimodal = any(hasattr(config, name) for name in ("image_token_id", "image_token_index"))
+    if "input_ids" in params and isinstance(vocab, int):
+        ids = _token_ids(config)
+        if "attention_mask" in params:
+            inputs["attention_mask"] = _padding_mask(left=task in GENERATING)
+            pad = getattr(text, "pad_token_id", None)
+            if isinstance(pad, int) and pad < vocab:
+                ids = ids.masked_fill(inputs["attention_mask"] == 0, pad)
+        inputs["input_ids"] = ids
+        if task == "multiple-choice":  # (batch, choices, length)
+            inputs = {name: value[:, None].expand(-1, 2, -1).contiguous() for name, value in inputs.items()}
+    vision = getattr(config, "vision_config", None) or config
+    if "pixel_values" in params and not (multimodal and "input_ids" in inputs):  # multimodal heads: text only
+        height, width = _size(getattr(vision, "image_size", None), 64)
+        channels = getattr(vision, "num_channels", 3)
+        frames = getattr(vision, "num_frames", None) if task == "video-classification" else None
+        shape = (BATCH, frames, channels, height, width) if frames else (BATCH, channels, height, width)
+        inputs["pixel_values"] = torch.randn(shape, generator=generator)
+    if "input_values" in params and "input_ids" not in inputs:
+        inputs["input_values"] = torch.randn(BATCH, AUDIO_SAMPLES, generator=generator)
+    if "input_features" in params:
+        if hasattr(config, "num_mel_bins") and hasattr(config, "max_source_positions"):  # Whisper: (mel, 2 x positions)
+            shape = (BATCH, config.num_mel_bins, 2 * config.max_source_positions)
+        else:  # Speech2Text and conformers: (frames, features)
+            features = next((getattr(config, n) for n in ("input_feat_per_channel", "feature_size", "num_mel_bins")
+                             if isinstance(getattr(config, n, None), int)), 80)
+            shape = (BATCH, FEATURE_FRAMES, features * getattr(config, "input_channels", 1))
+        inputs["input_features"] = torch.randn(shape, generator=generator)
+    if "noise" in params and "pixel_values" in inputs and isinstance(getattr(vision, "patch_size", None), int):
+        # ViT-MAE's random masking, given rather than drawn: a compiled graph draws other numbers than eager does
+        height, width = inputs["pixel_values"].shape[-2:]
+        patches = (height // vision.patch_size) * (width // vision.patch_size)
+        inputs["noise"] = torch.rand(BATCH, patches, generator=generator)
+    _add_labels(inputs, params, config, task, vocab)
+    if "decoder_input_ids" in params and "labels" not in inputs and isinstance(vocab, int):
+        inputs["decoder_input_ids"] = _token_ids(config, length=SEQ // 2)
+    if "use_cache" in params:
+        inputs["use_cache"] = False
+    return inputs
+
+
+def _add_labels(inputs: dict, params: dict, config: PretrainedConfig, task: str, vocab: int | None) -> None:
+    if task in QA_TASKS and "start_positions" in params:
+        inputs["start_positions"] = torch.tensor([1, 3])
+        inputs["end_positions"] = torch.tensor([4, 5])
+    if "labels" not in params:
+        return
+    classes = 2 if task in ("multiple-choice", "next-sentence-prediction") else getattr(config, "num_labels", 2)
+    if task in CLASS_LABELS:
+        inputs["labels"] = torch.arange(BATCH) % classes
+    elif task in TOKEN_LABELS and "input_ids" in inputs:
+        inputs["labels"] = torch.arange(BATCH * SEQ).reshape(BATCH, SEQ) % classes
+    elif task == "ctc" and isinstance(vocab, int):
+        inputs["labels"] = torch.arange(1, 1 + BATCH * 4).reshape(BATCH, 4) % (vocab - 1) + 1
+    elif task in LM_LABELS and isinstance(vocab, int):
+        labels = inputs["input_ids"] if "input_ids" in inputs else _token_ids(config, length=SEQ // 2)
+        if "attention_mask" in inputs and labels is inputs["input_ids"]:
+            labels = labels.masked_fill(inputs["attention_mask"] == 0, -100)
+        inputs["labels"] = labels
+
+
+QA_TASKS = ("question-answering", "document-question-answering")
+
+
+def _forward_backward(model: torch.nn.Module, inputs: dict, compiled: bool) -> tuple[object, dict]:
     forward = torch.compile(model, backend="neuron", dynamic=False) if compiled else model
-    out = forward(input_ids=ids, labels=ids, use_cache=False)
-    out.loss.backward()
-    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
-    return out.logits, out.loss, grads
+    torch.manual_seed(0)  # heads that draw (masking in pre-training heads) draw the same on both sides
+    out = forward(**inputs)
+    _sweep.scalar(out).backward()
+    return out, _sweep.gradients(model)
 
 
-def _compare(cpu: torch.Tensor, dev: torch.Tensor, what: str) -> None:
-    torch.testing.assert_close(dev.cpu(), cpu, rtol=1e-3, atol=1e-4, msg=lambda m: f"{what}: {m}")
+def _on(device: str, inputs: dict) -> dict:
+    return {name: value.to(device) if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
 
 
-def check(model_type: str, compiled: bool = False, generate: bool = True) -> Result:
-    """Forward + backward (+ greedy generate) of one architecture on `neuron` against CPU."""
+def _generate(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
+    prompt = {name: value for name, value in inputs.items()
+              if name in ("input_ids", "attention_mask", "input_features", "pixel_values")}
+    return model.generate(**prompt, max_new_tokens=NEW_TOKENS, do_sample=False, use_cache=True)
+
+
+def check(model_type: str, task: str = "causal-lm", compiled: bool = False, generate: bool = True,
+          config: PretrainedConfig | None = None) -> Result:
+    """Forward + backward (+ greedy generate) of one (model type, task) head on `neuron` against CPU."""
+    mode = "compile" if compiled else "eager"
     start = time.perf_counter()
     try:
-        config = tiny_config(model_type)
+        config = copy.deepcopy(config) if config is not None else tiny_config(model_type)
+        if task == "sequence-classification" and getattr(config.get_text_config(), "pad_token_id", None) is None:
+            config.get_text_config().pad_token_id = 0  # batched classification finds each example's last token
+        if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+            config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0  # labels shift right onto it
         torch.manual_seed(0)
-        cpu_model = AutoModelForCausalLM.from_config(config).eval()
+        cpu_model = head_class(model_type, task)(config).eval()
         dev_model = copy.deepcopy(cpu_model)  # before any CPU run can leave state behind
-        ids = _inputs(config)
-        cpu_logits, cpu_loss, cpu_grads = _run(cpu_model, ids, compiled=False)
+        inputs = make_inputs(cpu_model, config, task)
+        cpu_out, cpu_grads = _forward_backward(cpu_model, inputs, compiled=False)
     except Exception as error:
-        return Result(model_type, "cpu-fail", _reason(error), time.perf_counter() - start)
+        return Result(model_type, "cpu-fail", _sweep.reason(error), time.perf_counter() - start, task, mode)
     note = ""
-    if generate and not compiled:
+    generate = generate and not compiled and task in GENERATING and cpu_model.can_generate()
+    if generate:
         try:
-            cpu_tokens = cpu_model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+            cpu_tokens = _generate(cpu_model, inputs)
         except Exception as error:  # forward + backward still count; generate is not compared
-            generate, note = False, f"generate not compared (fails on CPU: {_reason(error)})"
+            generate, note = False, f"generate not compared (fails on CPU: {_sweep.reason(error)})"
     try:
-        logits, loss, grads = _run(dev_model.to(DEVICE), ids.to(DEVICE), compiled)
-        _compare(cpu_logits, logits, "logits")
-        _compare(cpu_loss, loss, "loss")
-        if grads.keys() != cpu_grads.keys():
-            raise AssertionError(f"gradients for different parameters: {sorted(grads.keys() ^ cpu_grads.keys())}")
-        for name, grad in grads.items():
-            _compare(cpu_grads[name], grad, f"grad {name}")
-        if generate and not compiled:
-            tokens = dev_model.generate(ids.to(DEVICE), max_new_tokens=NEW_TOKENS, do_sample=False)
-            if not torch.equal(tokens.cpu(), cpu_tokens):
-                raise AssertionError(f"generate: {tokens.cpu().tolist()} != {cpu_tokens.tolist()}")
+        dev_inputs = _on(DEVICE, inputs)
+        out, grads = _forward_backward(dev_model.to(DEVICE), dev_inputs, compiled)
+        _sweep.compare_outputs(cpu_out, out)
+        _sweep.compare_gradients(cpu_grads, grads)
+        if generate:
+            _sweep.compare(cpu_tokens, _generate(dev_model, dev_inputs), "generate")
     except Exception as error:
-        return Result(model_type, "fail", _reason(error), time.perf_counter() - start)
-    return Result(model_type, "pass", note, time.perf_counter() - start)
-
-
-def _reason(error: BaseException) -> str:
-    frame = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
-    where = f" [{os.path.basename(frame.filename)}:{frame.lineno}]" if frame else ""
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:300]}{where}"
+        return Result(model_type, "fail", _sweep.reason(error), time.perf_counter() - start, task, mode)
+    return Result(model_type, "pass", note, time.perf_counter() - start, task, mode)
 
 
 class _Timeout(BaseException):
@@ -194,72 +328,95 @@ def _raise_timeout(signum: int, frame: object) -> None:
     raise _Timeout("timed out")
 
 
-def _check_with_timeout(model_type: str, compiled: bool, seconds: int) -> Result:
-    """`check` that is interrupted (and reported as a failure) after `seconds` (0: no limit)."""
-    if not seconds:
-        return check(model_type, compiled=compiled)
-    previous = signal.signal(signal.SIGALRM, _raise_timeout)
-    signal.alarm(seconds)
+def _worker(model_type: str, tasks: list[str], compiled: bool, seconds: int) -> None:
+    """Check `tasks` of `model_type` in this process (one tiny config for all), one JSON line per task; each task
+    is interrupted after `seconds` (0: no limit)."""
+    mode = "compile" if compiled else "eager"
     try:
-        return check(model_type, compiled=compiled)
-    except _Timeout:
-        return Result(model_type, "fail", f"timed out after {seconds}s", float(seconds))
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+        config = tiny_config(model_type)
+    except Exception as error:
+        for task in tasks:
+            _sweep.emit(Result(model_type, "cpu-fail", f"tiny config: {_sweep.reason(error)}", 0.0, task, mode))
+        return
+    signal.signal(signal.SIGALRM, _raise_timeout)
+    for task in tasks:
+        signal.alarm(seconds)
+        try:
+            result = check(model_type, task, compiled=compiled, config=config)
+        except _Timeout:
+            result = Result(model_type, "timeout", f"timed out after {seconds}s", float(seconds), task, mode)
+        finally:
+            signal.alarm(0)
+        _sweep.emit(result)
+        torch._dynamo.reset()
 
 
-def _load(path: str) -> dict[str, Result]:
-    """Results already written to the JSON-lines file `path` (none if it does not exist)."""
-    if not os.path.exists(path):
-        return {}
-    with open(path) as lines:
-        results = [Result(**json.loads(line)) for line in lines if line.strip()]
-    return {r.model_type: r for r in results}
+def plan(tasks: list[str], only: list[str], limit: int, shuffle: int | None, per_task: int,
+         runnable: set[tuple[str, str]] | None = None) -> dict[str, list[str]]:
+    """Model type -> its tasks to check (among `tasks`, and among the `runnable` pairs if given), in sweep order."""
+    mappings = task_mappings()
+    if runnable is not None:
+        mappings = {task: {m: c for m, c in mapping.items() if (m, task) in runnable} for task, mapping in
+                    mappings.items()}
+    model_types = sorted({m for task in tasks for m in mappings[task]})
+    if only:
+        model_types = [m for m in model_types if m in only]
+    if limit:
+        model_types = model_types[:limit]
+    if shuffle is not None:
+        random.Random(shuffle).shuffle(model_types)
+    chosen = {m: [t for t in tasks if m in mappings[t]] for m in model_types}
+    if per_task:
+        taken: dict[str, int] = dict.fromkeys(tasks, 0)
+        for model_type, its_tasks in chosen.items():
+            chosen[model_type] = [t for t in its_tasks if taken[t] < per_task]
+            for task in chosen[model_type]:
+                taken[task] += 1
+    return {m: t for m, t in chosen.items() if t}
+
+
+def report(results: list[Result]) -> str:
+    existing = {task: len(mapping) for task, mapping in task_mappings().items()}
+    return "\n\n".join((_sweep.summary(results, existing), _sweep.totals(results), _sweep.failures(results)))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compile", action="store_true", help="neuron side under torch.compile(backend='neuron')")
     parser.add_argument("--only", default="", help="comma-separated model types")
+    parser.add_argument("--tasks", default="", help="comma-separated tasks (default: all)")
     parser.add_argument("--limit", type=int, default=0, help="first N model types only")
     parser.add_argument("--json", default="", help="append each result to this file as a JSON line")
-    parser.add_argument("--skip-done", action="store_true", help="skip the model types already in the --json file")
-    parser.add_argument("--timeout", type=int, default=0, help="fail an architecture after this many seconds")
+    parser.add_argument("--skip-done", action="store_true", help="skip the pairs already in the --json file")
+    parser.add_argument("--timeout", type=int, default=0, help="fail a model type after this many seconds")
+    parser.add_argument("--task-timeout", type=int, default=0, help="fail one task after this many seconds")
     parser.add_argument("--shuffle", type=int, default=None, help="run in a random order from this seed")
+    parser.add_argument("--budget", type=float, default=0, help="start no model type after this many seconds")
+    parser.add_argument("--per-task", type=int, default=0, help="at most N model types per task")
+    parser.add_argument("--runnable-in", default="", help="only the pairs this JSON report ran on the CPU")
+    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--table", nargs="+", default=None, help="summarise these JSON reports; run nothing")
     args = parser.parse_args(argv)
     if args.skip_done and not args.json:
         parser.error("--skip-done needs --json")
     warnings.filterwarnings("ignore")
-    model_types = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-    if args.only:
-        model_types = [name for name in model_types if name in args.only.split(",")]
-    if args.limit:
-        model_types = model_types[: args.limit]
-    if args.shuffle is not None:
-        random.Random(args.shuffle).shuffle(model_types)
-    done = _load(args.json) if args.skip_done else {}
-    results = [done[name] for name in model_types if name in done]
-    for model_type in model_types:
-        if model_type in done:
-            continue
-        result = _check_with_timeout(model_type, args.compile, args.timeout)
-        results.append(result)
-        print(f"| {result.model_type} | {result.status} | {result.seconds:.1f}s | {result.reason} |", flush=True)
-        if args.json:
-            with open(args.json, "a") as out:
-                out.write(json.dumps(dataclasses.asdict(result)) + "\n")
-        torch._dynamo.reset()
-    results.sort(key=lambda r: r.model_type)
-    counted = [r for r in results if r.status != "cpu-fail"]
-    passed = sum(r.status == "pass" for r in counted)
-    mode = "torch.compile(backend='neuron')" if args.compile else "eager"
-    print(f"\ncoverage ({mode}): {passed}/{len(counted)} CPU-runnable architectures pass"
-          f" = {100 * passed / max(len(counted), 1):.1f} %; {len(results) - len(counted)} not runnable on CPU")
-    for status in ("fail", "cpu-fail"):
-        for r in results:
-            if r.status == status:
-                print(f"  {status}: {r.model_type}: {r.reason}")
+    tasks = args.tasks.split(",") if args.tasks else sorted(task_mappings())
+    if unknown := set(tasks) - set(task_mappings()):
+        parser.error(f"unknown tasks {sorted(unknown)}; known: {sorted(task_mappings())}")
+    if args.worker:
+        _worker(args.worker, tasks, args.compile, args.task_timeout)
+        return 0
+    if args.table is not None:
+        print(report([r for path in args.table for r in _sweep.load(path).values()]))
+        return 0
+    runnable = ({(r.model_type, r.task) for r in _sweep.load(args.runnable_in).values() if r.status != "cpu-fail"}
+                if args.runnable_in else None)
+    chosen = plan(tasks, args.only.split(",") if args.only else [], args.limit, args.shuffle, args.per_task,
+                  runnable)
+    extra = ["--task-timeout", str(args.task_timeout)] if args.task_timeout else []
+    results = _sweep.drive(__file__, chosen, compiled=args.compile, timeout=args.timeout, json_path=args.json,
+                           skip_done=args.skip_done, extra=extra, budget=args.budget)
+    print("\n" + report(results))
     return 0
 
 

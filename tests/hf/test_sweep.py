@@ -1,6 +1,8 @@
-"""The causal-LM sweep (`benchmarks/hf_models.py`) on a few representative architectures: dense, GQA, MoE (integer
-`histc` on `neuron`), SSM, and apertus (xIELU's `torch.min(x, tensor)` lost its gradient through a device kernel on a
-CompositeImplicitAutograd overload)."""
+"""The architecture sweeps (`benchmarks/hf_models.py`, `benchmarks/diffusers_models.py`) on a fixed sample: a few
+representative causal LMs (dense, GQA, MoE with integer `histc` on `neuron`, SSM, and apertus, whose xIELU
+`torch.min(x, tensor)` lost its gradient through a device kernel on a CompositeImplicitAutograd overload), one model
+per task-head family, a few diffusers models and pipeline families, and one compiled pair; plus the sweep's
+machinery (tiny configs, resuming from the JSON report, the worker subprocess)."""
 
 from __future__ import annotations
 
@@ -38,7 +40,85 @@ def test_skip_done_resumes_from_the_json_file(tmp_path, capsys):
     import hf_models
 
     results = tmp_path / "results.jsonl"
+    # a line of the causal-LM-only sweep (no task, no mode: causal-lm, eager)
     results.write_text('{"model_type": "llama", "status": "pass", "reason": "", "seconds": 1.0}\n')
-    assert hf_models.main(["--only", "llama", "--json", str(results), "--skip-done"]) == 0
+    assert hf_models.main(["--only", "llama", "--tasks", "causal-lm", "--json", str(results), "--skip-done"]) == 0
     assert results.read_text().count("\n") == 1  # not run again
-    assert "1/1 CPU-runnable architectures pass" in capsys.readouterr().out
+    # the sweep now counts (model type, task) pairs rather than causal-LM architectures
+    assert "1/1 CPU-runnable (model type, task) pairs pass" in capsys.readouterr().out
+
+
+# One (model type, task) pair per task-head family: text encoders and their heads, seq2seq, vision, speech.
+FAMILY_SAMPLE = [
+    ("bert", "masked-lm"), ("bert", "sequence-classification"), ("bert", "multiple-choice"),
+    ("roberta", "token-classification"), ("distilbert", "question-answering"), ("t5", "seq-to-seq-causal-lm"),
+    ("bart", "base"), ("vit", "image-classification"), ("convnext", "image-classification"),
+    ("segformer", "semantic-segmentation"), ("wav2vec2", "ctc"), ("hubert", "audio-classification"),
+    ("whisper", "speech-seq-2-seq"),
+]
+
+
+@pytest.mark.parametrize(("model_type", "task"), FAMILY_SAMPLE)
+def test_task_head_matches_cpu(model_type, task):
+    import hf_models
+
+    result = hf_models.check(model_type, task)
+    assert result.status == "pass", result.reason
+
+
+def test_compiled_head_matches_cpu():
+    import hf_models
+
+    result = hf_models.check("bert", "sequence-classification", compiled=True)
+    assert result.status == "pass", result.reason
+
+
+def test_every_auto_mapping_is_a_task():
+    import hf_models
+
+    tasks = hf_models.task_mappings()
+    assert tasks["base"]["bert"] == "BertModel" and tasks["causal-lm"]["llama"] == "LlamaForCausalLM"
+    assert tasks["ctc"]["wav2vec2"] == "Wav2Vec2ForCTC"
+
+
+def test_inputs_follow_the_task():
+    """Padding (left for prompts that generate, right otherwise) and labels of each task's kind."""
+    import hf_models
+
+    config = hf_models.tiny_config("bert")
+    model = hf_models.head_class("bert", "token-classification")(config)
+    inputs = hf_models.make_inputs(model, config, "token-classification")
+    assert inputs["attention_mask"][-1, -hf_models.PADDED:].sum() == 0
+    assert inputs["labels"].shape == inputs["input_ids"].shape
+    config = hf_models.tiny_config("llama")
+    inputs = hf_models.make_inputs(hf_models.head_class("llama", "causal-lm")(config), config, "causal-lm")
+    assert inputs["attention_mask"][-1, : hf_models.PADDED].sum() == 0
+    assert (inputs["labels"][inputs["attention_mask"] == 0] == -100).all()
+
+
+def test_worker_subprocess_reports_each_task_and_the_driver_fills_in_a_timeout(tmp_path):
+    import _sweep
+    import hf_models
+
+    results = _sweep.run_worker(hf_models.__file__, "bert", ["base", "text-encoding"], compiled=False, timeout=600)
+    assert [(r.task, r.status) for r in results] == [("base", "pass"), ("text-encoding", "pass")]
+    results = _sweep.run_worker(hf_models.__file__, "bert", ["base"], compiled=False, timeout=1)
+    assert [(r.task, r.status) for r in results] == [("base", "timeout")]
+
+
+@pytest.mark.parametrize("class_name", ["AutoencoderKL", "FluxTransformer2DModel", "SD3Transformer2DModel"])
+def test_diffusers_model_matches_cpu(class_name):
+    pytest.importorskip("diffusers")
+    import diffusers_models
+
+    result = diffusers_models.check(class_name)
+    assert result.status == "pass", result.reason
+
+
+@pytest.mark.parametrize("family", ["ddim", "pixart-sigma"])
+def test_diffusers_pipeline_family_matches_cpu(family):
+    pytest.importorskip("diffusers")
+    import diffusers_models
+
+    result = diffusers_models.check_pipeline(family)
+    assert result.status == "pass", result.reason
