@@ -282,15 +282,25 @@ def test_a_full_disk_at_store_compiles_with_one_warning(tmp_path, monkeypatch) -
     import errno
     import warnings
 
+    full_dir = tmp_path / "full"
+    write_text = Path.write_text
+
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(cache.shutil, "copyfile", full)  # the store is where a full disk hits
+    def full_under_cache(self, *args, **kwargs):
+        if self.is_relative_to(full_dir):
+            full()
+        return write_text(self, *args, **kwargs)
+
+    # The store is where a full disk hits: the copied Inductor files (inductor host code) and the manifest (both).
+    monkeypatch.setattr(cache.shutil, "copyfile", full)
+    monkeypatch.setattr(Path, "write_text", full_under_cache)
     cache._warned.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert torch.equal(_compile_once(monkeypatch, tmp_path / "full", 2.0), torch.full((3,), 3.0))
-        assert torch.equal(_compile_once(monkeypatch, tmp_path / "full", 3.0), torch.full((3,), 4.0))
+        assert torch.equal(_compile_once(monkeypatch, full_dir, 2.0), torch.full((3,), 3.0))
+        assert torch.equal(_compile_once(monkeypatch, full_dir, 3.0), torch.full((3,), 4.0))
     about_cache = [str(w.message) for w in caught if "compile cache" in str(w.message)]
     assert len(about_cache) == 1 and "No space left" in about_cache[0], about_cache
-    assert not [p for p in (tmp_path / "full" / "entries").iterdir()], "no partial entry is left"
+    assert not [p for p in (full_dir / "entries").iterdir()], "no partial entry is left"

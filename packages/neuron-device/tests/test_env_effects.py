@@ -26,13 +26,13 @@ def _notes(stderr: str) -> list[str]:
 
 def test_typo_warns_once_with_the_closest_name() -> None:
     result = _run("import torch; import torch_neuronx; torch.ones(1, device='neuron')",
-                  TORCH_NEURONX_NEFF_CACH_DIR="/x", NEURON_RT_VISIBLE_CORE="0", NEURON_SIM_REPROT="1")
+                  TORCH_NEURONX_LOG_LEVLE="3", NEURON_RT_VISIBLE_CORE="0", NEURON_SIM_REPROT="1")
     assert result.returncode == 0, result.stderr
     assert _notes(result.stderr) == [
         "NEURON_RT_VISIBLE_CORE is set but no installed neuron package reads it; did you mean NEURON_RT_VISIBLE_CORES?",
         "NEURON_SIM_REPROT is set but no installed neuron package reads it; did you mean NEURON_SIM_REPORT?",
-        "TORCH_NEURONX_NEFF_CACH_DIR is set but no installed neuron package reads it; did you mean "
-        "TORCH_NEURONX_NEFF_CACHE_DIR?",
+        "TORCH_NEURONX_LOG_LEVLE is set but no installed neuron package reads it; did you mean "
+        "TORCH_NEURONX_LOG_LEVEL?",
     ]
 
 

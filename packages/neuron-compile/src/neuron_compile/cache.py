@@ -2,7 +2,8 @@
 
 An entry is keyed on the Dynamo graph's code, its inputs' metadata (shapes, strides, dtypes, devices, grad), the
 graph's constant tensors (content hash), the compile settings, the grad mode and matmul precision, the substitutable
-Neuron kernels installed, and the versions of neuron-compile and torch. It holds the artifacts Inductor produced for
+Neuron kernels installed, the versions of neuron-compile and torch, and a digest of the code and figures a kernel
+plan is computed from (so a plan priced by other formulas is never reused, even at the same version). It holds the artifacts Inductor produced for
 the graph (its FX-graph and AOTAutograd cache records, the generated Python and the compiled C++ libraries) and the
 kernel plans, under a JSON manifest with the SHA-256 of every file and an HMAC of the manifest.
 
@@ -28,8 +29,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import functools
 import hashlib
 import hmac
+import inspect
 import json
 import os
 import shutil
@@ -42,6 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+import neuron_spec.costs
+import neuron_spec.hardware
+from neuron_device import services
 
 from . import __version__, envvars, nki_substitution, passes
 from .passes import KernelPlan
@@ -66,6 +73,16 @@ def _describe(value: Any) -> Any:
     return type(value).__name__
 
 
+@functools.cache
+def _planning_digest() -> str:
+    """SHA-256 of the sources a kernel plan is computed from: the Neuron passes, the op-cost formulas, the hardware
+    figures and the cost model's named parameters."""
+    digest = hashlib.sha256()
+    for module in (passes, inspect.getmodule(services.estimate_kernel), neuron_spec.costs, neuron_spec.hardware):
+        digest.update(Path(inspect.getfile(module)).read_bytes())
+    return digest.hexdigest()
+
+
 def cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings: CompileSettings) -> str:
     """The entry key of a graph compiled with `example_inputs` and `settings` (hex SHA-256)."""
     constants = []
@@ -85,6 +102,7 @@ def cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings:
         "matmul_precision": torch.get_float32_matmul_precision(),
         "substitutions": sorted(str(op) for op in nki_substitution.substitutable_ops()),
         "priced_ops": passes.priced_ops(),
+        "planning": _planning_digest(),
         "neuron_compile": __version__,
         "torch": torch.__version__,
     }
