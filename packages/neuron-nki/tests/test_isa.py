@@ -579,10 +579,57 @@ def test_enums():
     assert {e.name for e in nisa.oob_mode} == {"error", "skip"}
 
 
-@pytest.mark.parametrize("fn", ["nc_matmul_mx", "quantize_mx", "topk"])
+@pytest.mark.parametrize("fn", ["nc_matmul_mx", "quantize_mx"])
 def test_unimplemented_raise_naming_function(fn):
     with pytest.raises(NotImplementedError, match=fn):
-        getattr(nisa, fn)(None, None, None, None, None) if fn != "topk" else nisa.topk()
+        getattr(nisa, fn)(None, None, None, None, None)
+
+
+@pytest.mark.parametrize("k", [5, 24])
+def test_topk_per_16_partition_group_in_snake_layout(k, rng):
+    """AWS's nki.isa.topk page: each 16-partition group is one problem read in a snake layout (element e at
+    partition e % 16, position e // 16) over its first n elements; the k results (ascending) and their indices
+    are written in the same snake layout; slots past the k results keep their values."""
+    n = 40
+    src = rng.permutation(np.arange(32 * 4)).reshape(32, 4).astype(ml_dtypes.bfloat16)  # distinct, exact in bf16
+
+    def body(x):
+        v = nl.ndarray((32, k), nl.bfloat16)
+        i = nl.ndarray((32, k), nl.uint32)
+        nisa.memset(v, -1.0)
+        nisa.memset(i, 7777)
+        nisa.topk(v, i, x, n)
+        out = _new((32, 2 * k))
+        nisa.tensor_copy(out[:, 0:k], v)
+        nisa.tensor_copy(out[:, k:2 * k], i)
+        return out
+
+    out = sim(body, src)
+    cols = -(-k // 16)
+    for g in range(2):
+        snake = src[16 * g:16 * g + 16].astype(np.float32).T.reshape(-1)[:n]
+        idx = np.argsort(snake, kind="stable")[n - k:]  # the k largest, ascending
+        for arr, ref, fill in ((out[:, :k], snake[idx], -1.0), (out[:, k:], idx, 7777)):
+            block = arr[16 * g:16 * g + 16]
+            laid = np.full((cols * 16,), fill, np.float64)
+            laid[:k] = ref
+            np.testing.assert_array_equal(block[:, :cols], laid.reshape(cols, 16).T)
+            np.testing.assert_array_equal(block[:, cols:], fill)
+
+
+def test_topk_checks_the_documented_constraints():
+    def body(x, dtype=nl.bfloat16, n=16):
+        v = nl.ndarray((16, 4), dtype)
+        nisa.topk(v, nl.ndarray((16, 4), nl.uint32), x, n)
+        return v
+
+    x = np.ones((16, 2), ml_dtypes.bfloat16)
+    with pytest.raises(nki.NkiValidationError, match="bfloat16 src"):
+        sim(lambda t: body(t, dtype=nl.float32), x)
+    with pytest.raises(nki.NkiValidationError, match="8 <= n"):
+        sim(lambda t: body(t, n=33), x)  # src holds 16 * 2 = 32 snake slots
+    with pytest.raises(nki.NkiValidationError, match="multiple of 16"):
+        sim(lambda t: body(t), np.ones((8, 2), ml_dtypes.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3, ml_dtypes.float8_e5m2])

@@ -1209,7 +1209,54 @@ def dma_compute(dst: NkiTensor, srcs, reduce_op, scales=None, unique_indices: bo
 
 quantize_mx = unimplemented("nki.isa.quantize_mx", "MX micro-scaling formats")
 
-topk = unimplemented("nki.isa.topk", "signature not documented in our references")
+
+def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, sorted: bool = False,
+         name: str | None = None) -> None:
+    """The ``k`` largest of ``n`` bf16 values per 16-partition group, and their indices (GpSimd).
+
+    As AWS's ``nki.isa.topk`` page defines it: each group of 16 partitions holds one problem in a snake layout
+    (element ``e`` at partition ``e % 16``, free position ``e // 16``); ``k`` is the free size of ``val_dst``;
+    result ``j`` of a group is written in the same snake layout (partition ``j % 16``, position ``j // 16``),
+    values in ascending order (the order the page documents, which is also sorted, so ``sorted`` changes nothing
+    here) and ``idx_dst`` holding indices 0..n-1 into the group's snake. Slots past the ``k`` results are left
+    as they were (the page does not say what the hardware writes there)."""
+    ctx = _ctx("topk")
+    for t, arg in ((val_dst, "val_dst"), (idx_dst, "idx_dst"), (src, "src")):
+        _limits.check_onchip(t, "topk", arg, ("sbuf",))
+    if src.dtype != dt.bfloat16 or val_dst.dtype != dt.bfloat16 or idx_dst.dtype != dt.uint32:
+        raise NkiValidationError(f"topk needs a bfloat16 src and val_dst and a uint32 idx_dst, got src {src.dtype}, "
+                                 f"val_dst {val_dst.dtype}, idx_dst {idx_dst.dtype}", code="err_unsupported_dtype",
+                                 location=kernel_location(2))
+    p = src.shape[0]
+    k = val_dst.free_size
+    cols = -(-k // 16)
+    n = int(n)
+    if p % 16 or p > _limits.PMAX or val_dst.shape[0] != p or idx_dst.shape != val_dst.shape:
+        raise NkiValidationError(f"topk: the partition dimension ({p}) must be a multiple of 16 and at most "
+                                 f"{_limits.PMAX}, with val_dst and idx_dst of one shape [{p}, k]; got val_dst"
+                                 f"{fmt_shape(val_dst.shape)}, idx_dst{fmt_shape(idx_dst.shape)}",
+                                 code="err_shape_mismatch", location=kernel_location(2))
+    if not 8 <= n < 65536 or not 1 <= k < 32768 or k > n or src.free_size < -(-n // 16):
+        raise NkiValidationError(f"topk needs 8 <= n < 65536, 1 <= k < 32768, k <= n and a src free size of at "
+                                 f"least ceil(n / 16); got n={n}, k={k}, src free size {src.free_size}",
+                                 code="err_shape_mismatch", location=kernel_location(2))
+    groups = p // 16
+    # snake of each group: element e at (partition e % 16, position e // 16)
+    snake = _flat2(src.read_f32()).reshape(groups, 16, -1).transpose(0, 2, 1).reshape(groups, -1)[:, :n]
+    order = np.argsort(-snake, axis=1, kind="stable")[:, :k][:, ::-1]  # the k largest, ascending
+    vals = np.take_along_axis(snake, order, axis=1)
+
+    # result j of a group at (partition j % 16, position j // 16); the other slots keep their values
+    keep = np.zeros((16, k), dtype=bool)
+    keep[:, :cols] = (np.arange(16).reshape(16, 1) + 16 * np.arange(cols)) < k
+    mask = np.tile(keep, (groups, 1)).reshape(val_dst.shape)
+    for res, t in ((vals, val_dst), (order, idx_dst)):
+        laid = np.zeros((groups, 16, k), dtype=np.float64)
+        laid[:, :, :cols] = np.pad(res, ((0, 0), (0, cols * 16 - k))).reshape(groups, cols, 16).transpose(0, 2, 1)
+        t.write_masked(laid.reshape(t.shape).astype(t.dtype if t is idx_dst else np.float32), mask)
+    # the page's estimated cost: 4 * n + k GpSimd cycles
+    _charge(ctx, "gpsimd", 4 * n + k, (src,), (val_dst, idx_dst), "topk")
+
 
 # -- multi-core / registers ----------------------------------------------------------------------------------
 def core_barrier(data: NkiTensor, cores=(0, 1), engine: engine = engine.gpsimd, name: str | None = None) -> None:
