@@ -579,10 +579,51 @@ def test_enums():
     assert {e.name for e in nisa.oob_mode} == {"error", "skip"}
 
 
-@pytest.mark.parametrize("fn", ["nc_matmul_mx", "quantize_mx", "topk"])
-def test_unimplemented_raise_naming_function(fn):
-    with pytest.raises(NotImplementedError, match=fn):
-        getattr(nisa, fn)(None, None, None, None, None) if fn != "topk" else nisa.topk()
+@pytest.mark.parametrize("k", [5, 24])
+def test_topk_per_16_partition_group_in_snake_layout(k, rng):
+    """AWS's nki.isa.topk page: each 16-partition group is one problem read in a snake layout (element e at
+    partition e % 16, position e // 16) over its first n elements; the k results (ascending) and their indices
+    are written in the same snake layout; slots past the k results keep their values."""
+    n = 40
+    src = rng.permutation(np.arange(32 * 4)).reshape(32, 4).astype(ml_dtypes.bfloat16)  # distinct, exact in bf16
+
+    def body(x):
+        v = nl.ndarray((32, k), nl.bfloat16)
+        i = nl.ndarray((32, k), nl.uint32)
+        nisa.memset(v, -1.0)
+        nisa.memset(i, 7777)
+        nisa.topk(v, i, x, n)
+        out = _new((32, 2 * k))
+        nisa.tensor_copy(out[:, 0:k], v)
+        nisa.tensor_copy(out[:, k:2 * k], i)
+        return out
+
+    out = sim(body, src)
+    cols = -(-k // 16)
+    for g in range(2):
+        snake = src[16 * g:16 * g + 16].astype(np.float32).T.reshape(-1)[:n]
+        idx = np.argsort(snake, kind="stable")[n - k:]  # the k largest, ascending
+        for arr, ref, fill in ((out[:, :k], snake[idx], -1.0), (out[:, k:], idx, 7777)):
+            block = arr[16 * g:16 * g + 16]
+            laid = np.full((cols * 16,), fill, np.float64)
+            laid[:k] = ref
+            np.testing.assert_array_equal(block[:, :cols], laid.reshape(cols, 16).T)
+            np.testing.assert_array_equal(block[:, cols:], fill)
+
+
+def test_topk_checks_the_documented_constraints():
+    def body(x, dtype=nl.bfloat16, n=16):
+        v = nl.ndarray((16, 4), dtype)
+        nisa.topk(v, nl.ndarray((16, 4), nl.uint32), x, n)
+        return v
+
+    x = np.ones((16, 2), ml_dtypes.bfloat16)
+    with pytest.raises(nki.NkiValidationError, match="bfloat16 src"):
+        sim(lambda t: body(t, dtype=nl.float32), x)
+    with pytest.raises(nki.NkiValidationError, match="8 <= n"):
+        sim(lambda t: body(t, n=33), x)  # src holds 16 * 2 = 32 snake slots
+    with pytest.raises(nki.NkiValidationError, match="multiple of 16"):
+        sim(lambda t: body(t), np.ones((8, 2), ml_dtypes.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3, ml_dtypes.float8_e5m2])
@@ -674,3 +715,86 @@ def test_local_gather_per_core_indices(rng):
         ids = index[16 * c:16 * c + 16].flatten(order="F")[:nv]
         ref[16 * c:16 * c + 16] = np.take(src[16 * c:16 * c + 16], ids.astype(np.int64), axis=1)
     np.testing.assert_array_equal(out, ref)
+
+
+# -- MX formats (AWS's nki.isa.quantize_mx / nc_matmul_mx pages and the MXFP matmul deep dive) ----------------
+def _mx_scale_rows(p):
+    """Scale partition of each 8-partition group: the first 4 partitions of each 32-partition quadrant."""
+    return np.array([32 * (g // 4) + g % 4 for g in range(p // 8)])
+
+
+def _pack_x4(values_fp8):
+    """[P, 4F] fp8 -> [P, F] uint32, value i of each group of 4 in byte i."""
+    p, f4 = values_fp8.shape
+    return np.ascontiguousarray(values_fp8).view(np.uint8).reshape(p, f4 // 4, 4).view("<u4").reshape(p, f4 // 4)
+
+
+def test_quantize_mx_scales_groups_of_8_partitions_by_4_values(monkeypatch, rng):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    x = (rng.standard_normal((64, 16)) * np.exp2(rng.integers(-6, 6, (64, 1)))).astype(ml_dtypes.bfloat16)
+    x[8:16, 4:8] = 0  # an all-zero group
+
+    def quantized(x_t, want_scale):
+        q = nl.ndarray((64, 4), nl.float8_e4m3fn_x4)
+        sc = nl.ndarray((64, 4), nl.uint8)
+        nisa.memset(sc, 0)
+        nisa.quantize_mx(dst=q, src=x_t, dst_scale=sc)
+        return sc if want_scale else q
+
+    packed = sim(lambda t: quantized(t, False), x)
+    scale = sim(lambda t: quantized(t, True), x)
+    xf = x.astype(np.float32).reshape(8, 8, 4, 4)
+    amax = np.abs(xf).max(axis=(1, 3))
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(amax)) - 8 + 1, -127)  # e4m3fn emax 8, block scale x2
+    ref_q = (xf / np.exp2(e)[:, None, :, None]).reshape(64, 16).astype(ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(np.asarray(packed).astype(np.uint32), _pack_x4(ref_q))
+    ref_scale = np.zeros((64, 4), np.uint8)
+    ref_scale[_mx_scale_rows(64)] = (e + 127).astype(np.uint8)
+    np.testing.assert_array_equal(scale, ref_scale)
+    assert np.abs(ref_q.astype(np.float32)).max() <= 448  # the doubled scale leaves headroom: no saturation
+
+
+def test_nc_matmul_mx_dequantizes_and_contracts_4_values_per_x4_element(monkeypatch, rng):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    k, m, n = 32, 16, 24
+    s_vals = rng.uniform(-4, 4, (k, 4 * m)).astype(ml_dtypes.float8_e5m2)
+    m_vals = rng.uniform(-4, 4, (k, 4 * n)).astype(ml_dtypes.float8_e5m2)
+    s_exp = rng.integers(120, 134, (k // 8, m)).astype(np.uint8)
+    m_exp = rng.integers(120, 134, (k // 8, n)).astype(np.uint8)
+    s_scale = np.zeros((k, m), np.uint8)
+    m_scale = np.zeros((k, n), np.uint8)
+    s_scale[_mx_scale_rows(k)] = s_exp
+    m_scale[_mx_scale_rows(k)] = m_exp
+
+    @nki.jit
+    def kernel(sd, ss, md, ms):
+        tiles = []
+        for a, dtype in ((sd, nl.float8_e5m2_x4), (ss, nl.uint8), (md, nl.float8_e5m2_x4), (ms, nl.uint8)):
+            t = nl.ndarray(a.shape, dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=a.ap(pattern=[[a.shape[1], a.shape[0]], [1, a.shape[1]]], dtype=dtype))
+            tiles.append(t)
+        ps = nl.ndarray((m, n), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul_mx(ps, tiles[0], tiles[2], tiles[1], tiles[3])
+        sb = nl.ndarray((m, n), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=sb, src=ps)
+        out = nl.ndarray((m, n), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=sb)
+        return out
+
+    out = nki.simulate(kernel)(_pack_x4(s_vals), s_scale, _pack_x4(m_vals), m_scale)
+    # value (p, 4j + i) is contraction index 4p + i of column j; its scale is 2^(exp[p // 8, j] - 127)
+    s_deq = s_vals.astype(np.float64).reshape(k, m, 4) * np.exp2(np.repeat(s_exp, 8, 0) - 127.0)[:, :, None]
+    m_deq = m_vals.astype(np.float64).reshape(k, n, 4) * np.exp2(np.repeat(m_exp, 8, 0) - 127.0)[:, :, None]
+    ref = np.einsum("kmi,kni->mn", s_deq, m_deq)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_mx_instructions_need_neuroncore_v4():
+    def body(x):
+        q = nl.ndarray((32, 1), nl.float8_e4m3fn_x4)
+        nisa.quantize_mx(dst=q, src=x, dst_scale=nl.ndarray((32, 1), nl.uint8))
+        return x
+
+    with pytest.raises(nki.NkiValidationError, match="NeuronCore-v4"):
+        sim(body, np.ones((32, 4), ml_dtypes.bfloat16))

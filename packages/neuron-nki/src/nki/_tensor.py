@@ -446,9 +446,12 @@ class NkiTensor:
             else perm
 
     def indirect(self, *args, **kwargs):
-        """Not simulated: use ``.ap(..., vector_offset=...)`` for indirect (gather/scatter) access."""
-        raise NotImplementedError("NkiTensor.indirect is not implemented in the NKI simulator; use "
-                                  ".ap(pattern, vector_offset=..., indirect_dim=...)")
+        """Not simulated: AWS's tensor-indirection deep dive names it, but its signature and the layout of the
+        uint16 index tensor per 16-partition group are not in the pages we could read, so no meaning is guessed;
+        ``.ap(..., vector_offset=...)`` covers gather/scatter."""
+        raise NotImplementedError("NkiTensor.indirect (NeuronCore-v4 tensor indirection) is not implemented in the "
+                                  "NKI simulator: its signature and index-tensor layout are not documented in the "
+                                  "references it follows; use .ap(pattern, vector_offset=..., indirect_dim=...)")
 
     indirect._nki_unimplemented = True
 

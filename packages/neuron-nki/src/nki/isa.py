@@ -16,7 +16,7 @@ import numpy as np
 from . import _context, _limits
 from . import _dtypes as dt
 from ._cost import MIN_II, STRIDE_PENALTY_BYTES
-from ._errors import NkiValidationError, fmt_shape, kernel_location, unimplemented
+from ._errors import NkiValidationError, fmt_shape, kernel_location
 from ._liveness import tick
 from ._ops import apply_binary, apply_unary, resolve
 from ._tensor import NkiTensor
@@ -227,6 +227,17 @@ def _rng(ctx) -> np.random.Generator:
 
 
 # -- Tensor Engine -------------------------------------------------------------------------------------------
+def _accumulate_into(dst: NkiTensor, res: np.ndarray, acc: bool | None) -> None:
+    """Write a matmul result to PSUM: ``acc=None`` adds where ``dst`` was written before, ``True`` always adds."""
+    if acc is None:
+        w = dst.written_view()
+        if w is not None and w.any():
+            res = np.where(w, dst.read_f32() + res, res)
+    elif acc:
+        res = dst.read_f32() + res
+    dst.write(res)
+
+
 def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stationary_onezero: bool = False,
               is_moving_onezero: bool = False, is_transpose: bool = False, accumulate: bool | None = None,
               tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name: str | None = None) -> None:
@@ -293,17 +304,8 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
         res = _flat2(s).T @ _flat2(m)
         K = s.shape[0]
     res = _fit(res, dst, op)
-    acc = accumulate
-    if is_transpose:
-        acc = False
-    if acc is None:
-        w = dst.written_view()
-        if w is not None and w.any():
-            old = dst.read_f32()
-            res = np.where(w, old + res, res)
-    elif acc:
-        res = dst.read_f32() + res
-    dst.write(res)
+    acc = False if is_transpose else accumulate
+    _accumulate_into(dst, res, acc)
     n_stat, n_mov = stationary.free_size, moving.free_size
     cycles = max(min(64, n_stat), n_mov)
     if any(f32_in) and not is_transpose:
@@ -332,7 +334,99 @@ class _Shape2:
 _limits.NkiTensor = (NkiTensor, _Shape2)  # let limit checks accept the adapter
 
 
-nc_matmul_mx = unimplemented("nki.isa.nc_matmul_mx", "MX micro-scaling formats")
+# -- MX (OCP micro-scaling) formats, NeuronCore-v4+ ---------------------------------------------------------
+# A group of 32 values shares one E8M0 scale: 8 partitions x the 4 values of one x4-packed element (byte i of
+# the uint32 is value i). The scale of group (partition block g = p // 8, column j) sits at partition
+# 32 * (g // 4) + g % 4 of the scale tile (the first 4 partitions of each 32-partition quadrant), column j.
+_MX_ELEMENTS = {"float8_e4m3fn_x4": (dt.float8_e4m3fn, 8), "float8_e5m2_x4": (dt.float8_e5m2, 15)}  # (element, emax)
+
+
+def _mx_checks(op: str, ctx, packed: dict[str, NkiTensor], scales: dict[str, NkiTensor]) -> None:
+    if ctx.target.nc_version < 4:
+        raise NkiValidationError(f"{op} is available only on NeuronCore-v4 and newer, not {ctx.target.name}",
+                                 code="err_unsupported_target", location=kernel_location(3))
+    for arg, t in (*packed.items(), *scales.items()):
+        _limits.check_onchip(t, op, arg, ("sbuf",))
+    for arg, t in packed.items():
+        name = dt.nki_name(t.dtype)
+        if name == "float4_e2m1fn_x4":
+            raise NotImplementedError(f"{op} with {arg} float4_e2m1fn_x4 is not implemented in the NKI simulator "
+                                      "(the nibble order of the packed MXFP4 type is not documented)")
+        if name not in _MX_ELEMENTS:
+            raise NkiValidationError(f"{op}: {arg} must be float8_e5m2_x4 or float8_e4m3fn_x4, got {name}",
+                                     code="err_unsupported_dtype", location=kernel_location(3))
+    for arg, t in scales.items():
+        if t.dtype not in (dt.uint8, dt.float8_e8m0fnu):
+            raise NkiValidationError(f"{op}: {arg} must be float8_e8m0fnu or uint8, got {dt.nki_name(t.dtype)}",
+                                     code="err_unsupported_dtype", location=kernel_location(3))
+
+
+def _mx_scale_rows(p: int) -> np.ndarray:
+    """Scale-tile partition of each 8-partition group of a ``p``-partition MX tile."""
+    g = np.arange(p // 8)
+    return 32 * (g // 4) + g % 4
+
+
+def _mx_check_scale_shape(op: str, data_p: int, data_f: int, scale: NkiTensor, arg: str) -> None:
+    need = int(_mx_scale_rows(data_p)[-1]) + 1
+    if scale.shape[0] < need or scale.free_size != data_f:
+        raise NkiValidationError(f"{op}: {arg}{fmt_shape(scale.shape)} must have at least {need} partitions and "
+                                 f"{data_f} elements per partition (one scale per 8 partitions x 4 values)",
+                                 code="err_shape_mismatch", location=kernel_location(3))
+
+
+def _mx_dequantize(data: NkiTensor, scale: NkiTensor) -> np.ndarray:
+    """[P, F, 4] float32 values of an x4-packed MX tile, its scales applied."""
+    p, f = data.shape[0], data.free_size
+    elem, _ = _MX_ELEMENTS[dt.nki_name(data.dtype)]
+    raw = np.ascontiguousarray(_flat2(np.asarray(data.read())), dtype="<u4")
+    vals = raw.view(np.uint8).view(elem).astype(np.float32).reshape(p, f, 4)
+    sc = _flat2(np.asarray(scale.read()))[_mx_scale_rows(p)]
+    sc = np.exp2(sc.astype(np.float32) - 127.0) if scale.dtype == dt.uint8 else sc.astype(np.float32)
+    return vals * np.repeat(sc, 8, axis=0)[:, :, None]
+
+
+def nc_matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, stationary_scale: NkiTensor,
+                 moving_scale: NkiTensor, tile_position=None, tile_size=None, accumulate: bool | None = None,
+                 name: str | None = None) -> None:
+    """MXFP8 ``dst = stationary.T @ moving`` with integrated dequantization (Tensor Engine, NeuronCore-v4+).
+
+    As AWS's ``nki.isa.nc_matmul_mx`` page and MXFP deep dive define it: each x4 element packs 4 consecutive
+    values of the contraction dimension, so a ``[K, M]`` stationary contracts ``4K`` values; the scales are laid
+    out as :func:`quantize_mx` writes them. Row tiling only: ``tile_size = (rows, 128)``, rows 128/64/32."""
+    ctx = _ctx("nc_matmul_mx")
+    op = "nc_matmul_mx"
+    _mx_checks(op, ctx, {"stationary": stationary, "moving": moving},
+               {"stationary_scale": stationary_scale, "moving_scale": moving_scale})
+    _limits.check_onchip(dst, op, "dst", ("psum",))
+    rows = 128
+    if tile_size is not None or tile_position is not None:
+        rows, cols = (int(v) for v in (tile_size or (128, 128)))
+        r0, c0 = (int(v) for v in (tile_position or (0, 0)))
+        if rows not in (128, 64, 32) or cols != 128 or r0 % rows or r0 + rows > 128 or c0:
+            raise NkiValidationError(f"{op} supports row tiling only: tile_size (rows, 128) with rows 128, 64 or 32 "
+                                     f"and tile_position (a multiple of rows, 0); got tile_size {tile_size}, "
+                                     f"tile_position {tile_position}", code="err_invalid_tile_position",
+                                     location=kernel_location(2))
+    k, m, n = stationary.shape[0], stationary.free_size, moving.free_size
+    if moving.shape[0] != k or k > rows or k % 32 or m > 128 or n > 512 or dst.shape[0] != m or dst.free_size != n:
+        raise NkiValidationError(f"{op}: stationary{fmt_shape(stationary.shape)} and moving{fmt_shape(moving.shape)} "
+                                 f"need one partition size (a multiple of 32, at most {rows}), at most 128 stationary "
+                                 f"and 512 moving columns, and dst [{m}, {n}]; got dst{fmt_shape(dst.shape)}",
+                                 code="err_shape_mismatch", location=kernel_location(2))
+    if dst.dtype not in (dt.float32, dt.bfloat16):
+        raise NkiValidationError(f"{op} dst must be float32 or bfloat16, got {dt.nki_name(dst.dtype)}",
+                                 code="err_unsupported_dtype", location=kernel_location(2))
+    _mx_check_scale_shape(op, k, m, stationary_scale, "stationary_scale")
+    _mx_check_scale_shape(op, k, n, moving_scale, "moving_scale")
+    s = _mx_dequantize(stationary, stationary_scale)
+    mv = _mx_dequantize(moving, moving_scale)
+    _accumulate_into(dst, _fit(np.einsum("kmi,kni->mn", s, mv), dst, op), accumulate)
+    # Cost: the page gives 4x the bf16 throughput (4 values per PE per cycle), so an MX matmul of K packed rows
+    # costs the bf16 nc_matmul formula of K rows: max(min(64, M), N) cycles, scaled to the row tile.
+    cycles = max(min(64, m), n) * rows / 128
+    reads = _allocs((stationary, moving, stationary_scale, moving_scale, dst if accumulate is not False else None))
+    ctx.core.timeline.matmul(cycles, _where(stationary), reads, _allocs((dst,)), m, 2 * 4 * k * m * n, op)
 
 def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknown, name: str | None = None) -> None:
     """2-D partition↔free transpose on the Tensor Engine (≤128×128, to PSUM) or Vector Engine (≤32×32)."""
@@ -1207,9 +1301,93 @@ def dma_compute(dst: NkiTensor, srcs, reduce_op, scales=None, unique_indices: bo
                           sum(s.size * s.itemsize for s in srcs if not s.buffer.on_chip))
 
 
-quantize_mx = unimplemented("nki.isa.quantize_mx", "MX micro-scaling formats")
+def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: str | None = None) -> None:
+    """Quantize bf16/fp16 ``src`` to MXFP8: x4-packed ``dst`` and E8M0 ``dst_scale`` (Vector, NeuronCore-v4+).
 
-topk = unimplemented("nki.isa.topk", "signature not documented in our references")
+    As AWS's ``nki.isa.quantize_mx`` page defines it: one scale per 32 values (8 partitions x 4 consecutive
+    elements, which become one x4 element of ``dst``), the block scale two times the OCP sample algorithm's
+    (``2 ** (floor(log2(amax)) - emax + 1)``, so the largest values round without saturating), values divided
+    by it and rounded to the FP8 type; scales land in the first 4 partitions of each 32-partition quadrant."""
+    ctx = _ctx("quantize_mx")
+    op = "quantize_mx"
+    _mx_checks(op, ctx, {"dst": dst}, {"dst_scale": dst_scale})
+    _limits.check_onchip(src, op, "src", ("sbuf",))
+    if src.dtype not in (dt.float16, dt.bfloat16):
+        raise NkiValidationError(f"{op}: src must be float16 or bfloat16, got {dt.nki_name(src.dtype)}",
+                                 code="err_unsupported_dtype", location=kernel_location(2))
+    p, f4 = src.shape[0], src.free_size
+    if p % 32 or p > _limits.PMAX or f4 % 4 or dst.shape[0] != p or dst.free_size * 4 != f4:
+        raise NkiValidationError(f"{op}: src{fmt_shape(src.shape)} needs a partition size that is a multiple of 32 "
+                                 f"(at most {_limits.PMAX}) and a free size that is a multiple of 4, with dst "
+                                 f"[{p}, {f4 // 4}] x4 elements; got dst{fmt_shape(dst.shape)}",
+                                 code="err_shape_mismatch", location=kernel_location(2))
+    _mx_check_scale_shape(op, p, f4 // 4, dst_scale, "dst_scale")
+    elem, emax = _MX_ELEMENTS[dt.nki_name(dst.dtype)]
+    x = _flat2(src.read_f32()).reshape(p // 8, 8, f4 // 4, 4)
+    amax = np.abs(x).max(axis=(1, 3))
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(amax)) - emax + 1, -127.0)
+    e = np.clip(e, -127.0, 127.0)
+    q = (x / np.exp2(e)[:, None, :, None]).reshape(p, f4).astype(elem)
+    dst.write(np.ascontiguousarray(q).view(np.uint8).reshape(p, f4 // 4, 4).view("<u4").reshape(dst.shape))
+    scales = np.zeros((dst_scale.shape[0], f4 // 4), dtype=np.float64)
+    scales[_mx_scale_rows(p)] = e + 127.0 if dst_scale.dtype == dt.uint8 else np.exp2(e)
+    mask = np.zeros(scales.shape, dtype=bool)
+    mask[_mx_scale_rows(p)] = True
+    dst_scale.write_masked(scales.astype(np.uint8 if dst_scale.dtype == dt.uint8 else np.float32)
+                           .reshape(dst_scale.shape), mask.reshape(dst_scale.shape))
+    # Cost: by analogy with the Vector Engine's streaming instructions (tensor_copy / tensor_scalar), one element
+    # of src per cycle: max(MIN_II, free size) cycles (the page gives no figure).
+    _charge(ctx, "vector", max(MIN_II, f4), (src,), (dst, dst_scale), op)
+
+
+def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, sorted: bool = False,
+         name: str | None = None) -> None:
+    """The ``k`` largest of ``n`` bf16 values per 16-partition group, and their indices (GpSimd).
+
+    As AWS's ``nki.isa.topk`` page defines it: each group of 16 partitions holds one problem in a snake layout
+    (element ``e`` at partition ``e % 16``, free position ``e // 16``); ``k`` is the free size of ``val_dst``;
+    result ``j`` of a group is written in the same snake layout (partition ``j % 16``, position ``j // 16``),
+    values in ascending order (the order the page documents, which is also sorted, so ``sorted`` changes nothing
+    here) and ``idx_dst`` holding indices 0..n-1 into the group's snake. Slots past the ``k`` results are left
+    as they were (the page does not say what the hardware writes there)."""
+    ctx = _ctx("topk")
+    for t, arg in ((val_dst, "val_dst"), (idx_dst, "idx_dst"), (src, "src")):
+        _limits.check_onchip(t, "topk", arg, ("sbuf",))
+    if src.dtype != dt.bfloat16 or val_dst.dtype != dt.bfloat16 or idx_dst.dtype != dt.uint32:
+        raise NkiValidationError(f"topk needs a bfloat16 src and val_dst and a uint32 idx_dst, got src {src.dtype}, "
+                                 f"val_dst {val_dst.dtype}, idx_dst {idx_dst.dtype}", code="err_unsupported_dtype",
+                                 location=kernel_location(2))
+    p = src.shape[0]
+    k = val_dst.free_size
+    cols = -(-k // 16)
+    n = int(n)
+    if p % 16 or p > _limits.PMAX or val_dst.shape[0] != p or idx_dst.shape != val_dst.shape:
+        raise NkiValidationError(f"topk: the partition dimension ({p}) must be a multiple of 16 and at most "
+                                 f"{_limits.PMAX}, with val_dst and idx_dst of one shape [{p}, k]; got val_dst"
+                                 f"{fmt_shape(val_dst.shape)}, idx_dst{fmt_shape(idx_dst.shape)}",
+                                 code="err_shape_mismatch", location=kernel_location(2))
+    if not 8 <= n < 65536 or not 1 <= k < 32768 or k > n or src.free_size < -(-n // 16):
+        raise NkiValidationError(f"topk needs 8 <= n < 65536, 1 <= k < 32768, k <= n and a src free size of at "
+                                 f"least ceil(n / 16); got n={n}, k={k}, src free size {src.free_size}",
+                                 code="err_shape_mismatch", location=kernel_location(2))
+    groups = p // 16
+    # snake of each group: element e at (partition e % 16, position e // 16)
+    snake = _flat2(src.read_f32()).reshape(groups, 16, -1).transpose(0, 2, 1).reshape(groups, -1)[:, :n]
+    order = np.argsort(-snake, axis=1, kind="stable")[:, :k][:, ::-1]  # the k largest, ascending
+    vals = np.take_along_axis(snake, order, axis=1)
+
+    # result j of a group at (partition j % 16, position j // 16); the other slots keep their values
+    keep = np.zeros((16, k), dtype=bool)
+    keep[:, :cols] = (np.arange(16).reshape(16, 1) + 16 * np.arange(cols)) < k
+    mask = np.tile(keep, (groups, 1)).reshape(val_dst.shape)
+    for res, t in ((vals, val_dst), (order, idx_dst)):
+        laid = np.zeros((groups, 16, k), dtype=np.float64)
+        laid[:, :, :cols] = np.pad(res, ((0, 0), (0, cols * 16 - k))).reshape(groups, cols, 16).transpose(0, 2, 1)
+        t.write_masked(laid.reshape(t.shape).astype(t.dtype if t is idx_dst else np.float32), mask)
+    # the page's estimated cost: 4 * n + k GpSimd cycles
+    _charge(ctx, "gpsimd", 4 * n + k, (src,), (val_dst, idx_dst), "topk")
+
 
 # -- multi-core / registers ----------------------------------------------------------------------------------
 def core_barrier(data: NkiTensor, cores=(0, 1), engine: engine = engine.gpsimd, name: str | None = None) -> None:

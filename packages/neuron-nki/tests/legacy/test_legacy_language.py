@@ -273,6 +273,21 @@ def test_loop_reduce_accumulates_into_its_destination(rng):
 
 
 def test_not_implemented_entries_name_themselves():
-    for fn, name in ((nl.all_reduce, "all_reduce"), (nl.gemm_grid, "gemm_grid")):
-        with pytest.raises(NotImplementedError, match=name):
-            fn()
+    with pytest.raises(NotImplementedError, match="gemm_grid"):
+        nl.gemm_grid()
+
+
+def test_all_reduce_over_one_program_is_the_tile_and_refuses_more(rng):
+    """AWS's legacy nl.all_reduce reduces over the SPMD programs along program_axes: over one program that is
+    the tile itself (cast to dtype); across programs the serial simulator cannot run it and says so."""
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        nl.store(out, nl.all_reduce(nl.load(a), np.add, program_axes=0, dtype=nl.bfloat16))
+        return out
+
+    np.testing.assert_array_equal(k(x).astype(np.float32), x.astype(ml_dtypes.bfloat16).astype(np.float32))
+    with pytest.raises(NotImplementedError, match=r"all_reduce over 2 programs .*one after another"):
+        k[2](x)

@@ -185,9 +185,9 @@ def test_legacy_api_coverage():
     done, total = _api_tables.coverage()
     status = _api_tables.status()
     assert not status["missing"]
-    assert sorted(status["not_implemented"]) == ["neuronxcc.nki.language.all_reduce",
-                                                 "neuronxcc.nki.language.gemm_grid"]
-    assert done / total >= 0.9 and (done, total) == (172, 174)
+    # issue 20 item 6: all_reduce is simulated for one program (a serial simulator cannot reduce across more)
+    assert sorted(status["not_implemented"]) == ["neuronxcc.nki.language.gemm_grid"]
+    assert done / total >= 0.9 and (done, total) == (173, 174)
 
 
 def test_assigning_a_fresh_result_costs_no_copy():

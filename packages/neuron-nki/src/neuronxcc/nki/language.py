@@ -604,8 +604,25 @@ def _assignment_target(code, lineno: int):
     return None
 
 
-all_reduce = unimplemented("neuronxcc.nki.language.all_reduce",
-                           "collectives across SPMD programs need concurrent instances; legacy grids run serially")
+def all_reduce(x: NkiTensor, op, program_axes, *, dtype=None, mask=None, parallel_reduce: bool = True,
+               asynchronous: bool = False, **kwargs) -> NkiTensor:
+    """``op``-reduce ``x`` over the SPMD programs along ``program_axes`` (AWS's legacy ``nl.all_reduce`` page).
+
+    Only the one-program case has a meaning here: the simulator runs a launch grid's instances one after another,
+    so no instance can see another's tile. Over a single program the reduction is ``x`` itself (cast to
+    ``dtype``), charged as the Vector copy it is; more programs raise ``NotImplementedError`` saying why."""
+    if not callable(op):
+        raise TypeError(f"all_reduce: op must be a NumPy ALU operator (e.g. np.add), got {op!r}")
+    axes = tuple(program_axes) if isinstance(program_axes, (tuple, list)) else (program_axes,)
+    programs = num_programs(axes)
+    if programs != 1:
+        raise NotImplementedError(
+            f"neuronxcc.nki.language.all_reduce over {programs} programs (program_axes={program_axes}) is not "
+            "implemented in the NKI simulator: it runs the launch grid's instances one after another, so a "
+            "reduction across concurrent programs cannot be simulated; only a single program is")
+    return copy(x, dtype=dtype, mask=mask)
+
+
 gemm_grid = unimplemented("neuronxcc.nki.language.gemm_grid", "not documented beyond its name in our references")
 
 
