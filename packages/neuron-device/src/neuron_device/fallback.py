@@ -377,7 +377,7 @@ def seeded_call(op: torch._ops.OpOverload, index: int, args: tuple, kwargs: dict
     with_generator = _WITH_GENERATOR.get(name)
     if with_generator is not None:
         return with_generator(generator, *args, **kwargs)
-    form = generator_form(op)
+    form = generator_form(op) if name is not None else None  # None: a function with no schema
     if form is not None:
         overload, argument = form
         position = next(i for i, a in enumerate(overload._schema.arguments) if a.name == argument)
