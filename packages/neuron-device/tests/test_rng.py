@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -115,20 +117,36 @@ def test_dropout_is_the_cpus_bitwise(dtype):
     assert torch.equal(output.cpu(), expected[0]) and torch.equal(mask.cpu(), expected[1])
 
 
-def test_threads_get_independent_dropout_masks_and_leave_the_cpu_generator_alone():
-    """Issue 19, item 2: 4 threads of dropout on `neuron` beside one thread drawing CPU numbers."""
+def _dropout(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(x, 0.5, training=True)
+
+
+def _attention_dropout(x: torch.Tensor) -> torch.Tensor:
+    q = x.view(1, 2, 16, 32)
+    return torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+
+
+def _seeded_randperm(x: torch.Tensor) -> torch.Tensor:
+    """The path of a compiled graph's random ATen op (neuron-compile's `device_rng_*` ops): an op without a
+    generator argument, run on the device's generator."""
+    from neuron_device.services import seeded_call
+
+    return seeded_call(torch.ops.aten.randperm.default, 0, (x.numel(),), {"dtype": torch.int64})
+
+
+def _run_beside_a_cpu_thread(draw, workers: int, draws: int) -> list[bytes]:
+    """`workers` threads each calling `draw()` `draws` times, beside one thread drawing CPU numbers whose every
+    value is checked bit for bit against a single-threaded reference generator."""
     import threading
 
-    torch.neuron.manual_seed(0)
-    x = torch.ones(32, 32, device="neuron")
-    masks: list[bytes] = []
+    results: list[bytes] = []
     cpu_draws_intact: list[bool] = []
     errors: list[BaseException] = []
 
-    def dropout_worker():
+    def worker():
         try:
-            for _ in range(60):
-                masks.append((torch.nn.functional.dropout(x, 0.5, training=True) != 0).cpu().numpy().tobytes())
+            for _ in range(draws):
+                results.append(draw().detach().cpu().numpy().tobytes())
         except BaseException as error:  # reported below, with the test's failure
             errors.append(error)
 
@@ -138,11 +156,85 @@ def test_threads_get_independent_dropout_masks_and_leave_the_cpu_generator_alone
         for _ in range(200):
             cpu_draws_intact.append(torch.equal(torch.rand(64), torch.rand(64, generator=reference)))
 
-    threads = [threading.Thread(target=dropout_worker) for _ in range(4)] + [threading.Thread(target=cpu_worker)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    threads = [threading.Thread(target=worker) for _ in range(workers)] + [threading.Thread(target=cpu_worker)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so a draw that swaps the CPU generator's state is seen
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        sys.setswitchinterval(interval)
     assert not errors and not any(thread.is_alive() for thread in threads)
-    assert len(masks) == 240 and len(set(masks)) == 240  # no two threads drew the same mask
     assert all(cpu_draws_intact) and len(cpu_draws_intact) == 200
+    return results
+
+
+@pytest.mark.parametrize("op", [_dropout, _attention_dropout, _seeded_randperm])
+def test_threads_get_independent_streams_and_leave_the_cpu_generator_alone(op):
+    """Issue 19, item 2: 4 threads of random ops on `neuron` beside one thread drawing CPU numbers."""
+    torch.neuron.manual_seed(0)
+    x = torch.ones(32, 32, device="neuron")
+    results = _run_beside_a_cpu_thread(lambda: op(x), workers=4, draws=60)
+    assert len(results) == 240 and len(set(results)) == 240  # no two threads drew the same numbers
+
+
+@pytest.mark.parametrize(("op", "on_cpu"), [(_dropout, _dropout), (_attention_dropout, _attention_dropout),
+                                            (_seeded_randperm, lambda x: torch.randperm(x.numel()))])
+def test_each_path_draws_from_the_device_generator_as_the_cpu_does(op, on_cpu):
+    """Reproducible under `torch.neuron.manual_seed`, the CPU's numbers under the same seed, and the CPU's generator
+    not advanced."""
+    x = torch.randn(32, 32, generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(9)
+    expected = on_cpu(x)
+    torch.neuron.manual_seed(9)
+    cpu_state = torch.default_generator.get_state()
+    first = op(x.to("neuron")).cpu()
+    assert torch.equal(torch.default_generator.get_state(), cpu_state)
+    torch.neuron.manual_seed(9)
+    assert torch.equal(op(x.to("neuron")).cpu(), first)
+    assert torch.equal(first, expected)
+
+
+def test_data_parallel_replicas_leave_the_cpu_generator_alone():
+    """`nn.DataParallel` runs its replicas in threads: their dropout draws from each device's generator."""
+    model = torch.nn.DataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).to("neuron"),
+                                  device_ids=[0, 1])
+    x = torch.ones(6, 8, device="neuron")
+    torch.neuron.manual_seed_all(0)
+    rows = _run_beside_a_cpu_thread(lambda: model(x), workers=1, draws=20)
+    assert len(set(rows)) == 20
+    torch.neuron.manual_seed_all(0)
+    assert _run_beside_a_cpu_thread(lambda: model(x), workers=1, draws=20) == rows  # reproducible
+
+
+def test_every_random_cpu_kernel_has_a_way_to_run_on_the_device_generator():
+    """`seeded_call` raises for a random op it can run only by borrowing the CPU's generator: no CPU kernel of the
+    installed torch is one (each takes a generator, has an overload that does, has a step-by-step form, or draws
+    nothing)."""
+    from neuron_device import fallback
+
+    stranded = []
+    for name in torch._C._dispatch_get_all_op_names():
+        namespace, _, rest = name.partition("::")
+        packet_name, _, overload = rest.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet_name, None), overload or "default", None)
+        if namespace != "aten" or op is None or torch.Tag.nondeterministic_seeded not in op.tags:
+            continue
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
+            continue  # composite or CPU-less: reaches the device as the ops it is made of
+        if fallback.generator_form(op) is None and name not in fallback._WITH_GENERATOR \
+                and name not in fallback._DRAW_NOTHING_ON_CPU:
+            stranded.append(name)
+    assert stranded == []
+
+
+def test_seeded_call_refuses_to_borrow_the_cpu_generator():
+    from neuron_device.services import seeded_call
+
+    def no_generator_form(n):  # a random function with no schema: nothing says how to give it a generator
+        return torch.rand(n)
+
+    with pytest.raises(NotImplementedError, match="no form taking a generator"):
+        seeded_call(no_generator_form, 0, (3,), {})

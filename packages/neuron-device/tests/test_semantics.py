@@ -119,14 +119,32 @@ def test_a_stream_may_wait_for_a_stream_of_another_device():
     assert torch.neuron.Event().query()
 
 
-def test_a_neuron_generator_names_what_to_use_instead():
-    """torch 2.13 lets a Python backend implement none of the hooks that make `torch.Generator("neuron")`."""
-    with pytest.raises((RuntimeError, NotImplementedError)):
-        torch.Generator("neuron")
+@pytest.mark.parametrize("make", [lambda: torch.Generator("neuron"), lambda: torch.Generator(device="neuron:1"),
+                                  lambda: torch.Generator(torch.device("neuron", 0))])
+def test_a_neuron_generator_names_what_to_use_instead(make):
+    """torch 2.13 lets a Python backend implement none of the hooks that make `torch.Generator("neuron")`: the error
+    a user sees names the device's generator (torch's own asks to register C++ hooks)."""
+    with pytest.raises(NotImplementedError, match=r"torch\.neuron\.random\.default_generator\([01]\)") as raised:
+        make()
+    assert "getNewGenerator" in str(raised.value) and "torch.Generator()" in str(raised.value)
+    assert torch.Generator().device.type == "cpu" and isinstance(torch.default_generator, torch.Generator)
     generator = torch.neuron.random.default_generator(0)
     torch.neuron.manual_seed(3)
     expected = torch.rand(4, generator=torch.Generator().manual_seed(3))
     assert torch.equal(torch.rand(4, generator=generator), expected)
+
+
+def test_rand_like_takes_a_cpu_generator_on_neuron():
+    """`rand_like(t, generator=)` with the generator the error above suggests: the CPU's numbers, on `neuron`."""
+    t = torch.empty(3, 5, device="neuron:1")
+    for draw in (torch.rand_like, torch.randn_like):
+        result = draw(t, generator=torch.Generator().manual_seed(11))
+        assert result.device == t.device
+        assert torch.equal(result.cpu(), draw(t.cpu(), generator=torch.Generator().manual_seed(11)))
+    device_generator = torch.neuron.random.default_generator(1)
+    torch.neuron.manual_seed_all(4)
+    assert torch.equal(torch.rand_like(t, generator=device_generator).cpu(),
+                       torch.rand(3, 5, generator=torch.Generator().manual_seed(4)))
 
 
 # -- item 8: unsupported tensors give clear errors --------------------------------------------------------------------

@@ -391,7 +391,37 @@ def _replace(owner: type, name: str, original: Callable, replacement: Callable) 
         allowed.append(replacement)
 
 
+NEURON_GENERATOR_ERROR = (
+    "torch.Generator('{device}') cannot be created: torch 2.13 lets a Python backend implement only is_available, "
+    "is_built and has_primary_context of the PrivateUse1 hooks, not getNewGenerator. Random ops on neuron draw from "
+    "the device's own generator, torch.neuron.random.default_generator({index}) (seeded by torch.neuron.manual_seed); "
+    "for a generator of your own, pass a CPU torch.Generator() as generator=, e.g. "
+    "torch.rand_like(t, generator=torch.Generator().manual_seed(0)): it gives the numbers the CPU would"
+)
+
+
+def _patch_generator_constructor() -> None:
+    """`torch.Generator("neuron")` asks the PrivateUse1 hooks for `getNewGenerator`, which a Python backend cannot
+    provide, and torch's error tells the user to register C++ hooks. Raise one that names what to use instead.
+    `torch.Generator`'s metaclass (torch's OpaqueBaseMeta, a Python class) is the one place a call to it passes."""
+    metaclass = type(torch.Generator)
+    original = metaclass.__call__
+
+    @functools.wraps(original)
+    def call(cls, *args, **kwargs):
+        if cls is torch.Generator:
+            device = kwargs.get("device", args[0] if args else None)
+            device = _neuron_device(device) if isinstance(device, (str, torch.device)) else None
+            if device is not None:
+                index = device.index if device.index is not None else torch.neuron.current_device()
+                raise NotImplementedError(NEURON_GENERATOR_ERROR.format(device=device, index=index))
+        return original(cls, *args, **kwargs)
+
+    metaclass.__call__ = call
+
+
 _PATCHES = (
+    _patch_generator_constructor,
     _patch_storage_constructor,
     _patch_storage_new,
     _patch_storage_resize,

@@ -19,9 +19,9 @@ are adopted as device storage without a copy. The semantics follow PyTorch's own
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
-import threading
 import traceback
 import warnings
 from collections import Counter
@@ -335,32 +335,64 @@ def _native_dropout(generator: torch.Generator, input: torch.Tensor, p: float, t
 
 # Random ops whose CPU kernel takes no generator, done with an explicit one (the common one: dropout in training).
 _WITH_GENERATOR: dict[str, Callable] = {"aten::native_dropout": _native_dropout}
-_borrow_lock = threading.Lock()
+# Seeded ops whose CPU kernel draws no random numbers at all: the CPU flash-attention kernel refuses
+# `dropout_p > 0` ("Currently do not support dropout > 0"), and the SDPA backend choice only returns a number.
+_DRAW_NOTHING_ON_CPU = frozenset({"aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_fused_sdp_choice"})
 
 
-def seeded_call(op: Callable, index: int, args: tuple, kwargs: dict):
-    """Run a random op without a generator argument on the generator of device `index`, on host tensors.
-    Compiled graphs run their random ATen ops through it too (neuron-compile's `rng`).
+def _generator_argument(op: torch._ops.OpOverload) -> str | None:
+    return next((a.name for a in op._schema.arguments if str(a.type) == "Optional[Generator]"), None)
 
-    Where the op has a form taking a generator (`_WITH_GENERATOR`), it draws from the device's generator directly:
-    the CPU's default generator is not touched, and threads draw from the device's stream one at a time (the
-    generator's own lock), so each gets numbers of its own. Any other such op borrows the CPU's default generator
-    for the call, under a lock (one borrower at a time; a CPU draw in another thread at that moment could still see
-    the device's state: docs/device-and-memory.md says so).
+
+@functools.cache
+def generator_form(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, str] | None:
+    """The overload that runs `op` on an explicit generator, and the name of its generator argument: `op` itself if
+    it takes one, else the overload of its packet that adds one (`rand.default` -> `rand.generator`,
+    `randint.low` -> `randint.low_generator`); None if there is none."""
+    name = _generator_argument(op)
+    if name is not None:
+        return op, name
+    ours = [a.name for a in op._schema.arguments]
+    packet = getattr(torch.ops.aten, op._schema.name.partition("::")[2], None) if op.namespace == "aten" else None
+    for overload_name in packet.overloads() if packet is not None else ():
+        overload = getattr(packet, overload_name)
+        name = _generator_argument(overload)
+        if name is not None and [a.name for a in overload._schema.arguments if a.name != name] == ours:
+            return overload, name
+    return None
+
+
+def seeded_call(op: torch._ops.OpOverload, index: int, args: tuple, kwargs: dict):
+    """Run the random op `op` on the generator of device `index`, on host tensors, leaving the CPU's default
+    generator alone. Compiled graphs run their random ATen ops through it too (neuron-compile's `rng`).
+
+    The op draws from the device's generator explicitly: through its generator argument (filled in when None), the
+    overload of its packet that takes one, or a step-by-step form taking one (`_WITH_GENERATOR`). Threads draw from
+    the device's stream one at a time (the generator's own lock), so each gets numbers of its own, and a CPU thread's
+    `torch.rand` never sees the device's state. An op with none of these raises rather than borrow the CPU's
+    generator (no CPU kernel of torch 2.13 is such an op: a test checks it).
     """
     generator = _random.default_generator(index)
-    with_generator = _WITH_GENERATOR.get(_op_name(op))
+    name = _op_name(op)
+    with_generator = _WITH_GENERATOR.get(name)
     if with_generator is not None:
         return with_generator(generator, *args, **kwargs)
-    cpu_default = torch.default_generator
-    with _borrow_lock:
-        saved = cpu_default.get_state()
-        cpu_default.set_state(generator.get_state())
-        try:
-            return op(*args, **kwargs)
-        finally:
-            generator.set_state(cpu_default.get_state())
-            cpu_default.set_state(saved)
+    form = generator_form(op) if name is not None else None  # None: a function with no schema
+    if form is not None:
+        overload, argument = form
+        position = next(i for i, a in enumerate(overload._schema.arguments) if a.name == argument)
+        if overload is op and position < len(args):
+            if args[position] is None:
+                args = (*args[:position], generator, *args[position + 1 :])
+        elif kwargs.get(argument) is None:
+            kwargs = {**kwargs, argument: generator}
+        return overload(*args, **kwargs)
+    if name in _DRAW_NOTHING_ON_CPU:
+        return op(*args, **kwargs)
+    raise NotImplementedError(
+        f"{name} draws random numbers but has no form taking a generator, so neuron cannot run it on the device's "
+        "generator without borrowing the CPU's default generator (which other threads may be using)"
+    )
 
 
 def _op_name(op: Callable) -> str | None:
@@ -475,7 +507,7 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
         run = plan.host_call
     elif plan.seeded and not _no_dropout(plan, host_args, host_kwargs):
         def run(*a, **k):
-            return seeded_call(plan.host_call, index, a, k)
+            return seeded_call(op, index, a, k)
     else:
         run = plan.host_call
 

@@ -1,8 +1,10 @@
 """Random number generators of the `neuron` devices (`torch.cuda.random`'s twin).
 
-torch 2.13 cannot create a `torch.Generator("neuron")` from Python, so each device owns a CPU `torch.Generator`
-that the host kernels draw from. Random ops on `neuron` are therefore reproducible under `torch.manual_seed`, and
-with the same seed they produce exactly the numbers the CPU would.
+torch 2.13 cannot create a `torch.Generator("neuron")` from Python (`_patches` makes it raise an error naming
+`default_generator`), so each device owns a CPU `torch.Generator` that the host kernels draw from, passed to them
+explicitly (`fallback.seeded_call`; never swapped into the CPU's default generator). Random ops on `neuron` are
+therefore reproducible under `torch.manual_seed`, and with the same seed they produce exactly the numbers the CPU
+would.
 """
 
 from __future__ import annotations
