@@ -11,9 +11,11 @@ absent:   rank 1 never joins -> rank 0's init_process_group raises within the ti
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -105,11 +107,15 @@ def ring_exchange_matches() -> None:
 
 def destroy_leaves_nothing() -> None:
     dist.destroy_process_group()
+    gc.collect()  # the checks that raised keep their frames (and the group's Works) in reference cycles
+    # The device runtime's own thread (neuron-top's publisher, started at the device's first use) lives as long as
+    # the process; it is not the group's.
+    allowed = TASKS_BEFORE + sum(t.name == "neuron-livestats" for t in threading.enumerate())
     deadline = time.monotonic() + TIMEOUT
-    while len(os.listdir("/proc/self/task")) > TASKS_BEFORE and time.monotonic() < deadline:
+    while len(os.listdir("/proc/self/task")) > allowed and time.monotonic() < deadline:
         time.sleep(0.1)
     left = len(os.listdir("/proc/self/task"))
-    assert left <= TASKS_BEFORE, f"{left} threads after destroy_process_group, {TASKS_BEFORE} before init"
+    assert left <= allowed, f"{left} threads after destroy_process_group, {allowed} before init (runtime's included)"
     assert not dist.is_initialized()
 
 
