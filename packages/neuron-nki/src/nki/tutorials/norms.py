@@ -15,6 +15,13 @@ def _weight_tile(w, rows: int, D: int, dtype=nl.float32):
     return t
 
 
+def _row_tiles(N: int):
+    """(first row, row count) of each 128-row tile of ``N`` rows, the last one possibly partial (an affine loop)."""
+    for i in nl.affine_range((N + 127) // 128):
+        r0 = i * 128
+        yield r0, min(128, N - r0)
+
+
 def _normalise(dst, xt, mean, var, eps: float, gamma, beta) -> None:
     """Store ``(x - mean) * rsqrt(var + eps) * gamma + beta`` for one row tile in ``dst``: the two LayerNorm versions
     differ only in how they compute ``mean`` and ``var`` ([rows, 1] fp32 tiles)."""
@@ -36,9 +43,7 @@ def rmsnorm(x, w, eps: float = 1e-6):
     N, D = x.shape
     out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
     wt = _weight_tile(w, 128, D)
-    for i in nl.affine_range((N + 127) // 128):
-        r0 = i * 128
-        rows = min(128, N - r0)
+    for r0, rows in _row_tiles(N):
         xt = nl.load(x[r0:r0 + rows, :])
         sq = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
         ss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -62,9 +67,7 @@ def layernorm_v1(x, gamma, beta, eps: float = 1e-5):
     out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
     g = _weight_tile(gamma, 128, D)
     b = _weight_tile(beta, 128, D)
-    for i in nl.affine_range((N + 127) // 128):
-        r0 = i * 128
-        rows = min(128, N - r0)
+    for r0, rows in _row_tiles(N):
         xt = nl.load(x[r0:r0 + rows, :])
         mean = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=mean, op=nl.add, data=xt, axis=1)
@@ -90,9 +93,7 @@ def layernorm(x, gamma, beta, eps: float = 1e-5):
     out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
     g = _weight_tile(gamma, 128, D)
     b = _weight_tile(beta, 128, D)
-    for i in nl.affine_range((N + 127) // 128):
-        r0 = i * 128
-        rows = min(128, N - r0)
+    for r0, rows in _row_tiles(N):
         xt = nl.load(x[r0:r0 + rows, :])
         stats = nl.ndarray((rows, 6 * nchunks), dtype=nl.float32, buffer=nl.sbuf)
         for c in nl.affine_range(nchunks):
@@ -109,9 +110,7 @@ def softmax(x):
     """Row softmax: exp(x - max) / sum(exp(x - max))."""
     N, D = x.shape
     out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
-    for i in nl.affine_range((N + 127) // 128):
-        r0 = i * 128
-        rows = min(128, N - r0)
+    for r0, rows in _row_tiles(N):
         xt = nl.load(x[r0:r0 + rows, :])
         neg_max = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=xt, axis=1, negate=True)
