@@ -9,6 +9,7 @@ the pair is known; a pair the subprocess did not report (it timed out or crashed
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
@@ -202,3 +204,24 @@ def _by(results: list[Result], key: Callable[[Result], object]) -> dict:
     for r in results:
         groups[key(r)].append(r)
     return groups
+
+
+def add_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
+    """The options every sweep script has; `unit` names what one worker process checks ("model", "model type")."""
+    parser.add_argument("--compile", action="store_true", help="neuron side under torch.compile(backend='neuron')")
+    parser.add_argument("--json", default="", help="append each result to this file as a JSON line")
+    parser.add_argument("--skip-done", action="store_true", help="skip what the --json file already has")
+    parser.add_argument("--timeout", type=int, default=0, help=f"fail a {unit} after this many seconds")
+    parser.add_argument("--shuffle", type=int, default=None, help="run in a random order from this seed")
+    parser.add_argument("--budget", type=float, default=0, help=f"start no {unit} after this many seconds")
+    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--table", nargs="+", default=None, help="summarise these JSON reports; run nothing")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse a sweep's options (`--skip-done` needs `--json`); from here on the models' own warnings are noise."""
+    args = parser.parse_args(argv)
+    if args.skip_done and not args.json:
+        parser.error("--skip-done needs --json")
+    warnings.filterwarnings("ignore")
+    return args

@@ -20,7 +20,6 @@ import os
 import random
 import sys
 import time
-import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
@@ -378,21 +377,11 @@ def check_pipeline(family: str) -> Result:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compile", action="store_true", help="neuron side under torch.compile(backend='neuron')")
+    _sweep.add_arguments(parser, "model")
     parser.add_argument("--only", default="", help="comma-separated model classes or pipeline families")
     parser.add_argument("--pipelines", action="store_true", help="sweep the pipeline families, not the models")
-    parser.add_argument("--json", default="", help="append each result to this file as a JSON line")
-    parser.add_argument("--skip-done", action="store_true", help="skip what the --json file already has")
-    parser.add_argument("--timeout", type=int, default=0, help="fail a model after this many seconds")
-    parser.add_argument("--shuffle", type=int, default=None, help="run in a random order from this seed")
-    parser.add_argument("--budget", type=float, default=0, help="start no model after this many seconds")
-    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     parser.add_argument("--tasks", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--table", nargs="+", default=None, help="summarise these JSON reports; run nothing")
-    args = parser.parse_args(argv)
-    if args.skip_done and not args.json:
-        parser.error("--skip-done needs --json")
-    warnings.filterwarnings("ignore")
+    args = _sweep.parse_args(parser, argv)
     if args.worker:
         pipeline = args.tasks == "pipeline"
         _sweep.emit(check_pipeline(args.worker) if pipeline else check(args.worker, compiled=args.compile))

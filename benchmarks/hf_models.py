@@ -32,7 +32,6 @@ import random
 import signal
 import sys
 import time
-import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -382,24 +381,14 @@ def report(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compile", action="store_true", help="neuron side under torch.compile(backend='neuron')")
+    _sweep.add_arguments(parser, "model type")
     parser.add_argument("--only", default="", help="comma-separated model types")
     parser.add_argument("--tasks", default="", help="comma-separated tasks (default: all)")
     parser.add_argument("--limit", type=int, default=0, help="first N model types only")
-    parser.add_argument("--json", default="", help="append each result to this file as a JSON line")
-    parser.add_argument("--skip-done", action="store_true", help="skip the pairs already in the --json file")
-    parser.add_argument("--timeout", type=int, default=0, help="fail a model type after this many seconds")
     parser.add_argument("--task-timeout", type=int, default=0, help="fail one task after this many seconds")
-    parser.add_argument("--shuffle", type=int, default=None, help="run in a random order from this seed")
-    parser.add_argument("--budget", type=float, default=0, help="start no model type after this many seconds")
     parser.add_argument("--per-task", type=int, default=0, help="at most N model types per task")
     parser.add_argument("--runnable-in", default="", help="only the pairs this JSON report ran on the CPU")
-    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--table", nargs="+", default=None, help="summarise these JSON reports; run nothing")
-    args = parser.parse_args(argv)
-    if args.skip_done and not args.json:
-        parser.error("--skip-done needs --json")
-    warnings.filterwarnings("ignore")
+    args = _sweep.parse_args(parser, argv)
     tasks = args.tasks.split(",") if args.tasks else sorted(task_mappings())
     if unknown := set(tasks) - set(task_mappings()):
         parser.error(f"unknown tasks {sorted(unknown)}; known: {sorted(task_mappings())}")

@@ -15,7 +15,7 @@ from neuron_compile.backend import DynamicShapesNotSupported, NeuronCompileError
 from neuron_compile.settings import CompileSettings
 from neuron_device import fallback as host_exec
 
-pytestmark = pytest.mark.compiler
+pytestmark = [pytest.mark.compiler, pytest.mark.usefixtures("fresh_dynamo_and_metrics")]
 
 
 def scale_shift(x: torch.Tensor) -> torch.Tensor:
@@ -25,14 +25,6 @@ def scale_shift(x: torch.Tensor) -> torch.Tensor:
 def _inner(info: pytest.ExceptionInfo) -> BaseException:
     assert isinstance(info.value, torch._dynamo.exc.BackendCompilerFailed)
     return info.value.inner_exception
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    torch.neuron.reset_dynamo_metrics()
-    yield
-    torch._dynamo.reset()
 
 
 def test_entry_points_are_declared() -> None:

@@ -255,10 +255,22 @@ def _compile_once(monkeypatch, cache_dir: Path, scale: float) -> torch.Tensor:
     return compiled(torch.ones(3, device="neuron")).cpu()
 
 
+def _cache_warnings_compiling(monkeypatch, cache_dir: Path, *scales: float) -> list[str]:
+    """Compile ``x * scale + 1`` for each scale into `cache_dir` (each result checked); return the compile-cache
+    warnings raised on the way (the once-per-process warning memory cleared first)."""
+    import warnings
+
+    cache._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for scale in scales:
+            assert torch.equal(_compile_once(monkeypatch, cache_dir, scale), torch.full((3,), scale + 1))
+    return [str(w.message) for w in caught if "compile cache" in str(w.message)]
+
+
 def test_a_read_only_cache_directory_compiles_with_one_warning(tmp_path, monkeypatch) -> None:
     """A read-only file system under the cache directory (simulated: tests may run as root, which writes anyway)."""
     import errno
-    import warnings
 
     read_only = tmp_path / "read-only"
     mkdir = Path.mkdir
@@ -269,18 +281,12 @@ def test_a_read_only_cache_directory_compiles_with_one_warning(tmp_path, monkeyp
         return mkdir(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "mkdir", refusing_mkdir)
-    cache._warned.clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert torch.equal(_compile_once(monkeypatch, read_only / "cache", 2.0), torch.full((3,), 3.0))
-        assert torch.equal(_compile_once(monkeypatch, read_only / "cache", 4.0), torch.full((3,), 5.0))
-    about_cache = [str(w.message) for w in caught if "compile cache" in str(w.message)]
+    about_cache = _cache_warnings_compiling(monkeypatch, read_only / "cache", 2.0, 4.0)
     assert len(about_cache) == 1 and "Read-only" in about_cache[0], about_cache
 
 
 def test_a_full_disk_at_store_compiles_with_one_warning(tmp_path, monkeypatch) -> None:
     import errno
-    import warnings
 
     full_dir = tmp_path / "full"
     write_text = Path.write_text
@@ -296,11 +302,6 @@ def test_a_full_disk_at_store_compiles_with_one_warning(tmp_path, monkeypatch) -
     # The store is where a full disk hits: the copied Inductor files (inductor host code) and the manifest (both).
     monkeypatch.setattr(cache.shutil, "copyfile", full)
     monkeypatch.setattr(Path, "write_text", full_under_cache)
-    cache._warned.clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert torch.equal(_compile_once(monkeypatch, full_dir, 2.0), torch.full((3,), 3.0))
-        assert torch.equal(_compile_once(monkeypatch, full_dir, 3.0), torch.full((3,), 4.0))
-    about_cache = [str(w.message) for w in caught if "compile cache" in str(w.message)]
+    about_cache = _cache_warnings_compiling(monkeypatch, full_dir, 2.0, 3.0)
     assert len(about_cache) == 1 and "No space left" in about_cache[0], about_cache
     assert not [p for p in (full_dir / "entries").iterdir()], "no partial entry is left"

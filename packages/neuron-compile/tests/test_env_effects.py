@@ -8,13 +8,7 @@ import torch
 
 from neuron_compile.settings import CompileSettings
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    torch.neuron.reset_dynamo_metrics()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo_and_metrics")
 
 
 def double(x: torch.Tensor) -> torch.Tensor:

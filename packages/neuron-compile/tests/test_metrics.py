@@ -16,17 +16,11 @@ import torch
 import torch_neuronx
 from neuron_compile import metrics
 
+pytestmark = pytest.mark.usefixtures("fresh_dynamo_and_metrics")
+
 
 def scale_shift(x: torch.Tensor) -> torch.Tensor:
     return x * 2 + 1
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    torch.neuron.reset_dynamo_metrics()
-    yield
-    torch._dynamo.reset()
 
 
 def test_get_dynamo_metrics_is_one_record_per_graph_in_torchneurons_shape() -> None:

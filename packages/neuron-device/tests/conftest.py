@@ -18,6 +18,16 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     )
 
 
+
+def elapsed_ms(fn) -> float:
+    """Simulated milliseconds that `fn`'s ops take on the current stream (events around it)."""
+    torch.neuron.synchronize()
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    return start.elapsed_time(end)
+
 @pytest.fixture
 def python():
     return run_python

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import elapsed_ms
 
 from neuron_device import plugins
 from neuron_device.adaptive_eager import queue as adaptive_eager
@@ -364,15 +365,6 @@ def test_op_by_op_run_charges_each_op_as_eager(queued):
     assert {"aten::mm", "aten::relu"} <= set(kernels.get_executed_ops())
 
 
-def _device_seconds(fn) -> float:
-    torch.neuron.synchronize()
-    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    return start.elapsed_time(end) / 1e3
-
-
 def test_fused_run_is_one_graph_with_live_outputs_only(graphs):
     a, b, na, nb = _pair(8, 8)
 
@@ -398,10 +390,10 @@ def test_fused_run_is_charged_once(graphs):
     def run():
         return ((na @ nb).relu() * 2 + 1).sum().item()
 
-    eager = _device_seconds(run)  # first run: op by op
+    eager = elapsed_ms(run)  # first run: op by op
     run()  # compiled here
     kernels.clear_op_tracking()
-    fused = _device_seconds(run)
+    fused = elapsed_ms(run)
     launches = {launch.name: launch for launch in kernels.launches()}
     kernel = launches[adaptive_eager.FUSED_KERNEL_NAME]
     assert kernel.calls == 1

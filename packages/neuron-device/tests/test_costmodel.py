@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import elapsed_ms
 
 from neuron_device.simulation import costmodel
 from neuron_device.topology import TARGETS
@@ -16,16 +17,6 @@ LAUNCH = costmodel.LAUNCH_SECONDS
 # roofline these tests first pinned had none), and an engine instruction pays two operand accesses
 DMA_HEAD = costs.DMA_QUEUE_HEAD_NS * 1e-9
 VECTOR_ACCESS_TRN2 = 2 * costs.ACCESS_CYCLES / 0.96e9
-
-
-def _elapsed_ms(fn) -> float:
-    """Simulated milliseconds that `fn`'s ops take on the current stream (events around it)."""
-    torch.neuron.synchronize()
-    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    return start.elapsed_time(end)
 
 
 def test_4096_cubed_bf16_matmul_on_trn2_is_within_10_percent_of_peak():
@@ -60,7 +51,7 @@ def test_fp32_matmul_uses_bf16_rate_when_matmul_precision_allows(highest_precisi
 def test_fp32_matmul_op_charged_at_bf16_rate_under_high_precision(highest_precision):
     a = torch.ones(1024, 1024, device="neuron")
     torch.set_float32_matmul_precision("high")
-    elapsed = _elapsed_ms(lambda: a @ a)
+    elapsed = elapsed_ms(lambda: a @ a)
     compute, memory = 2 * 1024**3 / 79e12, DMA_HEAD + 3 * 4 * 1024**2 / HBM_PER_CORE_TRN2  # fp32 moves 4 bytes
     assert memory > compute
     assert elapsed == pytest.approx((memory + LAUNCH) * 1e3)
@@ -126,13 +117,13 @@ def test_bad_input_is_rejected(work, hbm_bytes, cores, message):
 
 def test_matmul_op_is_charged_its_flops_at_the_tensor_engine_rate(highest_precision):
     a, b = torch.ones(1024, 1024, device="neuron"), torch.ones(1024, 1024, device="neuron")
-    elapsed = _elapsed_ms(lambda: a @ b)
+    elapsed = elapsed_ms(lambda: a @ b)
     assert elapsed == pytest.approx((2 * 1024**3 / 20e12 + LAUNCH) * 1e3)
 
 
 def test_bf16_matmul_op_is_charged_at_the_bf16_rate():
     a = torch.ones(1024, 1024, dtype=torch.bfloat16, device="neuron")
-    elapsed = _elapsed_ms(lambda: a @ a)
+    elapsed = elapsed_ms(lambda: a @ a)
     assert elapsed == pytest.approx((2 * 1024**3 / 79e12 + LAUNCH) * 1e3)
 
 
@@ -140,7 +131,7 @@ def test_convolution_op_is_charged_its_flops(highest_precision):
     x = torch.ones(1, 64, 64, 64, device="neuron")
     conv = torch.nn.Conv2d(64, 64, 3, padding=1, bias=False).to("neuron")
     with torch.no_grad():
-        elapsed = _elapsed_ms(lambda: conv(x))
+        elapsed = elapsed_ms(lambda: conv(x))
     flops = 2 * (64 * 64 * 64) * (64 * 3 * 3)  # 2 x outputs x MACs per output
     assert elapsed == pytest.approx((flops / 20e12 + LAUNCH) * 1e3)
 
@@ -148,13 +139,13 @@ def test_convolution_op_is_charged_its_flops(highest_precision):
 def test_elementwise_op_is_charged_its_hbm_traffic():
     n = 1 << 22
     a, b = torch.ones(n, device="neuron"), torch.ones(n, device="neuron")
-    elapsed = _elapsed_ms(lambda: a + b)
+    elapsed = elapsed_ms(lambda: a + b)
     assert elapsed == pytest.approx((DMA_HEAD + 3 * 4 * n / HBM_PER_CORE_TRN2 + LAUNCH) * 1e3)
 
 
 def test_metadata_only_view_costs_nothing():
     a = torch.ones(64, 64, device="neuron")
-    assert _elapsed_ms(lambda: a.t()) == 0.0
+    assert elapsed_ms(lambda: a.t()) == 0.0
 
 
 def test_matmul_array_flops_charges_the_idle_part_of_the_array():

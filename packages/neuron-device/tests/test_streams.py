@@ -206,29 +206,33 @@ def test_synchronize_moves_the_host_to_the_latest_stream():
     assert start.elapsed_time(late) == 0.0
 
 
-def test_query_reports_pending_work_and_a_polling_loop_ends():
+def _matmul_then_event(side: torch.neuron.Stream, a: torch.Tensor) -> torch.neuron.Event:
+    """Queue ``a @ a`` on ``side`` and return an event recorded behind it."""
+    with torch.neuron.stream(side):
+        a @ a
+        return torch.neuron.record_event()
+
+
+def _idle_device_and_side_stream() -> tuple[torch.Tensor, torch.neuron.Stream]:
+    """A 512 x 512 operand on a device with no pending work, and a new side stream."""
     a = torch.ones(512, 512, device="neuron")
     torch.neuron.synchronize()
-    side = torch.neuron.Stream()
-    with torch.neuron.stream(side):
-        a @ a
-        event = torch.neuron.record_event()
+    return a, torch.neuron.Stream()
+
+
+def test_query_reports_pending_work_and_a_polling_loop_ends():
+    a, side = _idle_device_and_side_stream()
+    _matmul_then_event(side, a)
     assert not side.query()  # still running in simulated time
     assert side.query()  # the first query moved the host to the moment the work completes
-    with torch.neuron.stream(side):
-        a @ a
-        event = torch.neuron.record_event()
+    event = _matmul_then_event(side, a)
     assert not event.query()
     assert event.query()
 
 
 def test_event_and_stream_synchronize():
-    a = torch.ones(512, 512, device="neuron")
-    torch.neuron.synchronize()
-    side = torch.neuron.Stream()
-    with torch.neuron.stream(side):
-        a @ a
-        event = torch.neuron.record_event()
+    a, side = _idle_device_and_side_stream()
+    event = _matmul_then_event(side, a)
     event.synchronize()
     assert event.query()
     with torch.neuron.stream(side):

@@ -101,23 +101,22 @@ def test_dma_cost_has_fixed_latency_and_bandwidth():
     assert big.hbm_bytes == 128 * 4096 * 4
 
 
+def _exp_then_add(add_reads_exp_result: bool):
+    """A Scalar-engine exp and a Vector-engine add, the add reading either the exp's input or its result."""
+
+    @nki.jit
+    def kernel():
+        a = nl.zeros((128, 2048), nl.float32)
+        s = nl.ndarray((128, 2048), nl.float32)
+        v = nl.ndarray((128, 2048), nl.float32)
+        nisa.activation(s, nl.exp, a)
+        nisa.tensor_scalar(v, s if add_reads_exp_result else a, nl.add, 1.0)
+
+    return kernel
+
+
 def test_independent_engines_overlap_dependent_ones_serialise():
-    @nki.jit
-    def indep():
-        a = nl.zeros((128, 2048), nl.float32)
-        s = nl.ndarray((128, 2048), nl.float32)
-        v = nl.ndarray((128, 2048), nl.float32)
-        nisa.activation(s, nl.exp, a)
-        nisa.tensor_scalar(v, a, nl.add, 1.0)
-
-    @nki.jit
-    def dep():
-        a = nl.zeros((128, 2048), nl.float32)
-        s = nl.ndarray((128, 2048), nl.float32)
-        v = nl.ndarray((128, 2048), nl.float32)
-        nisa.activation(s, nl.exp, a)
-        nisa.tensor_scalar(v, s, nl.add, 1.0)
-
+    indep, dep = _exp_then_add(False), _exp_then_add(True)
     c1, c2 = indep.run().cost, dep.run().cost
     # the Vector op pays the dependent-issue stall only where it issues right behind its producer (the memset in
     # ``indep``); in ``dep`` it waits for the Scalar result instead, so only the other engines' busy time is equal

@@ -16,6 +16,17 @@ def _new(shape, dtype=nl.float32, buffer=nl.sbuf):
     return nl.ndarray(shape, dtype, buffer=buffer)
 
 
+def _side_by_side(*tiles):
+    """One fp32 tile holding `tiles` next to each other along the free axis: a kernel's several results in one
+    output."""
+    out = _new((tiles[0].shape[0], sum(t.shape[1] for t in tiles)))
+    start = 0
+    for t in tiles:
+        nisa.tensor_copy(out[:, start:start + t.shape[1]], t)
+        start += t.shape[1]
+    return out
+
+
 def test_nc_matmul_fp32_bf16_fp8(rng):
     for dt_, tol in ((np.float32, 1e-4), (ml_dtypes.bfloat16, 1e-3), (ml_dtypes.float8_e4m3, 1e-3)):
         s = (rng.standard_normal((128, 96)) * 2).astype(dt_)
@@ -43,10 +54,7 @@ def test_nc_matmul_accumulate_modes(rng):
         e = _new((32, 48), buffer=nl.psum)
         nisa.nc_matmul(e, a, b)
         nisa.nc_matmul(e, a, b, accumulate=False)  # overwrite
-        out = _new((32, 96))
-        nisa.tensor_copy(out[:, 0:48], d)
-        nisa.tensor_copy(out[:, 48:96], e)
-        return out
+        return _side_by_side(d, e)
 
     out = sim(body, s, m)
     np.testing.assert_allclose(out[:, :48], 3 * p, rtol=1e-4, atol=1e-4)
@@ -103,10 +111,7 @@ def test_activation_scale_bias_and_reduce(rng):
         r = _new((64, 1))
         nisa.activation(d, nl.exp, x, bias=b, scale=0.5, reduce_op=nl.add, reduce_res=r,
                         reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        out = _new((64, 33))
-        nisa.tensor_copy(out[:, 0:32], d)
-        nisa.tensor_copy(out[:, 32:33], r)
-        return out
+        return _side_by_side(d, r)
 
     out = sim(body, a, bias)
     ref = np.exp(a * 0.5 + bias)
@@ -255,11 +260,7 @@ def test_tensor_scalar_reduce_and_cumulative(rng):
         nisa.tensor_scalar_reduce(dst=d, data=x, op0=nl.multiply, operand0=2.0, reduce_op=nl.add, reduce_res=r)
         c = _new(x.shape)
         nisa.tensor_scalar_cumulative(c, x, op0=nl.add, op1=nl.add, imm0=1.0)
-        out = _new((16, 65))
-        nisa.tensor_copy(out[:, 0:32], d)
-        nisa.tensor_copy(out[:, 32:33], r)
-        nisa.tensor_copy(out[:, 33:65], c)
-        return out
+        return _side_by_side(d, r, c)
 
     out = sim(body, a)
     np.testing.assert_allclose(out[:, :32], 2 * a, rtol=1e-6)
@@ -359,10 +360,7 @@ def test_range_select_and_select_reduce(rng):
         r = _new((8, 1))
         nisa.range_select(dst=d, on_true_tile=x, comp_op0=nl.greater_equal, comp_op1=nl.less, bound0=b0, bound1=b1,
                           reduce_res=r, reduce_op=nl.maximum, range_start=0, on_false_value=-1e30)
-        out = _new((8, 17))
-        nisa.tensor_copy(out[:, 0:16], d)
-        nisa.tensor_copy(out[:, 16:17], r)
-        return out
+        return _side_by_side(d, r)
 
     out = sim(body, a, lo, hi)
     keep = (np.arange(16) >= 2) & (np.arange(16) < 10)
@@ -376,10 +374,7 @@ def test_range_select_and_select_reduce(rng):
         r = _new((8, 1))
         nisa.select_reduce(dst=d, predicate=p, on_true=x, on_false=0.0, reduce_res=r,
                            reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=nl.maximum)
-        out = _new((8, 17))
-        nisa.tensor_copy(out[:, 0:16], d)
-        nisa.tensor_copy(out[:, 16:17], r)
-        return out
+        return _side_by_side(d, r)
 
     out = sim(body2, a, pred)
     ref = np.where(pred != 0, a, 0)
@@ -435,11 +430,7 @@ def test_max8_find_index8_match_replace8(rng):
         nisa.nc_find_index8(i, x, m)
         r = _new(x.shape)
         nisa.nc_match_replace8(r, x, m, imm=-1.0)
-        out = _new((4, 80))
-        nisa.tensor_copy(out[:, 0:8], m)
-        nisa.tensor_copy(out[:, 8:16], i)
-        nisa.tensor_copy(out[:, 16:80], r)
-        return out
+        return _side_by_side(m, i, r)
 
     out = sim(body, a)
     np.testing.assert_array_equal(out[:, :8], top)
@@ -527,11 +518,7 @@ def test_rng_dropout_rand2_seeds(monkeypatch):
         st = nl.ndarray((8, 6), nl.uint32)
         nisa.rand_set_state(nl.full((8, 6), 3, nl.uint32))
         nisa.rand_get_state(st)
-        out = _new((8, 38))
-        nisa.tensor_copy(out[:, 0:16], r)
-        nisa.tensor_copy(out[:, 16:32], d)
-        nisa.tensor_copy(out[:, 32:38], st)
-        return out
+        return _side_by_side(r, d, st)
 
     x = np.ones((8, 16), np.float32)
     o1, o2 = sim(body, x), sim(body, x)

@@ -19,6 +19,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import allocator as _allocator
@@ -106,23 +107,12 @@ def monitor_main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, RuntimeError) as error:
         print(f"neuron-monitor: {error}", file=sys.stderr)
         return 2
-    previous: dict[int, dict[str, Any]] = {}
-    reports = 0
-    with livestats.publish_tool("neuron-monitor"):
-        try:
-            while True:
-                current = livestats.processes()
-                sys.stdout.write(json.dumps(build_report(current, previous, period)) + "\n")
-                sys.stdout.flush()
-                if args.verbose:
-                    print(f"neuron-monitor: report {reports + 1}, {len(current)} process(es)", file=sys.stderr)
-                previous = {now["pid"]: now for now in current}
-                reports += 1
-                if args.count and reports >= args.count:
-                    return 0
-                time.sleep(period)
-        except KeyboardInterrupt:
-            return 0
+
+    def announce(number: int, current: list[dict[str, Any]]) -> None:
+        print(f"neuron-monitor: report {number}, {len(current)} process(es)", file=sys.stderr)
+
+    return _refresh("neuron-monitor", lambda current, previous: json.dumps(build_report(current, previous, period))
+                    + "\n", args.count, period, announce if args.verbose else None)
 
 
 def _bar(percent: float, width: int = 20) -> str:
@@ -172,18 +162,31 @@ def top_main(argv: list[str] | None = None) -> int:
         print(f"neuron-top: {error}", file=sys.stderr)
         return 2
     clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+    return _refresh("neuron-top", lambda current, previous: clear + format_top(current, previous),
+                    args.iterations, args.delay)
+
+
+_Processes = list[dict[str, Any]]
+
+
+def _refresh(tool: str, render: Callable[[_Processes, dict[int, dict[str, Any]]], str], count: int, period: float,
+             announce: Callable[[int, _Processes], None] | None = None) -> int:
+    """The tools' loop: every `period` seconds write `render(processes now, processes at the last refresh by pid)`
+    to stdout, then `announce(refresh number, processes)`; stop after `count` refreshes (0: never) or at Ctrl-C."""
     previous: dict[int, dict[str, Any]] = {}
-    screens = 0
-    with livestats.publish_tool("neuron-top"):
+    refreshes = 0
+    with livestats.publish_tool(tool):
         try:
             while True:
                 current = livestats.processes()
-                sys.stdout.write(clear + format_top(current, previous))
+                sys.stdout.write(render(current, previous))
                 sys.stdout.flush()
+                if announce is not None:
+                    announce(refreshes + 1, current)
                 previous = {now["pid"]: now for now in current}
-                screens += 1
-                if args.iterations and screens >= args.iterations:
+                refreshes += 1
+                if count and refreshes >= count:
                     return 0
-                time.sleep(args.delay)
+                time.sleep(period)
         except KeyboardInterrupt:
             return 0

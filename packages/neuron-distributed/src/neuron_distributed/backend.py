@@ -336,13 +336,13 @@ def _split_counts(tensor: torch.Tensor, split_sizes: list[int], size: int) -> li
     return [split * row for split in split_sizes]
 
 
-class _AllOf(Work):
+class _AllOf(p2p.ResultWork):
     """One Work for several: done when each is (Gloo's `_allgather_base` / `_reduce_scatter_base` Works have no
     future, so the futures cannot simply be combined)."""
 
     def __init__(self, works: list[Work], result: list[torch.Tensor]) -> None:
-        super().__init__()
-        self._works, self._result = works, result
+        super().__init__(result)
+        self._works = works
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         for work in self._works:
@@ -351,16 +351,6 @@ class _AllOf(Work):
 
     def is_completed(self) -> bool:
         return all(work.is_completed() for work in self._works)
-
-    def result(self) -> list[torch.Tensor]:
-        return self._result
-
-    def get_future(self) -> torch.futures.Future:
-        """A completed future: waits first (the parts have no futures to chain)."""
-        self.wait()
-        future: torch.futures.Future = torch.futures.Future()
-        future.set_result(self._result)
-        return future
 
 
 def create_process_group(

@@ -45,12 +45,30 @@ def _mismatch(role: str, peer: int, mine: list[int], theirs: list[int]) -> Value
     )
 
 
-class _Checked(Work):
+class ResultWork(Work):
+    """A Work whose result tensors are known when it is made: `get_future` waits, then returns a completed future
+    (the parts it waits for have no futures to chain)."""
+
+    def __init__(self, result: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._result = result
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        self.wait()
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(self._result)
+        return future
+
+
+class _Checked(ResultWork):
     """A transfer's Work: `wait` finishes the transfer's parts, then raises if the other end disagreed."""
 
     def __init__(self, finish, result: list[torch.Tensor]) -> None:
-        super().__init__()
-        self._finish, self._result, self._done = finish, result, False
+        super().__init__(result)
+        self._finish, self._done = finish, False
         self._lock = threading.Lock()
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
@@ -62,15 +80,6 @@ class _Checked(Work):
 
     def is_completed(self) -> bool:
         return self._done
-
-    def result(self) -> list[torch.Tensor]:
-        return self._result
-
-    def get_future(self) -> torch.futures.Future:
-        self.wait()
-        future: torch.futures.Future = torch.futures.Future()
-        future.set_result(self._result)
-        return future
 
 
 def checked_send(gloo: ProcessGroupGloo, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:

@@ -130,6 +130,11 @@ class CoreTimeline:
     def _finish(self, engine: str, start: float, end: float, reads, writes, name: str) -> float:
         self.engine_free[engine] = end
         self.busy[engine] += end - start
+        return self._retire(end, reads, writes, name)
+
+    def _retire(self, end: float, reads, writes, name: str) -> float:
+        """An instruction (compute or DMA) ending at ``end``: its outputs are ready then, its inputs may be
+        overwritten then, and the kernel lasts at least until then."""
         self.counts[name] += 1
         for a in writes:
             a.ready = end
@@ -229,16 +234,8 @@ class CoreTimeline:
                 end = hbm
         self.dma_queue_free[q] = end  # one transfer in flight per queue
         self.busy["dma"] += occupancy * nq / t.dma_engines  # busy fraction of the whole DMA pool
-        self.counts[name] += 1
         self.hbm_bytes += hbm_bytes
-        for a in writes:
-            a.ready = end
-        for a in reads:
-            if end > a.read_done:
-                a.read_done = end
-        if end > self.end:
-            self.end = end
-        return end
+        return self._retire(end, reads, writes, name)
 
 
 @dataclass

@@ -87,18 +87,24 @@ def _lnc(target: Target, lnc: int | None) -> int:
     return current_lnc(target)
 
 
-def _to_host(x, precise: bool):
+def map_nested(values: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn`` applied to every leaf of nested tuples, lists and dicts (a kernel's arguments or results), the
+    nesting kept."""
+    if isinstance(values, tuple):
+        return tuple(map_nested(v, fn) for v in values)
+    if isinstance(values, list):
+        return [map_nested(v, fn) for v in values]
+    if isinstance(values, dict):
+        return {k: map_nested(v, fn) for k, v in values.items()}
+    return fn(values)
+
+
+def _to_host(x):
     if isinstance(x, NkiTensor):
         if x.buffer.on_chip:
             raise NkiError(f"kernel returned on-chip tensor `{x.name}` ({x.buffer!r}); outputs must be HBM tensors "
                            "(nl.ndarray(..., buffer=nl.shared_hbm))", code="err_unsupported_memory")
         return np.asarray(x.read())
-    if isinstance(x, tuple):
-        return tuple(_to_host(v, precise) for v in x)
-    if isinstance(x, list):
-        return [_to_host(v, precise) for v in x]
-    if isinstance(x, dict):
-        return {k: _to_host(v, precise) for k, v in x.items()}
     return x
 
 
@@ -161,7 +167,7 @@ def run_kernel(fn: Callable, args: tuple = (), kwargs: dict | None = None, grid=
     else:
         _run_lockstep(ctx, n_cores, run_core)
     result = results.get(0)
-    return KernelRun(_to_host(result, precise), CostReport.from_cores(tgt, cores))
+    return KernelRun(map_nested(result, _to_host), CostReport.from_cores(tgt, cores))
 
 
 def _touch_returned(result) -> None:

@@ -48,13 +48,18 @@ def _check_gates(name: str, gates: torch.Tensor, hidden: torch.Tensor, chunks: i
         )
 
 
+def _cell_on_host(name: str, chunks: int, input_gates, hidden_gates, state, input_bias, hidden_bias):
+    """A fused cell's inputs checked (`chunks` gates per hidden unit) and brought to the host."""
+    _check_gates(name, input_gates, state, chunks)
+    _check_gates(name, hidden_gates, state, chunks)
+    return _on_host(name, input_gates, hidden_gates, state, input_bias, hidden_bias)
+
+
 @kernel("aten::_thnn_fused_lstm_cell")
 def fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
     """hy, cy and the workspace of activated gates (input, forget, cell, output) that the backward reads."""
-    name = "_thnn_fused_lstm_cell"
-    _check_gates(name, input_gates, cx, 4)
-    _check_gates(name, hidden_gates, cx, 4)
-    index, dtype, (ig, hg, c, ib, hb) = _on_host(name, input_gates, hidden_gates, cx, input_bias, hidden_bias)
+    index, dtype, (ig, hg, c, ib, hb) = _cell_on_host("_thnn_fused_lstm_cell", 4, input_gates, hidden_gates, cx,
+                                                     input_bias, hidden_bias)
     gates = ig + hg
     for bias in (ib, hb):
         if bias is not None:
@@ -87,10 +92,8 @@ def fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias)
 @kernel("aten::_thnn_fused_gru_cell")
 def fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
     """hy and the workspace (reset gate, input gate, new gate, hidden part of the new gate, hx)."""
-    name = "_thnn_fused_gru_cell"
-    _check_gates(name, input_gates, hx, 3)
-    _check_gates(name, hidden_gates, hx, 3)
-    index, dtype, (ig, hg, h, ib, hb) = _on_host(name, input_gates, hidden_gates, hx, input_bias, hidden_bias)
+    index, dtype, (ig, hg, h, ib, hb) = _cell_on_host("_thnn_fused_gru_cell", 3, input_gates, hidden_gates, hx,
+                                                     input_bias, hidden_bias)
     ig = ig if ib is None else ig + ib
     hg = hg if hb is None else hg + hb
     ir, ii, in_ = ig.chunk(3, 1)

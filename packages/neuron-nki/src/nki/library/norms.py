@@ -18,6 +18,11 @@ def _rows(n: int):
     return [(t * TILE, min(TILE, n - t * TILE)) for t in range((n + TILE - 1) // TILE)]
 
 
+def _load_rows(r0: int, rows: int, *tensors):
+    """Rows ``r0 .. r0 + rows`` of each [N, ...] HBM tensor, loaded to SBUF (one DMA each, in order)."""
+    return tuple(nl.load(t[r0:r0 + rows, :]) for t in tensors)
+
+
 def _broadcast(w, rows: int, D: int):
     """A [D] HBM vector over ``rows`` partitions (partition-broadcast DMA), fp32."""
     t = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
@@ -73,9 +78,7 @@ def rmsnorm_bwd(g, x, rstd, w):
     wt = _broadcast(w, TILE, D)
     dw_acc = _zeros((TILE, D))
     for r0, rows in _rows(N):
-        xt = nl.load(x[r0:r0 + rows, :])
-        gt = nl.load(g[r0:r0 + rows, :])
-        r = nl.load(rstd[r0:r0 + rows, :])
+        xt, gt, r = _load_rows(r0, rows, x, g, rstd)
         gw = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=gw, data1=gt, data2=wt[0:rows, :], op=nl.multiply)
         prod = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
@@ -143,9 +146,7 @@ def layernorm_bwd(g, x, mean, rstd, gamma):
     dg_acc = _zeros((TILE, D))
     db_acc = _zeros((TILE, D))
     for r0, rows in _rows(N):
-        xt = nl.load(x[r0:r0 + rows, :])
-        gt = nl.load(g[r0:r0 + rows, :])
-        r = nl.load(rstd[r0:r0 + rows, :])
+        xt, gt, r = _load_rows(r0, rows, x, g, rstd)
         xhat = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=xhat, data=xt, op0=nl.subtract, operand0=nl.load(mean[r0:r0 + rows, :]),
                            op1=nl.multiply, operand1=r)

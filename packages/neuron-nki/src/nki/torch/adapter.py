@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from .._launch import Kernel
+from .._launch import Kernel, map_nested
 
 __all__ = ["KernelLaunch", "dry_run", "from_numpy", "kernel_log", "launch", "record_launch", "record_launches",
            "signature", "to_numpy"]
@@ -176,16 +176,6 @@ def signature(args: tuple, kwargs: dict) -> tuple:
     return key(args), tuple(sorted((k, key(v)) for k, v in kwargs.items()))
 
 
-def _map(values: Any, fn: Callable[[Any], Any]) -> Any:
-    if isinstance(values, tuple):
-        return tuple(_map(v, fn) for v in values)
-    if isinstance(values, list):
-        return [_map(v, fn) for v in values]
-    if isinstance(values, dict):
-        return {k: _map(v, fn) for k, v in values.items()}
-    return fn(values)
-
-
 def _device_of(tensors: list[torch.Tensor]) -> torch.device:
     devices = {(t.device.type, t.device.index) for t in tensors}
     if len(devices) > 1:
@@ -223,7 +213,7 @@ def _fake_outputs(kernel: Kernel, grid: Any, args: tuple, kwargs: dict, device: 
             return _Spec(tuple(int(s) for s in v.shape), v.dtype)  # a symbolic size is specialised (guarded) here
         return v
 
-    key = (kernel.fn, repr(grid), _map(args, concrete), tuple(sorted((k, _map(v, concrete)) for k, v in kwargs.items())))
+    key = (kernel.fn, repr(grid), map_nested(args, concrete), tuple(sorted((k, map_nested(v, concrete)) for k, v in kwargs.items())))
     found = _shape_cache.get(key)
     if found is None:
         rng = np.random.default_rng(0)
@@ -237,20 +227,20 @@ def _fake_outputs(kernel: Kernel, grid: Any, args: tuple, kwargs: dict, device: 
             return a
 
         bound = _bind(kernel, grid, device)
-        sampled_args = _map(key[2], sample)
-        sampled_kwargs = {k: _map(v, sample) for k, v in key[3]}
+        sampled_args = map_nested(key[2], sample)
+        sampled_kwargs = {k: map_nested(v, sample) for k, v in key[3]}
         originals = [a.copy() for a in inputs]
         run = bound.run(*sampled_args, **sampled_kwargs)
         written = tuple(i for i, (a, o) in enumerate(zip(inputs, originals, strict=True))
                         if not np.array_equal(a, o, equal_nan=a.dtype.kind == "f"))
-        spec = _map(run.outputs, lambda o: _Spec(o.shape, _torch_dtype(o.dtype)) if isinstance(o, np.ndarray) else o)
+        spec = map_nested(run.outputs, lambda o: _Spec(o.shape, _torch_dtype(o.dtype)) if isinstance(o, np.ndarray) else o)
         found = _shape_cache[key] = (spec, written)
     spec, written = found
     if written and not allow_writes:
         raise RuntimeError(f"NKI kernel {getattr(kernel.fn, '__name__', kernel)} writes its tensor argument(s) "
                            f"{list(written)}; wrap_nki supports kernels that return their outputs. Call it from an "
                            "nki_op declaring mutates_args instead")
-    return _map(spec, lambda s: torch.empty(s.shape, dtype=s.dtype, device=device) if isinstance(s, _Spec) else s)
+    return map_nested(spec, lambda s: torch.empty(s.shape, dtype=s.dtype, device=device) if isinstance(s, _Spec) else s)
 
 
 def launch(kernel: Kernel, grid: Any, args: tuple, kwargs: dict, *, name: str | None = None,
@@ -267,10 +257,10 @@ def launch(kernel: Kernel, grid: Any, args: tuple, kwargs: dict, *, name: str | 
         return to_numpy(v) if isinstance(v, torch.Tensor) else v
 
     bound = _bind(kernel, grid, device)
-    run = bound.run(*_map(args, conv), **{k: _map(v, conv) for k, v in kwargs.items()})
+    run = bound.run(*map_nested(args, conv), **{k: map_nested(v, conv) for k, v in kwargs.items()})
     kname = name or f"nki::{getattr(kernel.fn, '__name__', 'kernel')}"
     record_launch(KernelLaunch(kname, (repr(grid), signature(args, kwargs)), run.cost.latency_ns, run.cost), device)
-    return _map(run.outputs, lambda o: from_numpy(o, device) if isinstance(o, np.ndarray) else o)
+    return map_nested(run.outputs, lambda o: from_numpy(o, device) if isinstance(o, np.ndarray) else o)
 
 
 def record_launch(record: KernelLaunch, device: torch.device) -> None:

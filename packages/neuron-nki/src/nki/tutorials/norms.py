@@ -15,15 +15,35 @@ def _weight_tile(w, rows: int, D: int, dtype=nl.float32):
     return t
 
 
+def _row_tiles(N: int):
+    """(first row, row count) of each 128-row tile of ``N`` rows, the last one possibly partial (an affine loop)."""
+    for i in nl.affine_range((N + 127) // 128):
+        r0 = i * 128
+        yield r0, min(128, N - r0)
+
+
+def _normalise(dst, xt, mean, var, eps: float, gamma, beta) -> None:
+    """Store ``(x - mean) * rsqrt(var + eps) * gamma + beta`` for one row tile in ``dst``: the two LayerNorm versions
+    differ only in how they compute ``mean`` and ``var`` ([rows, 1] fp32 tiles)."""
+    rows, D = xt.shape
+    rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=rstd, data=var, op0=nl.add, operand0=eps, op1=nl.rsqrt, operand1=None,
+                       engine=nisa.engine.gpsimd)
+    y = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=y, data=xt, op0=nl.subtract, operand0=mean, op1=nl.multiply, operand1=rstd)
+    nisa.tensor_tensor(dst=y, data1=y, data2=gamma, op=nl.multiply)
+    o = nl.ndarray((rows, D), dtype=dst.dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=o, data1=y, data2=beta, op=nl.add)
+    nl.store(dst, o)
+
+
 @nki.jit
 def rmsnorm(x, w, eps: float = 1e-6):
     """out = x / sqrt(mean(x², -1) + eps) * w."""
     N, D = x.shape
     out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
     wt = _weight_tile(w, 128, D)
-    for i in nl.affine_range((N + 127) // 128):
-        r0 = i * 128
-        rows = min(128, N - r0)
+    for r0, rows in _row_tiles(N):
         xt = nl.load(x[r0:r0 + rows, :])
         sq = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
         ss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -47,9 +67,7 @@ def layernorm_v1(x, gamma, beta, eps: float = 1e-5):
     out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
     g = _weight_tile(gamma, 128, D)
     b = _weight_tile(beta, 128, D)
-    for i in nl.affine_range((N + 127) // 128):
-        r0 = i * 128
-        rows = min(128, N - r0)
+    for r0, rows in _row_tiles(N):
         xt = nl.load(x[r0:r0 + rows, :])
         mean = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=mean, op=nl.add, data=xt, axis=1)
@@ -61,15 +79,7 @@ def layernorm_v1(x, gamma, beta, eps: float = 1e-5):
         nisa.tensor_tensor(dst=var, data1=mean, data2=mean, op=nl.multiply)
         nisa.scalar_tensor_tensor(dst=var, data=msq, op0=nl.multiply, operand0=1.0 / D, op1=nl.subtract,
                                   operand1=var)
-        rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=rstd, data=var, op0=nl.add, operand0=eps, op1=nl.rsqrt, operand1=None,
-                           engine=nisa.engine.gpsimd)
-        y = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=y, data=xt, op0=nl.subtract, operand0=mean, op1=nl.multiply, operand1=rstd)
-        nisa.tensor_tensor(dst=y, data1=y, data2=g[0:rows, :], op=nl.multiply)
-        o = nl.ndarray((rows, D), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=o, data1=y, data2=b[0:rows, :], op=nl.add)
-        nl.store(out[r0:r0 + rows, :], o)
+        _normalise(out[r0:r0 + rows, :], xt, mean, var, eps, g[0:rows, :], b[0:rows, :])
     return out
 
 
@@ -83,9 +93,7 @@ def layernorm(x, gamma, beta, eps: float = 1e-5):
     out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
     g = _weight_tile(gamma, 128, D)
     b = _weight_tile(beta, 128, D)
-    for i in nl.affine_range((N + 127) // 128):
-        r0 = i * 128
-        rows = min(128, N - r0)
+    for r0, rows in _row_tiles(N):
         xt = nl.load(x[r0:r0 + rows, :])
         stats = nl.ndarray((rows, 6 * nchunks), dtype=nl.float32, buffer=nl.sbuf)
         for c in nl.affine_range(nchunks):
@@ -93,15 +101,7 @@ def layernorm(x, gamma, beta, eps: float = 1e-5):
             nisa.bn_stats(dst=stats[:, c * 6:(c + 1) * 6], data=xt[:, c0:min(c0 + FMAX, D)])
         mv = nl.ndarray((rows, 2), dtype=nl.float32, buffer=nl.sbuf)
         nisa.bn_aggr(dst=mv, data=stats)
-        rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=rstd, data=mv[:, 1:2], op0=nl.add, operand0=eps, op1=nl.rsqrt, operand1=None,
-                           engine=nisa.engine.gpsimd)
-        y = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=y, data=xt, op0=nl.subtract, operand0=mv[:, 0:1], op1=nl.multiply, operand1=rstd)
-        nisa.tensor_tensor(dst=y, data1=y, data2=g[0:rows, :], op=nl.multiply)
-        o = nl.ndarray((rows, D), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=o, data1=y, data2=b[0:rows, :], op=nl.add)
-        nl.store(out[r0:r0 + rows, :], o)
+        _normalise(out[r0:r0 + rows, :], xt, mv[:, 0:1], mv[:, 1:2], eps, g[0:rows, :], b[0:rows, :])
     return out
 
 
@@ -110,9 +110,7 @@ def softmax(x):
     """Row softmax: exp(x - max) / sum(exp(x - max))."""
     N, D = x.shape
     out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
-    for i in nl.affine_range((N + 127) // 128):
-        r0 = i * 128
-        rows = min(128, N - r0)
+    for r0, rows in _row_tiles(N):
         xt = nl.load(x[r0:r0 + rows, :])
         neg_max = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=xt, axis=1, negate=True)
