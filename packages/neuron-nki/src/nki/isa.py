@@ -905,6 +905,19 @@ def affine_select(dst: NkiTensor, pattern, channel_multiplier: int, on_true_tile
     _charge(ctx, "gpsimd", 150 + dst.free_size, (on_true_tile,), (dst,), o)
 
 
+def _max_reduce_into_registers(ctx, out: np.ndarray, command, reduce_res, o: str) -> None:
+    """The Vector engine's accumulation registers after a select: reset and/or max-reduce `out`'s rows into them as
+    `command` (a `reduce_cmd`) says, and write them to `reduce_res` if given."""
+    regs = _acc_regs(ctx, "vector")[:out.shape[0]]
+    cmd = command if isinstance(command, reduce_cmd) else reduce_cmd(command)
+    if cmd is reduce_cmd.reset_reduce:
+        regs[...] = -np.inf
+    if cmd in (reduce_cmd.reset_reduce, reduce_cmd.reduce):
+        regs[...] = np.maximum(regs, out.max(axis=1, keepdims=True))
+    if reduce_res is not None:
+        reduce_res.write(_fit(regs.copy(), reduce_res, o))
+
+
 def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0, comp_op1, bound0: NkiTensor,
                  bound1: NkiTensor, reduce_cmd=reduce_cmd.reset_reduce, reduce_res=None, reduce_op=None,
                  range_start: int = 0, on_false_value: float = float(np.finfo(np.float32).min),
@@ -923,14 +936,7 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0, comp_op1, bo
         (resolve(comp_op1).fn(idx, _vec(bound1, p, o, "bound1")) != 0)
     out = np.where(m, x, np.float32(on_false_value))
     dst.write(_fit(out, dst, o))
-    regs = _acc_regs(ctx, "vector")[:p]
-    cmd = reduce_cmd if isinstance(reduce_cmd, globals()["reduce_cmd"]) else globals()["reduce_cmd"](reduce_cmd)
-    if cmd is globals()["reduce_cmd"].reset_reduce:
-        regs[...] = -np.inf
-    if cmd in (globals()["reduce_cmd"].reset_reduce, globals()["reduce_cmd"].reduce):
-        regs[...] = np.maximum(regs, out.max(axis=1, keepdims=True))
-    if reduce_res is not None:
-        reduce_res.write(_fit(regs.copy(), reduce_res, o))
+    _max_reduce_into_registers(ctx, out, reduce_cmd, reduce_res, o)
     _charge(ctx, "vector", max(MIN_II, on_true_tile.free_size), (on_true_tile, bound0, bound1), (dst, reduce_res), o)
 
 
@@ -949,14 +955,7 @@ def select_reduce(dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_f
     x = _flat2(_f32(on_true, o, "on_true"))
     out = np.where(pred, x, _vec(on_false, p, o, "on_false"))
     dst.write(_fit(out, dst, o))
-    regs = _acc_regs(ctx, "vector")[:p]
-    cmd = reduce_cmd if isinstance(reduce_cmd, globals()["reduce_cmd"]) else globals()["reduce_cmd"](reduce_cmd)
-    if cmd is globals()["reduce_cmd"].reset_reduce:
-        regs[...] = -np.inf
-    if cmd in (globals()["reduce_cmd"].reset_reduce, globals()["reduce_cmd"].reduce):
-        regs[...] = np.maximum(regs, out.max(axis=1, keepdims=True))
-    if reduce_res is not None:
-        reduce_res.write(_fit(regs.copy(), reduce_res, o))
+    _max_reduce_into_registers(ctx, out, reduce_cmd, reduce_res, o)
     _charge(ctx, "vector", max(MIN_II, on_true.free_size), (predicate, on_true), (dst, reduce_res), o)
 
 
