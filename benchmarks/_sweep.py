@@ -47,7 +47,7 @@ class Result:
 def reason(error: BaseException) -> str:
     """One line naming the error and the innermost frame it came from."""
     frame = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
-    where = f" [{os.path.basename(frame.filename)}:{frame.lineno}]" if frame else ""
+    where = f" ({os.path.basename(frame.filename)}:{frame.lineno})" if frame else ""
     text = " ".join(str(error).split())
     return f"{type(error).__name__}: {text[:300]}{where}"
 
