@@ -21,25 +21,10 @@ from ..device import (
 from ..numerics import is_downcast_64bit_enabled, set_downcast_64bit
 from . import amp as amp  # torch.neuron.amp, as torch.cuda.amp
 from . import comm as comm  # torch.neuron.comm, as torch.cuda.comm
+from . import memory as memory  # torch.neuron.memory, as torch.cuda.memory
 from ._lazy import _is_in_bad_fork as _is_in_bad_fork  # torch.random checks it before seeding
 from ._lazy import is_initialized, lazy_init
-from .memory import (
-    OutOfMemoryError,
-    empty_cache,
-    get_per_process_memory_fraction,
-    max_memory_allocated,
-    max_memory_reserved,
-    mem_get_info,
-    memory_allocated,
-    memory_reserved,
-    memory_snapshot,
-    memory_stats,
-    memory_stats_as_nested_dict,
-    memory_summary,
-    reset_accumulated_memory_stats,
-    reset_peak_memory_stats,
-    set_per_process_memory_fraction,
-)
+from .memory import *  # noqa: F403 - the memory functions, as torch.cuda re-exports torch.cuda.memory's
 from .random import (
     get_rng_state,
     get_rng_state_all,
@@ -69,7 +54,6 @@ from .streams import synchronize as _synchronize_streams
 __all__ = [
     "Event",
     "NeuronDeviceProperties",
-    "OutOfMemoryError",
     "Stream",
     "StreamContext",
     "current_device",
@@ -78,11 +62,9 @@ __all__ = [
     "device",
     "device_count",
     "device_of",
-    "empty_cache",
     "get_amp_supported_dtype",
     "get_device_name",
     "get_device_properties",
-    "get_per_process_memory_fraction",
     "get_rng_state",
     "get_rng_state_all",
     "init",
@@ -93,24 +75,12 @@ __all__ = [
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
-    "max_memory_allocated",
-    "max_memory_reserved",
-    "mem_get_info",
-    "memory_allocated",
-    "memory_reserved",
-    "memory_snapshot",
-    "memory_stats",
-    "memory_stats_as_nested_dict",
-    "memory_summary",
     "query",
     "record_event",
-    "reset_accumulated_memory_stats",
-    "reset_peak_memory_stats",
     "seed",
     "seed_all",
     "set_device",
     "set_downcast_64bit",
-    "set_per_process_memory_fraction",
     "set_rng_state",
     "set_rng_state_all",
     "set_stream",
@@ -119,6 +89,7 @@ __all__ = [
     "wait_event",
     "wait_stream",
 ]
+__all__ += memory.__all__  # the memory functions, listed once: in their module
 
 _Device = int | str | torch.device | None
 
