@@ -61,15 +61,29 @@ def _run(entry, run_as_type, module, amp_dtype, out_type=None):
 # --- upstream lists ----------------------------------------------------------------------------------------------
 
 
+# Each list's namespace of ops (None: `Tensor` methods). Lower-precision lists run in the autocast dtype under
+# either amp dtype; fp32 lists run in float32 under bfloat16 autocast.
+LOWER_PRECISION_LISTS = {"torch_fp16": torch, "nn_fp16": torch._C._nn, "linalg_fp16": torch._C._linalg,
+                         "methods_fp16": None}
+FP32_LISTS = {"torch_fp32": torch, "nn_fp32": torch._C._nn, "methods_fp32": None}
+EXPECT_BUILTIN_PROMOTE_LISTS = {"torch_expect_builtin_promote": torch, "methods_expect_builtin_promote": None}
+
+
+def _entries_of(lists: dict) -> list:
+    """`(module, entry)` parameters over several lists, each id prefixed with its list's name."""
+    return [pytest.param(module, *p.values, id=f"{list_name}-{p.id}")
+            for list_name, module in lists.items() for p in _entries(list_name)]
+
+
 @pytest.mark.parametrize("amp_dtype", LOW)
-@pytest.mark.parametrize("entry", _entries("torch_fp16"))
-def test_torch_lower_precision(entry, amp_dtype):
-    _run(entry, amp_dtype, torch, amp_dtype)
+@pytest.mark.parametrize(("module", "entry"), _entries_of(LOWER_PRECISION_LISTS))
+def test_lower_precision(module, entry, amp_dtype):
+    _run(entry, amp_dtype, module, amp_dtype)
 
 
-@pytest.mark.parametrize("entry", _entries("torch_fp32"))
-def test_torch_fp32(entry):
-    _run(entry, torch.float32, torch, torch.bfloat16)
+@pytest.mark.parametrize(("module", "entry"), _entries_of(FP32_LISTS))
+def test_fp32(module, entry):
+    _run(entry, torch.float32, module, torch.bfloat16)
 
 
 @pytest.mark.parametrize("amp_dtype", LOW)
@@ -78,44 +92,10 @@ def test_torch_need_autocast_promote(entry, amp_dtype):
     _run(entry, torch.float32, torch, amp_dtype)
 
 
-@pytest.mark.parametrize("entry", _entries("torch_expect_builtin_promote"))
-def test_torch_expect_builtin_promote(entry):
+@pytest.mark.parametrize(("module", "entry"), _entries_of(EXPECT_BUILTIN_PROMOTE_LISTS))
+def test_expect_builtin_promote(module, entry):
     op, args, out_type = entry
-    _run((op, args), torch.float32, torch, torch.bfloat16, out_type=out_type)
-
-
-@pytest.mark.parametrize("entry", _entries("methods_expect_builtin_promote"))
-def test_methods_expect_builtin_promote(entry):
-    op, args, out_type = entry
-    _run((op, args), torch.float32, None, torch.bfloat16, out_type=out_type)
-
-
-@pytest.mark.parametrize("amp_dtype", LOW)
-@pytest.mark.parametrize("entry", _entries("nn_fp16"))
-def test_nn_lower_precision(entry, amp_dtype):
-    _run(entry, amp_dtype, torch._C._nn, amp_dtype)
-
-
-@pytest.mark.parametrize("entry", _entries("nn_fp32"))
-def test_nn_fp32(entry):
-    _run(entry, torch.float32, torch._C._nn, torch.bfloat16)
-
-
-@pytest.mark.parametrize("amp_dtype", LOW)
-@pytest.mark.parametrize("entry", _entries("linalg_fp16"))
-def test_linalg_lower_precision(entry, amp_dtype):
-    _run(entry, amp_dtype, torch._C._linalg, amp_dtype)
-
-
-@pytest.mark.parametrize("amp_dtype", LOW)
-@pytest.mark.parametrize("entry", _entries("methods_fp16"))
-def test_methods_lower_precision(entry, amp_dtype):
-    _run(entry, amp_dtype, None, amp_dtype)
-
-
-@pytest.mark.parametrize("entry", _entries("methods_fp32"))
-def test_methods_fp32(entry):
-    _run(entry, torch.float32, None, torch.bfloat16)
+    _run((op, args), torch.float32, module, torch.bfloat16, out_type=out_type)
 
 
 @pytest.mark.parametrize("entry", LISTS.banned, ids=[e[0] for e in LISTS.banned])
