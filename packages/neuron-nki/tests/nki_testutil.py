@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 import nki
 import nki.language as nl
@@ -55,6 +56,23 @@ def check_k1_result(out, lhsT, rhs, rows: int = 256):
     ref = np.asarray(lhsT[:, :rows], np.float32).T @ np.asarray(rhs, np.float32)
     tol = 2e-2 * np.sqrt(lhsT.shape[0])
     np.testing.assert_allclose(np.asarray(out[:rows], np.float32), ref, rtol=2e-2, atol=tol)
+
+
+def k1_cases(kernels) -> list:
+    """``(kernel, kw, shape)`` parameters: each ``(kernel, kw)`` at the small shape, and at full size (slow)."""
+    shapes = [("small", K1_SMALL, ()), ("full_size", K1_FULL, (pytest.mark.slow,))]
+    return [pytest.param(kernel, kw, shape, id=f"{name}-{kernel.__name__}", marks=marks)
+            for name, shape, marks in shapes for kernel, kw in kernels]
+
+
+def check_k1_on_trn1(run_kernel, shape, monkeypatch) -> None:
+    """Run a K1 kernel on trn1 (``run_kernel(lhsT, rhs)`` returns its output and cost) and check its result and
+    that it fits trn1's SBUF. One check for the ports of both APIs, which launch and cost their kernels differently."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    lhsT, rhs = k1_inputs(shape)
+    out, cost = run_kernel(lhsT, rhs)
+    check_k1_result(out, lhsT, rhs)
+    assert cost.sbuf_peak_bytes_per_partition <= 192 * 1024
 
 
 def mamba_inputs(rng, batch: int, channels: int, seq: int, states: int):

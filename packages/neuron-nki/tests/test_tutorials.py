@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from nki_testutil import K1_FULL, K1_SMALL, bf16, check_k1_result, k1_inputs, mamba_inputs, mamba_reference
+from nki_testutil import bf16, check_k1_on_trn1, k1_cases, mamba_inputs, mamba_reference
 
 from nki.tutorials import attention, elementwise, mamba, matmul, norms
 
@@ -132,24 +132,13 @@ K1_KERNELS = [(matmul.matmul_tiled, {}), (matmul.matmul_hoist_load, {}), (matmul
               (matmul.matmul_fully_optimized, {"TILES_M": 16, "TILES_N": 2, "TILES_K": 8})]
 
 
-def _run_k1(kernel, kw, shape, monkeypatch):
-    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
-    lhsT, rhs = k1_inputs(shape)
-    run = kernel.run(lhsT, rhs, **kw)
-    check_k1_result(run.outputs, lhsT, rhs)
-    assert run.cost.sbuf_peak_bytes_per_partition <= 192 * 1024
-    return run
+@pytest.mark.parametrize(("kernel", "kw", "shape"), k1_cases(K1_KERNELS))
+def test_k1_matmul_kernels_on_trn1(kernel, kw, shape, monkeypatch):
+    def run(lhsT, rhs):
+        result = kernel.run(lhsT, rhs, **kw)
+        return result.outputs, result.cost
 
-
-@pytest.mark.parametrize(("kernel", "kw"), K1_KERNELS, ids=lambda k: getattr(k, "__name__", ""))
-def test_k1_matmul_kernels_on_trn1(kernel, kw, monkeypatch):
-    _run_k1(kernel, kw, K1_SMALL, monkeypatch)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("kernel", "kw"), K1_KERNELS, ids=lambda k: getattr(k, "__name__", ""))
-def test_k1_matmul_kernels_on_trn1_full_size(kernel, kw, monkeypatch):
-    _run_k1(kernel, kw, K1_FULL, monkeypatch)
+    check_k1_on_trn1(run, shape, monkeypatch)
 
 
 def test_layernorm_v1_and_v2(rng):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from nki_testutil import K1_FULL, K1_SMALL, check_k1_result, k1_inputs, mamba_inputs, mamba_reference
+from nki_testutil import check_k1_on_trn1, k1_cases, mamba_inputs, mamba_reference
 
 import neuronxcc.nki as nki
 from neuronxcc.nki.tutorials import (
@@ -177,23 +177,13 @@ K1_KERNELS = [(matmul.matmul_tiled, {}), (matmul.matmul_hoist_load, {}), (matmul
               (matmul.matmul_fully_optimized, {"tiles_in_block_m": 16, "tiles_in_block_n": 2, "tiles_in_block_k": 8})]
 
 
-def _run_k1(kernel, kw, shape, monkeypatch):
-    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
-    lhsT, rhs = k1_inputs(shape)
-    k = nki.baremetal(kernel)
-    check_k1_result(k(lhsT, rhs, **kw), lhsT, rhs)
-    assert k.last_run.cost.sbuf_peak_bytes_per_partition <= 192 * 1024
+@pytest.mark.parametrize(("kernel", "kw", "shape"), k1_cases(K1_KERNELS))
+def test_k1_matmul_kernels_on_trn1(kernel, kw, shape, monkeypatch):
+    def run(lhsT, rhs):
+        k = nki.baremetal(kernel)
+        return k(lhsT, rhs, **kw), k.last_run.cost
 
-
-@pytest.mark.parametrize(("kernel", "kw"), K1_KERNELS, ids=lambda k: getattr(k, "__name__", ""))
-def test_k1_matmul_kernels_on_trn1(kernel, kw, monkeypatch):
-    _run_k1(kernel, kw, K1_SMALL, monkeypatch)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("kernel", "kw"), K1_KERNELS, ids=lambda k: getattr(k, "__name__", ""))
-def test_k1_matmul_kernels_on_trn1_full_size(kernel, kw, monkeypatch):
-    _run_k1(kernel, kw, K1_FULL, monkeypatch)
+    check_k1_on_trn1(run, shape, monkeypatch)
 
 
 @pytest.mark.parametrize("kernel", [mamba.mamba_v1, mamba.mamba_v2, mamba.mamba_v3], ids=lambda k: k.__name__)
