@@ -680,6 +680,22 @@ def tensor_partition_reduce(dst: NkiTensor, op, data: NkiTensor, name: str | Non
     _charge(ctx, "gpsimd", max(MIN_II, data.free_size) * max(1, math.ceil(data.shape[0] / 16)), (data,), (dst,), o)
 
 
+def _start_accumulation(regs: np.ndarray, command, identity: float, initial, o: str, initial_name: str):
+    """Start a reduction in an engine's accumulation registers ``regs`` as ``command`` (a `reduce_cmd` or its
+    value) says: ``reset_reduce`` sets them to the reduction's identity, ``load_reduce`` to ``initial``; the other
+    commands leave them. Returns the command as a `reduce_cmd` (the instructions' parameter of that name hides the
+    enum inside them)."""
+    cmd = command if isinstance(command, reduce_cmd) else reduce_cmd(command)
+    if cmd is reduce_cmd.reset_reduce:
+        regs[...] = identity
+    elif cmd is reduce_cmd.load_reduce:
+        regs[...] = _vec(initial, regs.shape[0], o, initial_name)
+    return cmd
+
+
+_IDLE = reduce_cmd.idle  # for the instructions whose `reduce_cmd` parameter hides the enum
+
+
 def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0, operand0, reduce_op, reduce_res: NkiTensor,
                          reverse0: bool = False, reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None,
                          name: str | None = None) -> None:
@@ -695,11 +711,8 @@ def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0, operand0, reduce_
     dst.write(_fit(x, dst, o))
     rspec = resolve(reduce_op)
     regs = _acc_regs(ctx, "vector")[:p]
-    cmd = reduce_cmd if isinstance(reduce_cmd, globals()["reduce_cmd"]) else globals()["reduce_cmd"](reduce_cmd)
-    if cmd is globals()["reduce_cmd"].reset_reduce:
-        regs[...] = rspec.identity if rspec.identity is not None else 0.0
-    elif cmd is globals()["reduce_cmd"].load_reduce:
-        regs[...] = _vec(reduce_init, p, o, "reduce_init")
+    _start_accumulation(regs, reduce_cmd, rspec.identity if rspec.identity is not None else 0.0, reduce_init, o,
+                        "reduce_init")
     with np.errstate(all="ignore"):
         regs[...] = rspec.fn(regs, rspec.reduce(x, axis=1, keepdims=True))
     reduce_res.write(_fit(regs.copy(), reduce_res, o))
@@ -717,11 +730,7 @@ def tensor_scalar_cumulative(dst: NkiTensor, src: NkiTensor, op0, op1, imm0, imm
     s0, s1 = resolve(op0), resolve(op1)
     x = _binary(s0, x, _vec(imm0, p, o, "imm0"))
     regs = _acc_regs(ctx, "vector")[:p]
-    cmd = reduce_cmd if isinstance(reduce_cmd, globals()["reduce_cmd"]) else globals()["reduce_cmd"](reduce_cmd)
-    if cmd is globals()["reduce_cmd"].reset_reduce:
-        regs[...] = s1.identity if s1.identity is not None else 0.0
-    elif cmd is globals()["reduce_cmd"].load_reduce:
-        regs[...] = _vec(imm1, p, o, "imm1")
+    _start_accumulation(regs, reduce_cmd, s1.identity if s1.identity is not None else 0.0, imm1, o, "imm1")
     acc_fn = {"add": np.add, "subtract": np.add, "multiply": np.multiply, "maximum": np.maximum,
               "minimum": np.minimum}.get(s1.name)
     if acc_fn is None:
@@ -790,12 +799,7 @@ def exponential(dst: NkiTensor, src: NkiTensor, max_value=0.0, reduce_res=None, 
         x = np.exp(_flat2(_f32(src, o, "src")) - _vec(max_value, p, o, "max_value"))
     dst.write(_fit(x, dst, o))
     regs = _acc_regs(ctx, "vector")[:p]
-    cmd = reduce_cmd if isinstance(reduce_cmd, globals()["reduce_cmd"]) else globals()["reduce_cmd"](reduce_cmd)
-    if cmd is globals()["reduce_cmd"].reset_reduce:
-        regs[...] = 0
-    elif cmd is globals()["reduce_cmd"].load_reduce:
-        regs[...] = _vec(reduce_init, p, o, "reduce_init")
-    if cmd is not globals()["reduce_cmd"].idle:
+    if _start_accumulation(regs, reduce_cmd, 0, reduce_init, o, "reduce_init") is not _IDLE:
         regs[...] += x.sum(axis=1, keepdims=True)
     if reduce_res is not None:
         reduce_res.write(_fit(regs.copy(), reduce_res, o))
