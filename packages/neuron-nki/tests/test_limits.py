@@ -106,25 +106,21 @@ def test_out_of_bound_ds_and_int_index():
     check(k2, (np.zeros((4, 8), np.float32),), "index range [9, 9] exceed dimension size of 8")
 
 
-def test_psum_tile_exceeds_one_bank():
+# nc_matmul(d[128, F], stationary[128, S], moving[128, F]) over its limit in one dimension
+@pytest.mark.parametrize(("stationary_free", "free", "message", "code"), [
+    pytest.param(128, 1024, "exceeding one PSUM bank of 2048 bytes", "err_psum_tile_exceed_bank",
+                 id="psum_tile_exceeds_one_bank"),
+    pytest.param(256, 512, "free size 256 of stationary[128, 256] of 'nc_matmul' exceed architecture limitation of "
+                 "128", "err_size_of_dimension_exceed_arch_limit", id="stationary_free_limit"),
+])
+def test_matmul_tile_limits(stationary_free, free, message, code):
     def k():
-        d = nl.ndarray((128, 1024), nl.float32, buffer=nl.psum)
-        s = nl.zeros((128, 128), nl.bfloat16)
-        m = nl.zeros((128, 1024), nl.bfloat16)
+        d = nl.ndarray((128, free), nl.float32, buffer=nl.psum)
+        s = nl.zeros((128, stationary_free), nl.bfloat16)
+        m = nl.zeros((128, free), nl.bfloat16)
         nisa.nc_matmul(d, s, m)  # <-- here
 
-    check(k, (), "exceeding one PSUM bank of 2048 bytes", "err_psum_tile_exceed_bank")
-
-
-def test_matmul_stationary_free_limit():
-    def k():
-        d = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
-        s = nl.zeros((128, 256), nl.bfloat16)
-        m = nl.zeros((128, 512), nl.bfloat16)
-        nisa.nc_matmul(d, s, m)  # <-- here
-
-    check(k, (), "free size 256 of stationary[128, 256] of 'nc_matmul' exceed architecture limitation of 128",
-          "err_size_of_dimension_exceed_arch_limit")
+    check(k, (), message, code)
 
 
 def test_matmul_moving_free_limit():
