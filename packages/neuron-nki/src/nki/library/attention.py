@@ -17,6 +17,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .softmax import divide_by_row_sums
+
 TILE = 128
 NEG = -1.0e30  # masked score: exp(NEG - m) underflows to 0 for any reachable row maximum m
 
@@ -103,10 +105,7 @@ def flash_attention_fwd(qT, kT, v, scale: float, causal: bool = False, window: i
             nisa.nc_matmul(dst=pv, stationary=_transpose(p, v.dtype), moving=v_sb)
             nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add, operand1=pv)
             nisa.tensor_copy(dst=m, src=m_new)
-        inv = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.reciprocal(dst=inv, data=denom)
-        o = nl.ndarray((rows, d), dtype=v.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=o, data=acc, op0=nl.multiply, operand0=inv)
+        o = divide_by_row_sums(acc, denom, v.dtype)
         nl.store(out[b, q0:q0 + rows, h, :] if bshd else out[b, h, q0:q0 + rows, :], o)
         row_lse = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=row_lse, op=nl.log, data=denom)

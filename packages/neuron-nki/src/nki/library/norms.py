@@ -36,6 +36,24 @@ def _zeros(shape):
     return t
 
 
+def rms_normalise(xt, wt, eps: float, dtype):
+    """RMSNorm of a [rows, D] SBUF row tile: ``x * rstd * w`` as a new tile of ``dtype``, and
+    ``rstd = 1 / sqrt(mean(x², free axis) + eps)`` as a [rows, 1] fp32 tile. One Scalar instruction squares and sums
+    each row, one scales by 1/D and adds ``eps``, one takes the rsqrt, and one multiplies by rstd and the weight
+    tile ``wt`` (at least ``rows`` partitions). Shared by this kernel and the RMSNorm tutorial."""
+    rows, D = xt.shape
+    sq = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
+    ss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=sq, op=nl.square, data=xt, reduce_op=nl.add, reduce_res=ss)
+    rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=rstd, data=ss, op0=nl.multiply, operand0=1.0 / D, op1=nl.add, operand1=eps)
+    nisa.activation(dst=rstd, op=nl.rsqrt, data=rstd)
+    o = nl.ndarray((rows, D), dtype=dtype, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=o, data=xt, op0=nl.multiply, operand0=rstd, op1=nl.multiply,
+                              operand1=wt[0:rows, :])
+    return o, rstd
+
+
 def _row_sums_to_hbm(acc, dst) -> None:
     """Sum a [128, D] accumulator over partitions into the [D] HBM vector ``dst``."""
     D = acc.shape[1]
@@ -55,15 +73,7 @@ def rmsnorm_fwd(x, w, eps: float):
     wt = _broadcast(w, TILE, D)
     for r0, rows in _rows(N):
         xt = nl.load(x[r0:r0 + rows, :])
-        sq = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
-        ss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=sq, op=nl.square, data=xt, reduce_op=nl.add, reduce_res=ss)
-        rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=rstd, data=ss, op0=nl.multiply, operand0=1.0 / D, op1=nl.add, operand1=eps)
-        nisa.activation(dst=rstd, op=nl.rsqrt, data=rstd)
-        o = nl.ndarray((rows, D), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=o, data=xt, op0=nl.multiply, operand0=rstd, op1=nl.multiply,
-                                  operand1=wt[0:rows, :])
+        o, rstd = rms_normalise(xt, wt, eps, x.dtype)
         nl.store(out[r0:r0 + rows, :], o)
         nl.store(rstd_out[r0:r0 + rows, :], rstd)
     return out, rstd_out

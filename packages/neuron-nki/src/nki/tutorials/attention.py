@@ -7,6 +7,7 @@ import math
 import nki
 import nki.isa as nisa
 import nki.language as nl
+from nki.library.softmax import divide_by_row_sums, negated_row_max
 
 
 @nki.jit
@@ -28,8 +29,7 @@ def fused_self_attention(qT, kT, v):
             ps = nl.ndarray((128, w), dtype=nl.float32, buffer=nl.psum)
             nisa.nc_matmul(dst=ps, stationary=q_sb, moving=k_sb[:, c0:c0 + w])
             nisa.tensor_copy(dst=scores[:, c0:c0 + w], src=ps)
-        neg_max = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=scores, axis=1, negate=True)
+        neg_max = negated_row_max(scores)
         scale = 1.0 / math.sqrt(d)
         nisa.tensor_scalar(dst=neg_max, data=neg_max, op0=nl.multiply, operand0=scale)
         probs = nl.ndarray((128, S), dtype=v.dtype, buffer=nl.sbuf)
@@ -43,11 +43,7 @@ def fused_self_attention(qT, kT, v):
             pT = nl.ndarray((128, 128), dtype=v.dtype, buffer=nl.sbuf)
             nisa.tensor_copy(dst=pT, src=pT_ps)
             nisa.nc_matmul(dst=acc, stationary=pT, moving=v_tiles[j])
-        inv = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.reciprocal(dst=inv, data=denom)
-        o = nl.ndarray((128, d), dtype=v.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=o, data=acc, op0=nl.multiply, operand0=inv)
-        nl.store(out[i * 128:(i + 1) * 128, :], o)
+        nl.store(out[i * 128:(i + 1) * 128, :], divide_by_row_sums(acc, denom, v.dtype))
     return out
 
 

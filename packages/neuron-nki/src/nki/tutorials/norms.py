@@ -6,6 +6,8 @@ from __future__ import annotations
 import nki
 import nki.isa as nisa
 import nki.language as nl
+from nki.library.norms import rms_normalise
+from nki.library.softmax import divide_by_row_sums, negated_row_max
 
 
 def _weight_tile(w, rows: int, D: int, dtype=nl.float32):
@@ -45,15 +47,7 @@ def rmsnorm(x, w, eps: float = 1e-6):
     wt = _weight_tile(w, 128, D)
     for r0, rows in _row_tiles(N):
         xt = nl.load(x[r0:r0 + rows, :])
-        sq = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
-        ss = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=sq, op=nl.square, data=xt, reduce_op=nl.add, reduce_res=ss)
-        rstd = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=rstd, data=ss, op0=nl.multiply, operand0=1.0 / D, op1=nl.add, operand1=eps)
-        nisa.activation(dst=rstd, op=nl.rsqrt, data=rstd)
-        y = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=y, data=xt, op0=nl.multiply, operand0=rstd, op1=nl.multiply,
-                                  operand1=wt[0:rows, :])
+        y, _ = rms_normalise(xt, wt, eps, nl.float32)
         o = nl.ndarray((rows, D), dtype=x.dtype, buffer=nl.sbuf)
         nisa.tensor_copy(dst=o, src=y)
         nl.store(out[r0:r0 + rows, :], o)
@@ -112,15 +106,10 @@ def softmax(x):
     out = nl.ndarray((N, D), dtype=x.dtype, buffer=nl.shared_hbm)
     for r0, rows in _row_tiles(N):
         xt = nl.load(x[r0:r0 + rows, :])
-        neg_max = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=xt, axis=1, negate=True)
+        neg_max = negated_row_max(xt)
         e = nl.ndarray((rows, D), dtype=nl.float32, buffer=nl.sbuf)
         s = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=e, op=nl.exp, data=xt, bias=neg_max, reduce_op=nl.add, reduce_res=s,
                         reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        inv = nl.ndarray((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.reciprocal(dst=inv, data=s)
-        o = nl.ndarray((rows, D), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=o, data=e, op0=nl.multiply, operand0=inv)
-        nl.store(out[r0:r0 + rows, :], o)
+        nl.store(out[r0:r0 + rows, :], divide_by_row_sums(e, s, x.dtype))
     return out
