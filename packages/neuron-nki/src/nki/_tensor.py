@@ -18,6 +18,7 @@ The first dimension of an SBUF/PSUM tensor is the partition dimension.
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 from typing import TYPE_CHECKING
 
@@ -510,10 +511,12 @@ class NkiTensor:
         return NkiTensor(self.alloc, flat, (grids,), self.name)
 
     # -- arithmetic sugar (legacy-style tile expressions) -----------------------------------------------------
-    def _bin(self, other, op, reverse=False):
-        from . import language as nl
+    # The API module whose functions the operators call; the legacy tile names its own (``neuronxcc.nki.language``).
+    # Imported when first used, as the language module imports this one.
+    _LANGUAGE = "nki.language"
 
-        f = getattr(nl, op)
+    def _bin(self, other, op, reverse=False):
+        f = getattr(importlib.import_module(self._LANGUAGE), op)
         return f(other, self) if reverse else f(self, other)
 
     def __add__(self, o):
@@ -541,9 +544,7 @@ class NkiTensor:
         return self._bin(o, "divide", True)
 
     def __neg__(self):
-        from . import language as nl
-
-        return nl.negative(self)
+        return importlib.import_module(self._LANGUAGE).negative(self)
 
     def __iadd__(self, o):
         """``psum_tile += nl.matmul(...)`` / ``t += x``: accumulate in place (no temporary tile)."""

@@ -130,23 +130,14 @@ class LegacyTile(NkiTensor):
     def view(self, dtype) -> LegacyTile:
         return wrap(super().view(dtype))
 
-    # -- arithmetic sugar ------------------------------------------------------------------------------------
-    def _bin(self, other, op, reverse=False):
-        from . import language as nl
-
-        f = getattr(nl, op)
-        return f(other, self) if reverse else f(self, other)
+    # -- arithmetic sugar: NkiTensor's operators, calling the legacy functions (mask-aware, legacy promotion) ---
+    _LANGUAGE = "neuronxcc.nki.language"
 
     def __pow__(self, o):
         return self._bin(o, "power")
 
     def __rpow__(self, o):
         return self._bin(o, "power", True)
-
-    def __neg__(self):
-        from . import language as nl
-
-        return nl.negative(self)
 
     def __iadd__(self, o):
         """``acc += x``. Into PSUM from PSUM (``psum += nl.matmul(...)``) this is Tensor Engine accumulation: no
