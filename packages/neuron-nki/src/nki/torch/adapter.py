@@ -151,15 +151,12 @@ def dry_run() -> Iterator[list[KernelLaunch]]:
         _log.stack, _log.dry = saved
 
 
-def _flatten(values: Any) -> Iterator[Any]:
-    if isinstance(values, (list, tuple)):
-        for v in values:
-            yield from _flatten(v)
-    elif isinstance(values, dict):
-        for v in values.values():
-            yield from _flatten(v)
-    else:
-        yield values
+def tensors_in(values: Any) -> list[torch.Tensor]:
+    """The torch tensors in nested tuples, lists and dicts (a call's arguments), in order (walked by `map_nested`;
+    Dynamo traces it inside a compiled `nki_op` call)."""
+    found: list[torch.Tensor] = []
+    map_nested(values, lambda v: found.append(v) if isinstance(v, torch.Tensor) else None)
+    return found
 
 
 def signature(args: tuple, kwargs: dict) -> tuple:
@@ -248,7 +245,7 @@ def launch(kernel: Kernel, grid: Any, args: tuple, kwargs: dict, *, name: str | 
     """Run ``kernel[grid](*args, **kwargs)`` on torch tensors (the framework runner registered with nki).
 
     ``allow_writes=False`` (a functional graph node) makes tracing reject a kernel that writes its arguments."""
-    tensors = [v for v in _flatten((args, kwargs)) if isinstance(v, torch.Tensor)]
+    tensors = tensors_in((args, kwargs))
     device = _device_of(tensors)
     if any(_is_fake(t) for t in tensors):
         return _fake_outputs(kernel, grid, args, kwargs, device, allow_writes)

@@ -76,13 +76,9 @@ def _out_structure(key: str) -> Any:
     return _out_structures[key]
 
 
-def _tensor_args(values: Any) -> list[torch.Tensor]:
-    return [v for v in adapter._flatten(values) if isinstance(v, torch.Tensor)]
-
-
 def _outputs_to_list(out: Any, key: str) -> list[torch.Tensor]:
     _out_structures[key] = _freeze(out, [0])
-    return _tensor_args(out)
+    return adapter.tensors_in(out)
 
 
 @torch.library.custom_op("nki::call", mutates_args=())
@@ -121,7 +117,7 @@ class WrappedKernel:
         frozen_args = _freeze(args, counter)
         frozen_kwargs = tuple(sorted((k, _freeze(v, counter)) for k, v in kwargs.items()))
         key = _call_key(self.kernel_id, self.grid, frozen_args, frozen_kwargs)
-        flat = torch.ops.nki.call(key, _tensor_args((args, kwargs)))
+        flat = torch.ops.nki.call(key, adapter.tensors_in((args, kwargs)))
         return _thaw(_out_structure(key), flat)
 
 
