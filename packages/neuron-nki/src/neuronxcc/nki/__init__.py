@@ -7,7 +7,8 @@ Module map:
 * ``_launch`` — ``jit(mode=...)``, SPMD grids with ``nl.spmd_dim``/``nl.nc``, ``simulate_kernel``,
   ``baremetal``, ``benchmark``, ``profile`` (all simulated; costs come from the core's cost model);
 * ``typing`` (``nt``), ``compiler`` (``ncc``) — annotations and allocation hints;
-* ``_api_tables`` — the legacy API tables of the reference notes, used to compute coverage;
+* ``_api_tables`` — the legacy API tables of the reference notes, used to compute coverage (``language`` makes its
+  element-wise functions from their lists);
 * ``tutorials`` — our ports of the classic legacy tutorial kernels.
 """
 

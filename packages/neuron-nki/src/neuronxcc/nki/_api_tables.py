@@ -15,6 +15,17 @@ TOP_LEVEL = ["jit", "simulate_kernel", "baremetal", "benchmark", "profile"]
 COMPILER = ["sbuf", "psum", "enable_stack_allocator", "skip_middle_end_transformations", "force_auto_alloc",
             "multi_buffer", "no_reorder", "allocation_scope"]
 TYPING = ["tensor", "mutable_tensor"]
+# The element-wise functions of the language: `neuronxcc.nki.language` makes one per name, from these lists.
+BINARY = [
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "fmod", "mod", "equal", "not_equal",
+    "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
+]
+UNARY = [  # incl. activations
+    "exp", "log", "sqrt", "rsqrt", "reciprocal", "abs", "negative", "sign", "square", "sin", "cos", "tan",
+    "arctan", "tanh", "ceil", "floor", "trunc", "invert", "logical_not", "sigmoid", "relu", "gelu", "gelu_dx",
+    "gelu_apprx_tanh", "gelu_apprx_sigmoid", "silu", "silu_dx", "softplus", "mish", "erf", "erf_dx", "copy",
+]
 LANGUAGE = [
     # memory
     "ndarray", "zeros", "ones", "full", "rand", "empty_like", "zeros_like", "shared_constant",
@@ -27,14 +38,8 @@ LANGUAGE = [
     "arange", "mgrid", "ds", "par_dim", "spmd_dim", "nc",
     # loops / SPMD
     "affine_range", "sequential_range", "static_range", "program_id", "num_programs", "program_ndim",
-    # binary element-wise
-    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "fmod", "mod", "equal", "not_equal",
-    "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and",
-    "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
-    # unary / activation
-    "exp", "log", "sqrt", "rsqrt", "reciprocal", "abs", "negative", "sign", "square", "sin", "cos", "tan",
-    "arctan", "tanh", "ceil", "floor", "trunc", "invert", "logical_not", "sigmoid", "relu", "gelu", "gelu_dx",
-    "gelu_apprx_tanh", "gelu_apprx_sigmoid", "silu", "silu_dx", "softplus", "mish", "erf", "erf_dx", "copy",
+    *BINARY,
+    *UNARY,
     # reductions
     "sum", "max", "min", "mean", "prod", "all", "var", "loop_reduce", "all_reduce",
     # misc

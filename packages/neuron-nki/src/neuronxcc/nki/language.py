@@ -74,6 +74,7 @@ from nki.language import (
     tile_size,
 )
 
+from . import _api_tables
 from ._index import Predicate, arange, mgrid, nc, par_dim, spmd_dim
 from ._tile import (
     LegacyTile,
@@ -87,7 +88,7 @@ from ._tile import (
     wrap,
 )
 
-__all__ = [  # noqa: RUF022 - grouped by topic
+__all__ = [  # grouped by topic
     "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float16", "float32", "bfloat16", "tfloat32",
     "float8_e4m3", "float8_e5m2", "fp32", "bf16", "fp16", "finfo", "tile_size",
     "sbuf", "psum", "hbm", "private_hbm", "shared_hbm", "par_dim",
@@ -96,12 +97,7 @@ __all__ = [  # noqa: RUF022 - grouped by topic
     "load", "store", "load_transpose2d", "atomic_rmw",
     "arange", "mgrid", "ds", "spmd_dim", "nc", "Predicate",
     "affine_range", "sequential_range", "static_range", "program_id", "num_programs", "program_ndim",
-    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "fmod", "mod", "equal", "not_equal",
-    "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and",
-    "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
-    "exp", "log", "sqrt", "rsqrt", "reciprocal", "abs", "negative", "sign", "square", "sin", "cos", "tan",
-    "arctan", "tanh", "ceil", "floor", "trunc", "invert", "logical_not", "sigmoid", "relu", "gelu", "gelu_dx",
-    "gelu_apprx_tanh", "gelu_apprx_sigmoid", "silu", "silu_dx", "softplus", "mish", "erf", "erf_dx", "copy",
+    *_api_tables.BINARY, *_api_tables.UNARY,
     "sum", "max", "min", "mean", "prod", "all", "var", "loop_reduce", "all_reduce",
     "matmul", "transpose", "softmax", "rms_norm", "where", "dropout", "expand_dims", "broadcast_to",
     "gather_flattened", "device_print", "static_cast", "gemm_grid",
@@ -357,7 +353,7 @@ def store(dst: NkiTensor, value, *, mask=None, **kwargs) -> None:
         _cnl.store(dst, value)
         return
     if isinstance(value, NkiTensor) and value.buffer is psum:
-        value = copy(value)
+        value = _ELEMENTWISE["copy"](value)
     vals = value.read() if isinstance(value, NkiTensor) else value
     if isinstance(value, NkiTensor) and value.shape != dst.shape and value.size == dst.size:
         vals = np.reshape(vals, dst.shape)
@@ -382,8 +378,9 @@ def atomic_rmw(dst: NkiTensor, value, op, *, mask=None, **kwargs) -> None:
 
 
 # -- element-wise ---------------------------------------------------------------------------------------------------
-def _make_binary(name: str, default_dtype=None):
+def _make_binary(name: str):
     core_fn = getattr(_cnl, name)
+    default_dtype = inspect.signature(core_fn).parameters["dtype"].default  # bool_ for comparisons, as the core's
 
     def f(x, y, *, dtype=default_dtype, mask=None, **kwargs):
         _checked(mask, x, y)
@@ -414,61 +411,11 @@ def _make_unary(name: str):
     return f
 
 
-add = _make_binary("add")
-subtract = _make_binary("subtract")
-multiply = _make_binary("multiply")
-divide = _make_binary("divide")
-maximum = _make_binary("maximum")
-minimum = _make_binary("minimum")
-power = _make_binary("power")
-fmod = _make_binary("fmod")
-mod = _make_binary("mod")
-bitwise_and = _make_binary("bitwise_and")
-bitwise_or = _make_binary("bitwise_or")
-bitwise_xor = _make_binary("bitwise_xor")
-left_shift = _make_binary("left_shift")
-right_shift = _make_binary("right_shift")
-equal = _make_binary("equal", bool_)
-not_equal = _make_binary("not_equal", bool_)
-less = _make_binary("less", bool_)
-less_equal = _make_binary("less_equal", bool_)
-greater = _make_binary("greater", bool_)
-greater_equal = _make_binary("greater_equal", bool_)
-logical_and = _make_binary("logical_and", bool_)
-logical_or = _make_binary("logical_or", bool_)
-logical_xor = _make_binary("logical_xor", bool_)
-exp = _make_unary("exp")
-log = _make_unary("log")
-sqrt = _make_unary("sqrt")
-rsqrt = _make_unary("rsqrt")
-reciprocal = _make_unary("reciprocal")
-abs = _make_unary("abs")
-negative = _make_unary("negative")
-sign = _make_unary("sign")
-square = _make_unary("square")
-sin = _make_unary("sin")
-cos = _make_unary("cos")
-tan = _make_unary("tan")
-arctan = _make_unary("arctan")
-tanh = _make_unary("tanh")
-ceil = _make_unary("ceil")
-floor = _make_unary("floor")
-trunc = _make_unary("trunc")
-invert = _make_unary("invert")
-logical_not = _make_unary("logical_not")
-sigmoid = _make_unary("sigmoid")
-relu = _make_unary("relu")
-gelu = _make_unary("gelu")
-gelu_dx = _make_unary("gelu_dx")
-gelu_apprx_tanh = _make_unary("gelu_apprx_tanh")
-gelu_apprx_sigmoid = _make_unary("gelu_apprx_sigmoid")
-silu = _make_unary("silu")
-silu_dx = _make_unary("silu_dx")
-softplus = _make_unary("softplus")
-mish = _make_unary("mish")
-erf = _make_unary("erf")
-erf_dx = _make_unary("erf_dx")
-copy = _make_unary("copy")
+# One function per element-wise name of the legacy API tables (the lists are kept once, there); `torch` makes
+# its `torch.*` functions the same way, from a table. `store` and `all_reduce` call `copy` through the dict.
+_ELEMENTWISE = {**{name: _make_binary(name) for name in _api_tables.BINARY},
+                **{name: _make_unary(name) for name in _api_tables.UNARY}}
+globals().update(_ELEMENTWISE)
 
 
 # -- reductions -----------------------------------------------------------------------------------------------------
@@ -620,7 +567,7 @@ def all_reduce(x: NkiTensor, op, program_axes, *, dtype=None, mask=None, paralle
             f"neuronxcc.nki.language.all_reduce over {programs} programs (program_axes={program_axes}) is not "
             "implemented in the NKI simulator: it runs the launch grid's instances one after another, so a "
             "reduction across concurrent programs cannot be simulated; only a single program is")
-    return copy(x, dtype=dtype, mask=mask)
+    return _ELEMENTWISE["copy"](x, dtype=dtype, mask=mask)
 
 
 gemm_grid = unimplemented("neuronxcc.nki.language.gemm_grid", "not documented beyond its name in our references")
