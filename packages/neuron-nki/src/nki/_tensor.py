@@ -188,6 +188,18 @@ def normalize_index(idx, shape: tuple[int, ...], name: str):
     return tuple(out), advanced
 
 
+def _binary_operators(op: str) -> tuple:
+    """The ``__op__`` and ``__rop__`` methods of a binary operator: the language function ``op`` with the tensor
+    as its left or right operand (built in pairs as NumPy's ``NDArrayOperatorsMixin`` builds its methods)."""
+    def forward(self, other):
+        return self._bin(other, op)
+
+    def reflected(self, other):
+        return self._bin(other, op, True)
+
+    return forward, reflected
+
+
 class NkiTensor:
     """A tensor (or tile) in HBM, SBUF or PSUM; see module docstring."""
 
@@ -519,29 +531,10 @@ class NkiTensor:
         f = getattr(importlib.import_module(self._LANGUAGE), op)
         return f(other, self) if reverse else f(self, other)
 
-    def __add__(self, o):
-        return self._bin(o, "add")
-
-    def __radd__(self, o):
-        return self._bin(o, "add", True)
-
-    def __sub__(self, o):
-        return self._bin(o, "subtract")
-
-    def __rsub__(self, o):
-        return self._bin(o, "subtract", True)
-
-    def __mul__(self, o):
-        return self._bin(o, "multiply")
-
-    def __rmul__(self, o):
-        return self._bin(o, "multiply", True)
-
-    def __truediv__(self, o):
-        return self._bin(o, "divide")
-
-    def __rtruediv__(self, o):
-        return self._bin(o, "divide", True)
+    __add__, __radd__ = _binary_operators("add")
+    __sub__, __rsub__ = _binary_operators("subtract")
+    __mul__, __rmul__ = _binary_operators("multiply")
+    __truediv__, __rtruediv__ = _binary_operators("divide")
 
     def __neg__(self):
         return importlib.import_module(self._LANGUAGE).negative(self)

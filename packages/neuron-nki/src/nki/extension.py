@@ -60,6 +60,7 @@ from ._tensor import (
     shared_hbm,
     wrap_array,
 )
+from ._tensor import _binary_operators as binary_operators  # a tensor class's ``__op__``/``__rop__`` pair
 from .isa import _allocs as allocs
 from .isa import _charge as charge
 from .language import _binary_tile as binary_tile  # ``acc += x`` into ``acc`` (``out=``): no temporary tile
@@ -80,6 +81,7 @@ __all__ = [
     "as_dtype",
     "benchmark",
     "bfloat16",
+    "binary_operators",
     "binary_tile",
     "bool_",
     "cast_for_store",

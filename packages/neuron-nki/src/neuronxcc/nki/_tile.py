@@ -133,11 +133,7 @@ class LegacyTile(NkiTensor):
     # -- arithmetic sugar: NkiTensor's operators, calling the legacy functions (mask-aware, legacy promotion) ---
     _LANGUAGE = "neuronxcc.nki.language"
 
-    def __pow__(self, o):
-        return self._bin(o, "power")
-
-    def __rpow__(self, o):
-        return self._bin(o, "power", True)
+    __pow__, __rpow__ = _ext.binary_operators("power")
 
     def __iadd__(self, o):
         """``acc += x``. Into PSUM from PSUM (``psum += nl.matmul(...)``) this is Tensor Engine accumulation: no
