@@ -101,7 +101,6 @@ def cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings:
         "grad": torch.is_grad_enabled(),
         "matmul_precision": torch.get_float32_matmul_precision(),
         "substitutions": sorted(str(op) for op in nki_substitution.substitutable_ops()),
-        "priced_ops": passes.priced_ops(),
         "planning": _planning_digest(),
         "neuron_compile": __version__,
         "torch": torch.__version__,
