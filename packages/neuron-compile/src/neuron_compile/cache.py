@@ -100,6 +100,7 @@ def cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings:
         "settings": settings.cache_fields(),
         "grad": torch.is_grad_enabled(),
         "matmul_precision": torch.get_float32_matmul_precision(),
+        "autocast": [torch.is_autocast_enabled("neuron"), str(torch.get_autocast_dtype("neuron"))],
         "substitutions": sorted(str(op) for op in nki_substitution.substitutable_ops()),
         "planning": _planning_digest(),
         "neuron_compile": __version__,
