@@ -166,9 +166,11 @@ BERT = {"base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_hea
 
 def e() -> list[dict]:
     """E1/E2: transformers' BERT built from its config, compiled with backend="neuron" on one trn1 core, seq 128.
-    Published: fp32 models with bf16 matmul autocast on neuronx-cc, which casts the constant weights once; the
-    compiled `neuron` backend does not apply autocast inside a compiled graph yet, so the model runs in bf16
-    (weights read as bf16, as the compiler's cast leaves them). Needs transformers (e.g. the hf venv)."""
+    Published: fp32 models with bf16 matmul autocast on neuronx-cc, which casts the constant weights once, at
+    compile time. A graph compiled under `torch.autocast("neuron")` takes the weights as inputs and casts them on
+    every call (fp32 read, bf16 written: batch 1 would be ~3.4 ms, most of it casts), and folding the casts of frozen
+    weights is not modelled; so the model runs in bf16 (weights read as bf16, as the compiler's folded cast leaves
+    them; activations bf16 where the published run keeps non-matmul ops in fp32). Needs transformers."""
     import torch
     import transformers
 
