@@ -35,6 +35,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from neuron_device import services
+from neuron_spec.costs import PE_SIZE
 
 __all__ = ["Kernel", "KernelPlan", "attention_work", "plan_kernels"]
 
@@ -163,10 +164,10 @@ def attention_work(batch_heads: int, sq: int, sk: int, d: int, causal: bool, bac
     matmul) and copied out of PSUM, then P V; the output normalised once per row. The backward recomputes S and P,
     and adds dV = P^T dO, dP = dO V^T, dS = P (dP - D), dK = dS^T Q and dQ = dS K (dS transposed too). A causal
     mask skips about half of every score-sized term, as eager's formula (`ops.catalogue`) assumes."""
-    pe = 128  # the identity matmul that transposes a [rows, cols] tile moves at most 128 columns per pass
     visible = 0.5 if causal else 1.0
     flops = services.matmul_array_flops
-    scores, transpose = flops(sq, d, sk, batch_heads), flops(sk, sq, pe, batch_heads)
+    # the identity matmul that transposes P moves at most one array width of columns per pass
+    scores, transpose = flops(sq, d, sk, batch_heads), flops(sk, sq, PE_SIZE, batch_heads)
     score_elements = visible * batch_heads * sq * sk
     if not backward:
         tensor = scores + flops(sq, sk, d, batch_heads) + transpose
