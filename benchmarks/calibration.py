@@ -1,12 +1,12 @@
 """Calibration as code: run the points of ``calibration.md`` §3 in the simulator, print predicted vs published.
 
-    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K3|K8|C1|E] [--json out.json]
+    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K2|K3|K8|C1|E|T1] [--json out.json]
 
 K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf16): the three memory-bound
 kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
 depth each fits in SBUF without liveness-based allocation) and scale by the number of blocks; the fully optimised
 one runs whole (about half a minute of CPU). ``--full`` runs all four at the exact size (the hoisted and
-blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); E1/E2 BERT compiled on one trn1 core; T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
+blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K2 the fused Mamba tutorial's three versions; K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); E1/E2 BERT compiled on one trn1 core; T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
 ``neuron-plan`` from a plain HF + DDP script (several minutes of CPU: 32 micro-batches of BERT-Large in plan mode).
 Every estimate uses the same named parameters (``nki._cost``); nothing here is specific to one kernel.
 """
@@ -98,6 +98,44 @@ def k8() -> list[dict]:
     ]
 
 
+# K2: the fused Mamba tutorial (SDK@HEAD nki/guides/tutorials/fused_mamba.rst, fp32, batch 1, state 16): version,
+# channels, sequence length, published latency (us). Its fourth point, v2 at seq 8192 (53.3 ms), is left out: the
+# kernel's [128, 8192] fp32 temporaries exceed trn1's SBUF, which the chip's compiler spills (Vector busy 58.9 %)
+# and the simulator refuses (it does not model spilling).
+K2_POINTS = (("v1", 256, 512, 172.9), ("v1", 4096, 512, 2340.0), ("v2", 4096, 512, 1610.0),
+             ("v3", 4096, 8192, 27800.0))
+
+
+def k2() -> list[dict]:
+    """The fused Mamba tutorial's three kernels on NC-v2 (the project's ports, ``nki.tutorials.mamba``, written from
+    the tutorial), each checked against a NumPy selective scan; the v1 -> v2 speed-up as a ratio."""
+    from nki.tutorials import mamba
+
+    rows = {}
+    for version, channels, seq, us in K2_POINTS:
+        rng = np.random.default_rng(0)
+        delta = (0.1 * rng.random((1, channels, seq))).astype(np.float32)
+        u = rng.standard_normal((1, channels, seq)).astype(np.float32)
+        A = -rng.random((channels, 16)).astype(np.float32)
+        B, C = (rng.standard_normal((1, 16, seq)).astype(np.float32) for _ in range(2))
+        run = getattr(mamba, f"mamba_{version}").run(delta, u, A, B, C)
+        ref = np.zeros((channels, seq), np.float32)  # h[t] = exp(delta A) h[t-1] + delta u B[t]; out += h C[t]
+        for n in range(A.shape[1]):
+            decay, drive = np.exp(delta[0] * A[:, n:n + 1]), delta[0] * u[0] * B[0, n]
+            h = np.zeros(channels, np.float32)
+            for t in range(seq):
+                h = decay[:, t] * h + drive[:, t]
+                ref[:, t] += h * C[0, n, t]
+        if not np.allclose(run.outputs[0], ref, rtol=1e-3, atol=1e-3):
+            raise RuntimeError(f"Mamba {version} computed a wrong result")
+        key = (version, channels, seq)
+        rows[key] = {"id": f"K2 Mamba {version} ch {channels} seq {seq}", "published": us,
+                     "predicted": run.cost.latency_ns / 1e3, "unit": "us"}
+    v1, v2 = rows[("v1", 4096, 512)], rows[("v2", 4096, 512)]
+    return [*rows.values(), {"id": "K2 Mamba v1 / v2 ch 4096 seq 512", "published": v1["published"] / v2["published"],
+                             "predicted": v1["predicted"] / v2["predicted"], "unit": "ratio"}]
+
+
 def k3() -> list[dict]:
     """LayerNorm v1 (nl.mean / rsqrt) vs v2 (bn_stats / bn_aggr), trn1 fp32 4096 x 8192: the project's ports of
     the tutorial's kernels (``neuronxcc.nki.tutorials.layernorm``)."""
@@ -128,9 +166,11 @@ BERT = {"base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_hea
 
 def e() -> list[dict]:
     """E1/E2: transformers' BERT built from its config, compiled with backend="neuron" on one trn1 core, seq 128.
-    Published: fp32 models with bf16 matmul autocast on neuronx-cc, which casts the constant weights once; the
-    compiled `neuron` backend does not apply autocast inside a compiled graph yet, so the model runs in bf16
-    (weights read as bf16, as the compiler's cast leaves them). Needs transformers (e.g. the hf venv)."""
+    Published: fp32 models with bf16 matmul autocast on neuronx-cc, which casts the constant weights once, at
+    compile time. A graph compiled under `torch.autocast("neuron")` takes the weights as inputs and casts them on
+    every call (fp32 read, bf16 written: batch 1 would be ~3.4 ms, most of it casts), and folding the casts of frozen
+    weights is not modelled; so the model runs in bf16 (weights read as bf16, as the compiler's folded cast leaves
+    them; activations bf16 where the published run keeps non-matmul ops in fp32). Needs transformers."""
     import torch
     import transformers
 
@@ -195,10 +235,10 @@ def main() -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
     ap.add_argument("--json", help="also write the table as JSON to this file")
-    ap.add_argument("--only", choices=("K1", "K3", "K8", "C1", "E", "T1"), help="run one group of points")
+    ap.add_argument("--only", choices=("K1", "K2", "K3", "K8", "C1", "E", "T1"), help="run one group of points")
     args = ap.parse_args()
     os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
-    groups = {"K1": lambda: k1(args.full), "K3": k3, "K8": k8, "C1": c1, "E": e, "T1": t1}
+    groups = {"K1": lambda: k1(args.full), "K2": k2, "K3": k3, "K8": k8, "C1": c1, "E": e, "T1": t1}
     if args.only is None and importlib.util.find_spec("transformers") is None:
         print("E1/E2 and T1 skipped: transformers is not installed (run --only E or --only T1 with it)")
         del groups["E"], groups["T1"]

@@ -1,6 +1,6 @@
 """What compiling a `neuron` graph as a host graph must get right beyond lowering: random numbers from the `neuron`
 generator, ops the host's CPU kernels refuse (integer `histc`), data-dependent sizes, the device's streams under
-Dynamo, and substituted kernels' output layouts."""
+Dynamo, substituted kernels' output layouts, and `torch.autocast("neuron")` (which never fires on host tensors)."""
 
 from __future__ import annotations
 
@@ -126,3 +126,30 @@ def test_substituted_kernel_outputs_take_the_layout_the_meta_function_promises()
         promised = op(mode.from_tensor(x))
     assert out.stride() == promised.stride() != torch.exp(x).contiguous().stride()
     torch.testing.assert_close(out, torch.exp(x))
+
+
+def _mixed_precision(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = torch.mm(x, w)
+    return (y, y.softmax(-1), torch.nn.functional.layer_norm(y, (8,)), y.exp(), y.sum(), torch.nn.functional.gelu(y),
+            (y @ y).log_softmax(-1))
+
+
+def test_compiled_graphs_follow_neuron_autocast_as_eager() -> None:
+    """Under `torch.autocast("neuron")` a compiled graph gives eager's dtypes, with `neuron`'s op lists (softmax,
+    layer_norm, exp, sum in fp32 as on CUDA, where CPU autocast would keep them bf16), and close values; gradients
+    flow; outside autocast the graph recompiles to fp32. Issue 17: compiled graphs ignored autocast (all fp32)."""
+    x = torch.randn(8, 8, device="neuron", requires_grad=True)
+    w = torch.randn(8, 8, device="neuron")
+    compiled = torch.compile(_mixed_precision, backend="neuron")
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        eager, graph = _mixed_precision(x, w), compiled(x, w)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cpu = _mixed_precision(x.detach().cpu(), w.cpu())
+    assert [t.dtype for t in graph] == [t.dtype for t in eager]
+    assert [t.dtype for t in eager][:3] == [torch.bfloat16, torch.float32, torch.float32]
+    assert cpu[1].dtype == torch.bfloat16  # CPU's policy differs: the graph is not traced under it
+    for got, expected in zip(graph, eager):
+        torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+    graph[1].sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float32
+    assert all(t.dtype == torch.float32 for t in compiled(x, w))

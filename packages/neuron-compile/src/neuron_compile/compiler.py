@@ -91,6 +91,22 @@ def _integer_histc_in_float(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
+def _with_device_autocast(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.GraphModule | None:
+    """The graph with `torch.autocast("neuron")`'s casts written in (`_to_copy` nodes), or None when autocast for
+    `neuron` is off.
+
+    Why: the graph is traced as a host graph on CPU tensors, where `neuron`'s autocast (AutocastPrivateUse1) never
+    fires, so a model compiled under `torch.autocast("neuron")` computed in fp32 where eager computes in bf16. Mirroring
+    the state onto CPU autocast would not do: CPU autocast's op lists differ (softmax, layer_norm, exp, sum stay
+    bf16 there, and go to fp32 on `neuron` as on CUDA). Retracing the Dynamo graph on `neuron` fake tensors under the
+    caller's autocast state applies `neuron`'s own policy, as eager does."""
+    if not torch.is_autocast_enabled(_DEVICE):
+        return None
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(gm, tracing_mode="fake")(*example_inputs)
+
+
 def _host_example(value: Any, traced: Any) -> Any:
     """The host counterpart of an example input. Under Dynamo, `traced` is the fake tensor Dynamo traced the input
     as: its CPU counterpart is made in the same fake mode, so AOTAutograd sees no new (sourceless) symbols, with the
@@ -171,6 +187,9 @@ def compile_graph(
     from torch._inductor import compile_fx as compile_fx_module
 
     artifacts.write_graph("dynamo", gm)
+    autocast = _with_device_autocast(gm, example_inputs)
+    if autocast is not None:  # a retraced graph: its placeholders carry no Dynamo fake tensors
+        gm, traced = autocast, False
     _retarget_devices_to_host(gm)
     _integer_histc_in_float(gm)
     fakes = [node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder")]

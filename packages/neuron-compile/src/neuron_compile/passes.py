@@ -9,10 +9,15 @@ Partitioning (greedy, in topological order): metadata-only views cost nothing an
 pointwise or reduction op joins the most recent kernel among its inputs' kernels when that kernel accepts fusion
 (every kernel except data movement ones); anything else starts a kernel. Joining only the most recent input kernel
 keeps the kernel graph acyclic. Substituted Neuron kernels (`nki_substitution`) are left out: they charge their own
-simulated time each time they run, and their outputs are read from HBM like a graph input. Ops that keep their own
-Tensor-engine kernel (attention) are priced as eager prices them: by the `estimate_seconds` of the kernel a plugin
-registered for the op (neuron-nki's flash attention: its simulated latency), else by eager's FLOP formula
-(`optracking`).
+simulated time each time they run, and their outputs are read from HBM like a graph input.
+
+Attention (the flash-attention ops a graph keeps whole) is its own kernel, priced as a compiler lowers it
+(`attention_work`): its products tiled onto the array, the scores kept on chip, and every (batch, head) laid side by
+side along the instructions' free dimension, so each instruction's fixed costs are paid once for all heads. Eager
+mode runs a library kernel instead (neuron-nki's flash attention, one program per batch and head, each paying its
+instructions' fixed costs): at BERT's seq 128 that is ~3.5 us per head of Vector-engine minimums and operand
+accesses, 10x what the fused lowering costs, and more than what neuronx-cc's compiled BERT takes (calibration E1/E2).
+Other Tensor-engine ops without a formula here are priced by eager's FLOP formula (`ops.catalogue`).
 
 The plan also gives the graph's workspace: the peak bytes of kernel results that later kernels read, each live from
 the kernel that writes it to the last kernel that reads it (results the graph returns belong to the caller).
@@ -30,8 +35,9 @@ import torch
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from neuron_device import services
+from neuron_spec.costs import PE_SIZE
 
-__all__ = ["Kernel", "KernelPlan", "plan_kernels", "priced_ops"]
+__all__ = ["Kernel", "KernelPlan", "attention_work", "plan_kernels"]
 
 aten = torch.ops.aten
 
@@ -51,19 +57,15 @@ _UNBACKED_SIZE = 8192  # Inductor's `unbacked_symint_fallback`: the size a data-
 
 @dataclasses.dataclass
 class Kernel:
-    """One device kernel: the FX nodes it runs, its work per engine, its HBM traffic, its compute dtype, and for a
-    plugin's kernel its own estimate (`simulated_seconds`, which the cost model's is not asked for)."""
+    """One device kernel: the FX nodes it runs, its work per engine, its HBM traffic and its compute dtype."""
 
     nodes: list[str]
     work: dict[str, float]
     hbm_bytes: float
     dtype: torch.dtype
     anchor_engine: str
-    simulated_seconds: float | None = None
 
     def seconds(self) -> float:
-        if self.simulated_seconds is not None:
-            return self.simulated_seconds
         # kernels of a compiled graph run back to back in one instruction stream: no per-kernel launch
         return services.estimate_kernel(self.work, self.hbm_bytes, dtype=self.dtype, launch_seconds=0.0).seconds
 
@@ -90,8 +92,7 @@ class KernelPlan:
     def to_json(self) -> dict[str, Any]:
         """JSON-safe form (stored in the compile cache next to the compiled code)."""
         return {"kernels": [{"nodes": k.nodes, "work": k.work, "hbm_bytes": k.hbm_bytes, "dtype": str(k.dtype),
-                             "anchor_engine": k.anchor_engine, "simulated_seconds": k.simulated_seconds}
-                            for k in self.kernels],
+                             "anchor_engine": k.anchor_engine} for k in self.kernels],
                 "workspace_bytes": self.workspace_bytes}
 
     @classmethod
@@ -101,10 +102,8 @@ class KernelPlan:
             dtype = getattr(torch, str(k["dtype"]).removeprefix("torch."))
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"bad dtype {k['dtype']!r} in a stored kernel plan")
-            simulated = k.get("simulated_seconds")
             kernels.append(Kernel(list(k["nodes"]), {str(e): float(w) for e, w in k["work"].items()},
-                                  float(k["hbm_bytes"]), dtype, str(k["anchor_engine"]),
-                                  None if simulated is None else float(simulated)))
+                                  float(k["hbm_bytes"]), dtype, str(k["anchor_engine"])))
         return cls(kernels, int(data["workspace_bytes"]))
 
 
@@ -154,14 +153,46 @@ def _matmul_flops(node: torch.fx.Node) -> float:
     return 2.0 * outputs * macs * (2 if packet is aten.convolution_backward else 1)
 
 
-def priced_ops() -> list[str]:
-    """The ops a plugin's kernel prices itself (part of the compile cache's key: the plans depend on them)."""
-    return sorted(name for name in services.registered_kernels if services.plugin_estimator(name) is not None)
+_FLASH_ATTENTION = frozenset({aten._scaled_dot_product_flash_attention_for_cpu,
+                              aten._scaled_dot_product_flash_attention_for_cpu_backward})
 
 
-def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
+def attention_work(batch_heads: int, sq: int, sk: int, d: int, causal: bool, backward: bool = False) -> dict[str, float]:
+    """Work per engine of attention over `batch_heads` heads of [sq, d] queries and [sk, d] keys, lowered as a
+    compiler lowers it: scores S = Q K^T on the array, exp(S - rowmax) on the Scalar engine (the row sum
+    accumulated by the same instruction), the row max on the Vector engine, P transposed on the array (an identity
+    matmul) and copied out of PSUM, then P V; the output normalised once per row. The backward recomputes S and P,
+    and adds dV = P^T dO, dP = dO V^T, dS = P (dP - D), dK = dS^T Q and dQ = dS K (dS transposed too). A causal
+    mask skips about half of every score-sized term, as eager's formula (`ops.catalogue`) assumes."""
+    visible = 0.5 if causal else 1.0
+    flops = services.matmul_array_flops
+    # the identity matmul that transposes P moves at most one array width of columns per pass
+    scores, transpose = flops(sq, d, sk, batch_heads), flops(sk, sq, PE_SIZE, batch_heads)
+    score_elements = visible * batch_heads * sq * sk
+    if not backward:
+        tensor = scores + flops(sq, sk, d, batch_heads) + transpose
+        return {"tensor": visible * tensor, "scalar": score_elements,
+                "vector": 2 * score_elements + batch_heads * sq * d}
+    products = scores + 2 * flops(sk, sq, d, batch_heads) + flops(sq, d, sk, batch_heads) + flops(sq, sk, d, batch_heads)
+    # dS = P (dP - D) and the two PSUM copies out (P and dS transposed); the dQ, dK, dV accumulators
+    return {"tensor": visible * (products + 2 * transpose), "scalar": score_elements,
+            "vector": 3 * score_elements + batch_heads * (sq + 2 * sk) * d}
+
+
+def _attention(node: torch.fx.Node) -> dict[str, float]:
+    """`attention_work` of a flash-attention node (forward: query, key, ..., is_causal; backward: grad_out, query,
+    key, ..., is_causal)."""
+    backward = node.target.overloadpacket is aten._scaled_dot_product_flash_attention_for_cpu_backward
+    first, causal_at = (1, 7) if backward else (0, 4)
+    query, key = (node.args[first + i].meta["val"] for i in (0, 1))
+    causal = len(node.args) > causal_at and bool(node.args[causal_at])
+    *lead, sq, d = (_size(n) for n in query.shape)
+    return attention_work(math.prod(lead), sq, _size(key.shape[-2]), d, causal, backward)
+
+
+def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
     """(kind, engine, work) of a call_function node; kind is "view", "matmul", "fusable", "substituted" (a Neuron
-    kernel put in by `nki_substitution`), "priced" (a plugin kernel's estimate: work is its seconds) or "other"."""
+    kernel put in by `nki_substitution`) or "other"; attention's work is on several engines (`attention_work`)."""
     packet = _packet(node)
     if packet in _VIEWS or node.target in (getattr, operator.getitem):  # getitem: one result of a multi-output op
         return "view", "", 0.0
@@ -177,15 +208,11 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float]:
         return "fusable", "vector", float(sum(_numel(a) for a in inputs[:1]))
     if str(node.target).startswith("neuron_compile.nki_"):
         return "substituted", "", 0.0
+    if packet in _FLASH_ATTENTION:
+        return "matmul", "tensor", _attention(node)
     info = services.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
-    if info is not None and info.engine == "tensor":  # attention and the like: priced as eager prices them
+    if info is not None and info.engine == "tensor":  # priced by eager's FLOP formula
         args = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args)
-        estimator = services.plugin_estimator(node.target.name())  # an OpOverload: `op_info` answered for it
-        if estimator is not None:
-            kwargs = {k: v.meta.get("val") if isinstance(v, torch.fx.Node) else v for k, v in node.kwargs.items()}
-            seconds = estimator(*args, **kwargs)
-            if seconds is not None:
-                return "priced", "tensor", float(seconds)
         out = services.flat_tensors(node.meta.get("val"))
         return "matmul", "tensor", float(info.flops(args, out[0] if out else None))
     return "other", "dma" if packet in (aten.cat, aten.copy, aten.clone, aten.index, aten.embedding,
@@ -199,7 +226,6 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
     groups: list[list[torch.fx.Node]] = []
     engines: list[str] = []
     work: list[dict[str, float]] = []
-    priced: dict[int, float] = {}  # group -> a plugin kernel's own estimate (such a group takes no fusion)
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -212,8 +238,7 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
             continue
         input_groups = [group_of[a] for a in inputs if a in group_of]
         latest = max(input_groups, default=None)
-        if (kind == "fusable" and latest is not None and engines[latest] not in _NO_FUSION_ENGINES
-                and latest not in priced):
+        if kind == "fusable" and latest is not None and engines[latest] not in _NO_FUSION_ENGINES:
             index = latest
         else:
             index = len(groups)
@@ -222,10 +247,8 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
             work.append({})
         groups[index].append(node)
         group_of[node] = index
-        if kind == "priced":
-            priced[index] = amount
-        else:
-            work[index][engine] = work[index].get(engine, 0.0) + amount
+        for unit, count in (amount.items() if isinstance(amount, dict) else ((engine, amount),)):
+            work[index][unit] = work[index].get(unit, 0.0) + count
     kernels = []
     lifetimes = []  # (first kernel, last kernel, bytes) of each intermediate written to HBM
     for index, members in enumerate(groups):
@@ -240,8 +263,7 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
         tensors = services.flat_tensors(members[0].meta.get("val"))
         dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
         amounts = {engine: float(amount) for engine, amount in work[index].items()}  # static: SymFloat -> float
-        kernels.append(Kernel([n.name for n in members], amounts, float(hbm), dtype, engines[index],
-                              priced.get(index)))
+        kernels.append(Kernel([n.name for n in members], amounts, float(hbm), dtype, engines[index]))
         for node, consumers in written.items():
             if all(u.op != "output" for u in consumers):  # a result is the caller's memory, not the graph's
                 last = max((group_of[u] for u in consumers if u in group_of), default=index)

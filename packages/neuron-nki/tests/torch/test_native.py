@@ -384,10 +384,13 @@ def test_nki_matmul_does_not_pay_over_the_native_mm(shape: tuple[int, int, int])
 
 
 @pytest.mark.compiler
-def test_compiled_graphs_charge_attention_what_eager_charges(fresh_estimates: None,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """A compiled graph keeps Inductor's attention code but charges the NKI kernel's simulated latency, as eager
-    does (not the Tensor-engine formula): the simulated compiled / eager ratio compares like with like."""
+def test_compiled_graphs_price_attention_as_the_compilers_lowering(fresh_estimates: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager attention charges the NKI kernel's simulated latency (one program per batch and head); a compiled
+    graph keeps Inductor's attention code and prices it as a compiler lowers it (`passes.attention_work`: all heads
+    side by side, each instruction's fixed costs paid once). Issue 17: compiled graphs used to charge the library
+    kernel, whose per-head instruction minimums made compiled BERT ~50 % slower than neuronx-cc's; the compiled
+    figure is now below eager's for the same call."""
     passes = pytest.importorskip("neuron_compile.passes")
 
     plans = []
@@ -402,8 +405,9 @@ def test_compiled_graphs_charge_attention_what_eager_charges(fresh_estimates: No
     (eager,) = {launch.latency_ns * 1e-9 for launch in launches if launch.name == "nki::flash_attention_fwd"}
     with torch.no_grad():
         torch.compile(model, backend="neuron")(tokens)
-    priced = [k.simulated_seconds for plan in plans for k in plan.kernels if k.simulated_seconds is not None]
-    assert priced == [eager, eager]  # one attention per layer
+    attention = [k for plan in plans for k in plan.kernels if k.nodes[0].startswith("_scaled_dot_product_flash")]
+    assert len(attention) == 2  # one attention per layer
+    assert all(set(k.work) >= {"tensor", "scalar", "vector"} and 0 < k.seconds() < eager for k in attention)
 
 
 @pytest.mark.compiler

@@ -22,9 +22,10 @@ How the kernels execute is set by ``NEURON_NKI_NATIVE_KERNELS``:
   host computation (a disagreement warns). Every call's values come from the host computation (torch's CPU kernel of
   the same op), and its device time is the kernel's simulated latency. Simulating every call would make eager and
   compiled models tens of times slower than the CPU (the simulator interprets each NKI instruction in NumPy), and
-  the latency of these kernels depends only on the signature. Compiled graphs, which keep Inductor's code for these
-  ops, charge the same latency for attention: neuron-compile's kernel plan asks the flash kernels'
-  ``estimate_seconds``, which reuses eager's launches or simulates the signature once on sample data (``_estimate``).
+  the latency of these kernels depends only on the signature. Plan mode (``neuron-plan``), which runs eager ops on
+  fake tensors, charges the same latency through the flash kernels' ``estimate_seconds``, which reuses eager's
+  launches or simulates the signature once on sample data (``_estimate``). Compiled graphs keep Inductor's code for
+  these ops and price attention as a compiler lowers it (neuron-compile's ``passes.attention_work``).
 * ``simulate``: every call runs the kernel in the instruction simulator and returns its outputs (the kernel's own
   numerics; use it to test kernels).
 * ``0``: the kernels are not registered; the ops run as neuron-device's CPU-fallback ops.
@@ -102,8 +103,8 @@ _dry_estimates: dict[tuple, list[Any]] = {}  # the same, from compile-time estim
 
 
 def _estimate(launch: Callable, host_fn: Callable, args: tuple, kwargs: dict) -> float | None:
-    """Simulated seconds of one call of a native kernel on arguments like ``args`` (fake tensors from a traced graph
-    will do), for a compiled graph to charge what eager charges for the same call (``estimate_seconds``).
+    """Simulated seconds of one call of a native kernel on arguments like ``args`` (fake tensors will do), for plan
+    mode to charge what eager charges for the same call (``estimate_seconds``).
 
     The launches eager mode recorded for the signature are reused. Otherwise ``launch`` runs once on CPU sample
     tensors of the same shapes, strides and dtypes, as a dry run: logged nowhere, charged to no device, allocating
