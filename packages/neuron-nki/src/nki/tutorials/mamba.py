@@ -18,10 +18,8 @@ SEQ_TILE = 512  # v3's sequence tile
 
 
 def _row(src, width: int):
-    """A [1, width] HBM row broadcast to all 128 partitions of a new SBUF tile (one DMA)."""
-    t = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=src.broadcast_to((P, width)))
-    return t
+    """A [1, width] HBM row loaded into one partition, then broadcast to all 128 (as the tutorial does)."""
+    return nl.broadcast_to(_load(src), (P, width))
 
 
 def _add_state_term(acc, d_t, u_t, a_col, b_row, c_row, initial=0.0):
