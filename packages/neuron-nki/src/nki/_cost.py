@@ -10,7 +10,9 @@ what the chip would do. Each instruction is charged AWS's documented cost (``cal
 * Vector/Scalar/GpSimd: the per-instruction formulas (``max(MIN_II, N)``, ``2N`` ...) plus a fixed
   :data:`ACCESS_CYCLES` per SBUF/PSUM operand, doubled data cycles for a minor-dimension stride over 16 bytes,
   and :data:`DEPENDENT_STALL_CYCLES` when an instruction consumes the result of the one just before it.
-  On NeuronCore-v2 Vector and GpSimd share one SBUF port and Vector and Scalar one PSUM port.
+  On NeuronCore-v2 Vector and GpSimd share one SBUF port and Vector and Scalar one PSUM port. An instruction
+  that recomputes an earlier one's values from unchanged inputs costs nothing (the compiler's common-subexpression
+  removal, :meth:`CoreTimeline.compute`).
 * DMA: transfers of one HBM tensor go through one DMA queue, which keeps one transfer in flight; a transfer
   pays :data:`DMA_QUEUE_HEAD_NS`, then is split into packets, one per DMA engine per group of 8 partitions (up to
   16 engines), each :data:`DMA_ROW_NS` per partition row plus its bytes at the engine's bandwidth; all queues
