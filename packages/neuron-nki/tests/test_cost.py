@@ -67,6 +67,57 @@ def test_vector_scalar_gpsimd_costs():
     assert cost.engine_busy_ns["gpsimd"] == pytest.approx((150 + 1024 + acc) / t.gpsimd_ghz)
 
 
+def test_repeated_instruction_on_unchanged_inputs_is_removed():
+    """The compiler's common-subexpression removal: the same tensor_tensor on unchanged inputs costs nothing
+    again (its result is ready when the first one's was); once an input is rewritten it is charged again."""
+    def busy(rewrite: bool) -> float:
+        @nki.jit
+        def k():
+            a = nl.zeros((128, 512), nl.float32)
+            b = nl.zeros((128, 512), nl.float32)
+            for _ in range(3):
+                d = nl.ndarray((128, 512), nl.float32)
+                nisa.tensor_tensor(d, a, b, nl.multiply)
+                if rewrite:
+                    nisa.tensor_tensor(a, a, d, nl.add)
+
+        return k.run().cost.engine_busy_ns["vector"]
+
+    t = nki.TARGETS["trn2"]
+    one = (2 * 512 + 3 * nki._cost.ACCESS_CYCLES) / t.vector_ghz
+    stall = nki._cost.DEPENDENT_STALL_CYCLES / t.vector_ghz
+    memsets = 2 * (512 + nki._cost.ACCESS_CYCLES) / t.vector_ghz
+    assert busy(False) == pytest.approx(memsets + stall + one)  # the two repeats are removed
+    assert busy(True) > memsets + 6 * one  # a rewritten input makes every product new
+
+
+def test_partition_broadcast_is_a_tensor_engine_matmul_into_psum():
+    """nl.broadcast_to of a one-partition fp32 row runs on TensorE into PSUM, so a Vector consumer pays N, not 2N."""
+    @nki.jit
+    def k(x, row):
+        xt = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xt, src=x)
+        r = nl.ndarray(row.shape, nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=r, src=row)
+        wide = nl.broadcast_to(r, (128, 512))
+        assert wide.buffer is nl.psum
+        prod = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(prod, xt, wide, nl.multiply)
+        out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=prod)
+        return out
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((128, 512)).astype(np.float32)
+    row = rng.standard_normal((1, 512)).astype(np.float32)
+    run = k.run(x, row)
+    np.testing.assert_array_equal(run.outputs, x * row)
+    cost = run.cost
+    t = nki.TARGETS["trn2"]
+    assert cost.engine_busy_ns["tensor"] > 0
+    assert cost.engine_busy_ns["vector"] < (2 * 512 + 3 * nki._cost.ACCESS_CYCLES) / t.vector_ghz
+
+
 def test_min_ii_and_bf16_fast_paths():
     @nki.jit
     def k():

@@ -10,7 +10,9 @@ what the chip would do. Each instruction is charged AWS's documented cost (``cal
 * Vector/Scalar/GpSimd: the per-instruction formulas (``max(MIN_II, N)``, ``2N`` ...) plus a fixed
   :data:`ACCESS_CYCLES` per SBUF/PSUM operand, doubled data cycles for a minor-dimension stride over 16 bytes,
   and :data:`DEPENDENT_STALL_CYCLES` when an instruction consumes the result of the one just before it.
-  On NeuronCore-v2 Vector and GpSimd share one SBUF port and Vector and Scalar one PSUM port.
+  On NeuronCore-v2 Vector and GpSimd share one SBUF port and Vector and Scalar one PSUM port. An instruction
+  that recomputes an earlier one's values from unchanged inputs costs nothing (the compiler's common-subexpression
+  removal, :meth:`CoreTimeline.compute`).
 * DMA: transfers of one HBM tensor go through one DMA queue, which keeps one transfer in flight; a transfer
   pays :data:`DMA_QUEUE_HEAD_NS`, then is split into packets, one per DMA engine per group of 8 partitions (up to
   16 engines), each :data:`DMA_ROW_NS` per partition row plus its bytes at the engine's bandwidth; all queues
@@ -27,6 +29,7 @@ Timelines are per NeuronCore (LNC2 has two). The fitted parameters and their cal
 from __future__ import annotations
 
 import json
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -73,7 +76,7 @@ def _reserve(use: dict[int, float], start: float, amount: float) -> float:
 class CoreTimeline:
     """Engine timelines of one NeuronCore."""
 
-    __slots__ = ("busy", "counts", "dge_free", "dma_pool_use", "dma_queue_free", "dma_queue_of", "end", "engine_free", "flops", "ghz", "hbm_bytes",
+    __slots__ = ("busy", "computed", "counts", "dge_free", "dma_pool_use", "dma_queue_free", "dma_queue_of", "end", "engine_free", "flops", "ghz", "hbm_bytes",
                  "hbm_use", "last_stationary", "last_tensor_cycles", "ports", "target", "throttle_from",
                  "waited")
 
@@ -88,6 +91,8 @@ class CoreTimeline:
         self.dma_queue_free = [0.0] * target.dma_engines
         self.dma_queue_of: dict[int, int] = {}
         self.counts: Counter = Counter()
+        # repeat key (operation and inputs as last written) -> (end of the instruction, its inputs): see compute()
+        self.computed: dict[tuple, tuple[float, list]] = {}
         self.end = 0.0
         self.flops = 0
         self.hbm_bytes = 0
@@ -146,8 +151,26 @@ class CoreTimeline:
         return end
 
     def compute(self, engine: str, cycles: float, reads, writes, name: str, flops: int = 0,
-                strided: bool = False) -> float:
-        """Charge an instruction of ``cycles`` documented cycles on ``engine``; return its end time (ns)."""
+                strided: bool = False, repeat_key: tuple | None = None) -> float:
+        """Charge an instruction of ``cycles`` documented cycles on ``engine``; return its end time (ns).
+
+        ``repeat_key`` names the values the instruction computes (its operation and input regions, see
+        ``isa._repeat_key``): the chip's compiler removes an instruction that recomputes the values of an earlier
+        one from inputs unchanged since (common-subexpression elimination over the unrolled loops, e.g. a
+        loop-invariant ``delta * u`` in the fused Mamba tutorial's v2), so a repeat costs nothing and its
+        result is ready when the first one's was."""
+        if repeat_key is not None:
+            done = self.computed.get(repeat_key)
+            if done is not None and all(ref() is not None for ref in done[1]):  # same live inputs, not reused ids
+                for a in writes:
+                    a.ready = max(a.ready, done[0])
+                return done[0]
+        end = self._compute(engine, cycles, reads, writes, name, flops, strided)
+        if repeat_key is not None:
+            self.computed[repeat_key] = (end, [weakref.ref(a) for a in reads])
+        return end
+
+    def _compute(self, engine: str, cycles: float, reads, writes, name: str, flops: int, strided: bool) -> float:
         free = self.engine_free[engine]
         start = self._start(engine, free, reads, writes)
         if engine != "tensor":

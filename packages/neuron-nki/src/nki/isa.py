@@ -125,9 +125,24 @@ def _where(t: NkiTensor):
     return (t.alloc, t.base.__array_interface__["data"][0], t.base.shape) if t.key is None else t.alloc
 
 
-def _charge(ctx, eng: str, cycles: float, reads, writes, name: str, flops: int = 0) -> None:
+def _charge(ctx, eng: str, cycles: float, reads, writes, name: str, flops: int = 0, repeat_key=None) -> None:
     ctx.core.timeline.compute(eng, cycles, _allocs(reads), _allocs(writes), name, flops,
-                              _strided(reads) or _strided(writes))
+                              _strided(reads) or _strided(writes), repeat_key)
+
+
+def _repeat_key(eng: str, op: str, inputs) -> tuple | None:
+    """What an instruction computes, for ``CoreTimeline.compute``'s repeat removal: engine, operation and each
+    input's allocation, viewed region and last write; None when an input is indexed (a gather)."""
+    parts = []
+    for t in inputs:
+        if not isinstance(t, NkiTensor):
+            parts.append(("const", float(t)))
+            continue
+        if t.key is not None:
+            return None
+        a = t.alloc
+        parts.append((id(a), t.base.__array_interface__["data"][0], t.base.shape, t.base.strides, a.ready))
+    return (eng, op, *parts)
 
 
 def _eng(e, default: str) -> str:
@@ -578,7 +593,8 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op, engine
     n = data1.free_size
     fast = (data1.buffer.name == "psum" or data2.buffer.name == "psum"
             or (all(_is_bf16ish(t) for t in (data1, data2, dst)) and spec.name in ("add", "multiply", "subtract")))
-    _charge(ctx, eng, max(MIN_II, n) if fast else 2 * n, (data1, data2), (dst,), o)
+    _charge(ctx, eng, max(MIN_II, n) if fast else 2 * n, (data1, data2), (dst,), o,
+            repeat_key=_repeat_key(eng, f"{o}.{spec.name}.{dst.dtype}", (data1, data2)))
 
 
 def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0, operand0, reverse0: bool = False, op1=None, operand1=None,

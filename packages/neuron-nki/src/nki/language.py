@@ -732,10 +732,24 @@ def expand_dims(data: NkiTensor, axis: int) -> NkiTensor:
 
 
 def broadcast_to(src: NkiTensor, shape) -> NkiTensor:
-    """Broadcast a tile to ``shape`` as a new SBUF tile (partition broadcast from 1 is allowed)."""
+    """Broadcast a tile to ``shape`` as a new on-chip tile (partition broadcast from 1 is allowed).
+
+    The Vector engine works lane by lane, so a partition broadcast of an fp32 row is what the chip does with the
+    Tensor Engine ("alternative use", the fused Mamba tutorial's Step 3): a matmul of a ones row by the source row
+    into PSUM, which the consumer reads at the PSUM rate. Other broadcasts (free axis, other dtypes, rows wider
+    than one PSUM bank) are a Vector copy into SBUF.
+    """
     ctx = _context.require("broadcast_to")
-    out = allocate(tuple(shape), src.dtype, sbuf, "broadcast_to", api="broadcast_to")
-    out.write(np.broadcast_to(src.read(), tuple(shape)))
+    shape = tuple(shape)
+    if (src.buffer is sbuf and src.dtype == float32 and len(shape) == 2 and src.shape == (1, shape[1])
+            and shape[0] > 1 and shape[1] * 4 <= _limits.PSUM_BANK_BYTES):
+        ones = allocate((1, shape[0]), float32, sbuf, "broadcast_ones", api="broadcast_to")
+        ones.write(np.ones(ones.shape, np.float32))  # a compile-time constant tile: no instruction
+        out = allocate(shape, float32, psum, "broadcast_to", api="broadcast_to")
+        nisa.nc_matmul(out, ones, src)
+        return out
+    out = allocate(shape, src.dtype, sbuf, "broadcast_to", api="broadcast_to")
+    out.write(np.broadcast_to(src.read(), shape))
     nisa._charge(ctx, "vector", _bmax(MIN_II, out.free_size), (src,), (out,), "tensor_copy")
     return out
 

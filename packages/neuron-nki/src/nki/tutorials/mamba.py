@@ -18,10 +18,8 @@ SEQ_TILE = 512  # v3's sequence tile
 
 
 def _row(src, width: int):
-    """A [1, width] HBM row broadcast to all 128 partitions of a new SBUF tile (one DMA)."""
-    t = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=src.broadcast_to((P, width)))
-    return t
+    """A [1, width] HBM row loaded into one partition, then broadcast to all 128 (as the tutorial does)."""
+    return nl.broadcast_to(_load(src), (P, width))
 
 
 def _add_state_term(acc, d_t, u_t, a_col, b_row, c_row, initial=0.0):
@@ -29,9 +27,10 @@ def _add_state_term(acc, d_t, u_t, a_col, b_row, c_row, initial=0.0):
     shape = d_t.shape
     decay = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=decay, op=nl.exp, data=d_t, scale=a_col)
+    delta_u = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)  # its own tile, as in the tutorial
+    nisa.tensor_tensor(dst=delta_u, data1=d_t, data2=u_t, op=nl.multiply)
     drive = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=drive, data1=d_t, data2=u_t, op=nl.multiply)
-    nisa.tensor_tensor(dst=drive, data1=drive, data2=b_row, op=nl.multiply)
+    nisa.tensor_tensor(dst=drive, data1=delta_u, data2=b_row, op=nl.multiply)
     h = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor_scan(dst=h, data0=decay, data1=drive, initial=initial, op0=nl.multiply, op1=nl.add)
     term = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
