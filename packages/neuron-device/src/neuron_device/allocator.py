@@ -199,10 +199,6 @@ class _Pool:
         return entries.pop(position)[2]
 
 
-def _round_size(nbytes: int) -> int:
-    return max(MIN_BLOCK_SIZE, -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE)
-
-
 def _segment_size(size: int) -> int:
     if size <= SMALL_SIZE:
         return SMALL_BUFFER
@@ -317,7 +313,7 @@ class DeviceAllocator:
 
     def malloc(self, nbytes: int) -> _Block:
         """A block for `nbytes` (> 0), reusing cached memory when possible; OutOfMemoryError if it cannot fit."""
-        size = _round_size(nbytes)
+        size = -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE  # rounded up: at least MIN_BLOCK_SIZE, as nbytes > 0
         small = size <= SMALL_SIZE
         with self.lock:
             if self.pending:
@@ -581,7 +577,7 @@ def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     storage = tensor.untyped_storage()
     nbytes = storage.nbytes()
     if nbytes:
-        allocator = device(index)
+        allocator = _devices.get(index) or device(index)
         _bind(storage, allocator, allocator.malloc(nbytes))
     return tensor
 
