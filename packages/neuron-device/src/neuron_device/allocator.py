@@ -120,13 +120,8 @@ class _Stats:
     def rise_and_fall(self, index: int, amount: int) -> None:
         """`add(index, amount)` then `add(index, -amount)` (amount > 0): the current value is back, the total and
         the peaks are those of the rise."""
-        value = self.current[index] + amount
-        self.allocated[index] += amount
-        if value > self.peak[index]:
-            self.peak[index] = value
-        value += self.other.current[index]
-        if value > self.peak_all[index]:
-            self.peak_all[index] = value
+        self.add(index, amount)
+        self.current[index] -= amount
 
     def freed(self, index: int) -> int:
         return self.allocated[index] - self.current[index] + self.base[index]
