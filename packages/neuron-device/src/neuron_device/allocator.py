@@ -349,6 +349,7 @@ class DeviceAllocator:
                                  size + following.size if merges_next else size, block.address)
         ):
             self._free(block)
+            self.drain()  # blocks a callback queued meanwhile
             return None
         # The statistics as `_free` then `_use` would leave them. Each count falls and rises back, or rises and falls
         # back: only its total increase moves, and its peak if it rose first (a fall cannot move a peak, which is
