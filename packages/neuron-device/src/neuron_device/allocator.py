@@ -21,6 +21,8 @@ the device lock.
 
 Every op result goes through `malloc` and, when it dies, `_free`, so both are written for speed: each statistic
 changes by one signed amount per call (`_Stats.add`), and the totals that follow from others are derived when read.
+In a loop's steady state an op's result dies just before the next op asks for the same size; `_reuse_pending`
+hands that block out again without merging and re-splitting it, with the statistics `_free` then `malloc` would give.
 """
 
 from __future__ import annotations
