@@ -41,6 +41,72 @@ def test_small_requests_share_a_2mib_segment_in_512_byte_blocks():
     assert stat(model, "allocation", "large_pool") == 0
 
 
+class _DrainAlways(DeviceAllocator):
+    """The allocator without its shortcut for a freed block handed out again: every queued block is merged back
+    (`_free`) and the request served by best fit, as before the shortcut."""
+
+    def _reuse_pending(self, size: int, requested: int) -> None:
+        self.drain()
+
+
+class _CountingReuse(DeviceAllocator):
+    """The allocator, counting the requests its shortcut served."""
+
+    reused = 0
+
+    def _reuse_pending(self, size: int, requested: int):
+        block = super()._reuse_pending(size, requested)
+        self.reused += block is not None
+        return block
+
+
+def _state(model: DeviceAllocator, live: list) -> tuple:
+    return (model.stats_as_nested_dict(), model.segments(), [(b.address, b.size, b.requested) for b in live],
+            sorted((e[0], e[1]) for pool in model._pools.values() for e in pool.entries))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reusing_a_freed_block_changes_nothing_but_speed(seed):
+    """The shortcut of `_reuse_pending` (the one queued block handed out again without merge and split) leaves
+    every statistic, peak, segment, free block and address exactly as the merge-then-best-fit it replaces: both
+    allocators run the same random program (storages dying through the queue, as their callbacks do, one or several
+    at a time; requests of the size just freed, and others; peak and total resets; cache releases)."""
+    import random
+
+    rng = random.Random(seed)
+    sizes = [512, 1000, 4096, 700 * KiB, MiB, MiB + 1, 3 * MiB, 9 * MiB, 12 * MiB, 19 * MiB, 25 * MiB + 1]
+    new, old = _CountingReuse(0, 96 * MiB), _DrainAlways(0, 96 * MiB)
+    live: dict[str, list] = {"new": [], "old": []}
+    for _ in range(400):
+        action = rng.random()
+        if action < 0.45 or not live["new"]:
+            nbytes = rng.choice(sizes[:5] if rng.random() < 0.7 else sizes) + rng.choice((0, 0, 1, 100))
+            if live["new"] and rng.random() < 0.5:  # free one, then ask for its size: the loop's steady state
+                position = rng.randrange(len(live["new"]))
+                nbytes = live["new"][position].requested
+                for side, model in (("new", new), ("old", old)):
+                    model.pending.append(live[side].pop(position))
+            for side, model in (("new", new), ("old", old)):
+                try:
+                    live[side].append(model.malloc(nbytes))
+                except allocator.OutOfMemoryError:
+                    pass
+        elif action < 0.85:
+            for _ in range(rng.choice((1, 1, 2, 3))):
+                if live["new"]:
+                    position = rng.randrange(len(live["new"]))
+                    for side, model in (("new", new), ("old", old)):
+                        model.pending.append(live[side].pop(position))
+        elif action < 0.9:
+            new.reset_peak(), old.reset_peak()
+        elif action < 0.95:
+            new.reset_accumulated(), old.reset_accumulated()
+        else:
+            new.empty_cache(), old.empty_cache()
+        assert _state(new, live["new"]) == _state(old, live["old"])
+    assert new.reused > 20  # the shortcut ran, and not only in one shape
+
+
 @pytest.mark.parametrize(
     ("request_bytes", "block", "segment"),
     [

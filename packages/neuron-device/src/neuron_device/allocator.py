@@ -21,6 +21,8 @@ the device lock.
 
 Every op result goes through `malloc` and, when it dies, `_free`, so both are written for speed: each statistic
 changes by one signed amount per call (`_Stats.add`), and the totals that follow from others are derived when read.
+In a loop's steady state an op's result dies just before the next op asks for the same size; `_reuse_pending`
+hands that block out again without merging and re-splitting it, with the statistics `_free` then `malloc` would give.
 """
 
 from __future__ import annotations
@@ -117,6 +119,12 @@ class _Stats:
             if value > self.peak_all[index]:
                 self.peak_all[index] = value
 
+    def rise_and_fall(self, index: int, amount: int) -> None:
+        """`add(index, amount)` then `add(index, -amount)` (amount > 0): the current value is back, the total and
+        the peaks are those of the rise."""
+        self.add(index, amount)
+        self.current[index] -= amount
+
     def freed(self, index: int) -> int:
         return self.allocated[index] - self.current[index] + self.base[index]
 
@@ -186,10 +194,6 @@ class _Pool:
         if position == len(entries):
             return None
         return entries.pop(position)[2]
-
-
-def _round_size(nbytes: int) -> int:
-    return max(MIN_BLOCK_SIZE, -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE)
 
 
 def _segment_size(size: int) -> int:
@@ -306,11 +310,13 @@ class DeviceAllocator:
 
     def malloc(self, nbytes: int) -> _Block:
         """A block for `nbytes` (> 0), reusing cached memory when possible; OutOfMemoryError if it cannot fit."""
-        size = _round_size(nbytes)
+        size = -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE  # rounded up: at least MIN_BLOCK_SIZE, as nbytes > 0
         small = size <= SMALL_SIZE
         with self.lock:
             if self.pending:
-                self.drain()
+                reused = self._reuse_pending(size, nbytes)
+                if reused is not None:
+                    return reused
             pool = self._pools[small]
             block = pool.take_best_fit(size)
             if block is None:
@@ -324,6 +330,63 @@ class DeviceAllocator:
                     self._counters["num_ooms"] += 1
                     raise OutOfMemoryError(self._oom_message(segment))
             return self._use(block, size, nbytes, pool)
+
+    def _reuse_pending(self, size: int, requested: int) -> _Block | None:
+        """Drain the blocks queued by storage callbacks; when the one queued block is what `_free` then `malloc` of
+        `size` would hand out again, in the same place and leaving the same pieces, hand it out without the merge and
+        split, with the statistics changed exactly as those two would (the steady state of a loop: each op's result
+        dies before the next op allocates the same size). None: drained the ordinary way. Caller holds `lock`."""
+        pending = self.pending
+        block = pending.popleft()
+        if pending or block.size != size:
+            self._free(block)
+            self.drain()
+            return None
+        previous, following = block.prev, block.next
+        merges_next = following is not None and not following.allocated
+        pool = self._pools[block.small]
+        if (
+            (previous is not None and not previous.allocated)  # `_free` would merge the block into its predecessor
+            or self._fits_before(pool, size, following if merges_next else None,
+                                 size + following.size if merges_next else size, block.address)
+        ):
+            self._free(block)
+            self.drain()  # blocks a callback queued meanwhile
+            return None
+        # The statistics as `_free` then `_use` would leave them. Each count falls and rises back, or rises and falls
+        # back: only its total increase moves, and its peak if it rose first (a fall cannot move a peak, which is
+        # never below the current value).
+        stats = pool.stats
+        allocated = stats.allocated
+        allocated[ALLOCATION] += 1
+        allocated[ALLOCATED_BYTES] += size
+        stats.current[REQUESTED_BYTES] -= block.requested
+        block.requested = requested
+        stats.add(REQUESTED_BYTES, requested)
+        split = previous is not None or (following.next if merges_next else following) is not None
+        if merges_next:
+            if split:  # freed: the merged block is an inactive split of `size` more bytes; handed out: they go again
+                stats.rise_and_fall(INACTIVE_SPLIT_BYTES, size)
+            else:  # freed: `following` merges into a whole segment, no split; handed out: `following` is one again
+                allocated[INACTIVE_SPLIT] += 1
+                allocated[INACTIVE_SPLIT_BYTES] += following.size
+        elif split:  # freed: the block is an inactive split; handed out: it is not
+            stats.rise_and_fall(INACTIVE_SPLIT, 1)
+            stats.rise_and_fall(INACTIVE_SPLIT_BYTES, size)
+        return block
+
+    @staticmethod
+    def _fits_before(pool: _Pool, size: int, absorbed: _Block | None, merged_size: int, address: int) -> bool:
+        """Whether a free block of `pool` other than `absorbed` is a better fit for `size` than a free block of
+        `merged_size` at `address` would be (best fit: smallest size, then lowest address)."""
+        entries = pool.entries
+        position = bisect.bisect_left(entries, (size,))
+        if position < len(entries) and entries[position][2] is absorbed:
+            position += 1
+        if position == len(entries):
+            return False
+        best = entries[position]
+        return best[0] < merged_size or (best[0] == merged_size and best[1] < address)
 
     def _new_segment(self, size: int, pool: _Pool, small: bool) -> _Block | None:
         if self._current(RESERVED_BYTES) + size > self.limit:
@@ -512,7 +575,7 @@ def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     storage = tensor.untyped_storage()
     nbytes = storage.nbytes()
     if nbytes:
-        allocator = device(index)
+        allocator = _devices.get(index) or device(index)
         _bind(storage, allocator, allocator.malloc(nbytes))
     return tensor
 

@@ -100,7 +100,7 @@ def _relabel(tensor: torch.Tensor, device_word: int) -> torch.Tensor:
     return _from_dlpack(capsule)
 
 
-_HOST = "_neuron_host"  # attribute of a device storage: {dtype: CPU tensor over all of its memory}, one storage
+_HOST = "_neuron_host"  # attribute of a device storage: {dtype: CPU tensor of its CPU twin storage}, one storage
 
 
 def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
@@ -112,12 +112,14 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
         cpu_tensor = cpu_tensor.resolve_conj().resolve_neg()
     twin = _from_dlpack(_to_dlpack(cpu_tensor))  # the same memory in a fixed-size CPU storage of its own
     tensor = _relabel(twin, _device_word(_KDL_EXT_DEV, index))
-    setattr(tensor.untyped_storage(), _HOST, {twin.dtype: _whole(twin.untyped_storage(), twin.dtype)})
+    # `as_strided` places a view by its absolute storage offset, so the twin itself is a base for host aliases of
+    # its dtype, whatever its own shape: no 1-d tensor needs making here (other dtypes get one, in `_view_of_twin`)
+    setattr(tensor.untyped_storage(), _HOST, {twin.dtype: twin})
     return tensor
 
 
 def _whole(storage: torch.UntypedStorage, dtype: torch.dtype) -> torch.Tensor:
-    """A 1-d `dtype` tensor over all of a CPU storage: host aliases are views of it."""
+    """A 1-d `dtype` tensor over all of a CPU storage: host aliases of that dtype are views of it."""
     return torch.empty(0, dtype=dtype).set_(storage, 0, (storage.nbytes() // dtype.itemsize,), (1,))
 
 
