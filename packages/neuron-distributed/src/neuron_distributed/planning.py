@@ -37,9 +37,11 @@ from neuron_device import services
 
 from . import costs, envvars
 from .kernels import OPS as C10D_OPS
-from .kernels import charge_c10d
+from .kernels import charge_c10d, group_ranks
+from .plan_pipeline import patched_schedules
 
-__all__ = ["PlanValueError", "RankPlan", "is_planning", "launcher_environment", "plan", "plan_rank"]
+__all__ = ["PlanValueError", "RankPlan", "active_planner", "is_planning", "launcher_environment", "plan",
+           "plan_rank"]
 
 _aten = torch.ops.aten
 # Functional collectives (DTensor, FSDP2, async TP): op name -> the cost model's collective kind.
@@ -54,7 +56,8 @@ _FUNCTIONAL = {
 # Ops that read a tensor's values into Python: a fake tensor has none.
 _VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default,
                           _aten.allclose.default})
-_HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__))
+_HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__),
+         os.path.dirname(services.__file__))
 
 _active: _Planner | None = None
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
@@ -63,6 +66,13 @@ _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
 def is_planning() -> bool:
     """True inside plan mode: a script can skip a block that needs tensor values (`if not is_planning(): ...`)."""
     return _active is not None
+
+
+def active_planner() -> _Planner:
+    """The planned rank's state (inside plan mode only)."""
+    if _active is None:
+        raise RuntimeError("plan mode is not active")
+    return _active
 
 
 class PlanValueError(RuntimeError):
@@ -104,6 +114,9 @@ class RankPlan:
     hbm_capacity_bytes: int
     fits: bool
     oom: dict[str, Any] | None
+    # a pipeline-parallel rank's stage costs and schedule (`plan_pipeline`); its step_seconds then covers one
+    # micro-batch through its stages, until `plan_pipeline.combine` lays out the schedule with every stage's costs
+    pipeline: dict[str, Any] | None
     lanes: list[tuple[str, int, float, float]]  # (name, stream, start, end) of the planned step, for --trace
 
     def as_dict(self) -> dict[str, Any]:
@@ -166,7 +179,7 @@ class _Charger(TorchDispatchMode):
             group = dist.distributed_c10d._resolve_process_group(args[-1])
             tensors = [t for t in args if isinstance(t, torch.Tensor)] or list(args[0])
             outputs = [result] if isinstance(result, torch.Tensor) else list(result)
-            costs.charge(_FUNCTIONAL[func._opname], tensors, outputs, group.size())
+            costs.charge(_FUNCTIONAL[func._opname], tensors, outputs, group.size(), group_ranks(group))
         else:
             self.planner.allocated(func, services.account_planned_op(func, args, kwargs, result))
         return result
@@ -232,6 +245,7 @@ class _Planner:
         self.charges: list[tuple[str, int, float, float]] = []
         self.live: dict[int, tuple[weakref.ref, int, str, str]] = {}
         self.oom: dict[str, Any] | None = None
+        self.pipeline: dict[str, Any] | None = None
         self.modules: Any = None
         self.flops: Any = None
 
@@ -274,17 +288,27 @@ class _Planner:
             self.boundaries.append(self.clock())
             self.flops_at.append(float(self.flops.get_total_flops()))
         start, end = self.boundaries[-2], self.boundaries[-1]
-        window = [(n, s, max(a, start), min(b, end)) for n, s, a, b in self.charges if b > start and a < end]
-        comm = [(a, b) for n, _, a, b in window if n.startswith("c10d::")]
-        compute = [(a, b) for n, _, a, b in window if not n.startswith("c10d::")]
+        compute, communication, exposed = self.split(start, end)
         reserved = torch.neuron.max_memory_reserved(self.index)
         return RankPlan(
             rank=self.rank, world_size=self.world_size, steps_observed=steps, step_seconds=end - start,
-            compute_seconds=sum(b - a for a, b in compute), communication_seconds=sum(b - a for a, b in comm),
-            exposed_communication_seconds=_uncovered(_union(comm), _union(compute)),
+            compute_seconds=compute, communication_seconds=communication, exposed_communication_seconds=exposed,
             flops_per_step=self.flops_at[-1] - self.flops_at[-2], peak_hbm_bytes=reserved,
             peak_allocated_bytes=torch.neuron.max_memory_allocated(self.index), hbm_capacity_bytes=self.capacity,
-            fits=self.oom is None and reserved <= self.capacity, oom=self.oom, lanes=window)
+            fits=self.oom is None and reserved <= self.capacity, oom=self.oom, pipeline=self.pipeline,
+            lanes=self.window(start, end))
+
+    def window(self, start: float, end: float) -> list[tuple[str, int, float, float]]:
+        """The charges between two clock readings, clipped to them."""
+        return [(n, s, max(a, start), min(b, end)) for n, s, a, b in self.charges if b > start and a < end]
+
+    def split(self, start: float, end: float) -> tuple[float, float, float]:
+        """Compute, communication and exposed communication seconds between two clock readings."""
+        window = self.window(start, end)
+        comm = [(a, b) for n, _, a, b in window if n.startswith("c10d::")]
+        compute = [(a, b) for n, _, a, b in window if not n.startswith("c10d::")]
+        return (sum(b - a for a, b in compute), sum(b - a for a, b in comm),
+                _uncovered(_union(comm), _union(compute)))
 
 
 def _swap_fakes(swap: Callable) -> Callable:
@@ -368,8 +392,12 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
         from torch.distributed import device_mesh
 
         stack.enter_context(_patched(device_mesh, "init_device_mesh", _outside_plan(device_mesh.init_device_mesh)))
+        for method in ("__getitem__", "get_local_rank", "get_coordinate", "_flatten"):
+            mesh_class = device_mesh.DeviceMesh
+            stack.enter_context(_patched(mesh_class, method, _outside_plan(getattr(mesh_class, method))))
         ddp = torch.nn.parallel.DistributedDataParallel
         stack.enter_context(_patched(ddp, "__init__", _ddp_init(ddp.__init__)))
+        stack.enter_context(patched_schedules())
         dist.Backend._plugins["NEURON"] = plugin._replace(creator_fn=_fake_neuron_group)
         stack.callback(dist.Backend._plugins.__setitem__, "NEURON", plugin)
         previous = services.set_charge_recorder(planner.record)
