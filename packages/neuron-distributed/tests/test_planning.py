@@ -1,6 +1,7 @@
 """neuron-plan: an unmodified script planned as one rank of a full cluster (fake tensors, fake process group),
 charged as the real run is. Each plan runs the CLI in a subprocess (fresh simulator state), bounded in time."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 from launcher import WORKERS, launch
 
 from neuron_distributed.plan_cli import build_report, cores_per_node, parse_command
+from neuron_distributed.plan_pipeline import StageCost, _single_order, combine, lay_out
 
 PLAN = WORKERS / "plan"
 REPORT_KEYS = {"world_size": int, "step_seconds": float, "compute_seconds": float, "communication_seconds": float,
@@ -136,3 +138,89 @@ print(json.dumps(plan.as_dict()))
     plan = json.loads(done.stdout.strip().splitlines()[-1])
     assert plan["rank"] == 3 and plan["world_size"] == 8 and plan["steps_observed"] == 1
     assert plan["communication_seconds"] > 0 and plan["fits"]
+
+
+def _equal_stages(count: int, forward: float = 1.0, backward: float = 2.0, activation: int = 10):
+    return {s: StageCost(s, forward, backward, activation, send_bytes=0, send_seconds=0.0) for s in range(count)}
+
+
+@pytest.mark.parametrize("schedule", ["ScheduleGPipe", "Schedule1F1B"])
+def test_schedule_of_equal_stages_has_the_textbook_bubble(schedule):
+    """P equal stages, M micro-batches, no transfer time: both schedules take (M + P - 1)(f + b), a bubble of
+    (P - 1) / (M + P - 1); GPipe keeps all M micro-batches' activations on stage 0, 1F1B at most P."""
+    stages, micro = 4, 8
+    finish, peaks, _ = lay_out(_single_order(schedule, stages, micro), _equal_stages(stages))
+    assert max(finish) == pytest.approx((micro + stages - 1) * 3.0)
+    assert peaks[0] == (micro if schedule == "ScheduleGPipe" else stages) * 10
+    assert peaks[-1] == (micro if schedule == "ScheduleGPipe" else 1) * 10
+
+
+def test_schedule_waits_for_the_transfer_between_stages():
+    """A transfer of t between every pair of stages delays the first forward of the last stage by (P - 1) t and
+    the first backward of stage 0 by (P - 1) t more: one micro-batch takes P(f + b) + 2(P - 1) t."""
+    stages = {s: StageCost(s, 1.0, 2.0, 0, send_bytes=1, send_seconds=0.5) for s in range(3)}
+    finish, _, _ = lay_out(_single_order("Schedule1F1B", 3, 1), stages)
+    assert finish[0] == pytest.approx(3 * 3.0 + 2 * 2 * 0.5)
+
+
+def test_slowest_stage_sets_the_steady_state():
+    """1F1B with one slow stage: after the fill, a micro-batch goes by every f + b of the slowest stage."""
+    stages = _equal_stages(4)
+    stages[2] = StageCost(2, 2.0, 4.0, 10, 0, 0.0)
+    short, _, _ = lay_out(_single_order("Schedule1F1B", 4, 8), stages)
+    longer, _, _ = lay_out(_single_order("Schedule1F1B", 4, 16), stages)
+    assert max(longer) - max(short) == pytest.approx(8 * 6.0)
+
+
+def test_deadlocked_schedule_is_refused():
+    order = [[("B", 0, 0), ("F", 0, 0)], [("F", 1, 0), ("B", 1, 0)]]
+    with pytest.raises(RuntimeError, match="deadlocks"):
+        lay_out(order, _equal_stages(2))
+
+
+def test_unplanned_stage_is_named():
+    plan = {"pipeline": {"num_stages": 2, "stage_ranks": [0, 8], "stages": [dataclasses.asdict(StageCost(
+        0, 1.0, 1.0, 0, 0, 0.0))], "order": []}}
+    with pytest.raises(RuntimeError, match=r"stages \[1\] were not planned; plan their ranks too: \[8\]"):
+        combine([plan])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_pipeline_plans_every_stage_once(tmp_path, schedule):
+    """PP 4 x DP 8 on 32 ranks: rank 0 is planned, then one rank of each other stage (found from rank 0's stage
+    group); the step is the schedule laid out from the stages' costs, bubble included."""
+    stages_per_rank = "2" if schedule == "interleaved" else "1"
+    code, report, output = plan(tmp_path, schedule, "--stages-per-rank", stages_per_rank, script="pipeline.py",
+                                options=("--jobs", "2"))
+    assert code == 0, output
+    assert report["ranks_planned"] == [0, 1, 2, 3]  # mesh (dp, pp): a pipeline's stages are consecutive ranks
+    pipe = report["pipeline"]
+    assert pipe["num_stages"] == 4 * int(stages_per_rank) and pipe["n_microbatches"] == 8
+    assert [s["stage_index"] for s in pipe["stages"]] == list(range(pipe["num_stages"]))
+    last = pipe["stages"][-1]
+    assert last["forward_seconds"] > pipe["stages"][0]["forward_seconds"] > 0  # the last stage has a layer more
+    assert 0 < pipe["bubble_fraction"] < 1
+    busy = sum(s["forward_seconds"] + s["backward_seconds"] for s in pipe["stages"]) * 8 / 4
+    assert report["step_seconds"] > busy  # the bubble shows up
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_pipeline_planning_does_not_grow_with_micro_batches(tmp_path):
+    """Twice the micro-batches: the same per-stage costs (one micro-batch is planned either way), a longer step and
+    a smaller bubble."""
+    runs = {}
+    for micro in ("8", "16"):
+        code, runs[micro], output = plan(tmp_path, "1f1b", "--micro-batches", micro, script="pipeline.py",
+                                         options=("--jobs", "2"))
+        assert code == 0, output
+    assert runs["8"]["pipeline"]["stages"] == runs["16"]["pipeline"]["stages"]
+    assert runs["16"]["step_seconds"] > runs["8"]["step_seconds"]
+    assert runs["16"]["pipeline"]["bubble_fraction"] < runs["8"]["pipeline"]["bubble_fraction"]
+
+
+def test_pipeline_stage_without_input_shapes_is_refused(tmp_path):
+    code, _, output = plan(tmp_path, "1f1b", "--no-input-shape", script="pipeline.py", options=("--ranks", "1"))
+    assert code != 0 and "built without input_args" in output and "device='meta'" in output

@@ -222,7 +222,9 @@ def lay_out(order: list[list[tuple[str, int, int]]], stages: dict[int, StageCost
                     need, peer = ("F", stage, micro), stage
                 if need is not None and need not in done:
                     break
-                ready = 0.0 if need is None else done[need] + stages[min(stage, peer)].send_seconds
+                ready = 0.0 if need is None else done[need]
+                if peer != stage:  # the activation (or its gradient) crosses between the two stages
+                    ready += stages[min(stage, peer)].send_seconds
                 begin = max(free[rank], ready)
                 cost = stages[stage].forward_seconds if kind == "F" else stages[stage].backward_seconds
                 done[(kind, stage, micro)] = free[rank] = begin + cost
