@@ -43,6 +43,8 @@ parser.add_argument("--micro-batch", type=int, default=1)
 parser.add_argument("--global-batch", type=int, default=None, help="sequences per step (default: one micro-batch "
                     "per pipeline stage and data-parallel rank)")
 parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
+parser.add_argument("--sequence-parallel", action="store_true",
+                    help="Megatron's sequence parallelism: the norms and residuals hold seq / tp tokens")
 parser.add_argument("--steps", type=int, default=1)
 args = parser.parse_args()
 
@@ -90,10 +92,48 @@ class ReduceFromTensorParallel(torch.autograd.Function):
         return grad
 
 
+def _sequence_major(x):
+    return x.transpose(0, 1).contiguous()  # collectives gather and scatter along dim 0
+
+
+class GatherSequence(torch.autograd.Function):
+    """Sequence parallelism's f: the TP group's sequence shards all-gathered; the gradient reduce-scattered."""
+
+    @staticmethod
+    def forward(ctx, x):
+        local = _sequence_major(x)
+        out = local.new_empty((local.shape[0] * args.tp, *local.shape[1:]))
+        dist.all_gather_single(out, local, group=tp_group)
+        return out.transpose(0, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ScatterSequence.forward(ctx, grad)
+
+
+class ScatterSequence(torch.autograd.Function):
+    """Sequence parallelism's g: partial sums reduce-scattered into sequence shards; the gradient all-gathered."""
+
+    @staticmethod
+    def forward(ctx, x):
+        full = _sequence_major(x)
+        out = full.new_empty((full.shape[0] // args.tp, *full.shape[1:]))
+        dist.reduce_scatter_single(out, full, group=tp_group)
+        return out.transpose(0, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return GatherSequence.forward(ctx, grad)
+
+
+Copy = GatherSequence if args.sequence_parallel else CopyToTensorParallel
+Reduce = ScatterSequence if args.sequence_parallel else ReduceFromTensorParallel
+
+
 def copy_input(module, inputs, kwargs):
     if inputs:  # the MLP is called with its input positional, the attention by keyword
-        return (CopyToTensorParallel.apply(inputs[0]), *inputs[1:]), kwargs
-    return inputs, {**kwargs, "hidden_states": CopyToTensorParallel.apply(kwargs["hidden_states"])}
+        return (Copy.apply(inputs[0]), *inputs[1:]), kwargs
+    return inputs, {**kwargs, "hidden_states": Copy.apply(kwargs["hidden_states"])}
 
 
 def tensor_parallel(layer):
@@ -103,7 +143,7 @@ def tensor_parallel(layer):
     for block in (layer.self_attn, layer.mlp):
         block.register_forward_pre_hook(copy_input, with_kwargs=True)
     for projection in (layer.self_attn.o_proj, layer.mlp.down_proj):
-        projection.register_forward_hook(lambda module, inputs, out: ReduceFromTensorParallel.apply(out))
+        projection.register_forward_hook(lambda module, inputs, out: Reduce.apply(out))
     return layer
 
 
@@ -125,8 +165,8 @@ class Stage(torch.nn.Module):
         if self.embed is not None:  # vocabulary-sharded: rows outside this rank's slice are zero, then summed
             mine = (x >= self.vocab_start) & (x < self.vocab_start + self.embed.num_embeddings)
             x = self.embed((x - self.vocab_start).clamp(0, self.embed.num_embeddings - 1)) * mine[..., None]
-            x = ReduceFromTensorParallel.apply(x) if args.tp > 1 else x
-        positions = torch.arange(x.shape[1], device=x.device)[None]
+            x = Reduce.apply(x) if args.tp > 1 else x
+        positions = torch.arange(args.seq, device=x.device)[None]
         rotary = self.rotary(x, positions)
         for layer in self.layers:
             if args.checkpoint:
@@ -135,7 +175,7 @@ class Stage(torch.nn.Module):
                 x = layer(x, position_embeddings=rotary, position_ids=positions)
         if self.head is None:
             return x
-        return self.head(CopyToTensorParallel.apply(self.norm(x)) if args.tp > 1 else self.norm(x))
+        return self.head(Copy.apply(self.norm(x)) if args.tp > 1 else self.norm(x))
 
 
 def vocab_parallel_loss(logits, labels):
@@ -162,7 +202,8 @@ if per_stage * stages_count != full.num_hidden_layers:
 pp_rank = mesh["pp"].get_local_rank()
 # a rank's stages: pp_rank, pp_rank + pp, ... (the interleaved schedule's loop placement)
 indices = [pp_rank + k * args.pp for k in range(args.stages_per_rank)]
-hidden = torch.empty(args.micro_batch, args.seq, full.hidden_size, dtype=torch.bfloat16, device="meta")
+local_seq = args.seq // args.tp if args.sequence_parallel else args.seq
+hidden = torch.empty(args.micro_batch, local_seq, full.hidden_size, dtype=torch.bfloat16, device="meta")
 modules, stages = [], []
 for index in indices:
     module = Stage(index * per_stage, (index + 1) * per_stage).to(device, torch.bfloat16)

@@ -19,17 +19,19 @@ REPORT_KEYS = {"world_size": int, "step_seconds": float, "compute_seconds": floa
                "hbm_capacity_bytes": int, "fits": bool}
 
 
-def plan(tmp_path, *args: str, script: str = "mlp.py", options: tuple[str, ...] = ()):
+def plan(tmp_path, *args: str, script: str = "mlp.py", options: tuple[str, ...] = (), env: dict | None = None):
     """Run neuron-plan on workers/plan/<script> ARGS; return (exit code, JSON report or None, stderr)."""
     out = tmp_path / "plan.json"
+    out.unlink(missing_ok=True)
     command = [sys.executable, "-m", "neuron_distributed.plan_cli", *options, "--json", str(out), "--",
                "python", str(PLAN / script), *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False,
+                          env={**os.environ, **(env or {})})
     report = json.loads(out.read_text()) if out.exists() else None
     return done.returncode, report, done.stderr + done.stdout
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "fsdp2_noreshard", "tp"])
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "fsdp2_noreshard", "hsdp", "tp"])
 def test_parallelism_plans_with_its_collectives(tmp_path, mode):
     code, report, output = plan(tmp_path, mode, options=("--tokens-per-step", "4096"))
     assert code == 0, output
@@ -69,6 +71,23 @@ def test_oom_is_located_and_lowering_the_batch_fits(tmp_path):
     assert oom["largest_live_tensors_by_module"][0] == {"module": "Sequential.0", "bytes": 16 << 30, "tensors": 1}
     _, small, _ = plan(tmp_path, "none", "--width", "4096", "--batch", "8")
     assert small["fits"] is True and "oom" not in small
+
+
+def test_data_parallel_oom_fits_with_tensor_parallelism(tmp_path):
+    """A 1024-wide MLP (8.4 M fp32 parameters, 33.6 MB) on cores of 80 MiB: DDP keeps on every rank the model, its
+    gradient buckets (33.6 MB each) and then the gradients, so the backward's first weight gradient (the last layer's
+    `mm`) goes past 80 MiB; with AdamW's two states the step needs 20 B a parameter. TP over the 32 ranks keeps 1/32
+    of the parameters, gradients and states (16 B a parameter / 32, 4.2 MB) and fits."""
+    memory = {"NEURON_SIM_DEVICE_MEMORY": "80MiB"}
+    params = 8 * 1024**2 + 5 * 1024
+    _, ddp, _ = plan(tmp_path, "ddp", "--width", "1024", env=memory)
+    assert ddp["hbm_capacity_bytes"] == 80 << 20
+    assert ddp["fits"] is False
+    assert ddp["oom"]["op"] == "aten.mm.default" and ddp["oom"]["module"] == "DistributedDataParallel.module.2"
+    assert ddp["peak_allocated_bytes"] >= 20 * params
+    _, tp, _ = plan(tmp_path, "tp", "--width", "1024", env=memory)
+    assert tp["fits"] is True and "oom" not in tp
+    assert 16 * params / 32 <= tp["peak_allocated_bytes"] < 16 * params / 32 + (4 << 20)  # + activations
 
 
 def test_world_size_the_nodes_cannot_hold_is_refused():

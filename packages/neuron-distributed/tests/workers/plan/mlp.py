@@ -1,4 +1,5 @@
-"""A plain training script whose parallelism is chosen on the command line: ddp, fsdp2, fsdp2_noreshard, tp, none;
+"""A plain training script whose parallelism is chosen on the command line: ddp, fsdp2, fsdp2_noreshard, hsdp (FSDP2
+on a 2-D mesh: replicated over 4, sharded over 8), tp, none;
 `--value-read` reads the loss's value, `--width` sizes the model (the OOM tests)."""
 
 import argparse
@@ -21,11 +22,12 @@ model = nn.Sequential(nn.Linear(args.width, 4 * args.width), nn.GELU(), nn.Linea
 world = dist.get_world_size()
 if args.mode == "ddp":
     model = nn.parallel.DistributedDataParallel(model.to(device))
-elif args.mode.startswith("fsdp2"):
+elif args.mode.startswith("fsdp2") or args.mode == "hsdp":
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("neuron", (world,))
+    mesh = init_device_mesh("neuron", (4, world // 4), mesh_dim_names=("replicate", "shard")) \
+        if args.mode == "hsdp" else init_device_mesh("neuron", (world,))
     model.to(device)
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh, reshard_after_forward=args.mode != "fsdp2_noreshard")
