@@ -186,6 +186,11 @@ def _trace(path: str, plans: list[dict[str, Any]]) -> None:
         for name, stream, start, end in plan["lanes"]:
             events.append({"ph": "X", "name": name, "pid": plan["rank"], "tid": stream, "ts": start * 1e6,
                            "dur": (end - start) * 1e6})
+        if plan.get("schedule_lanes"):  # a pipeline stage: the whole schedule on a lane of its own
+            events.append({"ph": "M", "name": "thread_name", "pid": plan["rank"], "tid": "schedule",
+                           "args": {"name": "pipeline schedule"}})
+            events += [{"ph": "X", "name": name, "pid": plan["rank"], "tid": "schedule", "ts": start * 1e6,
+                        "dur": (end - start) * 1e6} for name, start, end in plan["schedule_lanes"]]
     with open(path, "w") as handle:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, handle)
 
@@ -265,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(options.json_path, "w") as handle:
             json.dump(report, handle, indent=2)
     if options.trace:
-        _trace(options.trace, plans)
+        _trace(options.trace, combine(plans))
     return 0
 
 

@@ -25,8 +25,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from neuron_device import services
-
 from . import costs
 
 __all__ = ["StageCost", "combine", "lay_out", "patched_schedules"]
@@ -165,7 +163,7 @@ def _planned_step(schedule: Any, *args: Any, target: Any = None, losses: list | 
         "pipeline_rank": stages[0].group_rank,
         "stages": [dataclasses.asdict(c) for c in sorted(costs_by_stage, key=lambda c: c.stage_index)],
         "stage_ranks": ranks, "order": _order(schedule),
-        "window_seconds": planner.clock() - start, "window_compute_seconds": compute,
+        "window_start": start, "window_seconds": planner.clock() - start, "window_compute_seconds": compute,
         "window_communication_seconds": communication, "window_exposed_communication_seconds": exposed,
         "window_flops": float(planner.flops.get_total_flops() - flops),
     }
@@ -198,16 +196,20 @@ def _transfer_seconds(nbytes: int, ranks: tuple[int, int]) -> float:
     return costs.collective_seconds("send", nbytes, 2, where=costs.placement_of_ranks(ranks))
 
 
-def lay_out(order: list[list[tuple[str, int, int]]], stages: dict[int, StageCost]) -> tuple[list[float], list[int], list[tuple[int, str, int, float, float]]]:
+Timed = tuple[int, str, int, int, float, float]  # pipeline rank, F or B, stage, micro-batch, start, end
+
+
+def lay_out(order: list[list[tuple[str, int, int]]],
+            stages: dict[int, StageCost]) -> tuple[list[float], list[int], list[Timed]]:
     """Time a schedule's action lists from per-stage costs: each pipeline rank runs its actions in order; an action
     waits for its input (previous stage's forward / next stage's backward of the same micro-batch, plus the transfer
     when the two stages are on different ranks). Returns each pipeline rank's finish time, its peak of activation
-    bytes in flight (forwards whose backward has not run), and the timed actions (rank, kind, stage, start, end)."""
+    bytes in flight (forwards whose backward has not run), and the timed actions."""
     last = max(stages)
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * len(order)
     position = [0] * len(order)
-    timed: list[tuple[int, str, int, float, float]] = []
+    timed: list[Timed] = []
     remaining = sum(len(actions) for actions in order)
     while remaining:
         progressed = False
@@ -228,7 +230,7 @@ def lay_out(order: list[list[tuple[str, int, int]]], stages: dict[int, StageCost
                 begin = max(free[rank], ready)
                 cost = stages[stage].forward_seconds if kind == "F" else stages[stage].backward_seconds
                 done[(kind, stage, micro)] = free[rank] = begin + cost
-                timed.append((rank, kind, stage, begin, begin + cost))
+                timed.append((rank, kind, stage, micro, begin, begin + cost))
                 position[rank] += 1
                 remaining -= 1
                 progressed = True
@@ -265,11 +267,12 @@ def combine(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _combined(plan: dict[str, Any], stages: dict[int, StageCost], finish: list[float], peaks: list[int],
-              timed: list[tuple[int, str, int, float, float]]) -> dict[str, Any]:
+              timed: list[Timed]) -> dict[str, Any]:
     pipe = plan["pipeline"]
     rank, micro = pipe["pipeline_rank"], pipe["n_microbatches"]
     mine = [c["stage_index"] for c in pipe["stages"]]
-    busy = sum(end - begin for r, _, _, begin, end in timed if r == rank)
+    mine_timed = [t for t in timed if t[0] == rank]
+    busy = sum(end - begin for *_, begin, end in mine_timed)
     extra = max(0, peaks[rank] - sum(stages[s].activation_bytes for s in mine))
     sends = sum(2 * stages[s].send_seconds for s in mine)  # activation forward, its gradient back
     peak = plan["peak_hbm_bytes"] + extra
@@ -287,6 +290,13 @@ def _combined(plan: dict[str, Any], stages: dict[int, StageCost], finish: list[f
                      "bubble_fraction": 1 - busy / max(finish), "activation_peak_bytes": peaks[rank]},
     }
     out["pipeline"].pop("order")
+    # the trace: the whole schedule on a lane of its own where the planned micro-batch ran, what came after later
+    start, delay = pipe["window_start"], finish[rank] - pipe["window_seconds"]
+    out["schedule_lanes"] = [(f"{kind} stage {stage} micro-batch {micro}", start + begin, start + end)
+                             for _, kind, stage, micro, begin, end in mine_timed]
+    after = start + pipe["window_seconds"]
+    out["lanes"] = [(name, stream, a + delay, b + delay) if a >= after else (name, stream, a, b)
+                    for name, stream, a, b in plan["lanes"]]
     if out["oom"] is None and not out["fits"]:
         out["oom"] = {"op": f"activations of the micro-batches {pipe['schedule']} keeps in flight",
                       "module": f"pipeline stages {mine}", "reserved_bytes": peak,
