@@ -31,14 +31,14 @@ def plan(tmp_path, *args: str, script: str = "mlp.py", options: tuple[str, ...] 
     return done.returncode, report, done.stderr + done.stdout
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "fsdp2_noreshard", "hsdp", "tp"])
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "fsdp2_noreshard", "hsdp", "zero", "tp"])
 def test_parallelism_plans_with_its_collectives(tmp_path, mode):
     code, report, output = plan(tmp_path, mode, options=("--tokens-per-step", "4096"))
     assert code == 0, output
     for key, kind in REPORT_KEYS.items():
         assert isinstance(report[key], kind), (key, report[key])
     assert report["world_size"] == 32 and report["fits"]
-    assert report["communication_seconds"] > 0
+    assert report["communication_seconds"] > 0 and report["flops_per_step"] > 0  # a whole step: compute too
     assert 0 < report["compute_seconds"] <= report["step_seconds"]
     assert report["exposed_communication_seconds"] <= report["communication_seconds"] + 1e-12
     # priced from the spec's cited trn1.32xlarge price

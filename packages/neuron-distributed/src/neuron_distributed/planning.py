@@ -11,7 +11,8 @@ What is PyTorch's and what is ours:
   catalogue, cost model, streams and allocator model), and every collective through `costs.charge`, the function
   the real process group uses. Plan mode changes what is stored, not what is charged.
 
-The step is found without changing the script: an optimizer step (`register_optimizer_step_post_hook`) closes it;
+The step is found without changing the script: an optimizer step (`register_optimizer_step_post_hook`; an optimizer
+stepped inside another's step, as `ZeroRedundancyOptimizer` steps its local one, is part of it) closes it;
 a script without an optimizer is planned whole. HBM: the allocator model runs with no capacity limit so a plan that
 does not fit still completes; the first allocation that takes the reserved bytes past the core's HBM is recorded
 with its op, its module and the largest live tensors by module.
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from neuron_device import services
@@ -246,6 +247,7 @@ class _Planner:
         self.live: dict[int, tuple[weakref.ref, int, str, str]] = {}
         self.oom: dict[str, Any] | None = None
         self.pipeline: dict[str, Any] | None = None
+        self.optimizer_depth = 0
         self.modules: Any = None
         self.flops: Any = None
 
@@ -276,7 +278,13 @@ class _Planner:
         ranked = sorted(by_module.items(), key=lambda item: -item[1][0])[:top]
         return [{"module": m, "bytes": b, "tensors": n} for m, (b, n) in ranked]
 
+    def optimizer_stepping(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_depth += 1
+
     def optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_depth -= 1
+        if self.optimizer_depth > 0:  # an optimizer inside another's step (ZeroRedundancyOptimizer's local AdamW)
+            return
         self.boundaries.append(self.clock())
         self.flops_at.append(float(self.flops.get_total_flops()))
         if self.steps is not None and len(self.boundaries) - 1 >= self.steps:
@@ -402,8 +410,9 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
         stack.callback(dist.Backend._plugins.__setitem__, "NEURON", plugin)
         previous = services.set_charge_recorder(planner.record)
         stack.callback(services.set_charge_recorder, previous)
-        handle = register_optimizer_step_post_hook(planner.optimizer_stepped)
-        stack.callback(handle.remove)
+        for handle in (register_optimizer_step_pre_hook(planner.optimizer_stepping),
+                       register_optimizer_step_post_hook(planner.optimizer_stepped)):
+            stack.callback(handle.remove)
         _active = planner
         stack.callback(globals().__setitem__, "_active", None)
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
