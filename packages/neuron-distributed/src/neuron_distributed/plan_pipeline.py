@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from . import costs
+from neuron_device.services import flat_tensors
 
 __all__ = ["StageCost", "combine", "lay_out", "patched_schedules"]
 
@@ -55,14 +56,6 @@ def _fakes_from_meta(stage: Any) -> tuple[torch.Tensor, ...]:
             "PipelineStage(..., input_args=(torch.empty(shape, dtype=..., device='meta'),)) (meta tensors are enough)")
     return tuple(torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=stage.device,
                                      requires_grad=m.requires_grad) for m in metas)
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item)]
-    return []
 
 
 def _single_order(kind: str, stages: int, micro: int) -> list[list[tuple[str, int, int]]]:
@@ -151,9 +144,9 @@ def _planned_step(schedule: Any, *args: Any, target: Any = None, losses: list | 
             if stage.is_last and loss is not None:
                 loss.backward()
             else:
-                outs = [t for t in _tensors(out) if t.requires_grad]
+                outs = [t for t in flat_tensors(out) if t.requires_grad]
                 torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
-        sent = 0 if stage.is_last else sum(t.numel() * t.element_size() for t in _tensors(out))
+        sent = 0 if stage.is_last else sum(t.numel() * t.element_size() for t in flat_tensors(out))
         pair = (ranks[stage.stage_index], ranks[min(stage.stage_index + 1, len(ranks) - 1)])
         costs_by_stage.append(StageCost(stage.stage_index, forward, planner.clock() - before_clock,
                                         max(0, activation), sent, _transfer_seconds(sent, pair)))
