@@ -25,8 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import costs
 from neuron_device.services import flat_tensors
+
+from . import costs
 
 __all__ = ["StageCost", "combine", "lay_out", "patched_schedules"]
 
