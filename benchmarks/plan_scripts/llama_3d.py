@@ -220,7 +220,8 @@ optimizer = torch.optim.AdamW(parameters, lr=1e-5)
 for _ in range(args.steps):
     ids = torch.randint(0, full.vocab_size, (global_batch // args.dp, args.seq), device=device)
     inputs = (ids,) if any(stage.is_first for stage in stages) else ()
-    schedule.step(*inputs, **({"target": ids} if any(stage.is_last for stage in stages) else {}))
+    targets = {"target": ids} if any(stage.is_last for stage in stages) else {}
+    schedule.step(*inputs, **targets, return_outputs=False)  # the last stage keeps no logits of every micro-batch
     if args.dp > 1:
         for p in parameters:
             dist.all_reduce(p.grad, group=dp_group)
