@@ -211,8 +211,9 @@ def test_pipeline_plans_every_stage_once(tmp_path, schedule):
     """PP 4 x DP 8 on 32 ranks: rank 0 is planned, then one rank of each other stage (found from rank 0's stage
     group); the step is the schedule laid out from the stages' costs, bubble included."""
     stages_per_rank = "2" if schedule == "interleaved" else "1"
+    trace = tmp_path / "trace.json"
     code, report, output = plan(tmp_path, schedule, "--stages-per-rank", stages_per_rank, script="pipeline.py",
-                                options=("--jobs", "2"))
+                                options=("--jobs", "2", "--trace", str(trace)))
     assert code == 0, output
     assert report["ranks_planned"] == [0, 1, 2, 3]  # mesh (dp, pp): a pipeline's stages are consecutive ranks
     pipe = report["pipeline"]
@@ -223,6 +224,10 @@ def test_pipeline_plans_every_stage_once(tmp_path, schedule):
     assert 0 < pipe["bubble_fraction"] < 1
     busy = sum(s["forward_seconds"] + s["backward_seconds"] for s in pipe["stages"]) * 8 / 4
     assert report["step_seconds"] > busy  # the bubble shows up
+    # the trace: each planned rank's whole schedule on a lane of its own, a forward and a backward per micro-batch
+    lanes = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X" and e["tid"] == "schedule"]
+    assert sorted({e["pid"] for e in lanes}) == [0, 1, 2, 3]
+    assert len(lanes) == 4 * 2 * 8 * int(stages_per_rank)
 
 
 @pytest.mark.slow

@@ -86,16 +86,18 @@ def placement(group_size: int, cores_per_chip: int, cores_per_instance: int) -> 
     return "instance" if group_size <= cores_per_instance else "network"
 
 
-def placement_of_ranks(ranks: list[int] | tuple[int, ...]) -> str:
-    """Where the given global ranks live on this process's simulated cluster (torchrun's placement: consecutive
-    ranks fill a chip, then an instance): one chip, one instance, or across instances."""
-    topo = services.topology()
-    per_chip = max(1, topo.target.physical_cores_per_chip // topo.lnc)
-    inst = INSTANCE_TYPES.get(topo.instance_type or "")
-    per_instance = per_chip * (inst.chips if inst is not None else topo.chips)
-    if len({r // per_chip for r in ranks}) == 1:
+def placement_of_ranks(ranks: list[int] | tuple[int, ...], cores_per_chip: int | None = None,
+                       cores_per_instance: int | None = None) -> str:
+    """Where the given global ranks live (torchrun's placement: consecutive ranks fill a chip, then an instance):
+    one chip, one instance, or across instances. The sizes default to this process's simulated machine."""
+    if cores_per_chip is None or cores_per_instance is None:
+        topo = services.topology()
+        cores_per_chip = max(1, topo.target.physical_cores_per_chip // topo.lnc)
+        inst = INSTANCE_TYPES.get(topo.instance_type or "")
+        cores_per_instance = cores_per_chip * (inst.chips if inst is not None else topo.chips)
+    if len({r // cores_per_chip for r in ranks}) == 1:
         return "chip"
-    return "instance" if len({r // per_instance for r in ranks}) == 1 else "network"
+    return "instance" if len({r // cores_per_instance for r in ranks}) == 1 else "network"
 
 
 def _hops(algo: str, n: int) -> int:
