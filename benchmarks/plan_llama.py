@@ -6,8 +6,8 @@ what planning costs this host (wall and CPU seconds, the largest child's peak re
 
 Rows: 70B on 32 x trn1.32xlarge with TP 32 / PP 8 / DP 4, seq 8192, micro-batch 1, global batch 1,024 (1F1B,
 activation checkpointing) without and with sequence parallelism (the activations kept between a stage's forward
-and backward shrink by TP: the first runs out of HBM, the second fits), GPipe (keeps all 256 micro-batches in
-flight: out of HBM), and Llama-3.1-405B (TP 32 / PP 9 / DP 4 on 36 instances, 14 layers a stage).
+and backward shrink by TP), GPipe (keeps all 256 micro-batches in flight), and Llama-3.1-405B (TP 32 / PP 9 /
+DP 4 on 36 instances, 14 layers a stage).
 """
 
 import argparse
