@@ -19,6 +19,15 @@ def test_placement_by_group_size():
     assert costs.placement(64, cores_per_chip=2, cores_per_instance=32) == "network"
 
 
+def test_placement_by_the_group_s_ranks():
+    """A strided group is placed by where its ranks are: a 3-D mesh's DP group (every 256th rank) spans instances
+    though it has 4 ranks; its TP group (32 consecutive ranks) is one instance."""
+    assert costs.placement_of_ranks([0, 256, 512, 768], cores_per_chip=2, cores_per_instance=32) == "network"
+    assert costs.placement_of_ranks(list(range(32, 64)), cores_per_chip=2, cores_per_instance=32) == "instance"
+    assert costs.placement_of_ranks([6, 7], cores_per_chip=2, cores_per_instance=32) == "chip"
+    assert costs.placement_of_ranks([7, 8], cores_per_chip=2, cores_per_instance=32) == "instance"
+
+
 def test_small_all_reduce_is_launch_bound_and_large_one_bandwidth_bound():
     small = costs.collective_seconds("allreduce", 1024, 2, target="trn1", where="chip")
     big = costs.collective_seconds("allreduce", 1 << 30, 2, target="trn1", where="chip")

@@ -1,6 +1,7 @@
 """neuron-plan: an unmodified script planned as one rank of a full cluster (fake tensors, fake process group),
 charged as the real run is. Each plan runs the CLI in a subprocess (fresh simulator state), bounded in time."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 from launcher import WORKERS, launch
 
 from neuron_distributed.plan_cli import build_report, cores_per_node, parse_command
+from neuron_distributed.plan_pipeline import StageCost, _single_order, combine, lay_out
 
 PLAN = WORKERS / "plan"
 REPORT_KEYS = {"world_size": int, "step_seconds": float, "compute_seconds": float, "communication_seconds": float,
@@ -17,24 +19,26 @@ REPORT_KEYS = {"world_size": int, "step_seconds": float, "compute_seconds": floa
                "hbm_capacity_bytes": int, "fits": bool}
 
 
-def plan(tmp_path, *args: str, script: str = "mlp.py", options: tuple[str, ...] = ()):
+def plan(tmp_path, *args: str, script: str = "mlp.py", options: tuple[str, ...] = (), env: dict | None = None):
     """Run neuron-plan on workers/plan/<script> ARGS; return (exit code, JSON report or None, stderr)."""
     out = tmp_path / "plan.json"
+    out.unlink(missing_ok=True)
     command = [sys.executable, "-m", "neuron_distributed.plan_cli", *options, "--json", str(out), "--",
                "python", str(PLAN / script), *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False,
+                          env={**os.environ, **(env or {})})
     report = json.loads(out.read_text()) if out.exists() else None
     return done.returncode, report, done.stderr + done.stdout
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "fsdp2_noreshard", "tp"])
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2", "fsdp2_noreshard", "hsdp", "zero", "tp"])
 def test_parallelism_plans_with_its_collectives(tmp_path, mode):
     code, report, output = plan(tmp_path, mode, options=("--tokens-per-step", "4096"))
     assert code == 0, output
     for key, kind in REPORT_KEYS.items():
         assert isinstance(report[key], kind), (key, report[key])
     assert report["world_size"] == 32 and report["fits"]
-    assert report["communication_seconds"] > 0
+    assert report["communication_seconds"] > 0 and report["flops_per_step"] > 0  # a whole step: compute too
     assert 0 < report["compute_seconds"] <= report["step_seconds"]
     assert report["exposed_communication_seconds"] <= report["communication_seconds"] + 1e-12
     # priced from the spec's cited trn1.32xlarge price
@@ -53,7 +57,8 @@ def test_tensor_parallel_charges_the_local_shard(tmp_path):
 def test_value_read_names_the_line(tmp_path):
     code, report, output = plan(tmp_path, "ddp", "--value-read")
     assert code != 0 and report is None
-    assert "PlanValueError" in output and "mlp.py:47" in output and "loss.item()" in output
+    line = next(n for n, text in enumerate((PLAN / "mlp.py").read_text().splitlines(), 1) if "loss.item()" in text)
+    assert "PlanValueError" in output and f"mlp.py:{line}" in output and "loss.item()" in output
     assert "is_planning" in output  # the way out
 
 
@@ -67,6 +72,22 @@ def test_oom_is_located_and_lowering_the_batch_fits(tmp_path):
     assert oom["largest_live_tensors_by_module"][0] == {"module": "Sequential.0", "bytes": 16 << 30, "tensors": 1}
     _, small, _ = plan(tmp_path, "none", "--width", "4096", "--batch", "8")
     assert small["fits"] is True and "oom" not in small
+
+
+def test_data_parallel_oom_fits_with_tensor_parallelism(tmp_path):
+    """A 1024-wide MLP (8.4 M fp32 parameters, 33.6 MB) on cores of 128 MiB: DDP keeps on every rank the model, its
+    gradient buckets and the gradients (3 x 33.6 MB), so AdamW's two states (67 MB more, 20 B a parameter in all)
+    run out of HBM at their first `zeros_like`. TP over the 32 ranks keeps 1/32 of the parameters, gradients and
+    states; the script moves the whole model to the device before sharding it, and that peak still fits."""
+    memory = {"NEURON_SIM_DEVICE_MEMORY": "128MiB"}
+    params = 8 * 1024**2 + 5 * 1024
+    _, ddp, _ = plan(tmp_path, "ddp", "--width", "1024", env=memory)
+    assert ddp["hbm_capacity_bytes"] == 128 << 20
+    assert ddp["fits"] is False and ddp["oom"]["op"] == "aten.zeros_like.default"
+    assert ddp["peak_allocated_bytes"] >= 20 * params
+    _, tp, _ = plan(tmp_path, "tp", "--width", "1024", env=memory)
+    assert tp["fits"] is True and "oom" not in tp
+    assert tp["peak_hbm_bytes"] <= 128 << 20 < ddp["peak_hbm_bytes"]
 
 
 def test_world_size_the_nodes_cannot_hold_is_refused():
@@ -136,3 +157,94 @@ print(json.dumps(plan.as_dict()))
     plan = json.loads(done.stdout.strip().splitlines()[-1])
     assert plan["rank"] == 3 and plan["world_size"] == 8 and plan["steps_observed"] == 1
     assert plan["communication_seconds"] > 0 and plan["fits"]
+
+
+def _equal_stages(count: int, forward: float = 1.0, backward: float = 2.0, activation: int = 10):
+    return {s: StageCost(s, forward, backward, activation, send_bytes=0, send_seconds=0.0) for s in range(count)}
+
+
+@pytest.mark.parametrize("schedule", ["ScheduleGPipe", "Schedule1F1B"])
+def test_schedule_of_equal_stages_has_the_textbook_bubble(schedule):
+    """P equal stages, M micro-batches, no transfer time: both schedules take (M + P - 1)(f + b), a bubble of
+    (P - 1) / (M + P - 1); GPipe keeps all M micro-batches' activations on stage 0, 1F1B at most P."""
+    stages, micro = 4, 8
+    finish, peaks, _ = lay_out(_single_order(schedule, stages, micro), _equal_stages(stages))
+    assert max(finish) == pytest.approx((micro + stages - 1) * 3.0)
+    assert peaks[0] == (micro if schedule == "ScheduleGPipe" else stages) * 10
+    assert peaks[-1] == (micro if schedule == "ScheduleGPipe" else 1) * 10
+
+
+def test_schedule_waits_for_the_transfer_between_stages():
+    """A transfer of t between every pair of stages delays the first forward of the last stage by (P - 1) t and
+    the first backward of stage 0 by (P - 1) t more: one micro-batch takes P(f + b) + 2(P - 1) t."""
+    stages = {s: StageCost(s, 1.0, 2.0, 0, send_bytes=1, send_seconds=0.5) for s in range(3)}
+    finish, _, _ = lay_out(_single_order("Schedule1F1B", 3, 1), stages)
+    assert finish[0] == pytest.approx(3 * 3.0 + 2 * 2 * 0.5)
+
+
+def test_slowest_stage_sets_the_steady_state():
+    """1F1B with one slow stage: after the fill, a micro-batch goes by every f + b of the slowest stage."""
+    stages = _equal_stages(4)
+    stages[2] = StageCost(2, 2.0, 4.0, 10, 0, 0.0)
+    short, _, _ = lay_out(_single_order("Schedule1F1B", 4, 8), stages)
+    longer, _, _ = lay_out(_single_order("Schedule1F1B", 4, 16), stages)
+    assert max(longer) - max(short) == pytest.approx(8 * 6.0)
+
+
+def test_deadlocked_schedule_is_refused():
+    order = [[("B", 0, 0), ("F", 0, 0)], [("F", 1, 0), ("B", 1, 0)]]
+    with pytest.raises(RuntimeError, match="deadlocks"):
+        lay_out(order, _equal_stages(2))
+
+
+def test_unplanned_stage_is_named():
+    plan = {"pipeline": {"num_stages": 2, "stage_ranks": [0, 8], "stages": [dataclasses.asdict(StageCost(
+        0, 1.0, 1.0, 0, 0, 0.0))], "order": []}}
+    with pytest.raises(RuntimeError, match=r"stages \[1\] were not planned; plan their ranks too: \[8\]"):
+        combine([plan])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_pipeline_plans_every_stage_once(tmp_path, schedule):
+    """PP 4 x DP 8 on 32 ranks: rank 0 is planned, then one rank of each other stage (found from rank 0's stage
+    group); the step is the schedule laid out from the stages' costs, bubble included."""
+    stages_per_rank = "2" if schedule == "interleaved" else "1"
+    trace = tmp_path / "trace.json"
+    code, report, output = plan(tmp_path, schedule, "--stages-per-rank", stages_per_rank, script="pipeline.py",
+                                options=("--jobs", "2", "--trace", str(trace)))
+    assert code == 0, output
+    assert report["ranks_planned"] == [0, 1, 2, 3]  # mesh (dp, pp): a pipeline's stages are consecutive ranks
+    pipe = report["pipeline"]
+    assert pipe["num_stages"] == 4 * int(stages_per_rank) and pipe["n_microbatches"] == 8
+    assert [s["stage_index"] for s in pipe["stages"]] == list(range(pipe["num_stages"]))
+    last = pipe["stages"][-1]
+    assert last["forward_seconds"] > pipe["stages"][0]["forward_seconds"] > 0  # the last stage has a layer more
+    assert 0 < pipe["bubble_fraction"] < 1
+    busy = sum(s["forward_seconds"] + s["backward_seconds"] for s in pipe["stages"]) * 8 / 4
+    assert report["step_seconds"] > busy  # the bubble shows up
+    # the trace: each planned rank's whole schedule on a lane of its own, a forward and a backward per micro-batch
+    lanes = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X" and e["tid"] == "schedule"]
+    assert sorted({e["pid"] for e in lanes}) == [0, 1, 2, 3]
+    assert len(lanes) == 4 * 2 * 8 * int(stages_per_rank)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_pipeline_planning_does_not_grow_with_micro_batches(tmp_path):
+    """Twice the micro-batches: the same per-stage costs (one micro-batch is planned either way), a longer step and
+    a smaller bubble."""
+    runs = {}
+    for micro in ("8", "16"):
+        code, runs[micro], output = plan(tmp_path, "1f1b", "--micro-batches", micro, script="pipeline.py",
+                                         options=("--jobs", "2"))
+        assert code == 0, output
+    assert runs["8"]["pipeline"]["stages"] == runs["16"]["pipeline"]["stages"]
+    assert runs["16"]["step_seconds"] > runs["8"]["step_seconds"]
+    assert runs["16"]["pipeline"]["bubble_fraction"] < runs["8"]["pipeline"]["bubble_fraction"]
+
+
+def test_pipeline_stage_without_input_shapes_is_refused(tmp_path):
+    code, _, output = plan(tmp_path, "1f1b", "--no-input-shape", script="pipeline.py", options=("--ranks", "1"))
+    assert code != 0 and "built without input_args" in output and "device='meta'" in output

@@ -34,7 +34,7 @@ from neuron_spec.hardware import INSTANCE_TYPES, resolve_target
 from . import envvars
 
 __all__ = ["COLLECTIVE_LAUNCH_SECONDS", "HOP_SECONDS_ACROSS_NODES", "HOP_SECONDS_INSIDE_NODE", "LINK_EFFICIENCY",
-           "algorithm", "buckets", "charge", "collective_seconds", "placement"]
+           "algorithm", "buckets", "charge", "collective_seconds", "placement", "placement_of_ranks"]
 
 # Fitted on C1's plateau: a 2-rank fp32 all-reduce of 1-64 KiB takes 58 us whatever its size (minus two hops).
 COLLECTIVE_LAUNCH_SECONDS = 55e-6
@@ -86,6 +86,20 @@ def placement(group_size: int, cores_per_chip: int, cores_per_instance: int) -> 
     return "instance" if group_size <= cores_per_instance else "network"
 
 
+def placement_of_ranks(ranks: list[int] | tuple[int, ...], cores_per_chip: int | None = None,
+                       cores_per_instance: int | None = None) -> str:
+    """Where the given global ranks live (torchrun's placement: consecutive ranks fill a chip, then an instance):
+    one chip, one instance, or across instances. The sizes default to this process's simulated machine."""
+    if cores_per_chip is None or cores_per_instance is None:
+        topo = services.topology()
+        cores_per_chip = max(1, topo.target.physical_cores_per_chip // topo.lnc)
+        inst = INSTANCE_TYPES.get(topo.instance_type or "")
+        cores_per_instance = cores_per_chip * (inst.chips if inst is not None else topo.chips)
+    if len({r // cores_per_chip for r in ranks}) == 1:
+        return "chip"
+    return "instance" if len({r // cores_per_instance for r in ranks}) == 1 else "network"
+
+
 def _hops(algo: str, n: int) -> int:
     if algo == "mesh":
         return 1
@@ -135,11 +149,14 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], group_size: int) -> None:
-    """Queue the collective's simulated time on the current stream of each `neuron` device it touches."""
+def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], group_size: int,
+           ranks: list[int] | None = None) -> None:
+    """Queue the collective's simulated time on the current stream of each `neuron` device it touches; `ranks`
+    (the group's global ranks, when known) place it, else a group of `group_size` consecutive ranks is assumed."""
     devices = {t.device.index or 0 for t in (*inputs, *outputs) if t.device.type == "neuron"}
     if not devices:
         return
-    seconds = collective_seconds(kind, max(_nbytes(inputs), _nbytes(outputs)), group_size)
+    where = placement_of_ranks(ranks) if ranks else None
+    seconds = collective_seconds(kind, max(_nbytes(inputs), _nbytes(outputs)), group_size, where=where)
     for index in devices:
         services.charge(index, seconds, f"c10d::{kind}")  # the name labels the collective in a profiler trace

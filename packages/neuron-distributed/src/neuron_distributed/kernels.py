@@ -45,23 +45,33 @@ OPS: dict[str, str] = {
 }
 
 
-def _group_size(args: tuple[Any, ...]) -> int:
-    """Size of the op's process group: the boxed ProcessGroup (a ScriptObject) of a `c10d::*` op's arguments."""
+def _group(args: tuple[Any, ...]) -> torch.distributed.ProcessGroup | None:
+    """The op's process group: the boxed ProcessGroup (a ScriptObject) of a `c10d::*` op's arguments."""
     for arg in args:
         if isinstance(arg, torch.distributed.ProcessGroup):
-            return int(arg.size())
+            return arg
         if isinstance(arg, torch.ScriptObject):
             try:
-                return int(torch.distributed.ProcessGroup.unbox(arg).size())
+                return torch.distributed.ProcessGroup.unbox(arg)
             except RuntimeError:  # another custom class (a ReduceOp, Work)
                 continue
-    return 1
+    return None
+
+
+def group_ranks(group: torch.distributed.ProcessGroup) -> list[int] | None:
+    """The group's global ranks, or None for a group this process did not register (no placement known)."""
+    try:
+        return torch.distributed.get_process_group_ranks(group)
+    except (KeyError, ValueError, RuntimeError):
+        return None
 
 
 def charge_c10d(kind: str, args: tuple[Any, ...]) -> None:
     """Charge one `c10d::*` call of collective `kind` (its first argument is the output or in-place tensors)."""
     second = flat_tensors(args[1]) if len(args) > 1 else []
-    costs.charge(kind, second, flat_tensors(args[0]), _group_size(args))
+    group = _group(args)
+    size = int(group.size()) if group is not None else 1
+    costs.charge(kind, second, flat_tensors(args[0]), size, group_ranks(group) if group is not None else None)
 
 
 def _kernel(op_name: str, kind: str) -> Callable[..., Any]:

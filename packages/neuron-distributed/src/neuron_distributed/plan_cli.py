@@ -6,7 +6,9 @@
 
 Each planned rank runs in its own process (`plan_rank`, fresh simulator state) with the environment torchrun would
 give it on the whole cluster; the report takes the slowest rank's step and the largest per-core HBM peak. Ranks
-are planned as listed by `--ranks` (default: rank 0): ranks that do the same work need planning once.
+that do the same work need planning once: by default (`--ranks auto`) rank 0 is planned, then, when it turns out to
+be a pipeline stage, one rank of every other stage (the stages differ: first, middle, last); `--ranks 0,31` plans
+the listed ranks. Up to `--jobs` ranks are planned at once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from neuron_spec.hardware import INSTANCE_TYPES, TARGETS
 from neuron_spec.machine import INSTANCE
 
 from . import envvars
+from .plan_pipeline import combine
 from .planning import launcher_environment
 
 __all__ = ["build_report", "cores_per_node", "main", "parse_command"]
@@ -103,7 +106,9 @@ def _plan_one(rank: int, steps: int | None, out: str, script: list[str]) -> None
 
 def build_report(plans: list[dict[str, Any]], *, instance: str, nodes: int, tokens_per_step: int | None,
                  price_per_hour: float | None) -> dict[str, Any]:
-    """The job's report from its planned ranks: the slowest rank's step, the largest per-core HBM peak."""
+    """The job's report from its planned ranks: the slowest rank's step, the largest per-core HBM peak (a pipeline's
+    schedule laid out first from every stage's costs)."""
+    plans = combine(plans)
     slowest = max(plans, key=lambda p: p["step_seconds"])
     found = INSTANCE_TYPES[instance]
     target = TARGETS[found.target]
@@ -122,6 +127,12 @@ def build_report(plans: list[dict[str, Any]], *, instance: str, nodes: int, toke
         "hbm_capacity_bytes": slowest["hbm_capacity_bytes"],
         "fits": all(p["fits"] for p in plans),
     }
+    if slowest.get("pipeline"):
+        pipe = slowest["pipeline"]
+        report["pipeline"] = {key: pipe[key] for key in ("schedule", "num_stages", "n_microbatches", "pipeline_rank",
+                                                         "bubble_fraction")}
+        report["pipeline"]["stages"] = sorted({c["stage_index"]: c for p in plans for c in p["pipeline"]["stages"]}
+                                              .values(), key=lambda c: c["stage_index"])
     oom = next((p for p in plans if p["oom"] is not None), None)
     if oom is not None:
         report["oom"] = {"rank": oom["rank"], **oom["oom"]}
@@ -152,6 +163,13 @@ def format_report(report: dict[str, Any]) -> str:
         else:
             text = str(value)
         lines.append(f"  {key:32s} {text}")
+    if "pipeline" in report:
+        pipe = report["pipeline"]
+        lines.append(f"  pipeline: {pipe['schedule']}, {pipe['num_stages']} stages, {pipe['n_microbatches']} "
+                     f"micro-batches, bubble {pipe['bubble_fraction']:.1%} on pipeline rank {pipe['pipeline_rank']}")
+        lines += [f"    stage {c['stage_index']:3d}: forward {c['forward_seconds'] * 1e3:9.3f} ms, backward "
+                  f"{c['backward_seconds'] * 1e3:9.3f} ms, activations {c['activation_bytes'] / 2**30:7.2f} GiB a "
+                  "micro-batch" for c in pipe["stages"]]
     if "oom" in report:
         oom = report["oom"]
         lines.append(f"  out of HBM on rank {oom['rank']} at {oom['op']} in {oom['module']}; largest live tensors:")
@@ -168,8 +186,45 @@ def _trace(path: str, plans: list[dict[str, Any]]) -> None:
         for name, stream, start, end in plan["lanes"]:
             events.append({"ph": "X", "name": name, "pid": plan["rank"], "tid": stream, "ts": start * 1e6,
                            "dur": (end - start) * 1e6})
+        if plan.get("schedule_lanes"):  # a pipeline stage: the whole schedule on a lane of its own
+            events.append({"ph": "M", "name": "thread_name", "pid": plan["rank"], "tid": "schedule",
+                           "args": {"name": "pipeline schedule"}})
+            events += [{"ph": "X", "name": name, "pid": plan["rank"], "tid": "schedule", "ts": start * 1e6,
+                        "dur": (end - start) * 1e6} for name, start, end in plan["schedule_lanes"]]
     with open(path, "w") as handle:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, handle)
+
+
+class _Ranks:
+    """Plans ranks in child processes, up to `--jobs` at once; a rank that fails stops the plan."""
+
+    def __init__(self, scratch: str, script: list[str], options: argparse.Namespace, world: int,
+                 per_node: int) -> None:
+        self.scratch, self.script, self.options, self.world, self.per_node = scratch, script, options, world, per_node
+
+    def _start(self, rank: int) -> tuple[subprocess.Popen, str]:
+        out = os.path.join(self.scratch, f"rank{rank}.json")
+        command = [sys.executable, "-m", "neuron_distributed.plan_cli", "--_rank", str(rank),
+                   str(self.options.steps), out, *self.script]
+        with launcher_environment(rank, self.world, self.per_node), INSTANCE.overridden(self.options.instance):
+            return subprocess.Popen(command), out
+
+    def __call__(self, ranks: list[int]) -> list[dict[str, Any]]:
+        plans: dict[int, dict[str, Any]] = {}
+        pending, running = list(ranks), []
+        while pending or running:
+            while pending and len(running) < max(1, self.options.jobs):
+                rank = pending.pop(0)
+                running.append((rank, *self._start(rank)))
+            rank, child, out = running.pop(0)
+            if child.wait() != 0:
+                for _, other, _ in running:
+                    other.kill()
+                    other.wait()
+                raise SystemExit(f"neuron-plan: planning rank {rank} failed (exit code {child.returncode})")
+            with open(out) as handle:
+                plans[rank] = json.load(handle)
+        return [plans[rank] for rank in ranks]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instance", default="trn1.32xlarge")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps to plan (the last one is reported)")
-    parser.add_argument("--ranks", default="0", help="comma-separated ranks to plan (the distinct roles)")
+    parser.add_argument("--ranks", default="auto",
+                        help="comma-separated ranks to plan (the distinct roles); auto: rank 0, then every other "
+                        "pipeline stage")
+    parser.add_argument("--jobs", type=int, default=1, help="ranks planned at once (one process each)")
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--trace")
     parser.add_argument("--tokens-per-step", type=int)
@@ -194,24 +252,17 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"neuron-plan: --nodes must be at least 1, got {options.nodes}")
     world = per_node * options.nodes
     script = parse_command(argv[split + 1:], per_node, options.nodes)
-    ranks = [int(r) for r in options.ranks.split(",")]
+    ranks = [0] if options.ranks == "auto" else [int(r) for r in options.ranks.split(",")]
     for rank in ranks:
         if not 0 <= rank < world:
             raise SystemExit(f"neuron-plan: rank {rank} is outside the world: {options.nodes} x {options.instance} "
                              f"= {options.nodes} x {per_node} NeuronCores = {world} ranks")
-    plans = []
     with tempfile.TemporaryDirectory() as scratch:
-        for rank in ranks:
-            out = os.path.join(scratch, f"rank{rank}.json")
-            command = [sys.executable, "-m", "neuron_distributed.plan_cli", "--_rank", str(rank),
-                       str(options.steps), out, *script]
-            with launcher_environment(rank, world, per_node), INSTANCE.overridden(options.instance):
-                done = subprocess.run(command, check=False)
-            if done.returncode != 0:
-                print(f"neuron-plan: planning rank {rank} failed (exit code {done.returncode})", file=sys.stderr)
-                return done.returncode
-            with open(out) as handle:
-                plans.append(json.load(handle))
+        plan_ranks = _Ranks(scratch, script, options, world, per_node)
+        plans = plan_ranks(ranks)
+        if options.ranks == "auto" and plans[0].get("pipeline"):
+            others = sorted(set(plans[0]["pipeline"]["stage_ranks"]) - {0})
+            plans += plan_ranks(others)
     report = build_report(plans, instance=options.instance, nodes=options.nodes,
                           tokens_per_step=options.tokens_per_step, price_per_hour=options.price_per_hour)
     print(format_report(report))
@@ -219,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(options.json_path, "w") as handle:
             json.dump(report, handle, indent=2)
     if options.trace:
-        _trace(options.trace, plans)
+        _trace(options.trace, combine(plans))
     return 0
 
 

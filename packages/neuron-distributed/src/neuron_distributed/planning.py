@@ -11,7 +11,8 @@ What is PyTorch's and what is ours:
   catalogue, cost model, streams and allocator model), and every collective through `costs.charge`, the function
   the real process group uses. Plan mode changes what is stored, not what is charged.
 
-The step is found without changing the script: an optimizer step (`register_optimizer_step_post_hook`) closes it;
+The step is found without changing the script: an optimizer step (`register_optimizer_step_post_hook`; an optimizer
+stepped inside another's step, as `ZeroRedundancyOptimizer` steps its local one, is part of it) closes it;
 a script without an optimizer is planned whole. HBM: the allocator model runs with no capacity limit so a plan that
 does not fit still completes; the first allocation that takes the reserved bytes past the core's HBM is recorded
 with its op, its module and the largest live tensors by module.
@@ -30,16 +31,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from neuron_device import services
 
 from . import costs, envvars
 from .kernels import OPS as C10D_OPS
-from .kernels import charge_c10d
+from .kernels import charge_c10d, group_ranks
+from .plan_pipeline import patched_schedules
 
-__all__ = ["PlanValueError", "RankPlan", "is_planning", "launcher_environment", "plan", "plan_rank"]
+__all__ = ["PlanValueError", "RankPlan", "active_planner", "is_planning", "launcher_environment", "plan",
+           "plan_rank"]
 
 _aten = torch.ops.aten
 # Functional collectives (DTensor, FSDP2, async TP): op name -> the cost model's collective kind.
@@ -54,7 +57,8 @@ _FUNCTIONAL = {
 # Ops that read a tensor's values into Python: a fake tensor has none.
 _VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default,
                           _aten.allclose.default})
-_HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__))
+_HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__),
+         os.path.dirname(services.__file__))
 
 _active: _Planner | None = None
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
@@ -63,6 +67,13 @@ _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
 def is_planning() -> bool:
     """True inside plan mode: a script can skip a block that needs tensor values (`if not is_planning(): ...`)."""
     return _active is not None
+
+
+def active_planner() -> _Planner:
+    """The planned rank's state (inside plan mode only)."""
+    if _active is None:
+        raise RuntimeError("plan mode is not active")
+    return _active
 
 
 class PlanValueError(RuntimeError):
@@ -104,6 +115,9 @@ class RankPlan:
     hbm_capacity_bytes: int
     fits: bool
     oom: dict[str, Any] | None
+    # a pipeline-parallel rank's stage costs and schedule (`plan_pipeline`); its step_seconds then covers one
+    # micro-batch through its stages, until `plan_pipeline.combine` lays out the schedule with every stage's costs
+    pipeline: dict[str, Any] | None
     lanes: list[tuple[str, int, float, float]]  # (name, stream, start, end) of the planned step, for --trace
 
     def as_dict(self) -> dict[str, Any]:
@@ -166,7 +180,7 @@ class _Charger(TorchDispatchMode):
             group = dist.distributed_c10d._resolve_process_group(args[-1])
             tensors = [t for t in args if isinstance(t, torch.Tensor)] or list(args[0])
             outputs = [result] if isinstance(result, torch.Tensor) else list(result)
-            costs.charge(_FUNCTIONAL[func._opname], tensors, outputs, group.size())
+            costs.charge(_FUNCTIONAL[func._opname], tensors, outputs, group.size(), group_ranks(group))
         else:
             self.planner.allocated(func, services.account_planned_op(func, args, kwargs, result))
         return result
@@ -232,6 +246,8 @@ class _Planner:
         self.charges: list[tuple[str, int, float, float]] = []
         self.live: dict[int, tuple[weakref.ref, int, str, str]] = {}
         self.oom: dict[str, Any] | None = None
+        self.pipeline: dict[str, Any] | None = None
+        self.optimizer_depth = 0
         self.modules: Any = None
         self.flops: Any = None
 
@@ -262,7 +278,13 @@ class _Planner:
         ranked = sorted(by_module.items(), key=lambda item: -item[1][0])[:top]
         return [{"module": m, "bytes": b, "tensors": n} for m, (b, n) in ranked]
 
+    def optimizer_stepping(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_depth += 1
+
     def optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_depth -= 1
+        if self.optimizer_depth > 0:  # an optimizer inside another's step (ZeroRedundancyOptimizer's local AdamW)
+            return
         self.boundaries.append(self.clock())
         self.flops_at.append(float(self.flops.get_total_flops()))
         if self.steps is not None and len(self.boundaries) - 1 >= self.steps:
@@ -274,17 +296,27 @@ class _Planner:
             self.boundaries.append(self.clock())
             self.flops_at.append(float(self.flops.get_total_flops()))
         start, end = self.boundaries[-2], self.boundaries[-1]
-        window = [(n, s, max(a, start), min(b, end)) for n, s, a, b in self.charges if b > start and a < end]
-        comm = [(a, b) for n, _, a, b in window if n.startswith("c10d::")]
-        compute = [(a, b) for n, _, a, b in window if not n.startswith("c10d::")]
+        compute, communication, exposed = self.split(start, end)
         reserved = torch.neuron.max_memory_reserved(self.index)
         return RankPlan(
             rank=self.rank, world_size=self.world_size, steps_observed=steps, step_seconds=end - start,
-            compute_seconds=sum(b - a for a, b in compute), communication_seconds=sum(b - a for a, b in comm),
-            exposed_communication_seconds=_uncovered(_union(comm), _union(compute)),
+            compute_seconds=compute, communication_seconds=communication, exposed_communication_seconds=exposed,
             flops_per_step=self.flops_at[-1] - self.flops_at[-2], peak_hbm_bytes=reserved,
             peak_allocated_bytes=torch.neuron.max_memory_allocated(self.index), hbm_capacity_bytes=self.capacity,
-            fits=self.oom is None and reserved <= self.capacity, oom=self.oom, lanes=window)
+            fits=self.oom is None and reserved <= self.capacity, oom=self.oom, pipeline=self.pipeline,
+            lanes=self.window(start, end))
+
+    def window(self, start: float, end: float) -> list[tuple[str, int, float, float]]:
+        """The charges between two clock readings, clipped to them."""
+        return [(n, s, max(a, start), min(b, end)) for n, s, a, b in self.charges if b > start and a < end]
+
+    def split(self, start: float, end: float) -> tuple[float, float, float]:
+        """Compute, communication and exposed communication seconds between two clock readings."""
+        window = self.window(start, end)
+        comm = [(a, b) for n, _, a, b in window if n.startswith("c10d::")]
+        compute = [(a, b) for n, _, a, b in window if not n.startswith("c10d::")]
+        return (sum(b - a for a, b in compute), sum(b - a for a, b in comm),
+                _uncovered(_union(comm), _union(compute)))
 
 
 def _swap_fakes(swap: Callable) -> Callable:
@@ -368,14 +400,19 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
         from torch.distributed import device_mesh
 
         stack.enter_context(_patched(device_mesh, "init_device_mesh", _outside_plan(device_mesh.init_device_mesh)))
+        for method in ("__getitem__", "get_local_rank", "get_coordinate", "_flatten"):
+            mesh_class = device_mesh.DeviceMesh
+            stack.enter_context(_patched(mesh_class, method, _outside_plan(getattr(mesh_class, method))))
         ddp = torch.nn.parallel.DistributedDataParallel
         stack.enter_context(_patched(ddp, "__init__", _ddp_init(ddp.__init__)))
+        stack.enter_context(patched_schedules())
         dist.Backend._plugins["NEURON"] = plugin._replace(creator_fn=_fake_neuron_group)
         stack.callback(dist.Backend._plugins.__setitem__, "NEURON", plugin)
         previous = services.set_charge_recorder(planner.record)
         stack.callback(services.set_charge_recorder, previous)
-        handle = register_optimizer_step_post_hook(planner.optimizer_stepped)
-        stack.callback(handle.remove)
+        for handle in (register_optimizer_step_pre_hook(planner.optimizer_stepping),
+                       register_optimizer_step_post_hook(planner.optimizer_stepped)):
+            stack.callback(handle.remove)
         _active = planner
         stack.callback(globals().__setitem__, "_active", None)
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))

@@ -1,0 +1,298 @@
+"""Pipeline parallelism in plan mode: one micro-batch through a rank's stages, then the schedule from the costs.
+
+A `torch.distributed.pipelining` schedule's `step` would run every micro-batch through the stage, exchanging
+activations with the neighbouring stages' ranks. A planned rank has no neighbours and each micro-batch costs the
+same, so plan mode runs one micro-batch's forward and backward through each of the rank's stages (charged as a real
+run charges them, on this rank's timeline) and keeps, per stage: forward seconds, backward seconds, the bytes its
+forward keeps alive until the backward, and the bytes it sends to the next stage. Plan mode then lays out the step
+from those costs and the schedule itself (`schedule.pipeline_order`, PyTorch's list of actions of every pipeline
+rank, the one a real run executes): an action starts when its rank is free and its input has arrived (the previous
+stage's forward, or the next stage's backward, plus the point-to-point transfer when the stages are on different
+ranks); the bubble comes out of the dependencies. The cost of planning is one micro-batch per stage, whatever the
+number of micro-batches or the world size.
+
+What is PyTorch's: the schedules, their action lists and stage-to-rank mapping, the input splitting. Ours: running
+one micro-batch instead of all, and timing the action lists (`lay_out`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from neuron_device.services import flat_tensors
+
+from . import costs
+
+__all__ = ["StageCost", "combine", "lay_out", "patched_schedules"]
+
+_COMPUTE = {"F": "forward", "B": "backward"}
+_IGNORED = frozenset({"REDUCE_GRAD", "UNSHARD", "RESHARD", "SEND_F", "RECV_F", "SEND_B", "RECV_B"})
+
+
+@dataclasses.dataclass
+class StageCost:
+    """One micro-batch through one pipeline stage, as planned."""
+
+    stage_index: int
+    forward_seconds: float
+    backward_seconds: float
+    activation_bytes: int  # kept alive from the stage's forward of a micro-batch to its backward
+    send_bytes: int  # the forward's output, sent to the next stage (its gradient comes back the same size)
+    send_seconds: float  # that transfer, priced by the cost model for the two stages' placement
+
+
+def _fakes_from_meta(stage: Any) -> tuple[torch.Tensor, ...]:
+    """The inputs of a non-first stage, built from the shapes the script gave `PipelineStage(input_args=...)`."""
+    metas = stage._user_meta.inputs
+    if metas is None:
+        raise RuntimeError(
+            f"plan mode: pipeline stage {stage.stage_index} was built without input_args; its input shapes would be "
+            "found by exchanging shapes with the previous stage's rank, which a planned rank does not have. Pass "
+            "PipelineStage(..., input_args=(torch.empty(shape, dtype=..., device='meta'),)) (meta tensors are enough)")
+    return tuple(torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=stage.device,
+                                     requires_grad=m.requires_grad) for m in metas)
+
+
+def _single_order(kind: str, stages: int, micro: int) -> list[list[tuple[str, int, int]]]:
+    """Each rank's actions of a single-stage schedule, as its `_step_microbatches` runs them (its
+    `pipeline_order` is a drawing: 1F1B's skips micro-batch 0 on the last rank). GPipe: every forward, then every
+    backward. 1F1B: `min(micro, stages - stage)` forwards, then a backward and a forward in turn, then the rest of
+    the backwards."""
+    order = []
+    for stage in range(stages):
+        if kind == "ScheduleGPipe":
+            order.append([("F", stage, m) for m in range(micro)] + [("B", stage, m) for m in range(micro)])
+            continue
+        warmup = min(micro, stages - stage)
+        actions = [("F", stage, m) for m in range(warmup)]
+        for m in range(micro - warmup):
+            actions += [("B", stage, m), ("F", stage, warmup + m)]
+        actions += [("B", stage, m) for m in range(micro - warmup, micro)]
+        order.append(actions)
+    return order
+
+
+def _order(schedule: Any) -> list[list[tuple[str, int, int]]]:
+    """The schedule's compute actions per pipeline rank: (F or B, stage, micro-batch)."""
+    from torch.distributed.pipelining import schedules
+
+    name = type(schedule).__name__
+    if isinstance(schedule, schedules.PipelineScheduleSingle):
+        if name not in ("ScheduleGPipe", "Schedule1F1B"):
+            raise NotImplementedError(f"plan mode: pipeline schedule {name} is not planned (GPipe, 1F1B and the "
+                                      "multi-stage schedules of forward and full-backward actions are)")
+        return _single_order(name, schedule._num_stages, schedule._n_microbatches)
+    order: list[list[tuple[str, int, int]]] = []
+    for _, actions in sorted(schedule.pipeline_order.items()):
+        kept = []
+        for action in actions:
+            if action is None:
+                continue
+            kind = action.computation_type.value
+            if kind in _COMPUTE:
+                kept.append((kind, action.stage_index, action.microbatch_index))
+            elif kind not in _IGNORED:
+                raise NotImplementedError(
+                    f"plan mode: pipeline schedule {name} uses action {kind!r} (split backward, zero-bubble "
+                    "schedules); only forward (F) and full backward (B) actions are planned")
+        order.append(kept)
+    return order
+
+
+def _stage_ranks(schedule: Any, stages: list[Any]) -> list[int]:
+    """Global rank of every stage (by stage index), from the schedule's stage-to-rank mapping."""
+    group = stages[0].group
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    mapping = getattr(schedule, "stage_index_to_group_rank", None) or {i: i for i in range(stages[0].num_stages)}
+    return [ranks[mapping[s]] for s in range(stages[0].num_stages)]
+
+
+def _planned_step(schedule: Any, *args: Any, target: Any = None, losses: list | None = None,
+                  return_outputs: bool = True, loss_kwargs: dict | None = None, **kwargs: Any) -> Any:
+    """`schedule.step(...)` in plan mode: one micro-batch through this rank's stages (see the module's doc)."""
+    from torch.distributed.pipelining.microbatch import _split_tensor
+    from torch.distributed.pipelining.schedules import _TARGET_CHUNK_SPEC
+
+    from .planning import active_planner
+
+    planner = active_planner()
+    stages = sorted(getattr(schedule, "_stages", None) or [schedule._stage], key=lambda s: s.stage_index)
+    micro = schedule._n_microbatches
+    args_split, kwargs_split = schedule._split_inputs(args, kwargs)
+    target_mb = next(iter(_split_tensor(target, _TARGET_CHUNK_SPEC, micro))) if target is not None else None
+    index = planner.index
+    start, flops = planner.clock(), planner.flops.get_total_flops()
+    kept, loss, output = [], None, None
+    ranks = _stage_ranks(schedule, stages)
+    for stage in stages:
+        before_clock, before_bytes = planner.clock(), torch.neuron.memory_allocated(index)
+        inputs = args_split[0] if stage.is_first else _fakes_from_meta(stage)
+        output = stage.submod(*inputs, **(kwargs_split[0] if stage.is_first else {}))
+        if stage.is_last and schedule._loss_fn is not None:
+            loss = schedule._compute_loss(output, target_mb, loss_kwargs)
+        kept.append([stage, output, planner.clock() - before_clock,
+                     torch.neuron.memory_allocated(index) - before_bytes])
+    costs_by_stage = []
+    for stage, out, forward, activation in reversed(kept):
+        before_clock = planner.clock()
+        if schedule._has_backward:
+            if stage.is_last and loss is not None:
+                loss.backward()
+            else:
+                outs = [t for t in flat_tensors(out) if t.requires_grad]
+                torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
+        sent = 0 if stage.is_last else sum(t.numel() * t.element_size() for t in flat_tensors(out))
+        pair = (ranks[stage.stage_index], ranks[min(stage.stage_index + 1, len(ranks) - 1)])
+        costs_by_stage.append(StageCost(stage.stage_index, forward, planner.clock() - before_clock,
+                                        max(0, activation), sent, _transfer_seconds(sent, pair)))
+    compute, communication, exposed = planner.split(start, planner.clock())
+    planner.pipeline = {
+        "schedule": type(schedule).__name__, "n_microbatches": micro, "num_stages": stages[0].num_stages,
+        "pipeline_rank": stages[0].group_rank,
+        "stages": [dataclasses.asdict(c) for c in sorted(costs_by_stage, key=lambda c: c.stage_index)],
+        "stage_ranks": ranks, "order": _order(schedule),
+        "window_start": start, "window_seconds": planner.clock() - start, "window_compute_seconds": compute,
+        "window_communication_seconds": communication, "window_exposed_communication_seconds": exposed,
+        "window_flops": float(planner.flops.get_total_flops() - flops),
+    }
+    if losses is not None and loss is not None:
+        losses.extend([loss.detach()] * micro)
+    if return_outputs and stages[-1].is_last:
+        return schedule._merge_outputs([output] * micro)
+    return None
+
+
+@contextlib.contextmanager
+def patched_schedules() -> Iterator[None]:
+    """Every pipelining schedule's `step` planned (single-stage and multi-stage schedules)."""
+    from torch.distributed.pipelining import schedules
+
+    olds = [(cls, cls.step) for cls in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti)]
+    for cls, _ in olds:
+        cls.step = _planned_step
+    try:
+        yield
+    finally:
+        for cls, old in olds:
+            cls.step = old
+
+
+def _transfer_seconds(nbytes: int, ranks: tuple[int, int]) -> float:
+    """One point-to-point transfer of `nbytes` between two global ranks (the cost model's send, by placement)."""
+    if ranks[0] == ranks[1]:
+        return 0.0
+    return costs.collective_seconds("send", nbytes, 2, where=costs.placement_of_ranks(ranks))
+
+
+Timed = tuple[int, str, int, int, float, float]  # pipeline rank, F or B, stage, micro-batch, start, end
+
+
+def lay_out(order: list[list[tuple[str, int, int]]],
+            stages: dict[int, StageCost]) -> tuple[list[float], list[int], list[Timed]]:
+    """Time a schedule's action lists from per-stage costs: each pipeline rank runs its actions in order; an action
+    waits for its input (previous stage's forward / next stage's backward of the same micro-batch, plus the transfer
+    when the two stages are on different ranks). Returns each pipeline rank's finish time, its peak of activation
+    bytes in flight (forwards whose backward has not run), and the timed actions."""
+    last = max(stages)
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * len(order)
+    position = [0] * len(order)
+    timed: list[Timed] = []
+    remaining = sum(len(actions) for actions in order)
+    while remaining:
+        progressed = False
+        for rank, actions in enumerate(order):
+            while position[rank] < len(actions):
+                kind, stage, micro = actions[position[rank]]
+                if kind == "F":
+                    need, peer = (("F", stage - 1, micro), stage - 1) if stage > 0 else (None, stage)
+                elif stage < last:
+                    need, peer = ("B", stage + 1, micro), stage + 1
+                else:
+                    need, peer = ("F", stage, micro), stage
+                if need is not None and need not in done:
+                    break
+                ready = 0.0 if need is None else done[need]
+                if peer != stage:  # the activation (or its gradient) crosses between the two stages
+                    ready += stages[min(stage, peer)].send_seconds
+                begin = max(free[rank], ready)
+                cost = stages[stage].forward_seconds if kind == "F" else stages[stage].backward_seconds
+                done[(kind, stage, micro)] = free[rank] = begin + cost
+                timed.append((rank, kind, stage, micro, begin, begin + cost))
+                position[rank] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {r: order[r][position[r]] for r in range(len(order)) if position[r] < len(order[r])}
+            raise RuntimeError(f"pipeline schedule deadlocks: next actions per rank {stuck}")
+    peaks = []
+    for actions in order:
+        live = peak = 0
+        for kind, stage, _ in actions:
+            live += stages[stage].activation_bytes if kind == "F" else -stages[stage].activation_bytes
+            peak = max(peak, live)
+        peaks.append(peak)
+    return free, peaks, timed
+
+
+def combine(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each planned pipeline rank's step with the schedule laid out from every stage's planned costs: the one
+    micro-batch it ran through its stages is replaced by its pipeline rank's actions of the whole schedule, and its
+    HBM peak grows by the activations of the micro-batches the schedule keeps in flight beyond the one planned.
+    Plans without a pipeline pass as they are."""
+    piped = [p for p in plans if p.get("pipeline")]
+    if not piped:
+        return plans
+    stages = {c["stage_index"]: StageCost(**c) for p in piped for c in p["pipeline"]["stages"]}
+    first = piped[0]["pipeline"]
+    missing = sorted(set(range(first["num_stages"])) - set(stages))
+    if missing:
+        ranks = sorted({first["stage_ranks"][s] for s in missing})
+        raise RuntimeError(f"pipeline stages {missing} were not planned; plan their ranks too: {ranks}")
+    order = [[tuple(a) for a in actions] for actions in first["order"]]
+    finish, peaks, timed = lay_out(order, stages)
+    return [_combined(plan, stages, finish, peaks, timed) if plan.get("pipeline") else plan for plan in plans]
+
+
+def _combined(plan: dict[str, Any], stages: dict[int, StageCost], finish: list[float], peaks: list[int],
+              timed: list[Timed]) -> dict[str, Any]:
+    pipe = plan["pipeline"]
+    rank, micro = pipe["pipeline_rank"], pipe["n_microbatches"]
+    mine = [c["stage_index"] for c in pipe["stages"]]
+    mine_timed = [t for t in timed if t[0] == rank]
+    busy = sum(end - begin for *_, begin, end in mine_timed)
+    extra = max(0, peaks[rank] - sum(stages[s].activation_bytes for s in mine))
+    sends = sum(2 * stages[s].send_seconds for s in mine)  # activation forward, its gradient back
+    peak = plan["peak_hbm_bytes"] + extra
+    out = {
+        **plan, "step_seconds": plan["step_seconds"] - pipe["window_seconds"] + finish[rank],
+        "compute_seconds": plan["compute_seconds"] + (micro - 1) * pipe["window_compute_seconds"],
+        "communication_seconds": plan["communication_seconds"] + (micro - 1) * pipe["window_communication_seconds"]
+        + micro * sends,
+        "exposed_communication_seconds": plan["exposed_communication_seconds"]
+        + (micro - 1) * pipe["window_exposed_communication_seconds"],
+        "flops_per_step": plan["flops_per_step"] + (micro - 1) * pipe["window_flops"],
+        "peak_hbm_bytes": peak, "peak_allocated_bytes": plan["peak_allocated_bytes"] + extra,
+        "fits": plan["fits"] and peak <= plan["hbm_capacity_bytes"],
+        "pipeline": {**pipe, "finish_seconds": finish[rank], "busy_seconds": busy,
+                     "bubble_fraction": 1 - busy / max(finish), "activation_peak_bytes": peaks[rank]},
+    }
+    out["pipeline"].pop("order")
+    # the trace: the whole schedule on a lane of its own where the planned micro-batch ran, what came after later
+    start, delay = pipe["window_start"], finish[rank] - pipe["window_seconds"]
+    out["schedule_lanes"] = [(f"{kind} stage {stage} micro-batch {micro}", start + begin, start + end)
+                             for _, kind, stage, micro, begin, end in mine_timed]
+    after = start + pipe["window_seconds"]
+    out["lanes"] = [(name, stream, a + delay, b + delay) if a >= after else (name, stream, a, b)
+                    for name, stream, a, b in plan["lanes"]]
+    if out["oom"] is None and not out["fits"]:
+        out["oom"] = {"op": f"activations of the micro-batches {pipe['schedule']} keeps in flight",
+                      "module": f"pipeline stages {mine}", "reserved_bytes": peak,
+                      "largest_live_tensors_by_module": []}
+    return out

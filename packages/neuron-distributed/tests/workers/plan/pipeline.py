@@ -1,0 +1,49 @@
+"""A pipeline-parallel training script: a (dp, pp) device mesh, an MLP cut into `pp x stages-per-rank` stages run
+by `torch.distributed.pipelining` (gpipe, 1f1b, interleaved), gradients all-reduced over dp, SGD."""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+parser = argparse.ArgumentParser()
+parser.add_argument("schedule", choices=sorted(SCHEDULES))
+parser.add_argument("--pp", type=int, default=4)
+parser.add_argument("--stages-per-rank", type=int, default=1)
+parser.add_argument("--micro-batches", type=int, default=8)
+parser.add_argument("--width", type=int, default=256)
+parser.add_argument("--no-input-shape", action="store_true", help="build later stages without input_args")
+args = parser.parse_args()
+
+dist.init_process_group("neuron")
+device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
+mesh = init_device_mesh("neuron", (dist.get_world_size() // args.pp, args.pp), mesh_dim_names=("dp", "pp"))
+pp_rank, count = mesh["pp"].get_local_rank(), args.pp * args.stages_per_rank
+stages, parameters = [], []
+for index in range(pp_rank, count, args.pp):
+    layers = [nn.Linear(args.width, args.width), nn.GELU(), nn.Linear(args.width, args.width)]
+    if index == count - 1:
+        layers.append(nn.Linear(args.width, 1))  # the last stage is heavier: one more layer
+    module = nn.Sequential(*layers).to(device)
+    parameters += list(module.parameters())
+    shape = None if index == 0 or args.no_input_shape else (torch.empty(4, args.width, device="meta"),)
+    stages.append(PipelineStage(module, index, count, device, input_args=shape, group=mesh["pp"].get_group()))
+loss_fn = lambda output, target: (output - target).square().mean()  # noqa: E731
+Schedule = SCHEDULES[args.schedule]
+schedule = Schedule(stages if args.schedule == "interleaved" else stages[0], n_microbatches=args.micro_batches,
+                    loss_fn=loss_fn)
+optimizer = torch.optim.SGD(parameters, lr=1e-3)
+for _ in range(2):
+    x = torch.randn(4 * args.micro_batches, args.width, device=device)
+    target = torch.randn(4 * args.micro_batches, 1, device=device)
+    inputs = (x,) if any(stage.is_first for stage in stages) else ()
+    schedule.step(*inputs, **({"target": target} if any(stage.is_last for stage in stages) else {}))
+    for p in parameters:
+        dist.all_reduce(p.grad, group=mesh["dp"].get_group())
+    optimizer.step()
+    optimizer.zero_grad()
