@@ -9,7 +9,8 @@ backward is compared with the CPU: every output tensor and every parameter gradi
 run on the CPU this way are listed as `cpu-fail` and not counted. Pipelines: see `PIPELINES`.
 
     python benchmarks/diffusers_models.py [--compile] [--only UNet2DModel,...] [--pipelines] [--json FILE
-                                          [--skip-done]] [--timeout SECONDS] [--shuffle SEED] [--budget SECONDS]
+                                          [--skip-done]] [--timeout SECONDS] [--jobs N] [--shuffle SEED]
+                                          [--budget SECONDS]
 """
 
 from __future__ import annotations
@@ -375,16 +376,19 @@ def check_pipeline(family: str) -> Result:
     return Result(family, "pass", "", time.perf_counter() - start, "pipeline")
 
 
+def check_pair(name: str, task: str, compiled: bool) -> Result:
+    """A worker's check of one model class (task "model") or pipeline family (task "pipeline", eager only)."""
+    return check_pipeline(name) if task == "pipeline" else check(name, compiled=compiled)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _sweep.add_arguments(parser, "model")
+    _sweep.add_arguments(parser)
     parser.add_argument("--only", default="", help="comma-separated model classes or pipeline families")
     parser.add_argument("--pipelines", action="store_true", help="sweep the pipeline families, not the models")
-    parser.add_argument("--tasks", default="", help=argparse.SUPPRESS)
     args = _sweep.parse_args(parser, argv)
-    if args.worker:
-        pipeline = args.tasks == "pipeline"
-        _sweep.emit(check_pipeline(args.worker) if pipeline else check(args.worker, compiled=args.compile))
+    if args.serve:
+        _sweep.serve(check_pair, args.compile)
         return 0
     if args.table is not None:
         results = [r for path in args.table for r in _sweep.load(path).values()]
@@ -397,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         random.Random(args.shuffle).shuffle(names)
     task = "pipeline" if args.pipelines else "model"
     results = _sweep.drive(__file__, {name: [task] for name in names}, compiled=args.compile, timeout=args.timeout,
-                           json_path=args.json, skip_done=args.skip_done, budget=args.budget)
+                           json_path=args.json, skip_done=args.skip_done, budget=args.budget, jobs=args.jobs)
     print("\n" + "\n\n".join((_sweep.summary(results), _sweep.totals(results), _sweep.failures(results))))
     return 0
 

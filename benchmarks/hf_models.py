@@ -6,17 +6,18 @@ config (random weights, no download), generate inputs from the config and the he
 with padding, pixel values, audio, labels), run forward + backward on the CPU and on `neuron` from the same weights,
 compare every output tensor, the loss (or, for heads without one, the sum of the output means) and every parameter
 gradient, then greedy `generate()` (with cache) where the head generates. Pairs whose CPU run fails are listed apart
-and not counted. One subprocess per model type (all its tasks) with a timeout.
+and not counted. The pairs run in long-lived worker subprocesses (`--jobs`, default 1) with a per-pair timeout; a
+pair that crashes or hangs its worker fails alone (see `_sweep`).
 
     python benchmarks/hf_models.py [--compile] [--only llama,gpt2] [--tasks base,causal-lm] [--limit N]
-                                   [--json FILE [--skip-done]] [--timeout SECONDS] [--shuffle SEED]
+                                   [--json FILE [--skip-done]] [--timeout SECONDS] [--jobs N] [--shuffle SEED]
                                    [--budget SECONDS] [--per-task N]
 
 `--compile` runs the `neuron` side under `torch.compile(backend="neuron")` (forward + backward; no generate).
 `--json FILE` appends each result to FILE as a JSON line as soon as it is known; with `--skip-done`, pairs already
 in FILE are not run again (a long sweep resumes after an interruption) and count in the summary. `--timeout` fails
-a model type whose subprocess takes longer than SECONDS. `--shuffle SEED` runs the model types in a seeded random
-order, so that a sweep stopped early (`--budget`: start no model type after SECONDS) has covered a uniform sample.
+a pair that takes longer than SECONDS (its worker is killed and replaced). `--shuffle SEED` runs the model types in a seeded random
+order, so that a sweep stopped early (`--budget`: start no pair after SECONDS) has covered a uniform sample.
 `--per-task N` keeps at most N model types per task (after shuffling): a sample that covers every task head;
 `--runnable-in FILE` keeps only the pairs that ran on the CPU in the report FILE (a compiled sample of an eager run).
 `--table FILE...` prints the summary table and the failures of JSON reports without running anything.
@@ -26,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import inspect
 import os
 import random
-import signal
 import sys
 import time
 
@@ -319,35 +320,19 @@ def check(model_type: str, task: str = "causal-lm", compiled: bool = False, gene
     return Result(model_type, "pass", note, time.perf_counter() - start, task, mode)
 
 
-class _Timeout(BaseException):
-    """Not an `Exception`: `check` must not report it as a CPU or `neuron` error."""
+@functools.cache
+def _cached_tiny_config(model_type: str) -> PretrainedConfig:
+    return tiny_config(model_type)
 
 
-def _raise_timeout(signum: int, frame: object) -> None:
-    raise _Timeout("timed out")
-
-
-def _worker(model_type: str, tasks: list[str], compiled: bool, seconds: int) -> None:
-    """Check `tasks` of `model_type` in this process (one tiny config for all), one JSON line per task; each task
-    is interrupted after `seconds` (0: no limit)."""
-    mode = "compile" if compiled else "eager"
+def check_pair(model_type: str, task: str, compiled: bool) -> Result:
+    """A worker's check of one pair: the tiny config is built once per model type (`check` copies it)."""
     try:
-        config = tiny_config(model_type)
+        config = _cached_tiny_config(model_type)
     except Exception as error:
-        for task in tasks:
-            _sweep.emit(Result(model_type, "cpu-fail", f"tiny config: {_sweep.reason(error)}", 0.0, task, mode))
-        return
-    signal.signal(signal.SIGALRM, _raise_timeout)
-    for task in tasks:
-        signal.alarm(seconds)
-        try:
-            result = check(model_type, task, compiled=compiled, config=config)
-        except _Timeout:
-            result = Result(model_type, "timeout", f"timed out after {seconds}s", float(seconds), task, mode)
-        finally:
-            signal.alarm(0)
-        _sweep.emit(result)
-        torch._dynamo.reset()
+        return Result(model_type, "cpu-fail", f"tiny config: {_sweep.reason(error)}", 0.0, task,
+                      "compile" if compiled else "eager")
+    return check(model_type, task, compiled=compiled, config=config)
 
 
 def plan(tasks: list[str], only: list[str], limit: int, shuffle: int | None, per_task: int,
@@ -381,19 +366,18 @@ def report(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _sweep.add_arguments(parser, "model type")
+    _sweep.add_arguments(parser)
     parser.add_argument("--only", default="", help="comma-separated model types")
     parser.add_argument("--tasks", default="", help="comma-separated tasks (default: all)")
     parser.add_argument("--limit", type=int, default=0, help="first N model types only")
-    parser.add_argument("--task-timeout", type=int, default=0, help="fail one task after this many seconds")
     parser.add_argument("--per-task", type=int, default=0, help="at most N model types per task")
     parser.add_argument("--runnable-in", default="", help="only the pairs this JSON report ran on the CPU")
     args = _sweep.parse_args(parser, argv)
     tasks = args.tasks.split(",") if args.tasks else sorted(task_mappings())
     if unknown := set(tasks) - set(task_mappings()):
         parser.error(f"unknown tasks {sorted(unknown)}; known: {sorted(task_mappings())}")
-    if args.worker:
-        _worker(args.worker, tasks, args.compile, args.task_timeout)
+    if args.serve:
+        _sweep.serve(check_pair, args.compile)
         return 0
     if args.table is not None:
         print(report([r for path in args.table for r in _sweep.load(path).values()]))
@@ -402,9 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.runnable_in else None)
     chosen = plan(tasks, args.only.split(",") if args.only else [], args.limit, args.shuffle, args.per_task,
                   runnable)
-    extra = ["--task-timeout", str(args.task_timeout)] if args.task_timeout else []
     results = _sweep.drive(__file__, chosen, compiled=args.compile, timeout=args.timeout, json_path=args.json,
-                           skip_done=args.skip_done, extra=extra, budget=args.budget)
+                           skip_done=args.skip_done, budget=args.budget, jobs=args.jobs)
     print("\n" + report(results))
     return 0
 
