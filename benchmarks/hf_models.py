@@ -77,6 +77,9 @@ TINY_SIZES: dict[str, int] = {
 }
 # Token-id attributes that must stay inside the tiny vocabulary.
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+# Scales of the noise a forward draws (VITS) are zeroed: the model draws some of it from the CPU generator and some
+# from its device's, so on `neuron` (as on CUDA) the draws interleave differently than on the CPU alone.
+NOISE_SCALES = ("noise_scale", "noise_scale_duration")
 # Per-layer lists derived from the layer count in `__init__`: dropped so the tiny config recomputes them.
 DERIVED_LISTS = (
     "layer_types", "block_types", "layers_block_type", "hybrid_override_pattern", "per_layer_config", "attention_layers",
@@ -94,8 +97,9 @@ TOKEN_LABELS = ("token-classification", "audio-frame-classification")
 LM_LABELS = ("causal-lm", "masked-lm", "seq-to-seq-causal-lm", "speech-seq-2-seq")
 
 
-def tiny_kwargs(config: PretrainedConfig) -> dict:
-    """Constructor arguments that shrink `config` (recursively for sub-configs such as `text_config`)."""
+def tiny_kwargs(config: PretrainedConfig, cut_lists: bool = False) -> dict:
+    """Constructor arguments that shrink `config` (recursively for sub-configs such as `text_config`); with
+    `cut_lists`, lists with one entry per layer are cut to the tiny layer count too."""
     values = config.to_dict()
     kwargs = {
         name: size
@@ -117,10 +121,13 @@ def tiny_kwargs(config: PretrainedConfig) -> dict:
     for name in TOKEN_IDS:
         if isinstance(vocab, int) and isinstance(values.get(name), int) and values[name] >= vocab:
             kwargs[name] = vocab - 1 - TOKEN_IDS.index(name)
+    kwargs.update({name: 0.0 for name in NOISE_SCALES if isinstance(values.get(name), float)})
     for name in getattr(config, "sub_configs", {}):
         sub = getattr(config, name, None)
         if isinstance(sub, PretrainedConfig):
-            kwargs[name] = {**_without_derived(sub.to_dict()), **tiny_kwargs(sub)}
+            kwargs[name] = {**_without_derived(sub.to_dict()), **tiny_kwargs(sub, cut_lists)}
+    if cut_lists:
+        kwargs.update(_per_layer_lists(values, kwargs))
     return kwargs
 
 
@@ -131,7 +138,20 @@ def _without_derived(values: dict) -> dict:
 def tiny_config(model_type: str) -> PretrainedConfig:
     """The default config of `model_type`, shrunken; eager attention off (the default SDPA path is used)."""
     default = AutoConfig.for_model(model_type)
-    return type(default)(**tiny_kwargs(default))
+    kwargs = tiny_kwargs(default)
+    try:
+        return type(default)(**kwargs)
+    except Exception:  # a validator wants the per-layer lists (fixed in the default) to follow the layer count
+        return type(default)(**tiny_kwargs(default, cut_lists=True))
+
+
+def _per_layer_lists(values: dict, kwargs: dict) -> dict:
+    """The default's lists with one entry per layer, cut to the tiny layer count."""
+    name = next((name for name in LAYER_COUNTS if name in kwargs), None)
+    if name is None:
+        return {}
+    return {key: value[: kwargs[name]] for key, value in values.items()
+            if isinstance(value, list) and len(value) == values[name] and key not in kwargs}
 
 
 
@@ -278,7 +298,8 @@ def _on(device: str, inputs: dict) -> dict:
 
 
 def _generate(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
-    prompt = {name: value for name, value in inputs.items()
+    """Greedy generation from copies of the prompt tensors (BLIP's `generate` writes BOS into `input_ids`)."""
+    prompt = {name: value.clone() for name, value in inputs.items()
               if name in ("input_ids", "attention_mask", "input_features", "pixel_values")}
     return model.generate(**prompt, max_new_tokens=NEW_TOKENS, do_sample=False, use_cache=True)
 
