@@ -1,6 +1,6 @@
 """The machinery the model sweeps share (`hf_models.py`, `diffusers_models.py`): results, CPU-vs-`neuron` comparison
-of whole outputs, one worker subprocess per model with a timeout, a resumable JSON-lines report and the summary
-table by task.
+of whole outputs, a pool of long-lived worker subprocesses with a per-pair timeout, a resumable JSON-lines report
+and the summary table by task.
 
 A sweep names its units of work `(model, task)` pairs. Starting Python and importing torch and transformers costs
 seconds, more than most tiny models take, so the driver keeps up to `--jobs` long-lived worker subprocesses
@@ -121,26 +121,40 @@ def load(path: str) -> dict[tuple[str, str, str], Result]:
 
 
 # ---- the worker pool: long-lived subprocesses, each checking a queue of pairs, replaced on a crash or hang ----
-# A worker writes {"start": [model, task]} before each pair and the pair's Result after it on its protocol stream
-# (the stdout it was started with; the models' own prints go to stderr). A pair that gets no Result within the
-# timeout, or whose worker dies, fails alone: the driver kills the worker and starts another on the pairs left.
+# A worker writes {"start": [model, task]} before each pair, {"phase": "neuron"} once the pair's CPU reference is
+# done, and the pair's Result after it, on its protocol stream (the stdout it was started with; the models' own
+# prints go to stderr). A pair that gets no Result within the timeout, or whose worker dies, fails alone (`cpu-fail`
+# if it was still on the CPU side): the driver kills the worker and starts another on the pairs left.
 RECYCLE_RSS_BYTES = 6 << 30  # a worker above this resident size after a pair exits; the driver starts a fresh one
+
+
+_protocol = None  # a serving worker's protocol stream
+
+
+def _send(message: dict) -> None:
+    _protocol.write(json.dumps(message) + "\n")
+    _protocol.flush()
 
 
 def serve(check: Callable[[str, str, bool], Result], compiled: bool) -> None:
     """The worker's side: check the JSON list of [model, task] pairs on stdin, in order, with `check`."""
-    protocol = os.fdopen(os.dup(1), "w")
+    global _protocol
+    _protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # a model that prints must not corrupt the protocol
     sys.stdout = sys.stderr
     for model, task in json.load(sys.stdin):
-        protocol.write(json.dumps({"start": [model, task]}) + "\n")
-        protocol.flush()
-        result = check(model, task, compiled)
-        protocol.write(json.dumps(dataclasses.asdict(result)) + "\n")
-        protocol.flush()
+        _send({"start": [model, task]})
+        _send(dataclasses.asdict(check(model, task, compiled)))
         torch._dynamo.reset()
         if _resident_bytes() > RECYCLE_RSS_BYTES:
             return
+
+
+def cpu_reference_done() -> None:
+    """A check says its CPU run is over: a crash or hang before this is the CPU's (the pair is `cpu-fail`), after
+    it `neuron`'s."""
+    if _protocol is not None:
+        _send({"phase": "neuron"})
 
 
 def _resident_bytes() -> int:
@@ -196,7 +210,7 @@ class Pool:
         """Start a worker on `pairs`; return those it did not get to (it crashed, hung or was recycled). The pair
         it was running when it crashed or hung (or, if it died between pairs, the next one) fails with the cause."""
         command = [sys.executable, self.script, "--serve", *self.extra, *(["--compile"] if self.compiled else [])]
-        left, running, started, cause = list(pairs), None, time.perf_counter(), ""
+        left, running, started, cause, on_cpu = list(pairs), None, time.perf_counter(), "", True
         with tempfile.TemporaryFile("w+") as stderr:
             worker = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                                       text=True, start_new_session=True,
@@ -219,7 +233,9 @@ class Pool:
                         cause = f"worker exited with code {code}: {' '.join(stderr.read().split())[-300:]}"
                     break
                 message = json.loads(line)
-                if "start" not in message:
+                if "phase" in message:
+                    on_cpu = False
+                elif "start" not in message:
                     self._report(Result(**message))
                     left.remove(running)
                     running = None
@@ -228,11 +244,13 @@ class Pool:
                     worker.wait()
                     return []
                 else:
-                    running, started = tuple(message["start"]), time.perf_counter()
+                    running, started, on_cpu = tuple(message["start"]), time.perf_counter(), True
         if not cause:  # recycled between pairs, or done
             return left
         blamed = running or left[0]
         status = "timeout" if running and cause.startswith("timed out") else "fail"
+        if running and on_cpu:
+            status, cause = "cpu-fail", f"on the CPU run: {cause}"
         self._report(Result(blamed[0], status, cause, time.perf_counter() - started, blamed[1],
                             "compile" if self.compiled else "eager"))
         left.remove(blamed)

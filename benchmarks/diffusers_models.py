@@ -169,6 +169,7 @@ def check(class_name: str, compiled: bool = False) -> Result:
         cpu_out, cpu_grads = _forward_backward(cpu_model, inputs, compiled=False)
     except Exception as error:
         return Result(class_name, "cpu-fail", _sweep.reason(error), time.perf_counter() - start, "model", mode)
+    _sweep.cpu_reference_done()
     try:
         out, grads = _forward_backward(dev_model.to(_sweep.DEVICE), _on(_sweep.DEVICE, inputs), compiled)
         _sweep.compare_outputs(cpu_out, out)
@@ -368,6 +369,7 @@ def check_pipeline(family: str) -> Result:
         expected = _images(PIPELINES[family], "cpu")
     except Exception as error:
         return Result(family, "cpu-fail", _sweep.reason(error), time.perf_counter() - start, "pipeline")
+    _sweep.cpu_reference_done()
     try:
         _sweep.compare(torch.from_numpy(expected), torch.from_numpy(_images(PIPELINES[family], _sweep.DEVICE)),
                        "images")

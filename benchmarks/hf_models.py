@@ -329,6 +329,7 @@ def check(model_type: str, task: str = "causal-lm", compiled: bool = False, gene
             cpu_tokens = _generate(cpu_model, inputs)
         except Exception as error:  # forward + backward still count; generate is not compared
             generate, note = False, f"generate not compared (fails on CPU: {_sweep.reason(error)})"
+    _sweep.cpu_reference_done()
     try:
         dev_inputs = _on(DEVICE, inputs)
         out, grads = _forward_backward(dev_model.to(DEVICE), dev_inputs, compiled)

@@ -129,7 +129,9 @@ sys.path.insert(0, {benchmarks!r})
 import _sweep
 
 def check(model, task, compiled):
-    if model == "crash":
+    if model != "cpu-crash":
+        _sweep.cpu_reference_done()
+    if model in ("crash", "cpu-crash"):
         os._exit(3)
     if model == "hang":
         time.sleep(600)
@@ -140,18 +142,21 @@ _sweep.serve(check, compiled=False)
 
 
 def test_a_pair_that_crashes_or_hangs_its_worker_fails_alone(tmp_path):
-    """The worker is replaced; only the pair it was running fails, with the cause, and the rest still run."""
+    """The worker is replaced; only the pair it was running fails, with the cause, and the rest still run. A crash
+    before the check's CPU reference is done makes the pair `cpu-fail` (not counted)."""
     import _sweep
 
     script = tmp_path / "faulty_worker.py"
     script.write_text(FAULTY_WORKER.format(benchmarks=str(Path(_sweep.__file__).parent)))
     results: list = []
     pool = _sweep.Pool(str(script), compiled=False, timeout=5, record=results.append)
-    pool.run([("ok", "a"), ("crash", "a"), ("ok", "b"), ("hang", "a"), ("ok", "c")])
+    pool.run([("ok", "a"), ("crash", "a"), ("ok", "b"), ("hang", "a"), ("ok", "c"), ("cpu-crash", "a"), ("ok", "d")])
     assert [(r.model_type, r.task, r.status) for r in results] == [
-        ("ok", "a", "pass"), ("crash", "a", "fail"), ("ok", "b", "pass"), ("hang", "a", "timeout"), ("ok", "c", "pass")]
+        ("ok", "a", "pass"), ("crash", "a", "fail"), ("ok", "b", "pass"), ("hang", "a", "timeout"), ("ok", "c", "pass"),
+        ("cpu-crash", "a", "cpu-fail"), ("ok", "d", "pass")]
     assert results[1].reason.startswith("worker exited with code 3")
     assert results[3].reason == "timed out after 5s"
+    assert results[5].reason.startswith("on the CPU run: worker exited with code 3")
 
 
 @pytest.mark.parametrize("class_name", ["AutoencoderKL", "FluxTransformer2DModel", "SD3Transformer2DModel"])
