@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import queue
+import resource
 import signal
 import subprocess
 import sys
@@ -125,7 +126,6 @@ def load(path: str) -> dict[tuple[str, str, str], Result]:
 # done, and the pair's Result after it, on its protocol stream (the stdout it was started with; the models' own
 # prints go to stderr). A pair that gets no Result within the timeout, or whose worker dies, fails alone (`cpu-fail`
 # if it was still on the CPU side): the driver kills the worker and starts another on the pairs left.
-RECYCLE_RSS_BYTES = 6 << 30  # a worker above this resident size after a pair exits; the driver starts a fresh one
 
 
 _protocol = None  # a serving worker's protocol stream
@@ -136,9 +136,15 @@ def _send(message: dict) -> None:
     _protocol.flush()
 
 
-def serve(check: Callable[[str, str, bool], Result], compiled: bool) -> None:
-    """The worker's side: check the JSON list of [model, task] pairs on stdin, in order, with `check`."""
+def serve(check: Callable[[str, str, bool], Result], compiled: bool, memory_gb: float = 0) -> None:
+    """The worker's side: check the JSON list of [model, task] pairs on stdin, in order, with `check`. With
+    `memory_gb`, the worker's address space is capped there (an allocation beyond fails the pair with an error
+    instead of waking the shared machine's out-of-memory killer), and past half of it after a pair the worker
+    exits so that the driver starts a fresh one."""
     global _protocol
+    if memory_gb:
+        limit = int(memory_gb * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     _protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # a model that prints must not corrupt the protocol
     sys.stdout = sys.stderr
@@ -146,7 +152,7 @@ def serve(check: Callable[[str, str, bool], Result], compiled: bool) -> None:
         _send({"start": [model, task]})
         _send(dataclasses.asdict(check(model, task, compiled)))
         torch._dynamo.reset()
-        if _resident_bytes() > RECYCLE_RSS_BYTES:
+        if memory_gb and _resident_bytes() > limit // 2:
             return
 
 
@@ -261,7 +267,8 @@ STARTUP_SECONDS = 300  # longest wait for a worker's next "start": its imports o
 
 
 def drive(script: str, plan: dict[str, list[str]], *, compiled: bool, timeout: int, json_path: str,
-          skip_done: bool, extra: Iterable[str] = (), budget: float = 0, jobs: int = 1) -> list[Result]:
+          skip_done: bool, extra: Iterable[str] = (), budget: float = 0, jobs: int = 1,
+          memory_gb: float = 0) -> list[Result]:
     """Run `plan` (model -> tasks) in a pool of `jobs` workers with a per-pair `timeout`, appending each result to
     `json_path`; pairs already there are not run again with `skip_done`. Starts no pair after `budget` seconds
     (0: no limit)."""
@@ -279,6 +286,7 @@ def drive(script: str, plan: dict[str, list[str]], *, compiled: bool, timeout: i
                 out.write(json.dumps(dataclasses.asdict(result)) + "\n")
 
     deadline = time.perf_counter() + budget if budget else 0.0
+    extra = [*extra, *(["--memory-gb", str(memory_gb)] if memory_gb else [])]
     Pool(script, compiled, timeout or 0, record, extra, jobs, deadline).run(todo)
     if deadline and len(results) < len(todo) + len(done):
         print(f"budget of {budget:.0f}s spent: {len(todo) + len(done) - len(results)} pairs not run", flush=True)
@@ -333,6 +341,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-done", action="store_true", help="skip what the --json file already has")
     parser.add_argument("--timeout", type=float, default=0, help="fail a pair after this many seconds (0: never)")
     parser.add_argument("--jobs", type=int, default=1, help="worker subprocesses running at once")
+    parser.add_argument("--memory-gb", type=float, default=8, help="cap each worker's address space (0: none)")
     parser.add_argument("--shuffle", type=int, default=None, help="run in a random order from this seed")
     parser.add_argument("--budget", type=float, default=0, help="start no pair after this many seconds")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)

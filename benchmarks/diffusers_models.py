@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipelines", action="store_true", help="sweep the pipeline families, not the models")
     args = _sweep.parse_args(parser, argv)
     if args.serve:
-        _sweep.serve(check_pair, args.compile)
+        _sweep.serve(check_pair, args.compile, args.memory_gb)
         return 0
     if args.table is not None:
         results = [r for path in args.table for r in _sweep.load(path).values()]
@@ -403,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         random.Random(args.shuffle).shuffle(names)
     task = "pipeline" if args.pipelines else "model"
     results = _sweep.drive(__file__, {name: [task] for name in names}, compiled=args.compile, timeout=args.timeout,
-                           json_path=args.json, skip_done=args.skip_done, budget=args.budget, jobs=args.jobs)
+                           json_path=args.json, skip_done=args.skip_done, budget=args.budget, jobs=args.jobs,
+                           memory_gb=args.memory_gb)
     print("\n" + "\n\n".join((_sweep.summary(results), _sweep.totals(results), _sweep.failures(results))))
     return 0
 

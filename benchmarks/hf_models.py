@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(tasks) - set(task_mappings()):
         parser.error(f"unknown tasks {sorted(unknown)}; known: {sorted(task_mappings())}")
     if args.serve:
-        _sweep.serve(check_pair, args.compile)
+        _sweep.serve(check_pair, args.compile, args.memory_gb)
         return 0
     if args.table is not None:
         print(report([r for path in args.table for r in _sweep.load(path).values()]))
@@ -409,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = plan(tasks, args.only.split(",") if args.only else [], args.limit, args.shuffle, args.per_task,
                   runnable)
     results = _sweep.drive(__file__, chosen, compiled=args.compile, timeout=args.timeout, json_path=args.json,
-                           skip_done=args.skip_done, budget=args.budget, jobs=args.jobs)
+                           skip_done=args.skip_done, budget=args.budget, jobs=args.jobs,
+                           memory_gb=args.memory_gb)
     print("\n" + report(results))
     return 0
 
