@@ -120,6 +120,8 @@ def make_inputs(model: torch.nn.Module) -> dict[str, object]:
     text = _dims(config, TEXT_DIMS)
     if "encoder_hidden_states" in params and isinstance(text, int):
         inputs["encoder_hidden_states"] = torch.randn(BATCH, TEXT, text, generator=generator)
+    if "encoder_attention_mask" in params and "encoder_hidden_states" in inputs:  # every text token attended
+        inputs["encoder_attention_mask"] = torch.ones(BATCH, TEXT)
     pooled = _dims(config, POOLED_DIMS)
     if "pooled_projections" in params and isinstance(pooled, int):
         inputs["pooled_projections"] = torch.randn(BATCH, pooled, generator=generator)
