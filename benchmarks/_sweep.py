@@ -1,10 +1,12 @@
 """The machinery the model sweeps share (`hf_models.py`, `diffusers_models.py`): results, CPU-vs-`neuron` comparison
-of whole outputs, one worker subprocess per model with a timeout, a resumable JSON-lines report and the summary
-table by task.
+of whole outputs, a pool of long-lived worker subprocesses with a per-pair timeout, a resumable JSON-lines report
+and the summary table by task.
 
-A sweep names its units of work `(model, task)` pairs and groups them by model: the driver starts one subprocess
-per model (`python SCRIPT --worker MODEL --tasks ... [--compile]`), which prints one JSON line per pair as soon as
-the pair is known; a pair the subprocess did not report (it timed out or crashed) is a failure with that cause.
+A sweep names its units of work `(model, task)` pairs. Starting Python and importing torch and transformers costs
+seconds, more than most tiny models take, so the driver keeps up to `--jobs` long-lived worker subprocesses
+(`python SCRIPT --serve [--compile]`), each checking a list of pairs in order (CPU reference and `neuron` run in the
+same process), and still isolates every pair: a pair that crashes its worker or outlives the per-pair timeout fails
+alone with that cause, and a fresh worker takes the pairs that were left.
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ import argparse
 import dataclasses
 import json
 import os
+import queue
+import resource
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -114,54 +121,175 @@ def load(path: str) -> dict[tuple[str, str, str], Result]:
     return {r.key: r for r in results}
 
 
-def run_worker(script: str, model_type: str, tasks: list[str], compiled: bool, timeout: int,
-               extra: Iterable[str] = ()) -> list[Result]:
-    """One subprocess checks `tasks` of `model_type`; pairs it did not report fail with its timeout or exit code."""
-    mode = "compile" if compiled else "eager"
-    command = [sys.executable, script, "--worker", model_type, "--tasks", ",".join(tasks), *extra]
-    if compiled:
-        command.append("--compile")
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout or None, check=False)
-        stdout, cause = done.stdout, f"worker exited with code {done.returncode}: {done.stderr.strip()[-300:]}"
-        status = "fail"
-    except subprocess.TimeoutExpired as expired:
-        stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else expired.stdout or ""
-        status, cause = "timeout", f"timed out after {timeout}s (whole model, all its tasks)"
-    reported = [Result(**json.loads(line)) for line in stdout.splitlines() if line.startswith("{")]
-    seen = {r.task for r in reported}
-    elapsed = time.perf_counter() - start
-    return reported + [Result(model_type, status, cause, elapsed, task, mode) for task in tasks if task not in seen]
+# ---- the worker pool: long-lived subprocesses, each checking a queue of pairs, replaced on a crash or hang ----
+# A worker writes {"start": [model, task]} before each pair, {"phase": "neuron"} once the pair's CPU reference is
+# done, and the pair's Result after it, on its protocol stream (the stdout it was started with; the models' own
+# prints go to stderr). A pair that gets no Result within the timeout, or whose worker dies, fails alone (`cpu-fail`
+# if it was still on the CPU side): the driver kills the worker and starts another on the pairs left.
 
 
-def emit(result: Result) -> None:
-    """A worker reports a pair to its driver: one JSON line on stdout."""
-    print(json.dumps(dataclasses.asdict(result)), flush=True)
+_protocol = None  # a serving worker's protocol stream
+
+
+def _send(message: dict) -> None:
+    _protocol.write(json.dumps(message) + "\n")
+    _protocol.flush()
+
+
+def serve(check: Callable[[str, str, bool], Result], compiled: bool, memory_gb: float = 0) -> None:
+    """The worker's side: check the JSON list of [model, task] pairs on stdin, in order, with `check`. With
+    `memory_gb`, the worker's address space is capped there (an allocation beyond fails the pair with an error
+    instead of waking the shared machine's out-of-memory killer), and past half of it after a pair the worker
+    exits so that the driver starts a fresh one."""
+    global _protocol
+    if memory_gb:
+        limit = int(memory_gb * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    _protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # a model that prints must not corrupt the protocol
+    sys.stdout = sys.stderr
+    for model, task in json.load(sys.stdin):
+        _send({"start": [model, task]})
+        _send(dataclasses.asdict(check(model, task, compiled)))
+        torch._dynamo.reset()
+        if memory_gb and _resident_bytes() > limit // 2:
+            return
+
+
+def cpu_reference_done() -> None:
+    """A check says its CPU run is over: a crash or hang before this is the CPU's (the pair is `cpu-fail`), after
+    it `neuron`'s."""
+    if _protocol is not None:
+        _send({"phase": "neuron"})
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _lines(stream, into: queue.Queue) -> None:
+    for line in stream:
+        into.put(line)
+    into.put(None)
+
+
+@dataclasses.dataclass
+class Pool:
+    """Runs (model, task) pairs in at most `jobs` worker subprocesses (`python SCRIPT --serve ...`); `record` gets
+    every Result as soon as it is known (called from the pool's threads, one at a time)."""
+
+    script: str
+    compiled: bool
+    timeout: float
+    record: Callable[[Result], None]
+    extra: Iterable[str] = ()
+    jobs: int = 1
+    deadline: float = 0.0  # perf_counter() after which no pair is started (0: none)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def run(self, pairs: list[tuple[str, str]]) -> None:
+        """Check `pairs`, split between the workers in runs of whole models (a model's tasks share one worker)."""
+        models = list(dict.fromkeys(model for model, _ in pairs))
+        shards = [[p for p in pairs if models.index(p[0]) % self.jobs == slot] for slot in range(self.jobs)]
+        threads = [threading.Thread(target=self._slot, args=(shard,)) for shard in shards if shard]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def _report(self, result: Result) -> None:
+        with self._lock:
+            self.record(result)
+
+    def _slot(self, pairs: list[tuple[str, str]]) -> None:
+        remaining = list(pairs)
+        while remaining and not self._past_deadline():
+            remaining = self._one_worker(remaining)
+
+    def _past_deadline(self) -> bool:
+        return bool(self.deadline) and time.perf_counter() > self.deadline
+
+    def _one_worker(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Start a worker on `pairs`; return those it did not get to (it crashed, hung or was recycled). The pair
+        it was running when it crashed or hung (or, if it died between pairs, the next one) fails with the cause."""
+        command = [sys.executable, self.script, "--serve", *self.extra, *(["--compile"] if self.compiled else [])]
+        left, running, started, cause, on_cpu = list(pairs), None, time.perf_counter(), "", True
+        with tempfile.TemporaryFile("w+") as stderr:
+            worker = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                      text=True, start_new_session=True,
+                                      env={**os.environ, "OMP_NUM_THREADS": "1"})  # jobs share the cores
+            worker.stdin.write(json.dumps(pairs))
+            worker.stdin.close()
+            lines: queue.Queue[str | None] = queue.Queue()
+            threading.Thread(target=_lines, args=(worker.stdout, lines), daemon=True).start()
+            while True:
+                limit = (self.timeout or None) if running else STARTUP_SECONDS  # imports are not a pair's time
+                try:
+                    line = lines.get(timeout=limit)
+                except queue.Empty:
+                    line, cause = None, f"timed out after {limit:.0f}s"
+                    os.killpg(worker.pid, signal.SIGKILL)
+                if line is None:
+                    code = worker.wait()
+                    if not cause and code != 0:
+                        stderr.seek(0)
+                        cause = f"worker exited with code {code}: {' '.join(stderr.read().split())[-300:]}"
+                    break
+                message = json.loads(line)
+                if "phase" in message:
+                    on_cpu = False
+                elif "start" not in message:
+                    self._report(Result(**message))
+                    left.remove(running)
+                    running = None
+                elif self._past_deadline():
+                    os.killpg(worker.pid, signal.SIGKILL)
+                    worker.wait()
+                    return []
+                else:
+                    running, started, on_cpu = tuple(message["start"]), time.perf_counter(), True
+        if not cause:  # recycled between pairs, or done
+            return left
+        blamed = running or left[0]
+        status = "timeout" if running and cause.startswith("timed out") else "fail"
+        if running and on_cpu:
+            status, cause = "cpu-fail", f"on the CPU run: {cause}"
+        self._report(Result(blamed[0], status, cause, time.perf_counter() - started, blamed[1],
+                            "compile" if self.compiled else "eager"))
+        left.remove(blamed)
+        return left
+
+
+STARTUP_SECONDS = 300  # longest wait for a worker's next "start": its imports on a loaded machine
 
 
 def drive(script: str, plan: dict[str, list[str]], *, compiled: bool, timeout: int, json_path: str,
-          skip_done: bool, extra: Iterable[str] = (), budget: float = 0) -> list[Result]:
-    """Run `plan` (model -> tasks) one model subprocess at a time, appending each result to `json_path`; pairs
-    already there are not run again with `skip_done`. Stops starting models after `budget` seconds (0: no limit)."""
+          skip_done: bool, extra: Iterable[str] = (), budget: float = 0, jobs: int = 1,
+          memory_gb: float = 0) -> list[Result]:
+    """Run `plan` (model -> tasks) in a pool of `jobs` workers with a per-pair `timeout`, appending each result to
+    `json_path`; pairs already there are not run again with `skip_done`. Starts no pair after `budget` seconds
+    (0: no limit)."""
     mode = "compile" if compiled else "eager"
     done = load(json_path) if skip_done else {}
     results = [done[(m, t, mode)] for m, tasks in plan.items() for t in tasks if (m, t, mode) in done]
-    start = time.perf_counter()
-    for model_type, tasks in plan.items():
-        todo = [task for task in tasks if (model_type, task, mode) not in done]
-        if not todo:
-            continue
-        if budget and time.perf_counter() - start > budget:
-            print(f"budget of {budget:.0f}s spent: stopping before {model_type}", flush=True)
-            break
-        for result in run_worker(script, model_type, todo, compiled, timeout, extra):
-            results.append(result)
-            print(f"| {result.model_type} | {result.task} | {result.status} | {result.seconds:.1f}s |"
-                  f" {result.reason} |", flush=True)
-            if json_path:
-                with open(json_path, "a") as out:
-                    out.write(json.dumps(dataclasses.asdict(result)) + "\n")
+    todo = [(m, t) for m, tasks in plan.items() for t in tasks if (m, t, mode) not in done]
+
+    def record(result: Result) -> None:
+        results.append(result)
+        print(f"| {result.model_type} | {result.task} | {result.status} | {result.seconds:.1f}s |"
+              f" {result.reason} |", flush=True)
+        if json_path:
+            with open(json_path, "a") as out:
+                out.write(json.dumps(dataclasses.asdict(result)) + "\n")
+
+    deadline = time.perf_counter() + budget if budget else 0.0
+    extra = [*extra, *(["--memory-gb", str(memory_gb)] if memory_gb else [])]
+    Pool(script, compiled, timeout or 0, record, extra, jobs, deadline).run(todo)
+    if deadline and len(results) < len(todo) + len(done):
+        print(f"budget of {budget:.0f}s spent: {len(todo) + len(done) - len(results)} pairs not run", flush=True)
     return results
 
 
@@ -206,15 +334,17 @@ def _by(results: list[Result], key: Callable[[Result], object]) -> dict:
     return groups
 
 
-def add_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
-    """The options every sweep script has; `unit` names what one worker process checks ("model", "model type")."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every sweep script has."""
     parser.add_argument("--compile", action="store_true", help="neuron side under torch.compile(backend='neuron')")
     parser.add_argument("--json", default="", help="append each result to this file as a JSON line")
     parser.add_argument("--skip-done", action="store_true", help="skip what the --json file already has")
-    parser.add_argument("--timeout", type=int, default=0, help=f"fail a {unit} after this many seconds")
+    parser.add_argument("--timeout", type=float, default=0, help="fail a pair after this many seconds (0: never)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker subprocesses running at once")
+    parser.add_argument("--memory-gb", type=float, default=8, help="cap each worker's address space (0: none)")
     parser.add_argument("--shuffle", type=int, default=None, help="run in a random order from this seed")
-    parser.add_argument("--budget", type=float, default=0, help=f"start no {unit} after this many seconds")
-    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--budget", type=float, default=0, help="start no pair after this many seconds")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--table", nargs="+", default=None, help="summarise these JSON reports; run nothing")
 
 

@@ -9,7 +9,8 @@ backward is compared with the CPU: every output tensor and every parameter gradi
 run on the CPU this way are listed as `cpu-fail` and not counted. Pipelines: see `PIPELINES`.
 
     python benchmarks/diffusers_models.py [--compile] [--only UNet2DModel,...] [--pipelines] [--json FILE
-                                          [--skip-done]] [--timeout SECONDS] [--shuffle SEED] [--budget SECONDS]
+                                          [--skip-done]] [--timeout SECONDS] [--jobs N] [--shuffle SEED]
+                                          [--budget SECONDS]
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ def make_inputs(model: torch.nn.Module) -> dict[str, object]:
     text = _dims(config, TEXT_DIMS)
     if "encoder_hidden_states" in params and isinstance(text, int):
         inputs["encoder_hidden_states"] = torch.randn(BATCH, TEXT, text, generator=generator)
+    if "encoder_attention_mask" in params and "encoder_hidden_states" in inputs:  # every text token attended
+        inputs["encoder_attention_mask"] = torch.ones(BATCH, TEXT)
     pooled = _dims(config, POOLED_DIMS)
     if "pooled_projections" in params and isinstance(pooled, int):
         inputs["pooled_projections"] = torch.randn(BATCH, pooled, generator=generator)
@@ -134,6 +137,8 @@ def make_inputs(model: torch.nn.Module) -> dict[str, object]:
                                                 generator=generator)
     if "guidance" in params and config.get("guidance_embeds"):
         inputs["guidance"] = torch.tensor([3.5, 3.5])
+    if "sample_posterior" in params:  # the mean, not a draw: a compiled graph draws other numbers than eager does
+        inputs["sample_posterior"] = False
     if "return_dict" in params:
         inputs["return_dict"] = False
     return inputs
@@ -168,6 +173,7 @@ def check(class_name: str, compiled: bool = False) -> Result:
         cpu_out, cpu_grads = _forward_backward(cpu_model, inputs, compiled=False)
     except Exception as error:
         return Result(class_name, "cpu-fail", _sweep.reason(error), time.perf_counter() - start, "model", mode)
+    _sweep.cpu_reference_done()
     try:
         out, grads = _forward_backward(dev_model.to(_sweep.DEVICE), _on(_sweep.DEVICE, inputs), compiled)
         _sweep.compare_outputs(cpu_out, out)
@@ -367,6 +373,7 @@ def check_pipeline(family: str) -> Result:
         expected = _images(PIPELINES[family], "cpu")
     except Exception as error:
         return Result(family, "cpu-fail", _sweep.reason(error), time.perf_counter() - start, "pipeline")
+    _sweep.cpu_reference_done()
     try:
         _sweep.compare(torch.from_numpy(expected), torch.from_numpy(_images(PIPELINES[family], _sweep.DEVICE)),
                        "images")
@@ -375,16 +382,19 @@ def check_pipeline(family: str) -> Result:
     return Result(family, "pass", "", time.perf_counter() - start, "pipeline")
 
 
+def check_pair(name: str, task: str, compiled: bool) -> Result:
+    """A worker's check of one model class (task "model") or pipeline family (task "pipeline", eager only)."""
+    return check_pipeline(name) if task == "pipeline" else check(name, compiled=compiled)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _sweep.add_arguments(parser, "model")
+    _sweep.add_arguments(parser)
     parser.add_argument("--only", default="", help="comma-separated model classes or pipeline families")
     parser.add_argument("--pipelines", action="store_true", help="sweep the pipeline families, not the models")
-    parser.add_argument("--tasks", default="", help=argparse.SUPPRESS)
     args = _sweep.parse_args(parser, argv)
-    if args.worker:
-        pipeline = args.tasks == "pipeline"
-        _sweep.emit(check_pipeline(args.worker) if pipeline else check(args.worker, compiled=args.compile))
+    if args.serve:
+        _sweep.serve(check_pair, args.compile, args.memory_gb)
         return 0
     if args.table is not None:
         results = [r for path in args.table for r in _sweep.load(path).values()]
@@ -397,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         random.Random(args.shuffle).shuffle(names)
     task = "pipeline" if args.pipelines else "model"
     results = _sweep.drive(__file__, {name: [task] for name in names}, compiled=args.compile, timeout=args.timeout,
-                           json_path=args.json, skip_done=args.skip_done, budget=args.budget)
+                           json_path=args.json, skip_done=args.skip_done, budget=args.budget, jobs=args.jobs,
+                           memory_gb=args.memory_gb)
     print("\n" + "\n\n".join((_sweep.summary(results), _sweep.totals(results), _sweep.failures(results))))
     return 0
 

@@ -6,17 +6,18 @@ config (random weights, no download), generate inputs from the config and the he
 with padding, pixel values, audio, labels), run forward + backward on the CPU and on `neuron` from the same weights,
 compare every output tensor, the loss (or, for heads without one, the sum of the output means) and every parameter
 gradient, then greedy `generate()` (with cache) where the head generates. Pairs whose CPU run fails are listed apart
-and not counted. One subprocess per model type (all its tasks) with a timeout.
+and not counted. The pairs run in long-lived worker subprocesses (`--jobs`, default 1) with a per-pair timeout; a
+pair that crashes or hangs its worker fails alone (see `_sweep`).
 
     python benchmarks/hf_models.py [--compile] [--only llama,gpt2] [--tasks base,causal-lm] [--limit N]
-                                   [--json FILE [--skip-done]] [--timeout SECONDS] [--shuffle SEED]
+                                   [--json FILE [--skip-done]] [--timeout SECONDS] [--jobs N] [--shuffle SEED]
                                    [--budget SECONDS] [--per-task N]
 
 `--compile` runs the `neuron` side under `torch.compile(backend="neuron")` (forward + backward; no generate).
 `--json FILE` appends each result to FILE as a JSON line as soon as it is known; with `--skip-done`, pairs already
 in FILE are not run again (a long sweep resumes after an interruption) and count in the summary. `--timeout` fails
-a model type whose subprocess takes longer than SECONDS. `--shuffle SEED` runs the model types in a seeded random
-order, so that a sweep stopped early (`--budget`: start no model type after SECONDS) has covered a uniform sample.
+a pair that takes longer than SECONDS (its worker is killed and replaced). `--shuffle SEED` runs the model types in a seeded random
+order, so that a sweep stopped early (`--budget`: start no pair after SECONDS) has covered a uniform sample.
 `--per-task N` keeps at most N model types per task (after shuffling): a sample that covers every task head;
 `--runnable-in FILE` keeps only the pairs that ran on the CPU in the report FILE (a compiled sample of an eager run).
 `--table FILE...` prints the summary table and the failures of JSON reports without running anything.
@@ -26,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import inspect
 import os
 import random
-import signal
 import sys
 import time
 
@@ -76,6 +77,9 @@ TINY_SIZES: dict[str, int] = {
 }
 # Token-id attributes that must stay inside the tiny vocabulary.
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+# Scales of the noise a forward draws (VITS) are zeroed: the model draws some of it from the CPU generator and some
+# from its device's, so on `neuron` (as on CUDA) the draws interleave differently than on the CPU alone.
+NOISE_SCALES = ("noise_scale", "noise_scale_duration")
 # Per-layer lists derived from the layer count in `__init__`: dropped so the tiny config recomputes them.
 DERIVED_LISTS = (
     "layer_types", "block_types", "layers_block_type", "hybrid_override_pattern", "per_layer_config", "attention_layers",
@@ -93,8 +97,9 @@ TOKEN_LABELS = ("token-classification", "audio-frame-classification")
 LM_LABELS = ("causal-lm", "masked-lm", "seq-to-seq-causal-lm", "speech-seq-2-seq")
 
 
-def tiny_kwargs(config: PretrainedConfig) -> dict:
-    """Constructor arguments that shrink `config` (recursively for sub-configs such as `text_config`)."""
+def tiny_kwargs(config: PretrainedConfig, cut_lists: bool = False) -> dict:
+    """Constructor arguments that shrink `config` (recursively for sub-configs such as `text_config`); with
+    `cut_lists`, lists with one entry per layer are cut to the tiny layer count too."""
     values = config.to_dict()
     kwargs = {
         name: size
@@ -116,10 +121,13 @@ def tiny_kwargs(config: PretrainedConfig) -> dict:
     for name in TOKEN_IDS:
         if isinstance(vocab, int) and isinstance(values.get(name), int) and values[name] >= vocab:
             kwargs[name] = vocab - 1 - TOKEN_IDS.index(name)
+    kwargs.update({name: 0.0 for name in NOISE_SCALES if isinstance(values.get(name), float)})
     for name in getattr(config, "sub_configs", {}):
         sub = getattr(config, name, None)
         if isinstance(sub, PretrainedConfig):
-            kwargs[name] = {**_without_derived(sub.to_dict()), **tiny_kwargs(sub)}
+            kwargs[name] = {**_without_derived(sub.to_dict()), **tiny_kwargs(sub, cut_lists)}
+    if cut_lists:
+        kwargs.update(_per_layer_lists(values, kwargs))
     return kwargs
 
 
@@ -130,7 +138,20 @@ def _without_derived(values: dict) -> dict:
 def tiny_config(model_type: str) -> PretrainedConfig:
     """The default config of `model_type`, shrunken; eager attention off (the default SDPA path is used)."""
     default = AutoConfig.for_model(model_type)
-    return type(default)(**tiny_kwargs(default))
+    kwargs = tiny_kwargs(default)
+    try:
+        return type(default)(**kwargs)
+    except Exception:  # a validator wants the per-layer lists (fixed in the default) to follow the layer count
+        return type(default)(**tiny_kwargs(default, cut_lists=True))
+
+
+def _per_layer_lists(values: dict, kwargs: dict) -> dict:
+    """The default's lists with one entry per layer, cut to the tiny layer count."""
+    name = next((name for name in LAYER_COUNTS if name in kwargs), None)
+    if name is None:
+        return {}
+    return {key: value[: kwargs[name]] for key, value in values.items()
+            if isinstance(value, list) and len(value) == values[name] and key not in kwargs}
 
 
 
@@ -277,7 +298,8 @@ def _on(device: str, inputs: dict) -> dict:
 
 
 def _generate(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
-    prompt = {name: value for name, value in inputs.items()
+    """Greedy generation from copies of the prompt tensors (BLIP's `generate` writes BOS into `input_ids`)."""
+    prompt = {name: value.clone() for name, value in inputs.items()
               if name in ("input_ids", "attention_mask", "input_features", "pixel_values")}
     return model.generate(**prompt, max_new_tokens=NEW_TOKENS, do_sample=False, use_cache=True)
 
@@ -307,6 +329,7 @@ def check(model_type: str, task: str = "causal-lm", compiled: bool = False, gene
             cpu_tokens = _generate(cpu_model, inputs)
         except Exception as error:  # forward + backward still count; generate is not compared
             generate, note = False, f"generate not compared (fails on CPU: {_sweep.reason(error)})"
+    _sweep.cpu_reference_done()
     try:
         dev_inputs = _on(DEVICE, inputs)
         out, grads = _forward_backward(dev_model.to(DEVICE), dev_inputs, compiled)
@@ -319,35 +342,19 @@ def check(model_type: str, task: str = "causal-lm", compiled: bool = False, gene
     return Result(model_type, "pass", note, time.perf_counter() - start, task, mode)
 
 
-class _Timeout(BaseException):
-    """Not an `Exception`: `check` must not report it as a CPU or `neuron` error."""
+@functools.cache
+def _cached_tiny_config(model_type: str) -> PretrainedConfig:
+    return tiny_config(model_type)
 
 
-def _raise_timeout(signum: int, frame: object) -> None:
-    raise _Timeout("timed out")
-
-
-def _worker(model_type: str, tasks: list[str], compiled: bool, seconds: int) -> None:
-    """Check `tasks` of `model_type` in this process (one tiny config for all), one JSON line per task; each task
-    is interrupted after `seconds` (0: no limit)."""
-    mode = "compile" if compiled else "eager"
+def check_pair(model_type: str, task: str, compiled: bool) -> Result:
+    """A worker's check of one pair: the tiny config is built once per model type (`check` copies it)."""
     try:
-        config = tiny_config(model_type)
+        config = _cached_tiny_config(model_type)
     except Exception as error:
-        for task in tasks:
-            _sweep.emit(Result(model_type, "cpu-fail", f"tiny config: {_sweep.reason(error)}", 0.0, task, mode))
-        return
-    signal.signal(signal.SIGALRM, _raise_timeout)
-    for task in tasks:
-        signal.alarm(seconds)
-        try:
-            result = check(model_type, task, compiled=compiled, config=config)
-        except _Timeout:
-            result = Result(model_type, "timeout", f"timed out after {seconds}s", float(seconds), task, mode)
-        finally:
-            signal.alarm(0)
-        _sweep.emit(result)
-        torch._dynamo.reset()
+        return Result(model_type, "cpu-fail", f"tiny config: {_sweep.reason(error)}", 0.0, task,
+                      "compile" if compiled else "eager")
+    return check(model_type, task, compiled=compiled, config=config)
 
 
 def plan(tasks: list[str], only: list[str], limit: int, shuffle: int | None, per_task: int,
@@ -381,19 +388,18 @@ def report(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _sweep.add_arguments(parser, "model type")
+    _sweep.add_arguments(parser)
     parser.add_argument("--only", default="", help="comma-separated model types")
     parser.add_argument("--tasks", default="", help="comma-separated tasks (default: all)")
     parser.add_argument("--limit", type=int, default=0, help="first N model types only")
-    parser.add_argument("--task-timeout", type=int, default=0, help="fail one task after this many seconds")
     parser.add_argument("--per-task", type=int, default=0, help="at most N model types per task")
     parser.add_argument("--runnable-in", default="", help="only the pairs this JSON report ran on the CPU")
     args = _sweep.parse_args(parser, argv)
     tasks = args.tasks.split(",") if args.tasks else sorted(task_mappings())
     if unknown := set(tasks) - set(task_mappings()):
         parser.error(f"unknown tasks {sorted(unknown)}; known: {sorted(task_mappings())}")
-    if args.worker:
-        _worker(args.worker, tasks, args.compile, args.task_timeout)
+    if args.serve:
+        _sweep.serve(check_pair, args.compile, args.memory_gb)
         return 0
     if args.table is not None:
         print(report([r for path in args.table for r in _sweep.load(path).values()]))
@@ -402,9 +408,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.runnable_in else None)
     chosen = plan(tasks, args.only.split(",") if args.only else [], args.limit, args.shuffle, args.per_task,
                   runnable)
-    extra = ["--task-timeout", str(args.task_timeout)] if args.task_timeout else []
     results = _sweep.drive(__file__, chosen, compiled=args.compile, timeout=args.timeout, json_path=args.json,
-                           skip_done=args.skip_done, extra=extra, budget=args.budget)
+                           skip_done=args.skip_done, budget=args.budget, jobs=args.jobs,
+                           memory_gb=args.memory_gb)
     print("\n" + report(results))
     return 0
 

@@ -6,6 +6,8 @@ machinery (tiny configs, resuming from the JSON report, the worker subprocess)."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.optional
@@ -27,13 +29,22 @@ def test_tiny_config_is_tiny():
     assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (64, 2, 512)
 
 
-@pytest.mark.parametrize("model_type", ["gpt_neo", "mamba2", "llama4", "ernie4_5_moe"])
+@pytest.mark.parametrize("model_type", ["gpt_neo", "mamba2", "llama4", "ernie4_5_moe", "mistral_large4", "step3p7"])
 def test_tiny_config_builds(model_type):
-    """Configs whose per-layer patterns or shape constraints the shrinking must keep consistent."""
+    """Configs whose per-layer patterns or shape constraints the shrinking must keep consistent (mistral_large4 and
+    step3p7 have per-layer lists fixed in their default text configs, which their validators check)."""
     import hf_models
 
     config = hf_models.tiny_config(model_type)
     assert config.get_text_config().vocab_size == 512
+
+
+def test_tiny_config_draws_no_noise():
+    """VITS draws its noise partly from the CPU generator and partly from its device's: the sweep zeroes it."""
+    import hf_models
+
+    config = hf_models.tiny_config("vits")
+    assert (config.noise_scale, config.noise_scale_duration) == (0.0, 0.0)
 
 
 def test_skip_done_resumes_from_the_json_file(tmp_path, capsys):
@@ -55,6 +66,7 @@ FAMILY_SAMPLE = [
     ("bart", "base"), ("vit", "image-classification"), ("convnext", "image-classification"),
     ("segformer", "semantic-segmentation"), ("wav2vec2", "ctc"), ("hubert", "audio-classification"),
     ("whisper", "speech-seq-2-seq"),
+    ("blip", "image-text-to-text"),  # its generate() writes BOS into input_ids: the sweep passes it copies
 ]
 
 
@@ -96,14 +108,55 @@ def test_inputs_follow_the_task():
     assert (inputs["labels"][inputs["attention_mask"] == 0] == -100).all()
 
 
-def test_worker_subprocess_reports_each_task_and_the_driver_fills_in_a_timeout(tmp_path):
+def _pool_run(pairs: list[tuple[str, str]], timeout: float) -> list:
     import _sweep
     import hf_models
 
-    results = _sweep.run_worker(hf_models.__file__, "bert", ["base", "text-encoding"], compiled=False, timeout=600)
-    assert [(r.task, r.status) for r in results] == [("base", "pass"), ("text-encoding", "pass")]
-    results = _sweep.run_worker(hf_models.__file__, "bert", ["base"], compiled=False, timeout=1)
-    assert [(r.task, r.status) for r in results] == [("base", "timeout")]
+    results: list = []
+    _sweep.Pool(hf_models.__file__, compiled=False, timeout=timeout, record=results.append).run(pairs)
+    return results
+
+
+def test_worker_pool_reports_each_pair():
+    results = _pool_run([("bert", "base"), ("bert", "text-encoding"), ("gpt2", "base")], timeout=600)
+    assert [(r.model_type, r.task, r.status) for r in results] == [
+        ("bert", "base", "pass"), ("bert", "text-encoding", "pass"), ("gpt2", "base", "pass")]
+
+
+FAULTY_WORKER = """
+import os, sys, time
+sys.path.insert(0, {benchmarks!r})
+import _sweep
+
+def check(model, task, compiled):
+    if model != "cpu-crash":
+        _sweep.cpu_reference_done()
+    if model in ("crash", "cpu-crash"):
+        os._exit(3)
+    if model == "hang":
+        time.sleep(600)
+    return _sweep.Result(model, "pass", "", 0.0, task)
+
+_sweep.serve(check, compiled=False)
+"""
+
+
+def test_a_pair_that_crashes_or_hangs_its_worker_fails_alone(tmp_path):
+    """The worker is replaced; only the pair it was running fails, with the cause, and the rest still run. A crash
+    before the check's CPU reference is done makes the pair `cpu-fail` (not counted)."""
+    import _sweep
+
+    script = tmp_path / "faulty_worker.py"
+    script.write_text(FAULTY_WORKER.format(benchmarks=str(Path(_sweep.__file__).parent)))
+    results: list = []
+    pool = _sweep.Pool(str(script), compiled=False, timeout=5, record=results.append)
+    pool.run([("ok", "a"), ("crash", "a"), ("ok", "b"), ("hang", "a"), ("ok", "c"), ("cpu-crash", "a"), ("ok", "d")])
+    assert [(r.model_type, r.task, r.status) for r in results] == [
+        ("ok", "a", "pass"), ("crash", "a", "fail"), ("ok", "b", "pass"), ("hang", "a", "timeout"), ("ok", "c", "pass"),
+        ("cpu-crash", "a", "cpu-fail"), ("ok", "d", "pass")]
+    assert results[1].reason.startswith("worker exited with code 3")
+    assert results[3].reason == "timed out after 5s"
+    assert results[5].reason.startswith("on the CPU run: worker exited with code 3")
 
 
 @pytest.mark.parametrize("class_name", ["AutoencoderKL", "FluxTransformer2DModel", "SD3Transformer2DModel"])

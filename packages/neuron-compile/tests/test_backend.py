@@ -110,6 +110,28 @@ def test_graph_breaks_compile_each_subgraph() -> None:
     assert metrics.counters()["compilations"] == 2
 
 
+def test_data_dependent_shape_in_the_backward_is_a_graph_break() -> None:
+    """A boolean-mask assignment's backward indexes with the mask (nonzero: a data-dependent shape). Dynamo breaks
+    the graph there, as under Inductor, rather than the compile failing (T5Gemma2's embeddings did)."""
+
+    def embed(weight: torch.Tensor, ids: torch.Tensor, special: torch.Tensor) -> torch.Tensor:
+        x = weight[ids]
+        x[ids == 3] = special
+        return x
+
+    def grads(device: str, compiled: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        weight, special = torch.randn(8, 4, requires_grad=True), torch.randn(4, requires_grad=True)
+        leaves = [t.detach().to(device).requires_grad_() for t in (weight, special)]
+        fn = torch.compile(embed, backend="neuron") if compiled else embed
+        out = fn(leaves[0], torch.tensor([[1, 3, 2], [3, 3, 0]], device=device), leaves[1])
+        (out * torch.arange(4.0, device=device)).sum().backward()
+        return [leaf.grad.cpu() for leaf in leaves]
+
+    for compiled, expected in zip(grads("neuron", compiled=True), grads("cpu", compiled=False)):
+        torch.testing.assert_close(compiled, expected)
+
+
 def test_cpu_inputs_are_copied_to_neuron(monkeypatch) -> None:
     x = torch.randn(7)
     out = torch.compile(scale_shift, backend="neuron")(x)

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["inductor_decompositions", "patch_scheduler_host_check", "register_stream_functions"]
+__all__ = ["inductor_decompositions", "patch_scheduler_host_check", "register_stream_functions",
+           "skip_device_kernel_frames"]
 
 DEVICE = "neuron"
 
@@ -44,6 +45,24 @@ def register_stream_functions() -> None:
     rules.setdefault(torch.neuron.current_stream, TorchInGraphFunctionVariable)
     for function in (torch.accelerator.current_stream, torch.neuron.current_stream):
         skip_code(function.__code__)
+
+
+# neuron-device's eager machinery below the dispatcher: its Python kernels and what they call.
+DEVICE_INTERNALS = ("neuron_device.ops", "neuron_device.storage", "neuron_device.allocator", "neuron_device.fallback",
+                    "neuron_device.numerics", "neuron_device.simulation", "neuron_device.adaptive_eager",
+                    "neuron_device.timeline", "neuron_device.livestats")
+
+
+def skip_device_kernel_frames() -> None:
+    """An op that runs eagerly inside a compiled frame (after a graph break) reaches neuron-device's Python kernels
+    through the dispatcher, and Dynamo, which sees every frame run under it, would take each kernel frame for user
+    code and trace it: compiling the allocator's and storage's internals, and failing inside them (a storage set to
+    another device's). Dynamo skips torch's own files by directory; neuron-device's internals are skipped the same
+    way, so they run as plain Python, as a CUDA kernel runs unseen."""
+    from torch._dynamo import trace_rules
+
+    for module in DEVICE_INTERNALS:
+        trace_rules.add(module)
 
 
 @contextlib.contextmanager

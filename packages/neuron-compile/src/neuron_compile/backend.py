@@ -48,6 +48,12 @@ _DYNAMIC_MESSAGE = (  # TorchNeuron's text first (its dynamic-shape analysis pas
     "shapes to bound the number of compilations."
 )
 
+# The fake-tensor errors Dynamo turns into a graph break when a backend raises them (as it does under Inductor): a
+# data-dependent output shape met while tracing the joint graph, e.g. the backward of a boolean-mask assignment
+# `x[ids == k] = v` (T5Gemma2's embeddings), which indexes with the mask. Wrapped in NeuronCompileError, they would
+# fail the compile instead.
+_GRAPH_BREAKS = torch._dynamo.exc.exceptions_allowed_to_be_fallback
+
 def _symbolic_dims(inputs: Sequence[Any]) -> list[str]:
     found = []
     for position, value in enumerate(inputs):
@@ -123,7 +129,7 @@ def _compile_static(
                                         cache_key=entry.key, host_code=settings.host_code)
             if not entry.hit:
                 entry.store(plans)
-    except DynamicShapesNotSupported:
+    except (DynamicShapesNotSupported, *_GRAPH_BREAKS):
         raise
     except Exception as error:
         metrics.record("failures")
