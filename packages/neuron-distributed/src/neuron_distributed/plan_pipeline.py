@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 from collections.abc import Iterator
 from typing import Any
 
@@ -113,9 +114,24 @@ def _stage_ranks(schedule: Any, stages: list[Any]) -> list[int]:
     return [ranks[mapping[s]] for s in range(stages[0].num_stages)]
 
 
-def _planned_step(schedule: Any, *args: Any, target: Any = None, losses: list | None = None,
-                  return_outputs: bool = True, loss_kwargs: dict | None = None, **kwargs: Any) -> Any:
-    """`schedule.step(...)` in plan mode: one micro-batch through this rank's stages (see the module's doc)."""
+def _planned_step(schedule: Any, *args: Any, **kwargs: Any) -> Any:
+    """`schedule.step(...)` in plan mode: one micro-batch through this rank's stages (see the module's doc).
+
+    Cyclic garbage is collected first and the collector held off meanwhile: a stage's activation bytes are the
+    allocator's live bytes across its forward, and a collection landing inside one (when it lands depends on how many
+    objects the script made before, e.g. on the micro-batch count) would free unrelated tensors there."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _plan_one_micro_batch(schedule, *args, **kwargs)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses: list | None = None,
+                          return_outputs: bool = True, loss_kwargs: dict | None = None, **kwargs: Any) -> Any:
     from torch.distributed.pipelining.microbatch import _split_tensor
     from torch.distributed.pipelining.schedules import _TARGET_CHUNK_SPEC
 
