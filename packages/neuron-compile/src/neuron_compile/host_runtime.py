@@ -37,8 +37,7 @@ def _device_index(inputs: Sequence[Any]) -> int:
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
-    """Which memory `tensor` views: its storage's address, or for a fake (plan mode: no memory; its host alias
-    shares its storage) the storage itself."""
+    """Which memory `tensor` views: its storage's address, or for a fake (plan mode: no memory) its storage."""
     storage = tensor.untyped_storage()
     return storage._cdata if isinstance(tensor, FakeTensor) else storage.data_ptr()
 
@@ -46,7 +45,7 @@ def _storage_key(tensor: torch.Tensor) -> int:
 def _view_of(output: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     """The `neuron` view of `base`'s storage at the memory, sizes and strides of the host tensor `output`."""
     storage = base.untyped_storage()
-    if isinstance(output, FakeTensor):  # a fake's host alias views its storage from the same start
+    if isinstance(output, FakeTensor):  # a fake's host alias has its offset in a storage of the same size
         offset = output.storage_offset()
     else:
         offset = (output.data_ptr() - storage.data_ptr()) // output.element_size()

@@ -103,10 +103,12 @@ def _relabel(tensor: torch.Tensor, device_word: int) -> torch.Tensor:
 
 
 def _relabel_fake(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A fake tensor (plan mode: shape, no memory) as `device`, sharing its storage, as `_relabel` shares memory: so
-    a compiled graph's host aliases, and its results adopted back, alias exactly what they would in a real run."""
-    with in_kernel_invocation_manager(tensor.fake_mode), torch.no_grad():
-        meta = torch.ops.aten.alias.default(tensor)  # the fake's meta tensor: same storage, sizes, strides, offset
+    """A fake tensor (plan mode: shape, no memory) as `device`: a fake of the same sizes, strides and offset in a
+    storage of its own of the same size, as `_relabel` gives the same memory a storage of its own (the device
+    allocator model then frees a device storage when its device tensors die, whatever its host aliases do)."""
+    with in_kernel_invocation_manager(tensor.fake_mode):
+        storage = torch.empty(tensor.untyped_storage().nbytes(), dtype=torch.uint8, device="meta")
+        meta = storage.view(tensor.dtype).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
     return FakeTensor(tensor.fake_mode, meta, device)
 
 
