@@ -10,6 +10,7 @@ import sys
 import pytest
 from launcher import WORKERS, launch
 
+from neuron_distributed import plan_cli
 from neuron_distributed.plan_cli import build_report, cores_per_node, parse_command
 from neuron_distributed.plan_pipeline import StageCost, _single_order, combine, lay_out
 
@@ -243,6 +244,48 @@ def test_pipeline_planning_does_not_grow_with_micro_batches(tmp_path):
     assert runs["8"]["pipeline"]["stages"] == runs["16"]["pipeline"]["stages"]
     assert runs["16"]["step_seconds"] > runs["8"]["step_seconds"]
     assert runs["16"]["pipeline"]["bubble_fraction"] < runs["8"]["pipeline"]["bubble_fraction"]
+
+
+def test_other_stages_start_while_rank_0_plans(tmp_path, monkeypatch):
+    """`--ranks auto`: the other stages' ranks are started as soon as rank 0 names them, not after its plan ends;
+    `--jobs` bounds the processes at once. (Child processes stood in for: each 'plans' in a few polls.)"""
+    events, running = [], set()
+
+    class Child:
+        def __init__(self, runner, rank):
+            self.rank, self.out, self.polls, self.returncode = rank, runner._out(rank), 0, None
+
+        def poll(self):
+            self.polls += 1
+            if self.rank == 0 and self.polls == 1:  # its schedule's first step names every stage's rank
+                (tmp_path / "rank0.json.stages").write_text(json.dumps([0, 8, 16, 24]))
+            if self.polls < 4:
+                return None
+            with open(self.out, "w") as handle:
+                json.dump({"rank": self.rank}, handle)
+            events.append(("end", self.rank))
+            running.discard(self.rank)
+            self.returncode = 0
+            return 0
+
+        def kill(self):
+            pass
+
+        def wait(self):
+            return self.returncode
+
+    def start(runner, rank):
+        events.append(("start", rank))
+        running.add(rank)
+        assert len(running) <= 2
+        return Child(runner, rank)
+
+    monkeypatch.setattr(plan_cli._Ranks, "_start", start)
+    monkeypatch.setattr(plan_cli._Ranks, "_POLL_SECONDS", 0.0)
+    options = plan_cli.argparse.Namespace(jobs=2, steps=1, instance="trn1.32xlarge")
+    plans = plan_cli._Ranks(str(tmp_path), ["train.py"], options, 32, 32)([0], stages_of=0)
+    assert [p["rank"] for p in plans] == [0, 8, 16, 24]
+    assert events.index(("start", 8)) < events.index(("end", 0))
 
 
 def test_pipeline_stage_without_input_shapes_is_refused(tmp_path):

@@ -6,9 +6,9 @@
 
 Each planned rank runs in its own process (`plan_rank`, fresh simulator state) with the environment torchrun would
 give it on the whole cluster; the report takes the slowest rank's step and the largest per-core HBM peak. Ranks
-that do the same work need planning once: by default (`--ranks auto`) rank 0 is planned, then, when it turns out to
-be a pipeline stage, one rank of every other stage (the stages differ: first, middle, last); `--ranks 0,31` plans
-the listed ranks. Up to `--jobs` ranks are planned at once.
+that do the same work need planning once: by default (`--ranks auto`) rank 0 is planned and, when it turns out to
+be a pipeline stage, one rank of every other stage (the stages differ: first, middle, last), started as soon as rank
+0's schedule names them; `--ranks 0,31` plans the listed ranks. Up to `--jobs` ranks are planned at once.
 """
 
 from __future__ import annotations
@@ -20,16 +20,19 @@ import runpy
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any
 
 from neuron_spec.hardware import INSTANCE_TYPES, TARGETS
 from neuron_spec.machine import INSTANCE
 
 from . import envvars
-from .plan_pipeline import combine
+from .plan_pipeline import announcing_stage_ranks, combine
 from .planning import launcher_environment
 
 __all__ = ["build_report", "cores_per_node", "main", "parse_command"]
+
+STAGES = ".stages"  # suffix of the file in which a planned pipeline rank names every stage's rank
 
 _REPORT_ORDER = ("world_size", "step_seconds", "compute_seconds", "communication_seconds",
                  "exposed_communication_seconds", "flops_per_step", "mfu", "peak_hbm_bytes", "peak_allocated_bytes", "hbm_capacity_bytes",
@@ -96,10 +99,17 @@ def _run_script(script: list[str]) -> None:
 
 
 def _plan_one(rank: int, steps: int | None, out: str, script: list[str]) -> None:
-    """Child process: plan `rank` (the environment is already the rank's) and write its plan as JSON."""
+    """Child process: plan `rank` (the environment is already the rank's) and write its plan as JSON; a pipeline
+    rank first writes its stages' ranks to `out + STAGES` as soon as its schedule steps."""
     from .planning import plan_rank
 
-    plan = plan_rank(lambda: _run_script(script), rank=rank, world_size=envvars.WORLD_SIZE.read(), steps=steps)
+    def announce(ranks: list[int]) -> None:
+        with open(out + ".partial", "w") as handle:
+            json.dump(ranks, handle)
+        os.replace(out + ".partial", out + STAGES)  # whole or absent for the parent, which polls for it
+
+    with announcing_stage_ranks(announce):
+        plan = plan_rank(lambda: _run_script(script), rank=rank, world_size=envvars.WORLD_SIZE.read(), steps=steps)
     with open(out, "w") as handle:
         json.dump({**plan.as_dict(), "lanes": plan.lanes}, handle)
 
@@ -196,35 +206,55 @@ def _trace(path: str, plans: list[dict[str, Any]]) -> None:
 
 
 class _Ranks:
-    """Plans ranks in child processes, up to `--jobs` at once; a rank that fails stops the plan."""
+    """Plans ranks in child processes, up to `--jobs` at once; a rank that fails stops the plan. With `--ranks auto`
+    the other stages' ranks join the queue as soon as rank 0's schedule names them (rank 0 is still planning)."""
+
+    _POLL_SECONDS = 0.05
 
     def __init__(self, scratch: str, script: list[str], options: argparse.Namespace, world: int,
                  per_node: int) -> None:
         self.scratch, self.script, self.options, self.world, self.per_node = scratch, script, options, world, per_node
 
-    def _start(self, rank: int) -> tuple[subprocess.Popen, str]:
-        out = os.path.join(self.scratch, f"rank{rank}.json")
-        command = [sys.executable, "-m", "neuron_distributed.plan_cli", "--_rank", str(rank),
-                   str(self.options.steps), out, *self.script]
-        with launcher_environment(rank, self.world, self.per_node), INSTANCE.overridden(self.options.instance):
-            return subprocess.Popen(command), out
+    def _out(self, rank: int) -> str:
+        return os.path.join(self.scratch, f"rank{rank}.json")
 
-    def __call__(self, ranks: list[int]) -> list[dict[str, Any]]:
+    def _start(self, rank: int) -> subprocess.Popen:
+        command = [sys.executable, "-m", "neuron_distributed.plan_cli", "--_rank", str(rank),
+                   str(self.options.steps), self._out(rank), *self.script]
+        with launcher_environment(rank, self.world, self.per_node), INSTANCE.overridden(self.options.instance):
+            return subprocess.Popen(command)
+
+    def __call__(self, ranks: list[int], *, stages_of: int | None = None) -> list[dict[str, Any]]:
+        """The plans of `ranks`, and of the stage ranks rank `stages_of` announces (in stage order after them)."""
         plans: dict[int, dict[str, Any]] = {}
-        pending, running = list(ranks), []
-        while pending or running:
-            while pending and len(running) < max(1, self.options.jobs):
-                rank = pending.pop(0)
-                running.append((rank, *self._start(rank)))
-            rank, child, out = running.pop(0)
-            if child.wait() != 0:
-                for _, other, _ in running:
-                    other.kill()
-                    other.wait()
-                raise SystemExit(f"neuron-plan: planning rank {rank} failed (exit code {child.returncode})")
-            with open(out) as handle:
-                plans[rank] = json.load(handle)
-        return [plans[rank] for rank in ranks]
+        order, pending, running = list(ranks), list(ranks), {}
+        announced = self._out(stages_of) + STAGES if stages_of is not None else None
+        try:
+            while pending or running:
+                while pending and len(running) < max(1, self.options.jobs):
+                    rank = pending.pop(0)
+                    running[rank] = self._start(rank)
+                if announced is not None and os.path.exists(announced):
+                    with open(announced) as handle:
+                        others = sorted(set(json.load(handle)) - set(order))
+                    order += others
+                    pending += others
+                    announced = None
+                    continue
+                finished = [rank for rank, child in running.items() if child.poll() is not None]
+                for rank in finished:
+                    child = running.pop(rank)
+                    if child.returncode != 0:
+                        raise SystemExit(f"neuron-plan: planning rank {rank} failed (exit code {child.returncode})")
+                    with open(self._out(rank)) as handle:
+                        plans[rank] = json.load(handle)
+                if not finished:
+                    time.sleep(self._POLL_SECONDS)
+        finally:
+            for child in running.values():
+                child.kill()
+                child.wait()
+        return [plans[rank] for rank in order]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,11 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"neuron-plan: rank {rank} is outside the world: {options.nodes} x {options.instance} "
                              f"= {options.nodes} x {per_node} NeuronCores = {world} ranks")
     with tempfile.TemporaryDirectory() as scratch:
-        plan_ranks = _Ranks(scratch, script, options, world, per_node)
-        plans = plan_ranks(ranks)
-        if options.ranks == "auto" and plans[0].get("pipeline"):
-            others = sorted(set(plans[0]["pipeline"]["stage_ranks"]) - {0})
-            plans += plan_ranks(others)
+        plans = _Ranks(scratch, script, options, world, per_node)(ranks, stages_of=0 if options.ranks == "auto"
+                                                                 else None)
     report = build_report(plans, instance=options.instance, nodes=options.nodes,
                           tokens_per_step=options.tokens_per_step, price_per_hour=options.price_per_hour)
     print(format_report(report))

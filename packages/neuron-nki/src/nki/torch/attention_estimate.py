@@ -64,6 +64,21 @@ def _polynomial_at(xs: list[int], ys: list[float], x: int) -> float:
     return total
 
 
+def _predict(measured: dict[tuple[int, int], float], fit_instances: list[int], fit_tiles: list[int], instances: int,
+             tiles: int) -> float:
+    """The latency at (`instances`, `tiles`) of the model through `measured` (latency by instances and tiles): a line
+    through the two instance counts (or the one), then a polynomial through the tile counts."""
+    at_tiles = []
+    for tile in fit_tiles:
+        first = measured[fit_instances[0], tile]
+        if len(fit_instances) == 1:
+            at_tiles.append(first)
+            continue
+        slope = (measured[fit_instances[1], tile] - first) / (fit_instances[1] - fit_instances[0])
+        at_tiles.append(first + (instances - fit_instances[0]) * slope)
+    return _polynomial_at(fit_tiles, at_tiles, tiles)
+
+
 def attention_seconds(launch: Callable, args: tuple, kwargs: dict, dry_seconds: DrySeconds, *, query_at: int,
                       grid_over_kv_heads: bool) -> float:
     """Simulated seconds of `launch(*args, **kwargs)`, a flash-attention kernel whose query is `args[query_at]`
@@ -102,22 +117,13 @@ def attention_seconds(launch: Callable, args: tuple, kwargs: dict, dry_seconds: 
         fit_t = [first_tile, first_tile + 1, first_tile + 2] if tiles > first_tile + 3 else [tiles]
         if fit_n == [n_real] and fit_t == [tiles]:
             break  # the samples would be as large as the call
-        measured = {(n, t): simulated(n, t) for n in fit_n for t in fit_t}
-
-        def predicted(n: int, t: int) -> float:
-            at_tiles = []
-            for tile in fit_t:
-                if len(fit_n) == 1:
-                    at_tiles.append(measured[fit_n[0], tile])
-                    continue
-                n1, n2 = fit_n
-                slope = (measured[n2, tile] - measured[n1, tile]) / (instances(n2) - instances(n1))
-                at_tiles.append(measured[n1, tile] + (instances(n) - instances(n1)) * slope)
-            return _polynomial_at(fit_t, at_tiles, t)
-
-        check = (samples[2] if len(fit_n) == 2 else n_real, first_tile + 3 if len(fit_t) == 3 else tiles)
-        if math.isclose(predicted(*check), simulated(*check), rel_tol=_AGREEMENT):
-            return predicted(n_real, tiles)
+        measured = {(instances(n), t): simulated(n, t) for n in fit_n for t in fit_t}
+        fit_instances = [instances(n) for n in fit_n]
+        check_n = samples[2] if len(fit_n) == 2 else n_real
+        check_t = first_tile + 3 if len(fit_t) == 3 else tiles
+        predicted = _predict(measured, fit_instances, fit_t, instances(check_n), check_t)
+        if math.isclose(predicted, simulated(check_n, check_t), rel_tol=_AGREEMENT):
+            return _predict(measured, fit_instances, fit_t, instances(n_real), tiles)
     else:
         warnings.warn(f"NKI attention estimate: the latency of {getattr(launch, '__name__', launch)} on samples is "
                       "not linear in instances x quadratic in tiles; simulating the whole call instead (slow at "
