@@ -248,40 +248,30 @@ def test_pipeline_planning_does_not_grow_with_micro_batches(tmp_path):
 
 def test_other_stages_start_while_rank_0_plans(tmp_path, monkeypatch):
     """`--ranks auto`: the other stages' ranks are started as soon as rank 0 names them, not after its plan ends;
-    `--jobs` bounds the processes at once. (Child processes stood in for: each 'plans' in a few polls.)"""
-    events, running = [], set()
-
-    class Child:
-        def __init__(self, runner, rank):
-            self.rank, self.out, self.polls, self.returncode = rank, runner._out(rank), 0, None
-
-        def poll(self):
-            self.polls += 1
-            if self.rank == 0 and self.polls == 1:  # its schedule's first step names every stage's rank
-                (tmp_path / "rank0.json.stages").write_text(json.dumps([0, 8, 16, 24]))
-            if self.polls < 4:
-                return None
-            with open(self.out, "w") as handle:
-                json.dump({"rank": self.rank}, handle)
-            events.append(("end", self.rank))
-            running.discard(self.rank)
-            self.returncode = 0
-            return 0
-
-        def kill(self):
-            pass
-
-        def wait(self):
-            return self.returncode
+    `--jobs` bounds the ranks planned at once. (The forked ranks stood in for: each 'plans' in three polls.)"""
+    events, polls = [], {}
 
     def start(runner, rank):
         events.append(("start", rank))
-        running.add(rank)
-        assert len(running) <= 2
-        return Child(runner, rank)
+        polls[rank] = 0
+        assert len(polls) <= 2
+        if rank == 0:  # its schedule's first step names every stage's rank
+            (tmp_path / "rank0.json.stages").write_text(json.dumps([0, 8, 16, 24]))
+
+    def finished(runner):
+        ended = []
+        for rank in list(polls):
+            polls[rank] += 1
+            if polls[rank] == 3:
+                with open(runner._out(rank), "w") as handle:
+                    json.dump({"rank": rank}, handle)
+                events.append(("end", rank))
+                del polls[rank]
+                ended.append((rank, 0))
+        return ended
 
     monkeypatch.setattr(plan_cli._Ranks, "_start", start)
-    monkeypatch.setattr(plan_cli._Ranks, "_POLL_SECONDS", 0.0)
+    monkeypatch.setattr(plan_cli._Ranks, "_finished", finished)
     options = plan_cli.argparse.Namespace(jobs=2, steps=1, instance="trn1.32xlarge")
     plans = plan_cli._Ranks(str(tmp_path), ["train.py"], options, 32, 32)([0], stages_of=0)
     assert [p["rank"] for p in plans] == [0, 8, 16, 24]
