@@ -218,8 +218,11 @@ def _preload(script: list[str]) -> None:
     if script[0] == "-m":
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))
-    with open(script[0]) as handle:
-        tree = ast.parse(handle.read())
+    try:
+        with open(script[0]) as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):  # the rank's own run reports it
+        return
     for node in tree.body:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -318,7 +321,10 @@ class _Ranks:
         """(rank, exit code) of the ranks that ended since the last call (waits up to POLL_SECONDS for one)."""
         if not select.select([self.replies], [], [], self.POLL_SECONDS)[0]:
             return []
-        self.unread += os.read(self.replies, 1 << 16)
+        chunk = os.read(self.replies, 1 << 16)
+        if not chunk:
+            raise SystemExit(f"neuron-plan: the process planning the ranks ended (exit code {self.zygote.wait()})")
+        self.unread += chunk
         *lines, self.unread = self.unread.split(b"\n")
         return [tuple(json.loads(line)) for line in lines]
 

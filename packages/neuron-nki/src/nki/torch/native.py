@@ -24,7 +24,8 @@ How the kernels execute is set by ``NEURON_NKI_NATIVE_KERNELS``:
   compiled models tens of times slower than the CPU (the simulator interprets each NKI instruction in NumPy), and
   the latency of these kernels depends only on the signature. Plan mode (``neuron-plan``), which runs eager ops on
   fake tensors, charges the same latency through the flash kernels' ``estimate_seconds``, which reuses eager's
-  launches or simulates the signature once on sample data (``_estimate``). Compiled graphs keep Inductor's code for
+  launches or simulates the signature once on sample data (``_estimate``; a long sequence from small samples,
+  exactly: ``attention_estimate``). Compiled graphs keep Inductor's code for
   these ops and price attention as a compiler lowers it (neuron-compile's ``passes.attention_work``).
 * ``simulate``: every call runs the kernel in the instruction simulator and returns its outputs (the kernel's own
   numerics; use it to test kernels).
