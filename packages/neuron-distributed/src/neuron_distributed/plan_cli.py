@@ -5,10 +5,11 @@
     neuron-plan ... -- torchrun --nproc-per-node 32 --nnodes 1 train.py ARGS
 
 Each planned rank runs in its own process (`plan_rank`, fresh simulator state), forked from one that imported what
-every rank needs, with the environment torchrun would give it on the whole cluster; the report takes the slowest rank's step and the largest per-core HBM peak. Ranks
-that do the same work need planning once: by default (`--ranks auto`) rank 0 is planned and, when it turns out to
-be a pipeline stage, one rank of every other stage (the stages differ: first, middle, last), started as soon as rank
-0's schedule names them; `--ranks 0,31` plans the listed ranks. Up to `--jobs` ranks are planned at once.
+every rank needs, with the environment torchrun would give it on the whole cluster; the report takes the slowest
+rank's step and the largest per-core HBM peak. Ranks that do the same work need planning once: by default
+(`--ranks auto`) rank 0 is planned and, when it turns out to be a pipeline stage, one rank of every other stage (the
+stages differ: first, middle, last), started as soon as rank 0's schedule names them; `--ranks 0,31` plans the
+listed ranks. Up to `--jobs` ranks are planned at once.
 """
 
 from __future__ import annotations
