@@ -10,6 +10,7 @@ import sys
 import pytest
 from launcher import WORKERS, launch
 
+from neuron_distributed import plan_cli
 from neuron_distributed.plan_cli import build_report, cores_per_node, parse_command
 from neuron_distributed.plan_pipeline import StageCost, _single_order, combine, lay_out
 
@@ -84,6 +85,7 @@ def test_data_parallel_oom_fits_with_tensor_parallelism(tmp_path):
     _, ddp, _ = plan(tmp_path, "ddp", "--width", "1024", env=memory)
     assert ddp["hbm_capacity_bytes"] == 128 << 20
     assert ddp["fits"] is False and ddp["oom"]["op"] == "aten.zeros_like.default"
+    assert ddp["oom"]["module"] == "Global"  # the optimizer's step runs outside every module
     assert ddp["peak_allocated_bytes"] >= 20 * params
     _, tp, _ = plan(tmp_path, "tp", "--width", "1024", env=memory)
     assert tp["fits"] is True and "oom" not in tp
@@ -243,6 +245,38 @@ def test_pipeline_planning_does_not_grow_with_micro_batches(tmp_path):
     assert runs["8"]["pipeline"]["stages"] == runs["16"]["pipeline"]["stages"]
     assert runs["16"]["step_seconds"] > runs["8"]["step_seconds"]
     assert runs["16"]["pipeline"]["bubble_fraction"] < runs["8"]["pipeline"]["bubble_fraction"]
+
+
+def test_other_stages_start_while_rank_0_plans(tmp_path, monkeypatch):
+    """`--ranks auto`: the other stages' ranks are started as soon as rank 0 names them, not after its plan ends;
+    `--jobs` bounds the ranks planned at once. (The forked ranks stood in for: each 'plans' in three polls.)"""
+    events, polls = [], {}
+
+    def start(runner, rank):
+        events.append(("start", rank))
+        polls[rank] = 0
+        assert len(polls) <= 2
+        if rank == 0:  # its schedule's first step names every stage's rank
+            (tmp_path / "rank0.json.stages").write_text(json.dumps([0, 8, 16, 24]))
+
+    def finished(runner):
+        ended = []
+        for rank in list(polls):
+            polls[rank] += 1
+            if polls[rank] == 3:
+                with open(runner._out(rank), "w") as handle:
+                    json.dump({"rank": rank}, handle)
+                events.append(("end", rank))
+                del polls[rank]
+                ended.append((rank, 0))
+        return ended
+
+    monkeypatch.setattr(plan_cli._Ranks, "_start", start)
+    monkeypatch.setattr(plan_cli._Ranks, "_finished", finished)
+    options = plan_cli.argparse.Namespace(jobs=2, steps=1, instance="trn1.32xlarge")
+    plans = plan_cli._Ranks(str(tmp_path), ["train.py"], options, 32, 32)([0], stages_of=0)
+    assert [p["rank"] for p in plans] == [0, 8, 16, 24]
+    assert events.index(("start", 8)) < events.index(("end", 0))
 
 
 def test_pipeline_stage_without_input_shapes_is_refused(tmp_path):
