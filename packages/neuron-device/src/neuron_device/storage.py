@@ -25,7 +25,6 @@ memory; `swap_memory` moves the twin with the memory (`storage.resize_`, adaptiv
 from __future__ import annotations
 
 import ctypes
-import functools
 import sys
 
 import torch
@@ -67,7 +66,6 @@ _pointer_at = ctypes.c_void_p.from_address
 _word_at = ctypes.c_uint64.from_address  # a DLDevice (two int32) is one 64-bit word
 
 
-@functools.cache
 def _device_word(device_type: int, device_id: int) -> int:
     """A DLDevice as the 64-bit word it is in memory."""
     return int.from_bytes(bytes(_DLDevice(device_type, device_id)), sys.byteorder)
@@ -91,6 +89,10 @@ def _check_layout() -> None:
 
 _check_layout()
 _CPU = _device_word(_KDL_CPU, 0)
+# `neuron:i`'s word is `_NEURON_0 + i * _NEURON_STEP` (device_id is a fixed int32 field of the word, whatever the byte
+# order): arithmetic per adopted result, where a cached call touches more memory than the rest of the relabel
+_NEURON_0 = _device_word(_KDL_EXT_DEV, 0)
+_NEURON_STEP = _device_word(_KDL_EXT_DEV, 1) - _NEURON_0
 
 
 def _relabel(tensor: torch.Tensor, device_word: int) -> torch.Tensor:
@@ -111,7 +113,7 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     if cpu_tensor.is_conj() or cpu_tensor.is_neg():
         cpu_tensor = cpu_tensor.resolve_conj().resolve_neg()
     twin = _from_dlpack(_to_dlpack(cpu_tensor))  # the same memory in a fixed-size CPU storage of its own
-    tensor = _relabel(twin, _device_word(_KDL_EXT_DEV, index))
+    tensor = _relabel(twin, _NEURON_0 + index * _NEURON_STEP)
     # `as_strided` places a view by its absolute storage offset, so the twin itself is a base for host aliases of
     # its dtype, whatever its own shape: no 1-d tensor needs making here (other dtypes get one, in `_view_of_twin`)
     setattr(tensor.untyped_storage(), _HOST, {twin.dtype: twin})
