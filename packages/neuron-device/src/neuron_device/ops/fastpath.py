@@ -7,8 +7,9 @@ copies, embedding and indexing) the common call needs none of that: all tensor a
 one device, and the result is a fresh tensor (or, in place, `self`). A kernel on the overload itself does exactly
 that call, with a plan per overload computed at registration:
 
-* the CPU kernel runs on zero-copy host aliases of the inputs, and its fresh result is adopted as device storage
-  (an in-place op writes device memory through the alias and returns `self`);
+* the CPU kernel runs on zero-copy host aliases of the inputs (`storage.kernel_input`: the storage's host twin itself
+  for an input laid out as it, as op results are), and its fresh result is adopted as device storage (an in-place op
+  writes device memory through the alias and returns `self`);
 * it is charged to the same `optracking` signature cache as the fallback (one dict lookup per call);
 * anything outside the common call (a CPU tensor, two devices, 64-bit downcasting, a Python number where the
   schema has a Tensor) goes to `run_on_host` unchanged, so results and errors are the fallback's.
