@@ -46,6 +46,23 @@ def test_key_depends_on_graph_inputs_and_options(tmp_path) -> None:
     assert key != cache.cache_key(_graph(2.0), [x], _settings(tmp_path, model_name="other"))
 
 
+def test_key_depends_on_autocast_and_the_target(tmp_path, monkeypatch) -> None:
+    """Everything a plan or a graph's code depends on besides the graph: the autocast state (`neuron`'s and the
+    CPU's) and the simulated target and logical core size."""
+    from neuron_device import services
+    from neuron_spec.machine import read_topology
+
+    settings = _settings(tmp_path)
+    x = torch.ones(4, device="neuron")
+    key = cache.cache_key(_graph(2.0), [x], settings)
+    for device_type in ("neuron", "cpu"):
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            assert cache.cache_key(_graph(2.0), [x], settings) != key
+    for environment in ({"NEURON_PLATFORM_TARGET_OVERRIDE": "trn1"}, {"NEURON_LOGICAL_NC_CONFIG": "1"}):
+        monkeypatch.setattr(services, "topology", lambda environment=environment: read_topology(environment))
+        assert cache.cache_key(_graph(2.0), [x], settings) != key
+
+
 @pytest.fixture(autouse=True)
 def private_inductor_dir(tmp_path, monkeypatch):
     """Each test sees its own process-private Inductor directory, as a fresh process would."""
