@@ -228,10 +228,9 @@ def _ddp_init(init: Callable) -> Callable:
 
 class _GlobalOnly:
     """`FlopCounterMode`'s module tracker, tracking no module: the plan reads only the total ("Global"). Its own
-    `ModuleTracker` hooks every module's inputs and outputs for the backward, also in the checkpoint's recomputation,
-    and those hooks keep the backward's activation gradients alive: a real run has no such hooks, and with them a
-    plan's HBM grew by every layer's gathered gradients (a plain 2-rank run frees them; the same run inside
-    `FlopCounterMode` keeps them too)."""
+    `ModuleTracker` also hooks the modules the checkpoint recomputes in the backward, hooks that never run and keep
+    tensors alive (pytorch/pytorch#139214): a plan then held every checkpointed layer's gathered gradients, which a
+    real run frees (the same run inside `FlopCounterMode` keeps them too)."""
 
     parents = frozenset({"Global"})
 
