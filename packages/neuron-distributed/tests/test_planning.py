@@ -161,6 +161,38 @@ print(json.dumps(plan.as_dict()))
     assert plan["communication_seconds"] > 0 and plan["fits"]
 
 
+def test_checkpointed_backward_frees_what_the_real_run_frees():
+    """After a backward through checkpointed blocks a plan holds what the real run holds: the FLOP counter's
+    per-module hooks, which kept each block's recomputed activations' gradients alive, are not installed."""
+    code = """
+import json, torch, torch_neuronx
+from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
+after_backward = {}
+def step(name, device="neuron"):
+    def run():
+        blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                                         torch.nn.Linear(256, 64)) for _ in range(4)).to(device)
+        x = torch.randn(512, 64, device=device)
+        for block in blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        x.sum().backward()
+        after_backward[name] = torch.neuron.memory_allocated()
+    return run
+step("real")()
+plan = torch_neuronx.plan(step("plan"), world_size=1)
+with FlopCounterMode(display=False) as on_cpu:
+    step("cpu", "cpu")()
+print(json.dumps({**after_backward, "flops": plan.flops_per_step, "cpu_flops": on_cpu.get_total_flops()}))
+"""
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}, check=False)
+    assert done.returncode == 0, done.stderr
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert measured["plan"] == measured["real"] > 0
+    assert measured["flops"] == measured["cpu_flops"] > 0  # the total is counted as FlopCounterMode counts it
+
+
 def _equal_stages(count: int, forward: float = 1.0, backward: float = 2.0, activation: int = 10):
     return {s: StageCost(s, forward, backward, activation, send_bytes=0, send_seconds=0.0) for s in range(count)}
 

@@ -3,8 +3,8 @@
 What is PyTorch's and what is ours:
 
 * `neuron` (and CPU) tensors are PyTorch's `FakeTensorMode` fakes: shape, dtype, strides, device, no data; ops
-  run their meta kernels. FLOPs are counted by PyTorch's `FlopCounterMode`; the module an op runs in comes from
-  `torch.distributed._tools.mod_tracker.ModTracker`.
+  run their meta kernels. FLOPs are counted by PyTorch's `FlopCounterMode` (the total only, `_GlobalOnly`);
+  the module an op runs in comes from `torch.distributed._tools.mod_tracker.ModTracker`.
 * The process group is PyTorch's `FakeProcessGroup` behind backend `neuron` (and a `FakeStore`, so no rendezvous):
   collectives return at once with correctly shaped fakes.
 * Ours: every op is charged as the real run's kernel charges it (`services.account_planned_op`: the same op
@@ -226,6 +226,21 @@ def _ddp_init(init: Callable) -> Callable:
     return planned
 
 
+class _GlobalOnly:
+    """`FlopCounterMode`'s module tracker, tracking no module: the plan reads only the total ("Global"). Its own
+    `ModuleTracker` also hooks the modules the checkpoint recomputes in the backward, hooks that never run and keep
+    tensors alive (pytorch/pytorch#139214): a plan then held every checkpointed layer's gathered gradients, which a
+    real run frees (the same run inside `FlopCounterMode` keeps them too)."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> _GlobalOnly:
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        return None
+
+
 def _fake_neuron_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
     """Backend `neuron` in plan mode: PyTorch's fake process group (no communication, no peers)."""
     from torch._C._distributed_c10d import FakeProcessGroup
@@ -417,7 +432,9 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
         stack.callback(globals().__setitem__, "_active", None)
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
         planner.modules = stack.enter_context(ModTracker())
-        planner.flops = stack.enter_context(FlopCounterMode(display=False))
+        flops = FlopCounterMode(display=False)
+        flops.mod_tracker = _GlobalOnly()  # torch's per-module tracking keeps gradients alive (see `_GlobalOnly`)
+        planner.flops = stack.enter_context(flops)
         stack.enter_context(_Charger(planner))
         try:
             run()
