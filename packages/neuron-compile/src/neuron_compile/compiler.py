@@ -111,7 +111,10 @@ def _host_example(value: Any, traced: Any) -> Any:
     """The host counterpart of an example input. Under Dynamo, `traced` is the fake tensor Dynamo traced the input
     as: its CPU counterpart is made in the same fake mode, so AOTAutograd sees no new (sourceless) symbols, with the
     same strides as the host alias the graph runs on (a copy would make an expanded input contiguous, and the
-    compiled graph would then refuse the real one). Outside Dynamo, a real `neuron` input is aliased to the host."""
+    compiled graph would then refuse the real one). Outside Dynamo, a real `neuron` input is aliased to the host.
+    An input with autograd history gets some here too, as Dynamo's fake tensors do: AOTAutograd applies the graph's
+    mutation of a leaf input hidden from autograd, so a leaf example would drop the gradient of what the graph wrote
+    into a non-leaf input (Longformer's `attn_output[mask] = ...`)."""
     if not isinstance(value, torch.Tensor) or value.device.type != _DEVICE:
         return value
     if isinstance(traced, torch._subclasses.FakeTensor):
@@ -119,7 +122,11 @@ def _host_example(value: Any, traced: Any) -> Any:
             host = torch.empty_strided(traced.shape, traced.stride(), dtype=traced.dtype, device="cpu")
     else:
         host = boundary.enter([value.detach()])[0]
-    return host.requires_grad_(value.requires_grad)
+    host.requires_grad_(value.requires_grad)
+    if value.requires_grad and not value.is_leaf:
+        with torch.enable_grad():  # an identity with a grad_fn, as Dynamo's fakes get (`MetaConverter`)
+            host = torch._C._functions.DelayedError("backward through a compile-time example input", 1)(host)
+    return host
 
 
 class HostGraph:
