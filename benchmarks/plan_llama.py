@@ -7,7 +7,8 @@ what planning costs this host (wall and CPU seconds, the largest child's peak re
 Rows: 70B on 32 x trn1.32xlarge with TP 32 / PP 8 / DP 4, seq 8192, micro-batch 1, global batch 1,024 (1F1B,
 activation checkpointing) without and with sequence parallelism (the activations kept between a stage's forward
 and backward shrink by TP), GPipe (keeps all 256 micro-batches in flight), and Llama-3.1-405B (TP 32 / PP 9 /
-DP 4 on 36 instances, 14 layers a stage).
+DP 4 on 36 instances, 14 layers a stage). Out-of-HBM rows on one trn1.32xlarge (`--only`): 70B with DP only (a plain
+DDP script, plan_scripts/llama_train.py) and with TP 32 alone.
 """
 
 import argparse
@@ -19,24 +20,29 @@ import sys
 import tempfile
 import time
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan_scripts", "llama_3d.py")
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan_scripts")
 _70B = ["--model", "70b", "--tp", "32", "--pp", "8", "--dp", "4", "--seq", "8192", "--micro-batch", "1",
         "--global-batch", "1024", "--checkpoint"]
-ROWS = {
-    "70b-3d": (32, _70B),
-    "70b-3d-sp": (32, [*_70B, "--sequence-parallel"]),
-    "70b-3d-sp-gpipe": (32, [*_70B, "--sequence-parallel", "--schedule", "gpipe"]),
-    "405b-3d-sp": (36, ["--model", "405b", "--tp", "32", "--pp", "9", "--dp", "4", "--seq", "8192",
-                        "--micro-batch", "1", "--global-batch", "1024", "--checkpoint", "--sequence-parallel"]),
+_GLOBAL = 1024 * 8192  # tokens a step of the 3-D rows
+ROWS = {  # name: (nodes, script, its arguments, tokens a step)
+    "70b-3d": (32, "llama_3d.py", _70B, _GLOBAL),
+    "70b-3d-sp": (32, "llama_3d.py", [*_70B, "--sequence-parallel"], _GLOBAL),
+    "70b-3d-sp-gpipe": (32, "llama_3d.py", [*_70B, "--sequence-parallel", "--schedule", "gpipe"], _GLOBAL),
+    "405b-3d-sp": (36, "llama_3d.py", ["--model", "405b", "--tp", "32", "--pp", "9", "--dp", "4", "--seq", "8192",
+                                       "--micro-batch", "1", "--global-batch", "1024", "--checkpoint",
+                                       "--sequence-parallel"], _GLOBAL),
+    "70b-dp": (1, "llama_train.py", ["--model", "70b", "--parallel", "ddp", "--seq", "8192"], 32 * 8192),
+    "70b-tp": (1, "llama_3d.py", ["--model", "70b", "--tp", "32", "--seq", "8192", "--checkpoint",
+                                  "--sequence-parallel"], 8192),
 }
 
 
-def plan_row(name: str, nodes: int, script_args: list[str], jobs: int) -> dict:
+def plan_row(name: str, nodes: int, script: str, script_args: list[str], tokens: int, jobs: int) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "plan.json")
         command = [sys.executable, "-m", "neuron_distributed.plan_cli", "--instance", "trn1.32xlarge", "--nodes",
-                   str(nodes), "--steps", "1", "--jobs", str(jobs), "--tokens-per-step", str(1024 * 8192),
-                   "--json", out, "--", "python", SCRIPT, *script_args]
+                   str(nodes), "--steps", "1", "--jobs", str(jobs), "--tokens-per-step", str(tokens),
+                   "--json", out, "--", "python", os.path.join(SCRIPTS, script), *script_args]
         before, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - wall
@@ -44,8 +50,9 @@ def plan_row(name: str, nodes: int, script_args: list[str], jobs: int) -> dict:
             report = json.load(handle)
     return {"row": name, "fits": report["fits"], "peak_hbm_gib": report["peak_hbm_bytes"] / 2**30,
             "step_seconds": report["step_seconds"], "tokens_per_second": report["tokens_per_second"],
-            "mfu": report["mfu"], "bubble": report["pipeline"]["bubble_fraction"],
-            "oom": report.get("oom", {}).get("op"), "ranks_planned": len(report["ranks_planned"]),
+            "mfu": report["mfu"], "bubble": report.get("pipeline", {}).get("bubble_fraction"),
+            "oom": {key: report["oom"][key] for key in ("op", "module")} if "oom" in report else None,
+            "ranks_planned": len(report["ranks_planned"]),
             "plan_wall_seconds": wall,
             "plan_cpu_seconds": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
             "largest_child_rss_gib": after.ru_maxrss / 2**20}  # the largest child's peak (kB), not a sum
@@ -56,9 +63,9 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(ROWS))
     parser.add_argument("--jobs", type=int, default=2, help="ranks planned at once")
     args = parser.parse_args()
-    for name, (nodes, script_args) in ROWS.items():
-        if args.only in (None, name) and (args.only or not name.startswith("405b")):
-            print(json.dumps(plan_row(name, nodes, script_args, args.jobs)), flush=True)
+    for name, row in ROWS.items():
+        if args.only == name or (args.only is None and name.startswith("70b-3d")):
+            print(json.dumps(plan_row(name, *row, args.jobs)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Run in a fresh process by the cache tests and the benchmark: compile a tiny model (forward and backward) with
-`backend="neuron"`, check it against eager, and print the compile metrics and compile wall time as JSON."""
+`backend="neuron"`, check it against eager, and print as JSON the compile metrics, the compile wall time, and what
+a cache hit must reproduce exactly: the outputs, the gradients and the simulation report (simulated device time
+and memory; its compile counters, which differ between a miss and a hit, are reported as the metrics)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import neuron_compile.metrics
 
 
 def main() -> None:
+    from neuron_device.simulation import report
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to("neuron")
     x = torch.randn(4, 8, device="neuron")
@@ -21,12 +25,17 @@ def main() -> None:
     out = compiled(x)
     compile_seconds = time.perf_counter() - started
     out.sum().backward()
+    simulation = report.collect()
+    simulation.pop("graphs")
     torch.testing.assert_close(out.detach().cpu(), model(x).detach().cpu())
     from torch._dynamo.utils import counters
 
     print(json.dumps({**neuron_compile.metrics.counters(), "first_call_seconds": compile_seconds,
                       "grad_ok": bool(model[0].weight.grad is not None),
-                      "autograd_cache_hits": counters["aot_autograd"]["autograd_cache_hit"]}))
+                      "autograd_cache_hits": counters["aot_autograd"]["autograd_cache_hit"],
+                      "output": out.detach().cpu().tolist(),
+                      "grads": [p.grad.cpu().tolist() for p in model.parameters()],
+                      "simulation": simulation}))
 
 
 if __name__ == "__main__":

@@ -210,3 +210,27 @@ def test_bad_environment_value_is_a_clear_error(monkeypatch) -> None:
         with warnings.catch_warnings():
             torch.compile(scale_shift, backend="neuron")(torch.ones(3, device="neuron"))
     assert "must be 0 or 1" in str(_inner(info))
+
+
+def test_dynamo_names_the_traced_functions_only_for_its_trace_log(monkeypatch) -> None:
+    """The function names of Dynamo's `trace_call` debug log (found by tokenizing each source file) are looked up
+    only when that log is on (`_patches.lazy_trace_log_headers`)."""
+    from torch._dynamo import symbolic_convert
+
+    looked_up = []
+    name_of = symbolic_convert.get_funcname
+    monkeypatch.setattr(symbolic_convert, "get_funcname", lambda file, line: looked_up.append(file) or name_of(file, line))
+
+    def compile_and_run(offset: float) -> None:
+        torch._dynamo.reset()
+        out = torch.compile(lambda t: t.sin() + offset, backend="neuron")(torch.ones(3, device="neuron"))
+        torch.testing.assert_close(out.cpu(), torch.ones(3).sin() + offset)
+
+    compile_and_run(1.0)
+    assert not looked_up
+    torch._logging.set_logs(trace_call=True)
+    try:
+        compile_and_run(2.0)
+    finally:
+        torch._logging.set_logs()
+    assert __file__ in looked_up

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,23 @@ def test_key_depends_on_graph_inputs_and_options(tmp_path) -> None:
     assert key != cache.cache_key(_graph(2.0), [torch.ones(5, device="neuron")], settings)
     assert key != cache.cache_key(_graph(2.0), [x.double()], settings)
     assert key != cache.cache_key(_graph(2.0), [x], _settings(tmp_path, model_name="other"))
+
+
+def test_key_depends_on_autocast_and_the_target(tmp_path, monkeypatch) -> None:
+    """Everything a plan or a graph's code depends on besides the graph: the autocast state (`neuron`'s and the
+    CPU's) and the simulated target and logical core size."""
+    from neuron_device import services
+    from neuron_spec.machine import read_topology
+
+    settings = _settings(tmp_path)
+    x = torch.ones(4, device="neuron")
+    key = cache.cache_key(_graph(2.0), [x], settings)
+    for device_type in ("neuron", "cpu"):
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            assert cache.cache_key(_graph(2.0), [x], settings) != key
+    for environment in ({"NEURON_PLATFORM_TARGET_OVERRIDE": "trn1"}, {"NEURON_LOGICAL_NC_CONFIG": "1"}):
+        monkeypatch.setattr(services, "topology", lambda environment=environment: read_topology(environment))
+        assert cache.cache_key(_graph(2.0), [x], settings) != key
 
 
 @pytest.fixture(autouse=True)
@@ -111,6 +129,9 @@ def _result(process: subprocess.Popen) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+_EXACT = ("output", "grads", "simulation")  # what a hit reproduces exactly: results, simulated time and memory
+
+
 @pytest.mark.slow
 @pytest.mark.compiler
 @pytest.mark.multiprocess
@@ -121,20 +142,20 @@ def test_second_process_hits_and_a_corrupted_entry_recompiles(tmp_path, host_cod
 
     first = run("inductor-1")
     assert (first["cache_misses"], first["cache_hits"]) == (1, 0) and first["grad_ok"]
+    assert first["simulation"]["device_seconds"] > 0 and first["simulation"]["memory"]
     second = run("inductor-2")
     assert (second["cache_misses"], second["cache_hits"]) == (0, 1) and second["grad_ok"]
-    if host_code == "inductor":
-        assert second["autograd_cache_hits"] == 1  # nothing traced or lowered again
-        corrupted = list((tmp_path / "cache" / "entries").glob("*/files/**/*.so"))
-        assert corrupted, "the entry holds the compiled C++ kernels"
-        corrupted[0].write_bytes(b"\x7fELF corrupted")
-    else:  # the entry holds the kernel plans (the host code is traced again)
-        corrupted = list((tmp_path / "cache" / "entries").glob("*/manifest.json"))
-        manifest = json.loads(corrupted[0].read_text())
-        manifest["plans"]["forward"]["kernels"] = []
-        corrupted[0].write_text(json.dumps(manifest))
+    assert second["autograd_cache_hits"] == 1  # nothing traced, planned or lowered again
+    assert {k: second[k] for k in _EXACT} == {k: first[k] for k in _EXACT}
+    # the compiled C++ kernels (Inductor) or the AOTAutograd record bundling the planned graph ("aten")
+    corrupted = list((tmp_path / "cache" / "entries").glob("*/files/**/*.so" if host_code == "inductor"
+                                                          else "*/files/aotautograd/*/*"))
+    assert corrupted, "the entry holds the compiled host code"
+    data = corrupted[0].read_bytes()
+    corrupted[0].write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # one bit pattern changed
     third = run("inductor-3")
     assert (third["cache_misses"], third["cache_hits"]) == (1, 0) and third["grad_ok"]
+    assert {k: third[k] for k in _EXACT} == {k: first[k] for k in _EXACT}
 
 
 @pytest.mark.slow
@@ -146,30 +167,83 @@ def test_two_processes_compiling_the_same_model_both_succeed(tmp_path) -> None:
     assert sorted((r["cache_misses"], r["cache_hits"]) for r in results) == [(0, 1), (1, 0)]
 
 
-@pytest.mark.compiler
-def test_inductor_caches_hit_exactly_when_ours_does(tmp_path, monkeypatch) -> None:
-    """Inductor's FX-graph and AOTAutograd caches serve our hits (nothing is traced or lowered again), and never
-    serve our misses: an AOTAutograd hit would skip the Neuron passes (kernel plan, artifacts)."""
+def _compile_counting(x: torch.Tensor, **options) -> dict:
+    """A fresh compile of one small function (Dynamo reset): its compile and cache counters."""
     from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()
+    counters.clear()
+    torch.neuron.reset_dynamo_metrics()
+    out = torch.compile(lambda t: (t * 3 + 1).tanh(), backend="neuron", options=options)(x)
+    torch.testing.assert_close(out.cpu(), (x.cpu() * 3 + 1).tanh())
+    return {**metrics.counters(), **counters["aot_autograd"], **counters["inductor"]}
+
+
+@pytest.mark.compiler
+@pytest.mark.parametrize("host_code", ["aten", "inductor"])
+def test_inductor_caches_hit_exactly_when_ours_does(tmp_path, monkeypatch, host_code) -> None:
+    """AOTAutograd's cache (and Inductor's FX-graph cache) serve our hits (nothing is traced, planned or lowered
+    again), and never serve our misses."""
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "cache"))
     x = torch.randn(16, device="neuron")
-
-    def compile_once(**options) -> dict:
-        options.setdefault("host_code", "inductor")  # the "aten" host code uses neither cache
-        torch._dynamo.reset()
-        counters.clear()
-        torch.neuron.reset_dynamo_metrics()
-        out = torch.compile(lambda t: (t * 3 + 1).tanh(), backend="neuron", options=options)(x)
-        torch.testing.assert_close(out.cpu(), (x.cpu() * 3 + 1).tanh())
-        return {**metrics.counters(), **counters["aot_autograd"], **counters["inductor"]}
-
-    first = compile_once()
+    first = _compile_counting(x, host_code=host_code)
     assert first["cache_misses"] == 1 and not first.get("fxgraph_cache_bypass")
-    again = compile_once()
+    assert first.get("autograd_cache_saved") == 1 and not first.get("autograd_cache_bypass")
+    again = _compile_counting(x, host_code=host_code)
     assert again["cache_hits"] == 1 and again.get("autograd_cache_hit") == 1
-    renamed = compile_once(model_name="renamed")
+    renamed = _compile_counting(x, host_code=host_code, model_name="renamed")
     assert renamed["cache_misses"] == 1 and not renamed.get("autograd_cache_hit")
+
+
+def _simulated_seconds_and_workspace(fn, *args) -> tuple[float, int]:
+    from neuron_device import timeline
+
+    clock = timeline.timeline(0)
+    torch.neuron.reset_peak_memory_stats()
+    start = clock.synchronize()
+    fn(*args)
+    return clock.synchronize() - start, torch.neuron.max_memory_allocated()
+
+
+@pytest.mark.compiler
+def test_every_aten_host_code_cache_path_gives_the_cold_figures(tmp_path, monkeypatch) -> None:
+    """A hit, an AOTAutograd record without our entry (its plan travels with it), and a stored host code that cannot
+    be rebuilt (a stale or damaged record that passed the entry's checks: compiled afresh) all give the cold
+    compile's results, simulated time and memory: never a wrong answer or a missing plan."""
+    from neuron_compile import output_code
+
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "cache"))
+    x = torch.randn(64, 32, device="neuron")
+
+    def run() -> tuple[torch.Tensor, float, int]:
+        torch._dynamo.reset()
+        fn = torch.compile(lambda t: (t @ t.T).softmax(-1) * 2, backend="neuron", options={"host_code": "aten"})
+        fn(x)  # compile
+        seconds, peak = _simulated_seconds_and_workspace(fn, x)
+        return fn(x).cpu(), seconds, peak
+
+    cold = run()
+    assert cold[1] > 0
+    warm = run()
+    assert metrics.counters()["cache_hits"] >= 1
+    assert torch.equal(warm[0], cold[0]) and warm[1:] == cold[1:]
+    shutil.rmtree(tmp_path / "cache" / "entries")  # our entry gone, AOTAutograd's record still in this process
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    orphan = run()  # the plan comes with the loaded host code
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+    assert torch.equal(orphan[0], cold[0]) and orphan[1:] == cold[1:]
+
+    def unloadable(self, example_inputs):
+        raise RuntimeError("a stale record")
+
+    monkeypatch.setattr(output_code.AtenHostCode, "_load", unloadable)
+    shutil.rmtree(tmp_path / "cache" / "entries")
+    counters.clear()
+    fallback = run()
+    assert counters["aot_autograd"]["autograd_cache_bypass"] == 1 and not counters["aot_autograd"]["autograd_cache_hit"]
+    assert torch.equal(fallback[0], cold[0]) and fallback[1:] == cold[1:]
 
 
 def test_disabled_cache_uses_no_inductor_cache_either(monkeypatch) -> None:

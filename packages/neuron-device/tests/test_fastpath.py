@@ -1,12 +1,15 @@
 """The eager fast path (`ops/fastpath.py`): direct kernels on hot overloads give the CPU's results, and leave every
 call outside the common case to the boxed fallback."""
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torch_neuronx
 from neuron_device import allocator
+from neuron_device import storage as hostmem
 from neuron_device.fallback import executed_ops
 from neuron_device.ops import fastpath, registry
 
@@ -173,3 +176,62 @@ def test_fallback_runs_the_decomposition_of_an_op_the_cpu_has_no_kernel_for():
     assert grad_input.device.type == "neuron" and grad_weight.device.type == "neuron"
     torch.testing.assert_close(grad_input.cpu(), x.grad)
     torch.testing.assert_close(grad_weight.cpu(), weight.grad)
+
+
+def _hot_program() -> list[torch.Tensor]:
+    """Hot ops whose inputs are op results (laid out as their storage's twin), views, in-place targets, lists,
+    complex conjugates and integers."""
+    a, b = (t.to("neuron") for t in _inputs((8, 16), (8, 16)))
+    z = torch.tensor([1 + 2j, 3 - 4j]).to("neuron") * 1
+    results = []
+    for _ in range(3):
+        c = a + b
+        d = c * a
+        results += [d.t().clone(), torch.cat([a, b, c]).sum(0), a[1:] * b[:-1], torch.where(a > 0, a, b)]
+        a.add_(b).mul_(0.5)
+        results += [a.clone(), (a.view(-1)[::2] + 1).exp(), torch.softmax(d, -1), z.conj() * 2, z * z]
+        results.append(torch.arange(10).to("neuron") * 3 - 1)
+    return [r.cpu() for r in results]
+
+
+def _run_measured(program) -> tuple:
+    """`program`'s results, with the statistics and simulated figures it produced on device 0."""
+    from neuron_device import timeline
+    from neuron_device.simulation import kernels
+
+    gc.collect()
+    torch_neuronx.clear_op_tracking()
+    torch.neuron.reset_peak_memory_stats(0)
+    torch.neuron.reset_accumulated_memory_stats(0)
+    line = timeline.timeline(0)
+    clocks, busy, host = dict(line.clocks), dict(line.busy), line.host
+    values = program()
+    gc.collect()
+    line = timeline.timeline(0)
+    figures = (
+        torch.neuron.memory_stats(0),
+        torch_neuronx.get_executed_ops(),
+        sorted((launch.name, launch.calls, launch.seconds) for launch in kernels.launches()),
+    )
+    # time moved on the device's clocks: differences of sums that started elsewhere, so equal up to rounding
+    elapsed = (
+        {stream: end - clocks.get(stream, 0.0) for stream, end in line.clocks.items()},
+        {stream: total - busy.get(stream, 0.0) for stream, total in line.busy.items()},
+        line.host - host,
+    )
+    return values, figures, elapsed
+
+
+def test_handing_out_the_twin_changes_nothing_but_speed(monkeypatch):
+    """CPU kernels given the host twin itself for inputs laid out as it (`storage.kernel_input`) compute, account
+    and time exactly as with a fresh view of it per input, as before: same results and statistics."""
+    _run_measured(_hot_program)  # warm-up: compiled kernels and cached segments, as both runs below find them
+    new_values, new_figures, new_elapsed = _run_measured(_hot_program)
+    monkeypatch.setattr(fastpath, "kernel_input", hostmem.host_alias)
+    old_values, old_figures, old_elapsed = _run_measured(_hot_program)
+    assert new_figures == old_figures
+    assert new_elapsed[2] == pytest.approx(old_elapsed[2], rel=1e-9, abs=1e-15)
+    for new, old in zip(new_elapsed[:2], old_elapsed[:2], strict=True):
+        assert new.keys() == old.keys() and all(new[k] == pytest.approx(old[k], rel=1e-9) for k in new)
+    for new, old in zip(new_values, old_values, strict=True):
+        torch.testing.assert_close(new, old, rtol=0, atol=0)

@@ -178,6 +178,25 @@ def test_host_alias_keeps_device_memory_alive(allocated):
     assert allocated() == base
 
 
+def test_a_kernel_input_is_the_twin_when_laid_out_as_the_twin():
+    # The fast path hands a CPU kernel the host twin itself for an input laid out exactly as the twin (an op's
+    # result), a view of it otherwise: one storage either way, so torch's overlap checks still see it.
+    t = torch.arange(12.0, device="neuron") * 1.0
+    twin = hostmem.kernel_input(t)
+    assert hostmem.kernel_input(t) is twin and twin.data_ptr() == t.data_ptr()
+    storage = twin.untyped_storage()._cdata
+    for view in (t.view(3, 4), t[1:], t.view(3, 4).t(), t[::2]):
+        alias = hostmem.kernel_input(view)
+        assert alias is not twin and alias.untyped_storage()._cdata == storage
+        assert (alias.shape, alias.stride(), alias.data_ptr()) == (view.shape, view.stride(), view.data_ptr())
+    z = torch.tensor([1 + 2j, 3 - 4j], device="neuron") * 1
+    assert hostmem.kernel_input(z.conj()).is_conj() and not hostmem.kernel_input(z).is_conj()
+    t.add_(t)  # in place, with the twin as both inputs: only the data changes
+    assert twin.shape == (12,) and twin.stride() == (1,) and t.tolist() == [2.0 * i for i in range(12)]
+    with pytest.raises(RuntimeError, match="single memory location"):
+        t[1:].add_(t[:-1])
+
+
 def test_adopted_host_memory_is_shared_not_copied(allocated):
     base = allocated(3)
     host = torch.arange(6.0)

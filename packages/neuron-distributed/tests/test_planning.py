@@ -10,6 +10,7 @@ import sys
 import pytest
 from launcher import WORKERS, launch
 
+from neuron_distributed import plan_cli
 from neuron_distributed.plan_cli import build_report, cores_per_node, parse_command
 from neuron_distributed.plan_pipeline import StageCost, _single_order, combine, lay_out
 
@@ -84,6 +85,7 @@ def test_data_parallel_oom_fits_with_tensor_parallelism(tmp_path):
     _, ddp, _ = plan(tmp_path, "ddp", "--width", "1024", env=memory)
     assert ddp["hbm_capacity_bytes"] == 128 << 20
     assert ddp["fits"] is False and ddp["oom"]["op"] == "aten.zeros_like.default"
+    assert ddp["oom"]["module"] == "Global"  # the optimizer's step runs outside every module
     assert ddp["peak_allocated_bytes"] >= 20 * params
     _, tp, _ = plan(tmp_path, "tp", "--width", "1024", env=memory)
     assert tp["fits"] is True and "oom" not in tp
@@ -160,6 +162,38 @@ print(json.dumps(plan.as_dict()))
     plan = json.loads(done.stdout.strip().splitlines()[-1])
     assert plan["rank"] == 3 and plan["world_size"] == 8 and plan["steps_observed"] == 1
     assert plan["communication_seconds"] > 0 and plan["fits"]
+
+
+def test_checkpointed_backward_frees_what_the_real_run_frees():
+    """After a backward through checkpointed blocks a plan holds what the real run holds: the FLOP counter's
+    per-module hooks, which kept each block's recomputed activations' gradients alive, are not installed."""
+    code = """
+import json, torch, torch_neuronx
+from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
+after_backward = {}
+def step(name, device="neuron"):
+    def run():
+        blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                                         torch.nn.Linear(256, 64)) for _ in range(4)).to(device)
+        x = torch.randn(512, 64, device=device)
+        for block in blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        x.sum().backward()
+        after_backward[name] = torch.neuron.memory_allocated()
+    return run
+step("real")()
+plan = torch_neuronx.plan(step("plan"), world_size=1)
+with FlopCounterMode(display=False) as on_cpu:
+    step("cpu", "cpu")()
+print(json.dumps({**after_backward, "flops": plan.flops_per_step, "cpu_flops": on_cpu.get_total_flops()}))
+"""
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}, check=False)
+    assert done.returncode == 0, done.stderr
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert measured["plan"] == measured["real"] > 0
+    assert measured["flops"] == measured["cpu_flops"] > 0  # the total is counted as FlopCounterMode counts it
 
 
 def _equal_stages(count: int, forward: float = 1.0, backward: float = 2.0, activation: int = 10):
@@ -246,6 +280,38 @@ def test_pipeline_planning_does_not_grow_with_micro_batches(tmp_path):
     assert runs["8"]["pipeline"]["stages"] == runs["16"]["pipeline"]["stages"]
     assert runs["16"]["step_seconds"] > runs["8"]["step_seconds"]
     assert runs["16"]["pipeline"]["bubble_fraction"] < runs["8"]["pipeline"]["bubble_fraction"]
+
+
+def test_other_stages_start_while_rank_0_plans(tmp_path, monkeypatch):
+    """`--ranks auto`: the other stages' ranks are started as soon as rank 0 names them, not after its plan ends;
+    `--jobs` bounds the ranks planned at once. (The forked ranks stood in for: each 'plans' in three polls.)"""
+    events, polls = [], {}
+
+    def start(runner, rank):
+        events.append(("start", rank))
+        polls[rank] = 0
+        assert len(polls) <= 2
+        if rank == 0:  # its schedule's first step names every stage's rank
+            (tmp_path / "rank0.json.stages").write_text(json.dumps([0, 8, 16, 24]))
+
+    def finished(runner):
+        ended = []
+        for rank in list(polls):
+            polls[rank] += 1
+            if polls[rank] == 3:
+                with open(runner._out(rank), "w") as handle:
+                    json.dump({"rank": rank}, handle)
+                events.append(("end", rank))
+                del polls[rank]
+                ended.append((rank, 0))
+        return ended
+
+    monkeypatch.setattr(plan_cli._Ranks, "_start", start)
+    monkeypatch.setattr(plan_cli._Ranks, "_finished", finished)
+    options = plan_cli.argparse.Namespace(jobs=2, steps=1, instance="trn1.32xlarge")
+    plans = plan_cli._Ranks(str(tmp_path), ["train.py"], options, 32, 32)([0], stages_of=0)
+    assert [p["rank"] for p in plans] == [0, 8, 16, 24]
+    assert events.index(("start", 8)) < events.index(("end", 0))
 
 
 def test_pipeline_stage_without_input_shapes_is_refused(tmp_path):

@@ -6,12 +6,13 @@ keeps its own in `neuron_device._patches`). They are applied when `neuron` regis
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["inductor_decompositions", "patch_scheduler_host_check", "register_stream_functions",
-           "skip_device_kernel_frames"]
+__all__ = ["inductor_decompositions", "lazy_trace_log_headers", "patch_scheduler_host_check",
+           "register_stream_functions", "skip_device_kernel_frames"]
 
 DEVICE = "neuron"
 
@@ -63,6 +64,27 @@ def skip_device_kernel_frames() -> None:
 
     for module in DEVICE_INTERNALS:
         trace_rules.add(module)
+
+
+def lazy_trace_log_headers() -> None:
+    """Dynamo writes, for every call it puts in a graph, the call's location into a debug log (the `trace_call`
+    artifact, off unless `TORCH_LOGS` asks for it), and computes that location eagerly: its function name comes from
+    tokenizing the whole source file (`funcname_cache`). Tracing transformers' Llama in `generate`, that is about
+    0.1 s of CPU time per process (8 % of a warm compile cache's first `generate`, `benchmarks/compile.py`), spent
+    on a log nobody reads. The location is a debug log's only: without the log on, it is given without the
+    function name, which needs no tokenizing."""
+    from torch._dynamo import symbolic_convert
+
+    full_header = symbolic_convert.InstructionTranslatorBase.get_line_of_code_header
+    logs = (symbolic_convert.trace_call_log, symbolic_convert.trace_source_log)
+
+    def get_line_of_code_header(self: symbolic_convert.InstructionTranslatorBase, lineno: int | None = None) -> str:
+        if any(log.isEnabledFor(logging.DEBUG) for log in logs):
+            return full_header(self, lineno)
+        depth = f" (inline depth: {self.inline_depth})" if self.inline_depth > 0 else ""
+        return f"{self.f_code.co_filename}:{self.lineno if lineno is None else lineno} in {self.f_code.co_name}{depth}"
+
+    symbolic_convert.InstructionTranslatorBase.get_line_of_code_header = get_line_of_code_header
 
 
 @contextlib.contextmanager

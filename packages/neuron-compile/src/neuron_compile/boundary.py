@@ -43,7 +43,9 @@ class _ToHost(torch.autograd.Function):
         # gradient, as in eager mode: not a materialised zero gradient.
         ctx.set_materialize_grads(False)
         ctx.indices = [t.device.index for t in tensors]
-        hosts = tuple(host_alias(t) for t in tensors)
+        # Detached: a view made inside a Function with several outputs may not be modified in place with grad
+        # mode on, and the graph's input-mutation epilogue does exactly that to an input it mutates (see `_Mutated`)
+        hosts = tuple(host_alias(t).detach() for t in tensors)
         ctx.mark_non_differentiable(*[h for h, t in zip(hosts, tensors) if not t.requires_grad])
         return hosts
 
@@ -64,6 +66,23 @@ class _ToDevice(torch.autograd.Function):
         return (None, None, *(_alias_grad(g) for g in grads))
 
 
+class _Mutated(torch.autograd.Function):
+    """A `neuron` argument whose host alias the graph mutated in place with autograd recording (AOTAutograd's
+    epilogue copies the new value into it, as Longformer's `key_vectors_only_global[mask] = key_vectors[...]`): the
+    data changed through the shared memory, and this gives the argument the alias's new history, as the in-place op
+    gives it in eager mode. The whole old value was overwritten (its part in the new value is in the alias's
+    history), so the old history gets no gradient here."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+        ctx.mark_dirty(tensor)
+        return tensor
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor | None) -> tuple[None, torch.Tensor | None]:
+        return None, _alias_grad(grad)
+
+
 def _recording(tensors: Sequence[Any]) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
@@ -82,7 +101,11 @@ def enter(args: Sequence[Any]) -> list[Any]:
 
 
 def leave(outputs: Any, args: Sequence[Any], hosts: Sequence[Any]) -> Any:
-    """`neuron` tensors for the host `outputs` of a compiled graph called with `args` (aliased as `hosts`)."""
+    """`neuron` tensors for the host `outputs` of a compiled graph called with `args` (aliased as `hosts`); an
+    argument the graph mutated with autograd recording takes its alias's history."""
+    for arg, host in zip(args, hosts):
+        if host is not arg and host.grad_fn is not None and not isinstance(host.grad_fn, _ToHost._backward_cls):
+            _Mutated.apply(arg, host)
     single = not isinstance(outputs, (list, tuple))
     items = (outputs,) if single else tuple(outputs)
     positions = [i for i, o in enumerate(items) if isinstance(o, torch.Tensor) and o.device.type == "cpu"]

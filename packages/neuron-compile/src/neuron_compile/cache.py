@@ -1,11 +1,14 @@
 """The persistent compile cache (`TORCH_NEURONX_NEFF_CACHE_DIR`, default `~/.cache/neuron-compile`).
 
 An entry is keyed on the Dynamo graph's code, its inputs' metadata (shapes, strides, dtypes, devices, grad), the
-graph's constant tensors (content hash), the compile settings, the grad mode and matmul precision, the substitutable
-Neuron kernels installed, the versions of neuron-compile and torch, and a digest of the code and figures a kernel
-plan is computed from (so a plan priced by other formulas is never reused, even at the same version). It holds the artifacts Inductor produced for
-the graph (its FX-graph and AOTAutograd cache records, the generated Python and the compiled C++ libraries) and the
-kernel plans, under a JSON manifest with the SHA-256 of every file and an HMAC of the manifest.
+graph's constant tensors (content hash), the compile settings (options), the grad mode, matmul precision and
+autocast state (`neuron`'s and the CPU's), the target and logical core size, the substitutable Neuron kernels
+installed, the versions of neuron-compile and torch, and a digest of neuron-compile's sources and of the code and
+figures a kernel plan is computed from (so a graph rewritten or priced by other code is never reused, even at the
+same version). It holds what AOTAutograd's and Inductor's caches stored for the graph (the AOTAutograd record, which
+for the "aten" host code bundles the planned graph and its plan, `output_code`; for Inductor's host code also its
+FX-graph records, the generated Python and the compiled C++ libraries) and the kernel plans, under a JSON manifest
+with the SHA-256 of every file and an HMAC of the manifest.
 
 Safety:
 * Inductor never reads the shared directory. Each process compiles against a private Inductor cache directory; an
@@ -56,7 +59,7 @@ from .settings import CompileSettings
 
 __all__ = ["CacheEntry", "UntrustedCache", "cache_key", "entry", "key_path"]
 
-_FORMAT = 2  # 2: kernel plans carry `workspace_bytes`
+_FORMAT = 3  # 2: kernel plans carry `workspace_bytes`; 3: the "aten" host code is stored (AOTAutograd record)
 _SKIPPED_SUFFIXES = (".lock", ".tmp")
 _private_dir: Path | None = None
 
@@ -74,13 +77,30 @@ def _describe(value: Any) -> Any:
 
 
 @functools.cache
-def _planning_digest() -> str:
-    """SHA-256 of the sources a kernel plan is computed from: the Neuron passes, the op-cost formulas, the hardware
-    figures and the cost model's named parameters."""
+def _source_digest() -> str:
+    """SHA-256 of the sources a compiled graph and its kernel plan are made by: every module of neuron-compile (its
+    passes, decompositions and host code), eager's op-cost formulas, the cost model, the hardware figures and the
+    cost model's named parameters."""
+    package = Path(inspect.getfile(passes)).parent
+    sources = sorted(package.glob("*.py")) + [
+        Path(inspect.getfile(module))
+        for module in (inspect.getmodule(services.estimate_kernel), inspect.getmodule(services.op_info),
+                       neuron_spec.costs, neuron_spec.hardware)]
     digest = hashlib.sha256()
-    for module in (passes, inspect.getmodule(services.estimate_kernel), neuron_spec.costs, neuron_spec.hardware):
-        digest.update(Path(inspect.getfile(module)).read_bytes())
+    for source in sources:
+        digest.update(source.name.encode())
+        digest.update(source.read_bytes())
     return digest.hexdigest()
+
+
+def _target() -> list[Any]:
+    """The simulated chip a plan is made for: its target and the logical NeuronCore size."""
+    topology = services.topology()
+    return [topology.target.name, topology.lnc]
+
+
+def _autocast(device_type: str) -> list[Any]:
+    return [torch.is_autocast_enabled(device_type), str(torch.get_autocast_dtype(device_type))]
 
 
 def cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings: CompileSettings) -> str:
@@ -100,9 +120,10 @@ def cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings:
         "settings": settings.cache_fields(),
         "grad": torch.is_grad_enabled(),
         "matmul_precision": torch.get_float32_matmul_precision(),
-        "autocast": [torch.is_autocast_enabled("neuron"), str(torch.get_autocast_dtype("neuron"))],
+        "autocast": {"neuron": _autocast("neuron"), "cpu": _autocast("cpu")},
+        "target": _target(),
         "substitutions": sorted(str(op) for op in nki_substitution.substitutable_ops()),
-        "planning": _planning_digest(),
+        "sources": _source_digest(),
         "neuron_compile": __version__,
         "torch": torch.__version__,
     }

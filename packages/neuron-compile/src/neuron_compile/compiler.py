@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch._functorch.aot_autograd import make_boxed_func
 
 from . import _patches, boundary, metrics, nki_substitution, passes, rms_norm, rng
 from .artifacts import ArtifactWriter
 from .decompositions import neuron_decompositions
+from .output_code import AtenHostCode, collecting
 
 __all__ = ["HostGraph", "compile_graph", "has_cpu_tensor_inputs", "to_neuron"]
 
@@ -111,7 +111,10 @@ def _host_example(value: Any, traced: Any) -> Any:
     """The host counterpart of an example input. Under Dynamo, `traced` is the fake tensor Dynamo traced the input
     as: its CPU counterpart is made in the same fake mode, so AOTAutograd sees no new (sourceless) symbols, with the
     same strides as the host alias the graph runs on (a copy would make an expanded input contiguous, and the
-    compiled graph would then refuse the real one). Outside Dynamo, a real `neuron` input is aliased to the host."""
+    compiled graph would then refuse the real one). Outside Dynamo, a real `neuron` input is aliased to the host.
+    An input with autograd history gets some here too, as Dynamo's fake tensors do: AOTAutograd applies the graph's
+    mutation of a leaf input hidden from autograd, so a leaf example would drop the gradient of what the graph wrote
+    into a non-leaf input (Longformer's `attn_output[mask] = ...`)."""
     if not isinstance(value, torch.Tensor) or value.device.type != _DEVICE:
         return value
     if isinstance(traced, torch._subclasses.FakeTensor):
@@ -119,7 +122,11 @@ def _host_example(value: Any, traced: Any) -> Any:
             host = torch.empty_strided(traced.shape, traced.stride(), dtype=traced.dtype, device="cpu")
     else:
         host = boundary.enter([value.detach()])[0]
-    return host.requires_grad_(value.requires_grad)
+    host.requires_grad_(value.requires_grad)
+    if value.requires_grad and not value.is_leaf:
+        with torch.enable_grad():  # an identity with a grad_fn, as Dynamo's fakes get (`MetaConverter`)
+            host = torch._C._functions.DelayedError("backward through a compile-time example input", 1)(host)
+    return host
 
 
 class HostGraph:
@@ -144,8 +151,8 @@ def _inner_compile(
     host_code: str,
     **kwargs: Any,
 ) -> Any:
-    """Neuron FX passes on one AOT graph, then its host code (see the module doc). A stage whose plan `plans`
-    already holds (a compile-cache hit) is not planned again: the plan is a function of the graph and the key."""
+    """Neuron FX passes on one AOT graph and its kernel plan (into `plans`), then its host code (see the module
+    doc)."""
     from torch._inductor.compile_fx import compile_fx_inner
 
     stage = "backward" if kwargs.get("is_backward") else ("inference" if kwargs.get("is_inference") else "forward")
@@ -154,15 +161,14 @@ def _inner_compile(
             rms_norm.fuse_rms_norm(gm)
         nki_substitution.substitute(gm)
         rng.seed_from_device(gm)
-        if stage not in plans:
-            plans[stage] = passes.plan_kernels(gm)
+        plans[stage] = passes.plan_kernels(gm)
     artifacts.write_graph(stage, gm)
     with metrics.phase("lower"):
         if host_code == "aten":
             rng.seeded_host_random(gm)
             gm.recompile()
             artifacts.write_code(stage, gm.code)
-            return make_boxed_func(gm.forward)
+            return AtenHostCode(gm, plans[stage], stage)
         compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
     artifacts.write_code(stage, getattr(compiled, "source_code", None))
     return compiled
@@ -179,8 +185,8 @@ def compile_graph(
     host_code: str = "aten",
 ) -> HostGraph:
     """Compile a Dynamo graph of `neuron` tensors with static shapes to a callable taking the same arguments;
-    `plans` receives the kernel plan of each AOT graph compiled ("forward", "backward" or "inference"; none on an
-    AOTAutograd cache hit). `traced=False` compiles from the concrete `example_inputs` alone (a graph Dynamo traced
+    `plans` receives the kernel plan of each AOT graph compiled ("forward", "backward" or "inference"; on an
+    AOTAutograd cache hit, the "aten" host code's stored plans, and none for Inductor's). `traced=False` compiles from the concrete `example_inputs` alone (a graph Dynamo traced
     with symbolic shapes, specialised outside Dynamo). `cache_key`: the compile cache's key of this graph ("" when
     the cache is disabled), which Inductor's own caches are keyed on too. `host_code`: "aten" or "inductor" (see
     the module doc)."""
@@ -205,26 +211,29 @@ def compile_graph(
     # be wrapped in an object Inductor's FX-graph cache cannot key, and every graph would bypass that cache.
     with (torch._functorch.config.patch(force_non_lazy_backward_lowering=True),
           _patches.inductor_decompositions(neuron_decompositions),
-          _inductor_caches(cache_key if host_code == "inductor" else "")):
+          _inductor_caches(cache_key, host_code),
+          collecting(plans)):
         return HostGraph(compile_fx_module.compile_fx(gm, inputs, inner_compile=inner))
 
 
 @contextlib.contextmanager
-def _inductor_caches(cache_key: str) -> Iterator[None]:
-    """Key Inductor's FX-graph and AOTAutograd caches on our compile-cache key as well.
+def _inductor_caches(cache_key: str, host_code: str) -> Iterator[None]:
+    """Key AOTAutograd's cache (and Inductor's FX-graph cache) on our compile-cache key as well.
 
-    Only Inductor's host code uses them (the "aten" host code is the AOT graph itself, which they do not store).
-    On a hit of our cache, AOTAutograd's cache hits the entry's records and nothing is traced or lowered again. On a
-    miss, AOTAutograd must trace: an AOTAutograd hit skips the Neuron passes, so no kernel plan (simulated time) or
-    debug artifact would be made. Our key covers every setting that changes them (AOTAutograd's does not, e.g. the
-    model name), so tagging Inductor's keys with it makes their hits exactly ours. Without our cache (disabled),
-    neither AOTAutograd's nor Inductor's FX-graph cache is used: keyed without us, they could serve code compiled by
-    another version of neuron-compile."""
+    Both host codes are stored by AOTAutograd's cache: Inductor's as its FX-graph cache records, the "aten" host code
+    bundled into the AOTAutograd entry (`output_code.AtenHostCode`). A process starts with an empty private cache
+    directory (`cache.private_inductor_dir`), into which only verified entries of our cache are copied; so on a hit
+    of our cache, AOTAutograd hits the entry's records and nothing is traced, planned or lowered again, and on a miss
+    it traces. Our key covers every setting that changes the graph or its plan (AOTAutograd's does not, e.g. the
+    model name or the Neuron passes' code), so tagging AOTAutograd's key with it makes its hits ours. Without our
+    cache (disabled), neither cache is used: keyed without us, they could serve code compiled by another version of
+    neuron-compile."""
     if not cache_key:
         with (torch._functorch.config.patch(enable_autograd_cache=False),
               torch._inductor.config.patch(fx_graph_cache=False)):
             yield
         return
     tag = torch.compiler.config.cache_key_tag
-    with torch.compiler.config.patch(cache_key_tag=f"{tag}+neuron-compile:{cache_key}" if tag else cache_key):
+    with (torch.compiler.config.patch(cache_key_tag=f"{tag}+neuron-compile:{cache_key}" if tag else cache_key),
+          torch._functorch.config.patch(bundled_autograd_cache=host_code == "aten")):
         yield

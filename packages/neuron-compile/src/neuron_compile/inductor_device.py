@@ -134,4 +134,5 @@ def register() -> None:
         _patches.patch_scheduler_host_check()
         _patches.register_stream_functions()
         _patches.skip_device_kernel_frames()
+        _patches.lazy_trace_log_headers()
         _registered = True

@@ -25,7 +25,6 @@ memory; `swap_memory` moves the twin with the memory (`storage.resize_`, adaptiv
 from __future__ import annotations
 
 import ctypes
-import functools
 import sys
 
 import torch
@@ -33,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manag
 
 from .adaptive_eager import flush_barrier
 
-__all__ = ["adopt", "host_alias", "host_aliases", "swap_memory"]
+__all__ = ["adopt", "host_alias", "host_aliases", "kernel_input", "swap_memory"]
 
 _NEURON = "neuron"
 _KDL_CPU = 1
@@ -69,7 +68,6 @@ _pointer_at = ctypes.c_void_p.from_address
 _word_at = ctypes.c_uint64.from_address  # a DLDevice (two int32) is one 64-bit word
 
 
-@functools.cache
 def _device_word(device_type: int, device_id: int) -> int:
     """A DLDevice as the 64-bit word it is in memory."""
     return int.from_bytes(bytes(_DLDevice(device_type, device_id)), sys.byteorder)
@@ -93,6 +91,10 @@ def _check_layout() -> None:
 
 _check_layout()
 _CPU = _device_word(_KDL_CPU, 0)
+# `neuron:i`'s word is `_NEURON_0 + i * _NEURON_STEP` (device_id is a fixed int32 field of the word, whatever the byte
+# order): arithmetic per adopted result, where a cached call touches more memory than the rest of the relabel
+_NEURON_0 = _device_word(_KDL_EXT_DEV, 0)
+_NEURON_STEP = _device_word(_KDL_EXT_DEV, 1) - _NEURON_0
 
 
 def _relabel(tensor: torch.Tensor, device_word: int) -> torch.Tensor:
@@ -125,7 +127,7 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     if cpu_tensor.is_conj() or cpu_tensor.is_neg():
         cpu_tensor = cpu_tensor.resolve_conj().resolve_neg()
     twin = _from_dlpack(_to_dlpack(cpu_tensor))  # the same memory in a fixed-size CPU storage of its own
-    tensor = _relabel(twin, _device_word(_KDL_EXT_DEV, index))
+    tensor = _relabel(twin, _NEURON_0 + index * _NEURON_STEP)
     # `as_strided` places a view by its absolute storage offset, so the twin itself is a base for host aliases of
     # its dtype, whatever its own shape: no 1-d tensor needs making here (other dtypes get one, in `_view_of_twin`)
     setattr(tensor.untyped_storage(), _HOST, {twin.dtype: twin})
@@ -154,23 +156,33 @@ def host_alias(tensor: torch.Tensor) -> torch.Tensor:
     # every host read of device memory comes through here: adaptive eager's queued results are written first
     flush_barrier()
     twins = getattr(tensor.untyped_storage(), _HOST, None)
-    if twins is not None:
-        return _view_of_twin(tensor, twins)
-    conj, neg = tensor.is_conj(), tensor.is_neg()
-    if not (conj or neg):
-        return _relabel(tensor, _CPU)  # a storage made outside `adopt`: an alias of its own
-    # Strip the lazy bits (metadata-only views), export the raw memory, then put the bits back on the alias.
-    raw = tensor
-    if conj:
-        raw = raw.conj()
-    if neg:
-        raw = raw._neg_view()
-    alias = _relabel(raw, _CPU)
-    if neg:
-        alias = alias._neg_view()
-    if conj:
-        alias = alias.conj()
-    return alias
+    if twins is None:
+        return _alias_of_own_storage(tensor)
+    return _view_of_twin(tensor, twins)
+
+
+def kernel_input(tensor: torch.Tensor) -> torch.Tensor:
+    """The host form of an input of one CPU kernel call that reads it or writes its data in place (the fast path;
+    the caller called `flush_barrier()` for the op): the twin itself when `tensor` has its exact layout, as an op's
+    result has, else a view of the twin (`host_alias`).
+
+    Handing out the twin, not a fresh view, saves the `as_strided` of most inputs, the costliest step of an alias
+    after a large kernel has evicted the host's caches. It is safe because such a call never changes its inputs'
+    sizes, strides or storage; callers that may (an `out=` argument, `set_`) take `host_alias`, a view of their own.
+    """
+    twins = getattr(tensor.untyped_storage(), _HOST, None)
+    if twins is None:
+        return _alias_of_own_storage(tensor)
+    twin = twins.get(tensor.dtype)
+    if (
+        twin is not None
+        and tensor.storage_offset() == twin.storage_offset()
+        and tensor.size() == twin.size()
+        and tensor.stride() == twin.stride()
+        and not (tensor.is_neg() or tensor.is_conj())
+    ):
+        return twin
+    return _view_of_twin(tensor, twins)
 
 
 def _view_of_twin(tensor: torch.Tensor, twins: dict[torch.dtype, torch.Tensor]) -> torch.Tensor:
@@ -182,6 +194,25 @@ def _view_of_twin(tensor: torch.Tensor, twins: dict[torch.dtype, torch.Tensor]) 
     if tensor.is_neg():
         alias = alias._neg_view()
     if tensor.is_conj():
+        alias = alias.conj()
+    return alias
+
+
+def _alias_of_own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """The host alias of a storage made outside `adopt` (no twin): an alias of its own, through DLPack."""
+    conj, neg = tensor.is_conj(), tensor.is_neg()
+    if not (conj or neg):
+        return _relabel(tensor, _CPU)
+    # Strip the lazy bits (metadata-only views), export the raw memory, then put the bits back on the alias.
+    raw = tensor
+    if conj:
+        raw = raw.conj()
+    if neg:
+        raw = raw._neg_view()
+    alias = _relabel(raw, _CPU)
+    if neg:
+        alias = alias._neg_view()
+    if conj:
         alias = alias.conj()
     return alias
 

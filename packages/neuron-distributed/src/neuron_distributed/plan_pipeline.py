@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -30,7 +30,7 @@ from neuron_device.services import flat_tensors
 
 from . import costs
 
-__all__ = ["StageCost", "combine", "lay_out", "patched_schedules"]
+__all__ = ["StageCost", "announcing_stage_ranks", "combine", "lay_out", "patched_schedules"]
 
 _COMPUTE = {"F": "forward", "B": "backward"}
 _IGNORED = frozenset({"REDUCE_GRAD", "UNSHARD", "RESHARD", "SEND_F", "RECV_F", "SEND_B", "RECV_B"})
@@ -114,6 +114,20 @@ def _stage_ranks(schedule: Any, stages: list[Any]) -> list[int]:
     return [ranks[mapping[s]] for s in range(stages[0].num_stages)]
 
 
+_announce: list[Callable[[list[int]], None]] = []  # told each stage's rank as soon as a schedule steps
+
+
+@contextlib.contextmanager
+def announcing_stage_ranks(callback: Callable[[list[int]], None]) -> Iterator[None]:
+    """Call `callback(stage_ranks)` when a schedule's planned step starts, before it runs its micro-batch: neuron-plan
+    starts planning the other stages' ranks then, instead of after this rank's whole plan."""
+    _announce.append(callback)
+    try:
+        yield
+    finally:
+        _announce.remove(callback)
+
+
 def _planned_step(schedule: Any, *args: Any, **kwargs: Any) -> Any:
     """`schedule.step(...)` in plan mode: one micro-batch through this rank's stages (see the module's doc).
 
@@ -146,6 +160,8 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
     start, flops = planner.clock(), planner.flops.get_total_flops()
     kept, loss, output = [], None, None
     ranks = _stage_ranks(schedule, stages)
+    for callback in _announce:
+        callback(ranks)
     for stage in stages:
         before_clock, before_bytes = planner.clock(), torch.neuron.memory_allocated(index)
         inputs = args_split[0] if stage.is_first else _fakes_from_meta(stage)

@@ -3,8 +3,10 @@
 What is PyTorch's and what is ours:
 
 * `neuron` (and CPU) tensors are PyTorch's `FakeTensorMode` fakes: shape, dtype, strides, device, no data; ops
-  run their meta kernels. FLOPs are counted with PyTorch's `FlopCounterMode` formulas; the module an op runs in
-  comes from `torch.distributed._tools.mod_tracker.ModTracker`.
+  run their meta kernels. FLOPs are counted with PyTorch's `FlopCounterMode` formulas, by our charger (no
+  `FlopCounterMode` mode or module hooks: its `ModuleTracker` keeps checkpointed layers' tensors alive,
+  pytorch/pytorch#139214, and its mode would stop Dynamo compiling); the module an op runs in comes from
+  `torch.distributed._tools.mod_tracker.ModTracker`.
 * `torch.compile(backend="neuron")`: Dynamo and neuron-compile compile each graph from the planned fakes as in a
   real run, and the compiled graph charges its kernel plan (forward, and backward when autograd runs it) and takes
   its workspace and results from the allocator model, as a real run's does.

@@ -425,3 +425,67 @@ def test_compiled_model_keeps_inductors_attention_in_estimate_mode(fresh_estimat
         logits = torch.compile(model.to("neuron"), backend="neuron")(tokens.to("neuron"))
     torch.testing.assert_close(logits.cpu(), ref, atol=1e-4, rtol=1e-4)
     assert nki_substitution.substituted_calls == before
+
+
+def _sampled_shapes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The query shapes `native._dry_seconds` simulates from now on (recorded, then simulated as usual)."""
+    shapes: list[tuple[int, ...]] = []
+    dry = native._dry_seconds
+
+    def recording(launch, args, kwargs):
+        shapes.append(tuple(next(a for a in args if isinstance(a, torch.Tensor)).shape))
+        return dry(launch, args, kwargs)
+
+    monkeypatch.setattr(native, "_dry_seconds", recording)
+    return shapes
+
+
+def test_plan_estimate_of_long_attention_is_eagers_latency_from_small_samples(
+        fresh_estimates: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan mode's estimate of a call larger than its samples (2 x 8 heads, GQA 2, 1,300 tokens: 11 tiles, the last
+    ragged; the query laid out [B, S, H, d] as transformers passes it): the latency eager charges for the whole
+    kernel, from simulations of batch 1, fewer heads and fewer tiles."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fwd = native.KERNELS["aten::_scaled_dot_product_flash_attention_for_cpu"]
+    bwd = native.KERNELS["aten::_scaled_dot_product_flash_attention_for_cpu_backward"]
+    torch.manual_seed(0)
+    q = torch.randn(2, 1300, 8, 32).transpose(1, 2).to(torch.bfloat16)
+    k, v = (torch.randn(2, 4, 1300, 32, dtype=torch.bfloat16) for _ in range(2))
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in (q, k, v)]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*fake, 0.0, True)
+    shapes = _sampled_shapes(monkeypatch)
+    estimates = fwd.estimate_seconds(*fake, 0.0, True), bwd.estimate_seconds(out, *fake, out, lse, 0.0, True)
+    assert shapes and all(s[0] == 1 and s[2] < 1300 for s in shapes)  # never the whole call
+
+    leaves = [t.to("neuron").requires_grad_() for t in (q, k, v)]
+    with record_launches() as launches:
+        F.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True).float().sum().backward()
+    charged = {launch.name: launch.latency_ns * 1e-9 for launch in launches}
+    assert estimates[0] == pytest.approx(charged["nki::flash_attention_fwd"], rel=1e-9)
+    assert estimates[1] == pytest.approx(charged["nki::flash_attention_bwd"], rel=1e-9)
+
+
+@pytest.mark.parametrize("target, causal, heads, kv_heads, seq", [
+    ("trn1", True, 12, 4, 1200), ("trn2", True, 6, 6, 1300), ("trn2", False, 8, 2, 1100)])
+def test_attention_estimate_from_samples_is_the_whole_simulation(
+        monkeypatch: pytest.MonkeyPatch, target: str, causal: bool, heads: int, kv_heads: int, seq: int) -> None:
+    """The extrapolated latency equals the kernel simulated whole on the call's shape, forward and backward, on each
+    target (trn2's Tensor engine ramps up: its samples start later)."""
+    from nki.torch.attention_estimate import attention_seconds
+
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+    q = torch.empty(1, seq, heads, 64, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    k = torch.empty(1, kv_heads, seq, 64, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(1, seq, heads, dtype=torch.float32, device="meta").transpose(1, 2)
+    calls = [(native._flash_fwd_launch, (q, k, k, 0.0, causal), 0, False),
+             (native._flash_bwd_launch, (q, q, k, k, q, lse, 0.0, causal), 1, True)]
+    for launch, args, query_at, over_kv in calls:
+        shapes = _sampled_shapes(monkeypatch)
+        estimate = attention_seconds(launch, args, {"scale": None}, native._dry_seconds, query_at=query_at,
+                                     grid_over_kv_heads=over_kv)
+        assert shapes and max(s[2] for s in shapes) < seq
+        monkeypatch.undo()
+        monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+        assert estimate == pytest.approx(native._dry_seconds(launch, args, {"scale": None}), rel=1e-9)

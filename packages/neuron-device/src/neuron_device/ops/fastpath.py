@@ -7,8 +7,9 @@ copies, embedding and indexing) the common call needs none of that: all tensor a
 one device, and the result is a fresh tensor (or, in place, `self`). A kernel on the overload itself does exactly
 that call, with a plan per overload computed at registration:
 
-* the CPU kernel runs on zero-copy host aliases of the inputs, and its fresh result is adopted as device storage
-  (an in-place op writes device memory through the alias and returns `self`);
+* the CPU kernel runs on zero-copy host aliases of the inputs (`storage.kernel_input`: the storage's host twin itself
+  for an input laid out as it, as op results are), and its fresh result is adopted as device storage (an in-place op
+  writes device memory through the alias and returns `self`);
 * it is charged to the same `optracking` signature cache as the fallback (one dict lookup per call);
 * anything outside the common call (a CPU tensor, two devices, 64-bit downcasting, a Python number where the
   schema has a Tensor) goes to `run_on_host` unchanged, so results and errors are the fallback's.
@@ -25,10 +26,11 @@ import torch
 
 from .. import allocator
 from .. import numerics as _numerics
+from ..adaptive_eager import flush_barrier
 from ..adaptive_eager import queue as _adaptive_eager
-from ..fallback import executed_ops, joined_device, run_on_host, tensor_list
+from ..fallback import executed_ops, run_on_host, tensor_list
 from ..simulation import kernels as _kernels
-from ..storage import host_alias
+from ..storage import kernel_input
 from . import registry
 from .catalogue import op_info
 
@@ -151,17 +153,19 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
     host = list(args)  # becomes the host arguments: aliases in place of the `neuron` tensors
     call = plan.call
     count = len(args)
+    flush_barrier()  # once for every alias below
     for position in plan.tensor_positions:
         if position >= count:
             break
         value = args[position]
         if isinstance(value, _Tensor):
-            index = joined_device(value, index)
-            if index < 0:
+            device = value.get_device()  # `joined_device`, inline: -1 for CPU and meta tensors
+            if device < 0 or (index >= 0 and device != index):
                 return None
-            host[position] = host_alias(value)
+            index = device
+            host[position] = kernel_input(value)
         elif type(value) is list or type(value) is tuple:
-            walked = tensor_list(value, index, host_alias)
+            walked = tensor_list(value, index, kernel_input)
             if walked is None:
                 return None
             host[position], index = walked

@@ -24,7 +24,8 @@ How the kernels execute is set by ``NEURON_NKI_NATIVE_KERNELS``:
   compiled models tens of times slower than the CPU (the simulator interprets each NKI instruction in NumPy), and
   the latency of these kernels depends only on the signature. Plan mode (``neuron-plan``), which runs eager ops on
   fake tensors, charges the same latency through the flash kernels' ``estimate_seconds``, which reuses eager's
-  launches or simulates the signature once on sample data (``_estimate``). Compiled graphs keep Inductor's code for
+  launches or simulates the signature once on sample data (``_estimate``; a long sequence from small samples,
+  exactly: ``attention_estimate``). Compiled graphs keep Inductor's code for
   these ops and price attention as a compiler lowers it (neuron-compile's ``passes.attention_work``).
 * ``simulate``: every call runs the kernel in the instruction simulator and returns its outputs (the kernel's own
   numerics; use it to test kernels).
@@ -99,30 +100,41 @@ def _native(nki_call: Callable[[], Any], host_fn: Callable, *args: Any, **kwargs
     return result
 
 
-_dry_estimates: dict[tuple, list[Any]] = {}  # the same, from compile-time estimates on sample data
+_dry_estimates: dict[tuple, float] = {}  # (host function, call signature) -> seconds estimated without eager
 
 
-def _estimate(launch: Callable, host_fn: Callable, args: tuple, kwargs: dict) -> float | None:
+def _estimate(launch: Callable, host_fn: Callable, args: tuple, kwargs: dict,
+              dry_seconds: Callable[[Callable, tuple, dict], float] | None = None) -> float | None:
     """Simulated seconds of one call of a native kernel on arguments like ``args`` (fake tensors will do), for plan
     mode to charge what eager charges for the same call (``estimate_seconds``).
 
-    The launches eager mode recorded for the signature are reused. Otherwise ``launch`` runs once on CPU sample
-    tensors of the same shapes, strides and dtypes, as a dry run: logged nowhere, charged to no device, allocating
-    no device memory (the latency depends only on the signature). ``None`` in simulate mode, where compiled graphs
-    substitute the kernel itself and it charges its own time."""
+    The launches eager mode recorded for the signature are reused. Otherwise ``dry_seconds(launch, args, kwargs)``
+    (default `_dry_seconds`: the kernel on sample data of the call's shapes) estimates it once per signature.
+    ``None`` in simulate mode, where compiled graphs substitute the kernel itself and it charges its own time."""
     if _mode() == SIMULATE:
         return None
-    from .adapter import dry_run, signature
+    from .adapter import signature
 
     key = (host_fn, signature(args, kwargs))
-    launches = _estimates.get(key) or _dry_estimates.get(key)
-    if launches is None:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
+    launches = _estimates.get(key)
+    if launches is not None:
+        return sum(record.latency_ns for record in launches) * 1e-9
+    seconds = _dry_estimates.get(key)
+    if seconds is None:
+        seconds = _dry_estimates[key] = (dry_seconds or _dry_seconds)(launch, args, kwargs)
+    return seconds
 
-        with unset_fake_temporarily(), dry_run() as launches:  # real data, even while a graph compiles
-            samples = _sample_arguments((args, kwargs))
-            launch(*samples[0], **samples[1])
-        _dry_estimates[key] = launches
+
+def _dry_seconds(launch: Callable, args: tuple, kwargs: dict) -> float:
+    """``launch`` run once on CPU sample tensors of the arguments' shapes, strides and dtypes, as a dry run: logged
+    nowhere, charged to no device, allocating no device memory (the latency depends only on the signature)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from .adapter import dry_run
+
+    with unset_fake_temporarily(), dry_run() as launches:  # real data, even while a graph compiles
+        samples = _sample_arguments((args, kwargs))
+        launch(*samples[0], **samples[1])
     return sum(record.latency_ns for record in launches) * 1e-9
 
 
@@ -215,6 +227,13 @@ def _attention_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, drop
             and k.shape[:3] == v.shape[:3] and q.size(1) % k.size(1) == 0)
 
 
+def _attention_seconds(launch: Callable, args: tuple, kwargs: dict, **layout: Any) -> float:
+    """A flash kernel's latency at the call's size from small simulations (`attention_estimate`)."""
+    from .attention_estimate import attention_seconds
+
+    return attention_seconds(launch, args, kwargs, _dry_seconds, **layout)
+
+
 _FLASH_FWD = _aten._scaled_dot_product_flash_attention_for_cpu.default
 _FLASH_BWD = _aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
@@ -242,7 +261,8 @@ def _flash_fwd(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=N
 def _flash_fwd_seconds(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     if not _attention_supported(query, key, value, dropout_p, attn_mask, _ANY_DEVICE):
         return None
-    return _estimate(_flash_fwd_launch, _FLASH_FWD, (query, key, value, dropout_p, is_causal), {"scale": scale})
+    return _estimate(_flash_fwd_launch, _FLASH_FWD, (query, key, value, dropout_p, is_causal), {"scale": scale},
+                     functools.partial(_attention_seconds, query_at=0, grid_over_kv_heads=False))
 
 
 def _flash_bwd_supported(grad_out, query, key, value, out, logsumexp, dropout_p, attn_mask,
@@ -274,7 +294,8 @@ def _flash_bwd_seconds(grad_out, query, key, value, out, logsumexp, dropout_p, i
     args = (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal)
     if not _flash_bwd_supported(*args[:7], attn_mask, _ANY_DEVICE):
         return None
-    return _estimate(_flash_bwd_launch, _FLASH_BWD, args, {"scale": scale})
+    return _estimate(_flash_bwd_launch, _FLASH_BWD, args, {"scale": scale},
+                     functools.partial(_attention_seconds, query_at=1, grid_over_kv_heads=True))
 
 
 _flash_fwd.estimate_seconds = _flash_fwd_seconds
