@@ -217,8 +217,8 @@ def t1() -> list[dict]:
     """T1 planned from a plain HF + DDP script (plan_scripts/bert_pretrain_ddp.py: the model compiled with backend
     "neuron" inside DDP, bf16 autocast, AdamW, 32 micro-batches of 16 per rank, seq 128, gradients all-reduced on the
     last micro-batch only); sequences per second of the second optimizer step (the first also builds the model, its
-    buffers' broadcast and AdamW's states). Measured (with `zeros` still priced as a CPU fallback, 0.125 s of the step):
-    5.83 s a step, 2,810 seq/s (-26.6 %): per micro-batch the
+    buffers' broadcast and AdamW's states). Measured: 5.73 s a step, 2,857 seq/s (-25.3 %). Before `zeros` was
+    charged as `zero_` (a CPU-fallback price, 0.125 s of the step): 5.83 s, of which per micro-batch the
     compiled forward 60 ms and backward 95 ms (DDPOptimizer splits the model into 38 graphs at DDP's buckets), the
     eager gradient accumulation (`AccumulateGrad`'s add per parameter) 15.8 ms; AdamW 0.13 s and the all-reduce
     45.6 ms once a step. Eager planning gave 1,888 seq/s (-51 %)."""
