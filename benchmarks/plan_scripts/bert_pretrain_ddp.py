@@ -1,5 +1,5 @@
 """BERT-Large phase-1 pre-training as a plain Hugging Face + DDP script (calibration.md T1's configuration):
-micro-batch 16, sequence 128, bf16 autocast, AdamW, gradient accumulation to the global batch. Run it under
+micro-batch 16, sequence 128, the model compiled with backend "neuron", bf16 autocast, AdamW, gradient accumulation to the global batch. Run it under
 torchrun on Trainium, or plan it: neuron-plan -- python bert_pretrain_ddp.py --global-batch 16384."""
 
 import argparse
@@ -15,12 +15,15 @@ parser.add_argument("--micro-batch", type=int, default=16)
 parser.add_argument("--seq", type=int, default=128)
 parser.add_argument("--global-batch", type=int, default=16384)
 parser.add_argument("--steps", type=int, default=2)
+parser.add_argument("--eager", action="store_true", help="do not compile the model")
 args = parser.parse_args()
 
 dist.init_process_group("neuron")
 device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
 config = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
-model = torch.nn.parallel.DistributedDataParallel(BertForPreTraining(config).to(device))
+model = BertForPreTraining(config).to(device)
+# compiled as a user on Trainium compiles it: backend "neuron", inside DDP (`--eager` leaves it eager)
+model = torch.nn.parallel.DistributedDataParallel(model if args.eager else torch.compile(model, backend="neuron"))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 accumulation = args.global_batch // (args.micro_batch * dist.get_world_size())
 for _ in range(args.steps):

@@ -115,19 +115,22 @@ def test_price_is_required_where_none_is_cited():
 
 
 @pytest.mark.multiprocess
-def test_plan_matches_the_real_run_at_two_ranks(tmp_path):
+@pytest.mark.parametrize("script", ["llama_ddp.py", "bert_compiled.py"])
+def test_plan_matches_the_real_run_at_two_ranks(tmp_path, script):
     """Plan mode changes what is stored, not what is charged: a tiny Llama under DDP on 2 ranks (trn1.2xlarge),
-    planned and run for real, has the same simulated step time and peak HBM within 2 %."""
+    planned and run for real, has the same simulated step time and peak HBM within 2 %; so does a tiny BERT
+    compiled with backend "neuron" under bf16 autocast (its forward and AOTAutograd backward graphs priced by the
+    kernel plan, their workspaces and results seen by the allocator model)."""
     pytest.importorskip("transformers")
     env = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
-    _, outputs = launch("plan/measure.py", 2, str(PLAN / "llama_ddp.py"), timeout=300, env=env)
+    _, outputs = launch("plan/measure.py", 2, str(PLAN / script), timeout=600, env=env)
     measured = {}
     for rank, output in outputs.items():
         line = next(line for line in output.splitlines() if line.startswith("MEASURED"))
         _, _, step, reserved, allocated = line.split()
         measured[rank] = (float(step), int(reserved), int(allocated))
     assert len(measured) == 2
-    code, report, output = plan(tmp_path, script="llama_ddp.py",
+    code, report, output = plan(tmp_path, script=script,
                                 options=("--instance", "trn1.2xlarge", "--ranks", "0,1", "--steps", "3"))
     assert code == 0, output
     step, reserved, allocated = max(measured.values())
@@ -314,3 +317,46 @@ def test_other_stages_start_while_rank_0_plans(tmp_path, monkeypatch):
 def test_pipeline_stage_without_input_shapes_is_refused(tmp_path):
     code, _, output = plan(tmp_path, "1f1b", "--no-input-shape", script="pipeline.py", options=("--ranks", "1"))
     assert code != 0 and "built without input_args" in output and "device='meta'" in output
+
+
+def _plan_in_subprocess(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}, check=False)
+
+
+def test_compiled_training_step_charges_its_graphs():
+    """torch.compile(backend="neuron") in a plan: the step is charged the compiled forward and backward graphs (not
+    their ops one by one, as eager would be), and the graphs' FLOPs are counted."""
+    code = """
+import json, torch, torch_neuronx
+def step():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        with torch.autocast("neuron", dtype=torch.bfloat16):
+            loss = compiled(torch.randn(64, 256, device="neuron")).float().square().mean()
+        loss.backward()
+        opt.step()
+plan = torch_neuronx.plan(step, world_size=1)
+print(json.dumps({"lanes": sorted({name for name, *_ in plan.lanes}), "flops": plan.flops_per_step}))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"neuron_compile::graph_forward", "neuron_compile::graph_backward"} <= set(plan["lanes"])
+    assert not any(name.startswith(("aten::addmm", "aten::mm", "aten::gelu")) for name in plan["lanes"])
+    # two matmuls forward; backward both weight gradients and the second layer's input gradient (the input needs none)
+    assert plan["flops"] == 5 * 2 * 64 * 256 * 1024
+
+
+def test_compile_with_another_backend_is_refused():
+    code = """
+import torch, torch_neuronx
+def step():
+    torch.compile(torch.nn.Linear(4, 4).to("neuron"), backend="inductor")
+torch_neuronx.plan(step, world_size=1)
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode != 0
+    assert "NotImplementedError" in done.stderr and 'only backend="neuron"' in done.stderr

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from neuron_device import services
 from neuron_device.services import host_alias
@@ -35,10 +36,19 @@ def _device_index(inputs: Sequence[Any]) -> int:
     return torch.neuron.current_device()
 
 
+def _storage_key(tensor: torch.Tensor) -> int:
+    """Which memory `tensor` views: its storage's address, or for a fake (plan mode: no memory) its storage."""
+    storage = tensor.untyped_storage()
+    return storage._cdata if isinstance(tensor, FakeTensor) else storage.data_ptr()
+
+
 def _view_of(output: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     """The `neuron` view of `base`'s storage at the memory, sizes and strides of the host tensor `output`."""
     storage = base.untyped_storage()
-    offset = (output.data_ptr() - storage.data_ptr()) // output.element_size()
+    if isinstance(output, FakeTensor):  # a fake's host alias has its offset in a storage of the same size
+        offset = output.storage_offset()
+    else:
+        offset = (output.data_ptr() - storage.data_ptr()) // output.element_size()
     view = torch.empty(0, dtype=output.dtype, device=base.device)
     return view.set_(storage, offset, output.size(), output.stride())
 
@@ -58,11 +68,11 @@ def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any
     bases: dict[int, torch.Tensor] = {}
     for original, host in zip(inputs, hosts):
         if host is not original and host.untyped_storage().nbytes():
-            bases[host.untyped_storage().data_ptr()] = original
-    fresh: dict[int, int] = {}  # storage pointer -> how many outputs use it
+            bases[_storage_key(host)] = original
+    fresh: dict[int, int] = {}  # storage -> how many outputs use it
     for output in outputs:
         if isinstance(output, torch.Tensor) and output.device.type == "cpu":
-            pointer = output.untyped_storage().data_ptr()
+            pointer = _storage_key(output)
             if pointer not in bases:
                 fresh[pointer] = fresh.get(pointer, 0) + 1
     index = _device_index(inputs)
@@ -71,7 +81,7 @@ def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any
         if not isinstance(output, torch.Tensor) or output.device.type != "cpu":
             result.append(output)
             continue
-        pointer = output.untyped_storage().data_ptr()
+        pointer = _storage_key(output)
         base = bases.get(pointer)
         if base is None and fresh[pointer] == 1:
             result.append(services.adopt_tracked(output, index))

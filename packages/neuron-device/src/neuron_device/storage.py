@@ -28,11 +28,13 @@ import ctypes
 import sys
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
 from .adaptive_eager import flush_barrier
 
 __all__ = ["adopt", "host_alias", "host_aliases", "kernel_input", "swap_memory"]
 
+_NEURON = "neuron"
 _KDL_CPU = 1
 _KDL_EXT_DEV = 12  # torch maps this DLPack device type to PrivateUse1
 
@@ -102,6 +104,16 @@ def _relabel(tensor: torch.Tensor, device_word: int) -> torch.Tensor:
     return _from_dlpack(capsule)
 
 
+def _relabel_fake(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A fake tensor (plan mode: shape, no memory) as `device`: a fake of the same sizes, strides and offset in a
+    storage of its own of the same size, as `_relabel` gives the same memory a storage of its own (the device
+    allocator model then frees a device storage when its device tensors die, whatever its host aliases do)."""
+    with in_kernel_invocation_manager(tensor.fake_mode):
+        storage = torch.empty(tensor.untyped_storage().nbytes(), dtype=torch.uint8, device="meta")
+        meta = storage.view(tensor.dtype).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+    return FakeTensor(tensor.fake_mode, meta, device)
+
+
 _HOST = "_neuron_host"  # attribute of a device storage: {dtype: CPU tensor of its CPU twin storage}, one storage
 
 
@@ -110,6 +122,8 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
 
     The new tensor's storage keeps `cpu_tensor`'s storage alive; nothing is copied.
     """
+    if isinstance(cpu_tensor, FakeTensor):
+        return _relabel_fake(cpu_tensor, torch.device(_NEURON, index))
     if cpu_tensor.is_conj() or cpu_tensor.is_neg():
         cpu_tensor = cpu_tensor.resolve_conj().resolve_neg()
     twin = _from_dlpack(_to_dlpack(cpu_tensor))  # the same memory in a fixed-size CPU storage of its own
@@ -137,6 +151,8 @@ def swap_memory(storage: torch.UntypedStorage, other: torch.UntypedStorage) -> N
 
 def host_alias(tensor: torch.Tensor) -> torch.Tensor:
     """Return a CPU tensor that aliases the memory of the `neuron` tensor `tensor` (same sizes, strides, offset)."""
+    if isinstance(tensor, FakeTensor):
+        return _relabel_fake(tensor, torch.device("cpu"))
     # every host read of device memory comes through here: adaptive eager's queued results are written first
     flush_barrier()
     twins = getattr(tensor.untyped_storage(), _HOST, None)

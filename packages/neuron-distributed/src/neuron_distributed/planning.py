@@ -3,8 +3,13 @@
 What is PyTorch's and what is ours:
 
 * `neuron` (and CPU) tensors are PyTorch's `FakeTensorMode` fakes: shape, dtype, strides, device, no data; ops
-  run their meta kernels. FLOPs are counted by PyTorch's `FlopCounterMode` (the total only, `_GlobalOnly`);
-  the module an op runs in comes from `torch.distributed._tools.mod_tracker.ModTracker`.
+  run their meta kernels. FLOPs are counted with PyTorch's `FlopCounterMode` formulas, by our charger (no
+  `FlopCounterMode` mode or module hooks: its `ModuleTracker` keeps checkpointed layers' tensors alive,
+  pytorch/pytorch#139214, and its mode would stop Dynamo compiling); the module an op runs in comes from
+  `torch.distributed._tools.mod_tracker.ModTracker`.
+* `torch.compile(backend="neuron")`: Dynamo and neuron-compile compile each graph from the planned fakes as in a
+  real run, and the compiled graph charges its kernel plan (forward, and backward when autograd runs it) and takes
+  its workspace and results from the allocator model, as a real run's does.
 * The process group is PyTorch's `FakeProcessGroup` behind backend `neuron` (and a `FakeStore`, so no rendezvous):
   collectives return at once with correctly shaped fakes.
 * Ours: every op is charged as the real run's kernel charges it (`services.account_planned_op`: the same op
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import traceback
@@ -155,12 +161,26 @@ def _known(args: tuple) -> bool:
     return all(getattr(t, "constant", None) is not None for t in args if isinstance(t, torch.Tensor))
 
 
+def _traced(result: Any, mode: Any) -> bool:
+    """The op ran on a compiler's fakes (Dynamo tracing a graph inside a DDP forward, where it leaves the plan's
+    modes on), not on the script's: it is compile time, which no device time or FLOP is charged for."""
+    first = result[0] if isinstance(result, (tuple, list)) and result else result
+    return isinstance(first, _FakeTensor) and first.fake_mode is not mode
+
+
 class _Charger(TorchDispatchMode):
     """Charges each op on fake tensors as the real kernel would, and every collective as the process group would."""
 
     def __init__(self, planner: _Planner) -> None:
         super().__init__()
         self.planner = planner
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Dynamo compiles a frame only when no dispatch mode on the stack asks to see each eager op (otherwise it
+        runs the frame eagerly, silently). A compiled graph is charged as the backend planned it, as in a real run:
+        so Dynamo compiles with the plan's modes off, and the compiled code runs with them on."""
+        return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -173,6 +193,9 @@ class _Charger(TorchDispatchMode):
             result = func(*args, **kwargs)
         except torch._subclasses.fake_tensor.DynamicOutputShapeException as error:
             raise _value_read(f"{func}, whose output shape depends on the values") from error
+        if _traced(result, self.planner.fake_mode):
+            return result
+        self.planner.flops._count_flops(func._overloadpacket, result, args, kwargs)
         namespace = func.namespace
         if namespace == "c10d" and func._opname in C10D_OPS:
             charge_c10d(C10D_OPS[func._opname], args)
@@ -226,21 +249,6 @@ def _ddp_init(init: Callable) -> Callable:
     return planned
 
 
-class _GlobalOnly:
-    """`FlopCounterMode`'s module tracker, tracking no module: the plan reads only the total ("Global"). Its own
-    `ModuleTracker` also hooks the modules the checkpoint recomputes in the backward, hooks that never run and keep
-    tensors alive (pytorch/pytorch#139214): a plan then held every checkpointed layer's gathered gradients, which a
-    real run frees (the same run inside `FlopCounterMode` keeps them too)."""
-
-    parents = frozenset({"Global"})
-
-    def __enter__(self) -> _GlobalOnly:
-        return self
-
-    def __exit__(self, *args: Any) -> None:
-        return None
-
-
 def _fake_neuron_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
     """Backend `neuron` in plan mode: PyTorch's fake process group (no communication, no peers)."""
     from torch._C._distributed_c10d import FakeProcessGroup
@@ -265,6 +273,7 @@ class _Planner:
         self.optimizer_depth = 0
         self.modules: Any = None
         self.flops: Any = None
+        self.fake_mode: Any = None
 
     def record(self, name: str, index: int, stream: int, start: float, end: float) -> None:
         if index == self.index:
@@ -373,6 +382,55 @@ def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
         setattr(obj, name, old)
 
 
+def _compile(compile_: Callable) -> Callable:
+    """`torch.compile` in plan mode: backend "neuron" only (the one whose graphs the cost model prices), and each
+    call of the compiled callable runs without the planner's module tracker. Its hooks are global module hooks,
+    which a real run does not have: Dynamo would trace them into the graph (and fail on their weak dictionaries),
+    so the graph would differ from the real run's."""
+
+    def planned(model: Any = None, *, backend: Any = "inductor", **kwargs: Any) -> Any:
+        if backend != "neuron":
+            raise NotImplementedError(
+                f"plan mode: torch.compile(backend={backend!r}) is not planned; only backend=\"neuron\" is (its graphs "
+                "are priced by neuron-compile's kernel plan). Compile with backend=\"neuron\" or leave the script eager.")
+        if model is None:  # the decorator form: @torch.compile(backend="neuron")
+            return lambda fn: planned(fn, backend=backend, **kwargs)
+        compiled = compile_(model, backend=_compiled_outside_plan(torch._dynamo.lookup_backend(backend)), **kwargs)
+        if isinstance(compiled, torch.nn.Module):  # OptimizedModule: its forward enters the compiled frame
+            compiled.forward = _untracked(compiled.forward)
+            return compiled
+        return functools.wraps(model)(_untracked(compiled))
+
+    return planned
+
+
+def _compiled_outside_plan(backend: Callable) -> Callable:
+    """The backend run with the plan's tensor modes off, as Dynamo runs backends. (Dynamo's DDPOptimizer path, taken
+    for a graph traced inside a DDP forward, leaves them on, and AOTAutograd then fails on its functional tensors.)"""
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Callable:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return backend(gm, example_inputs, **kwargs)
+
+    return compile_graph
+
+
+def _untracked(fn: Callable) -> Callable:
+    """`fn` run with the planner's module tracker off (its allocations count to the module that called it)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        tracker = active_planner().modules
+        tracker.__exit__(None, None, None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            tracker.__enter__()
+
+    return call
+
+
 def _init_process_group(init: Callable) -> Callable:
     """`init_process_group` in plan mode: no rendezvous (a `FakeStore`), the launcher's rank and world size."""
 
@@ -408,6 +466,7 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(allocator, "capacity", 1 << 62))  # over-capacity is recorded, not raised
         stack.enter_context(_patched(torch.utils, "swap_tensors", _swap_fakes(torch.utils.swap_tensors)))
+        stack.enter_context(_patched(torch, "compile", _compile(torch.compile)))
         stack.enter_context(_patched(dist, "init_process_group", _init_process_group(dist.init_process_group)))
         # DDP checks parameter shapes across ranks by reading a CPU tensor's data: one planned rank has no peers
         # to disagree with, and the fake holds no data.
@@ -430,11 +489,9 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
             stack.callback(handle.remove)
         _active = planner
         stack.callback(globals().__setitem__, "_active", None)
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
+        planner.fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
         planner.modules = stack.enter_context(ModTracker())
-        flops = FlopCounterMode(display=False)
-        flops.mod_tracker = _GlobalOnly()  # torch's per-module tracking keeps gradients alive (see `_GlobalOnly`)
-        planner.flops = stack.enter_context(flops)
+        planner.flops = FlopCounterMode(display=False)  # its formulas, counted by the charger (no mode, no hooks)
         stack.enter_context(_Charger(planner))
         try:
             run()

@@ -30,6 +30,9 @@ _UNCHARGED = frozenset({
     _aten._has_compatible_shallow_copy_type.default, _aten.detach.default, _aten.alias.default,
     _aten.lift_fresh.default,
 })
+# Factories a real run builds as an allocation plus a fill kernel (the device registers no kernel of their own):
+# charged as that fill on the result.
+_FILLED = {_aten.zeros.default: _aten.zero_.default}
 # Copies: a DMA (device<->device through HBM, host<->device over the host link), as the real copy kernels charge.
 _COPIES = {_aten._to_copy.default: "aten::_to_copy", _aten.copy_.default: "aten::copy_",
            _aten._copy_from.default: "aten::_copy_from"}
@@ -79,6 +82,8 @@ def account(op: torch._ops.OpOverload, args: tuple, kwargs: dict, result: Any) -
             src, dst = (args[0], args[1]) if op is _aten._copy_from.default else (args[1], args[0])
             if isinstance(src, torch.Tensor):
                 _kernels.transfer(_COPIES[op], src, dst)
+    elif op in _FILLED:
+        _kernels.charge(_fallback.admit(_FILLED[op]), index, (result,), {}, result)
     elif op not in _UNCHARGED and op.namespace == "aten":
         estimator = _registry.plugin_estimator(op.name())
         seconds = None
