@@ -305,3 +305,35 @@ def test_sending_neuron_memory_to_another_process_is_a_clear_error(make):
     with pytest.raises(RuntimeError, match=r"Cannot send a neuron:1 \w+ to another process.*tensor\.cpu\(\)"):
         ForkingPickler(io.BytesIO()).dump(obj)
     ForkingPickler(io.BytesIO()).dump(torch.ones(2))  # CPU tensors still go through shared memory
+
+
+def test_dynamo_does_not_trace_the_runtime_between_graphs():
+    """Eager `neuron` ops after a graph break enter the runtime's Python kernels from C++; Dynamo must skip those
+    frames as it skips torch's own (it traced the allocator and the cost model, and split user graphs there)."""
+    out = run_checked("""
+        import logging
+        import torch
+        traced = []
+
+        class Started(logging.Handler):
+            def emit(self, record):
+                message = record.getMessage()
+                if "torchdynamo start tracing" in message:
+                    traced.append(message.split()[-1])
+
+        logger = logging.getLogger("torch._dynamo.symbolic_convert")
+        logger.setLevel(logging.INFO)
+        logger.addHandler(Started())
+
+        def f(x):
+            y = x.sin()
+            z = y.nonzero()  # data-dependent: a graph break, then eager neuron ops
+            return z.sum() + y.cos().sum()
+
+        x = torch.randn(8, device="neuron")
+        torch.testing.assert_close(torch.compile(f, backend="aot_eager")(x).cpu(), f(x.cpu()))
+        runtime = [path for path in traced if "neuron_device" in path and "device.py:" not in path]
+        assert not runtime, runtime
+        print(len(traced))
+    """)
+    assert int(out.split()[-1]) >= 2  # the user's function and its resumption were traced

@@ -133,6 +133,5 @@ def register() -> None:
         register_device_op_overrides(DEVICE, CpuDeviceOpOverrides())
         _patches.patch_scheduler_host_check()
         _patches.register_stream_functions()
-        _patches.skip_device_kernel_frames()
         _patches.lazy_trace_log_headers()
         _registered = True

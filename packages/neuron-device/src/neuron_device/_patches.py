@@ -420,6 +420,58 @@ def _patch_generator_constructor() -> None:
     metaclass.__call__ = call
 
 
+# The runtime's modules: called by torch's dispatcher (kernels, fallback, allocator, guards), never by user code
+RUNTIME_MODULES = tuple(f"neuron_device.{name}" for name in (
+    "_patches", "_registration", "adaptive_eager", "allocator", "fallback", "hooks", "livestats", "numerics", "ops",
+    "progress", "services", "simulation", "storage", "timeline",
+))
+_DYNAMO_RULES = "torch._dynamo.trace_rules"
+
+
+def _skip_runtime_in_dynamo() -> None:
+    """Dynamo traces every Python frame that starts while a frame it transformed runs, and a `neuron` op that runs
+    eagerly between two graphs (after a graph break) enters our Python kernels from C++: Dynamo would take each
+    kernel frame for user code and trace the runtime itself (the allocator, the cost model, the timeline), hitting
+    graph breaks and recompile limits in it. torch skips its own files by directory; the runtime's modules join that
+    list (`trace_rules.add`) as soon as Dynamo's rules are imported, whichever backend compiles (neuron-compile's or
+    `aot_eager`). Dynamo takes 2 s to import, so it is not imported here: an import hook waits for it."""
+    def add_all(rules) -> None:
+        for name in RUNTIME_MODULES:
+            rules.add(name)
+
+    import sys
+
+    if _DYNAMO_RULES in sys.modules:
+        add_all(sys.modules[_DYNAMO_RULES])
+        return
+    sys.meta_path.insert(0, _AfterImport(_DYNAMO_RULES, add_all))
+
+
+class _AfterImport:
+    """A meta-path finder that runs `then(module)` once the module named `name` has been executed."""
+
+    def __init__(self, name: str, then: Callable) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.util
+        import sys
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        execute, then = spec.loader.exec_module, self.then
+
+        class Loader(type(spec.loader)):
+            def exec_module(self, module) -> None:
+                execute(module)
+                then(module)
+
+        spec.loader.__class__ = Loader
+        return spec
+
+
 _PATCHES = (
     _patch_generator_constructor,
     _patch_storage_constructor,
@@ -438,6 +490,7 @@ _PATCHES = (
     _patch_accelerator_device_index,
     _patch_data_parallel_comm,
     _patch_printing_on_host,
+    _skip_runtime_in_dynamo,
 )
 
 
