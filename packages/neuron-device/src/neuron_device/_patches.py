@@ -461,14 +461,13 @@ class _AfterImport:
 
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
-        execute, then = spec.loader.exec_module, self.then
+        execute = spec.loader.exec_module
 
-        class Loader(type(spec.loader)):
-            def exec_module(self, module) -> None:
-                execute(module)
-                then(module)
+        def exec_module(module) -> None:
+            execute(module)
+            self.then(module)
 
-        spec.loader.__class__ = Loader
+        spec.loader.exec_module = exec_module
         return spec
 
 
