@@ -215,13 +215,14 @@ T1_PUBLISHED_SEQ_PER_S = 3826.6  # calibration.md T1: BERT-Large phase 1, 1 x tr
 
 def t1() -> list[dict]:
     """T1 planned from a plain HF + DDP script (plan_scripts/bert_pretrain_ddp.py: the model compiled with backend
-    "neuron" inside DDP, bf16 autocast, AdamW, 32 micro-batches of 16 per rank, seq 128, gradients all-reduced on the
-    last micro-batch only); sequences per second of the second optimizer step (the first also builds the model, its
-    buffers' broadcast and AdamW's states). Measured: 5.73 s a step, 2,857 seq/s (-25.3 %). Before `zeros` was
-    charged as `zero_` (a CPU-fallback price, 0.125 s of the step): 5.83 s, of which per micro-batch the
-    compiled forward 60 ms and backward 95 ms (DDPOptimizer splits the model into 38 graphs at DDP's buckets), the
-    eager gradient accumulation (`AccumulateGrad`'s add per parameter) 15.8 ms; AdamW 0.13 s and the all-reduce
-    45.6 ms once a step. Eager planning gave 1,888 seq/s (-51 %)."""
+    "neuron" inside DDP as one graph per pass, as the published run's XLA stack compiles each micro-batch
+    (`optimize_ddp="no_optimization"`), bf16 autocast, AdamW, 32 micro-batches of 16 per rank, seq 128, gradients
+    all-reduced on the last micro-batch only); sequences per second of the second optimizer step (the first also
+    builds the model, its buffers' broadcast and AdamW's states). Measured: 5.22 s a step, 3,137 seq/s (-18.0 %):
+    per micro-batch the compiled backward 87 ms and forward 53 ms, the eager gradient accumulation
+    (`AccumulateGrad`'s add per parameter) 15.8 ms; AdamW 0.13 s and the all-reduce 45.6 ms once a step. With
+    Dynamo's default DDPOptimizer (`--split-at-buckets`: 38 graphs a pass, split at DDP's buckets): 5.73 s,
+    2,857 seq/s (-25.3 %). Eager planning gave 1,888 seq/s (-51 %)."""
     import subprocess
     import tempfile
 

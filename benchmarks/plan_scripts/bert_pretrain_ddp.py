@@ -1,5 +1,6 @@
 """BERT-Large phase-1 pre-training as a plain Hugging Face + DDP script (calibration.md T1's configuration):
-micro-batch 16, sequence 128, the model compiled with backend "neuron", bf16 autocast, AdamW, gradient accumulation to the global batch. Run it under
+micro-batch 16, sequence 128, the model compiled with backend "neuron" as one graph per pass, bf16 autocast, AdamW,
+gradient accumulation to the global batch. Run it under
 torchrun on Trainium, or plan it: neuron-plan -- python bert_pretrain_ddp.py --global-batch 16384."""
 
 import argparse
@@ -16,7 +17,14 @@ parser.add_argument("--seq", type=int, default=128)
 parser.add_argument("--global-batch", type=int, default=16384)
 parser.add_argument("--steps", type=int, default=2)
 parser.add_argument("--eager", action="store_true", help="do not compile the model")
+parser.add_argument("--split-at-buckets", action="store_true",
+                    help="let Dynamo split the compiled model at DDP's buckets (its default, DDPOptimizer)")
 args = parser.parse_args()
+if not args.split_at_buckets:
+    # One graph for the forward and one for the backward, as the published run's XLA stack compiles each micro-batch.
+    # DDPOptimizer's split only buys all-reduce overlap, and with gradient accumulation the all-reduce runs on one
+    # micro-batch in 32; PyTorch's documented switch (DDP's C++ reducer then all-reduces after the backward).
+    torch._dynamo.config.optimize_ddp = "no_optimization"
 
 dist.init_process_group("neuron")
 device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))

@@ -164,6 +164,35 @@ print(json.dumps(plan.as_dict()))
     assert plan["communication_seconds"] > 0 and plan["fits"]
 
 
+def test_factories_are_charged_as_the_real_run_fills():
+    """`ones`, `full` and the `*_like` / `new_*` factories reach a plan's dispatch mode whole, where a real run
+    builds them as an allocation plus `fill_` or `zero_`: the plan charges those fills (it charged CPU fallbacks,
+    with a fallback warning, for all but `zeros`; AdamW's states are `zeros_like`)."""
+    code = """
+import collections, json, torch, torch_neuronx, warnings
+from neuron_device.simulation import kernels
+def fills():
+    x = torch.ones(256, device="neuron")
+    torch.zeros_like(x), torch.ones_like(x), torch.full_like(x, 2.0), torch.zeros(256, device="neuron")
+    torch.full((256,), 3.0, device="neuron"), x.new_zeros(256), x.new_ones(256), x.new_full((256,), 4.0)
+kernels.clear_op_tracking()
+fills()
+real = collections.Counter()
+for launch in kernels.launches():
+    real[launch.name] += launch.calls
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    plan = torch_neuronx.plan(fills, world_size=1)
+planned = collections.Counter(name for name, *_ in plan.lanes)
+print(json.dumps({"real": real, "planned": planned, "warnings": [str(w.message) for w in caught]}))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["planned"] == result["real"] == {"aten::fill_.Scalar": 6, "aten::zero_": 3}
+    assert not [w for w in result["warnings"] if "fell back to CPU" in w]
+
+
 def test_checkpointed_backward_frees_what_the_real_run_frees():
     """After a backward through checkpointed blocks a plan holds what the real run holds: the FLOP counter's
     per-module hooks, which kept each block's recomputed activations' gradients alive, are not installed."""

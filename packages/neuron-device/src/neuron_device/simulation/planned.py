@@ -32,7 +32,11 @@ _UNCHARGED = frozenset({
 })
 # Factories a real run builds as an allocation plus a fill kernel (the device registers no kernel of their own):
 # charged as that fill on the result.
-_FILLED = {_aten.zeros.default: _aten.zero_.default}
+_FILLED = {
+    **dict.fromkeys((_aten.zeros.default, _aten.zeros_like.default, _aten.new_zeros.default), _aten.zero_.default),
+    **dict.fromkeys((_aten.ones.default, _aten.ones_like.default, _aten.new_ones.default, _aten.full.default,
+                     _aten.full_like.default, _aten.new_full.default), _aten.fill_.Scalar),
+}
 # Copies: a DMA (device<->device through HBM, host<->device over the host link), as the real copy kernels charge.
 _COPIES = {_aten._to_copy.default: "aten::_to_copy", _aten.copy_.default: "aten::copy_",
            _aten._copy_from.default: "aten::_copy_from"}
