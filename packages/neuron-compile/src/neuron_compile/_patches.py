@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["inductor_decompositions", "inputs_without_gradients", "lazy_trace_log_headers",
-           "patch_scheduler_host_check", "register_stream_functions"]
+__all__ = ["inductor_decompositions", "lazy_trace_log_headers", "patch_scheduler_host_check",
+           "register_stream_functions"]
 
 DEVICE = "neuron"
 
@@ -81,29 +81,3 @@ def inductor_decompositions(select_decomp_table: Callable[[], dict]) -> Iterator
 
     with mock.patch.object(compile_fx_module, "select_decomp_table", select_decomp_table):
         yield
-
-
-@contextlib.contextmanager
-def inputs_without_gradients() -> Iterator[list[int]]:
-    """The positions of the inputs AOTAutograd detaches in the graph compiled inside the block (its Note "Detaching
-    inputs that never need gradients": the backward never gives them one, so autograd must not walk their history).
-    The compiled graph runs on host aliases made by an autograd function (`boundary`) which would keep that history
-    reachable: autograd then ran the producing graph's backward on no gradient, materialised as zeros, and gave
-    zero gradients where eager mode and the CPU give None (VITS's duration predictor, cut off from the loss by a
-    comparison in a later graph). The positions are read off `RuntimeWrapper`, which both a fresh compile and an
-    AOTAutograd cache hit build, so the boundary can leave those inputs out of the autograd function."""
-    from torch._functorch._aot_autograd.runtime_wrappers import RuntimeWrapper
-
-    found: list[int] = []
-    post_compile = RuntimeWrapper.post_compile
-
-    def recording(self: RuntimeWrapper, *args, **kwargs):
-        if self.trace_joint:
-            found[:] = self.indices_of_inps_to_detach
-        return post_compile(self, *args, **kwargs)
-
-    RuntimeWrapper.post_compile = recording
-    try:
-        yield found
-    finally:
-        RuntimeWrapper.post_compile = post_compile

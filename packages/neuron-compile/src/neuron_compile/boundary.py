@@ -9,7 +9,7 @@ copied either way.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -87,15 +87,10 @@ def _recording(tensors: Sequence[Any]) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def enter(args: Sequence[Any], no_gradient: Collection[int] = ()) -> list[Any]:
-    """Host aliases of the `neuron` tensors among `args` (differentiable when autograd records, except at the
-    positions `no_gradient`: arguments the graph never gives a gradient)."""
-    positions = [i for i, a in enumerate(args)
-                 if isinstance(a, torch.Tensor) and a.device.type == _NEURON and i not in no_gradient]
+def enter(args: Sequence[Any]) -> list[Any]:
+    """Host aliases of the `neuron` tensors among `args` (differentiable when autograd records)."""
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.device.type == _NEURON]
     hosts = list(args)
-    for i in no_gradient:
-        if isinstance(args[i], torch.Tensor) and args[i].device.type == _NEURON:
-            hosts[i] = host_alias(args[i]).detach()
     if not positions:
         return hosts
     tensors = [args[i] for i in positions]

@@ -130,17 +130,15 @@ def _host_example(value: Any, traced: Any) -> Any:
 
 
 class HostGraph:
-    """A graph compiled for the host, called with `neuron` arguments; `no_gradient`: the positions of the
-    arguments its backward never gives a gradient (`_patches.inputs_without_gradients`)."""
+    """A graph compiled for the host, called with `neuron` arguments."""
 
-    __slots__ = ("fn", "no_gradient")
+    __slots__ = ("fn",)
 
-    def __init__(self, fn: Callable, no_gradient: Sequence[int] = ()) -> None:
+    def __init__(self, fn: Callable) -> None:
         self.fn = fn
-        self.no_gradient = frozenset(no_gradient)
 
     def __call__(self, *args: Any) -> Any:
-        hosts = boundary.enter(args, self.no_gradient)
+        hosts = boundary.enter(args)
         return boundary.leave(self.fn(*hosts), args, hosts)
 
 
@@ -214,10 +212,8 @@ def compile_graph(
     with (torch._functorch.config.patch(force_non_lazy_backward_lowering=True),
           _patches.inductor_decompositions(neuron_decompositions),
           _inductor_caches(cache_key, host_code),
-          collecting(plans),
-          _patches.inputs_without_gradients() as no_gradient):
-        compiled = compile_fx_module.compile_fx(gm, inputs, inner_compile=inner)
-    return HostGraph(compiled, no_gradient)
+          collecting(plans)):
+        return HostGraph(compile_fx_module.compile_fx(gm, inputs, inner_compile=inner))
 
 
 @contextlib.contextmanager
