@@ -21,6 +21,8 @@ copy flagged as pinned. Backward on `neuron:1..n` runs the autograd engine witho
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
 import weakref
 from collections.abc import Callable
 
@@ -439,8 +441,6 @@ def _skip_runtime_in_dynamo() -> None:
         for name in RUNTIME_MODULES:
             rules.add(name)
 
-    import sys
-
     if _DYNAMO_RULES in sys.modules:
         add_all(sys.modules[_DYNAMO_RULES])
         return
@@ -456,9 +456,6 @@ class _AfterImport:
     def find_spec(self, fullname: str, path=None, target=None):
         if fullname != self.name:
             return None
-        import importlib.util
-        import sys
-
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
         execute = spec.loader.exec_module
