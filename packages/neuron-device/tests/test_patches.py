@@ -337,3 +337,90 @@ def test_dynamo_does_not_trace_the_runtime_between_graphs():
         print(len(traced))
     """)
     assert int(out.split()[-1]) >= 2  # the user's function and its resumption were traced
+
+
+_RAISING_MODE = """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Raising(TorchDispatchMode):
+        def __init__(self, op):
+            super().__init__()
+            self.op = op
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is self.op:
+                raise ValueError(f"refused {func}")
+            return func(*args, **(kwargs or {}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("forward", "refused"),
+    [
+        ("x.cos().sum()", "torch.ops.aten.sin.default"),  # a backward op with a tensor result
+        ("torch.nn.functional.layer_norm(x.view(1, 3), (3,)).sum()", "torch.ops.aten.native_layer_norm_backward.default"),
+    ],
+)
+def test_dispatch_mode_error_in_backward_reaches_the_caller(forward, refused):
+    """It killed the process ("terminate called without an active exception"), see `_patch_backward_mode_errors`."""
+    run_checked(_RAISING_MODE + f"""
+    x = torch.ones(3, device="neuron", requires_grad=True)
+    loss = {forward}
+    mode = Raising({refused})
+    with mode:
+        try:
+            loss.backward()
+        except ValueError as error:
+            assert "refused" in str(error), error
+        else:
+            raise AssertionError("no error")
+    assert "__torch_dispatch__" not in vars(mode)  # the guard is gone once the backward ends
+    assert x.grad is None
+    y = x.cos().sum()
+    y.backward()  # the device still works
+    torch.testing.assert_close(x.grad.cpu(), -torch.ones(3).sin())
+    """)
+
+
+def test_a_mode_still_handles_the_error_of_the_mode_below_it_in_backward():
+    """Only errors that would reach the engine are held back: one mode's error reaches the mode that called it."""
+    run_checked(_RAISING_MODE + """
+    class Replacing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            try:
+                return func(*args, **(kwargs or {}))
+            except ValueError:
+                return torch.zeros_like(args[0])
+
+    x = torch.ones(3, device="neuron", requires_grad=True)
+    loss = x.cos().sum()
+    with Raising(torch.ops.aten.sin.default), Replacing():
+        loss.backward()
+    assert x.grad.device.type == "neuron" and not x.grad.cpu().any(), x.grad
+    """)
+
+
+def test_aot_eager_backward_with_a_data_dependent_shape_matches_the_cpu():
+    """AOTAutograd traces the backward of a masked assignment, hits a data-dependent shape under FakeTensorMode and
+    handles it; on `neuron` that error killed the process before the patch (transformers' VITS flow)."""
+    out = run_checked("""
+        import torch
+
+        def f(x, w):
+            mask = x > 0
+            out = torch.zeros_like(x)
+            out[mask] = (x[mask] * w[mask]).sin()
+            return out
+
+        torch.manual_seed(0)
+        grads = {}
+        for device in ("cpu", "neuron"):
+            torch._dynamo.reset()
+            x, w = (torch.randn(8, generator=torch.Generator().manual_seed(s)).to(device).requires_grad_() for s in (1, 2))
+            torch.compile(f, backend="aot_eager")(x, w).sum().backward()
+            grads[device] = (x.grad.cpu(), w.grad.cpu())
+        torch.testing.assert_close(grads["neuron"], grads["cpu"])
+        print("ok")
+    """)
+    assert "ok" in out

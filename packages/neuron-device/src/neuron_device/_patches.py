@@ -23,6 +23,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
+import threading
+import types
 import weakref
 from collections.abc import Callable
 
@@ -177,6 +179,91 @@ def _patch_backward_single_threaded() -> None:
     def engine_run_backward(*args, **kwargs):
         with torch.autograd.set_multithreading_enabled(False):
             return run_backward(*args, **kwargs)
+
+    graph._engine_run_backward = engine_run_backward
+    torch.autograd._engine_run_backward = engine_run_backward
+
+
+class _ModeDispatchFailed:
+    """What a guarded dispatch mode returns in place of a result after it raised: no op result has this type, so
+    torch's dispatcher rejects it with a C++ error, which leaves no Python error pending."""
+
+
+_MODE_DISPATCH_FAILED = _ModeDispatchFailed()
+
+
+class _InsideModeDispatch(threading.local):
+    depth = 0
+
+
+_inside_mode_dispatch = _InsideModeDispatch()
+
+
+def _guard_mode_errors(mode, raised: list[BaseException]) -> Callable:
+    """`mode.__torch_dispatch__`, which stores what it raises in `raised` instead of raising into the engine (only
+    at the outermost call: inside it, a mode's errors reach the mode that called it as they always do)."""
+    dispatch = mode.__torch_dispatch__
+
+    def __torch_dispatch__(self, func, tensor_types, args=(), kwargs=None):
+        if _inside_mode_dispatch.depth:
+            return dispatch(func, tensor_types, args, kwargs)
+        if raised:
+            return _MODE_DISPATCH_FAILED
+        _inside_mode_dispatch.depth = 1
+        try:
+            return dispatch(func, tensor_types, args, kwargs)
+        except BaseException as error:
+            raised.append(error)
+            return _MODE_DISPATCH_FAILED
+        finally:
+            _inside_mode_dispatch.depth = 0
+
+    return types.MethodType(__torch_dispatch__, mode)
+
+
+def _patch_backward_mode_errors() -> None:
+    """An error raised by a Python dispatch mode (FakeTensorMode and the proxy mode while AOTAutograd traces a
+    backward, or a user's `TorchDispatchMode`) inside a backward node on `neuron` killed the process ("terminate
+    called without an active exception"): torch leaves the Python error pending while the C++ engine unwinds, and the
+    engine's stream guard, leaving the node, asks the Python device guard for its type. That Python call fails with an
+    error pending, inside a `noexcept` method (`torch.acc`'s `PythonDeviceGuard::exchangeStream`), so C++ terminates.
+    On the CPU there is no stream guard, and AOTAutograd catches such errors (data-dependent shapes) and goes on.
+
+    While a backward runs under dispatch modes, the outermost call of each mode on the stack stores its error and
+    returns a value the dispatcher rejects in C++ (no Python error pending); the engine unwinds cleanly and the
+    stored error is raised from `backward()` / `torch.autograd.grad()`, as on the CPU. Errors of a tensor subclass's
+    own `__torch_dispatch__` and of modes entered during the backward are not covered."""
+    import torch.autograd.graph as graph
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    run_backward = graph._engine_run_backward
+    unset = object()
+
+    @functools.wraps(run_backward)
+    def engine_run_backward(*args, **kwargs):
+        modes = _get_current_dispatch_mode_stack()
+        if not modes:
+            return run_backward(*args, **kwargs)
+        raised: list[BaseException] = []
+        saved = [(mode, vars(mode).get("__torch_dispatch__", unset)) for mode in modes]
+        depth, _inside_mode_dispatch.depth = _inside_mode_dispatch.depth, 0  # a backward run inside a mode's dispatch
+        for mode in modes:
+            mode.__torch_dispatch__ = _guard_mode_errors(mode, raised)
+        try:
+            result = run_backward(*args, **kwargs)
+        except Exception:
+            if not raised:
+                raise
+        finally:
+            _inside_mode_dispatch.depth = depth
+            for mode, own in saved:
+                if own is unset:
+                    del mode.__torch_dispatch__
+                else:
+                    mode.__torch_dispatch__ = own
+        if raised:
+            raise raised[0]  # outside the except block: its context stays the one it was raised with
+        return result
 
     graph._engine_run_backward = engine_run_backward
     torch.autograd._engine_run_backward = engine_run_backward
@@ -475,6 +562,7 @@ _PATCHES = (
     _patch_storage_resize,
     _patch_pin_memory,
     _patch_backward_single_threaded,
+    _patch_backward_mode_errors,
     _patch_tensor_to_current_device,
     _patch_lazy_parameters_move_with_neuron,
     _patch_legacy_constructors,
