@@ -34,7 +34,6 @@ from .adaptive_eager import flush_barrier
 
 __all__ = ["adopt", "host_alias", "host_aliases", "kernel_input", "swap_memory"]
 
-_NEURON = "neuron"
 _KDL_CPU = 1
 _KDL_EXT_DEV = 12  # torch maps this DLPack device type to PrivateUse1
 
@@ -123,7 +122,7 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     The new tensor's storage keeps `cpu_tensor`'s storage alive; nothing is copied.
     """
     if isinstance(cpu_tensor, FakeTensor):
-        return _relabel_fake(cpu_tensor, torch.device(_NEURON, index))
+        return _relabel_fake(cpu_tensor, torch.device("neuron", index))
     if cpu_tensor.is_conj() or cpu_tensor.is_neg():
         cpu_tensor = cpu_tensor.resolve_conj().resolve_neg()
     twin = _from_dlpack(_to_dlpack(cpu_tensor))  # the same memory in a fixed-size CPU storage of its own

@@ -157,7 +157,7 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
     args_split, kwargs_split = schedule._split_inputs(args, kwargs)
     target_mb = next(iter(_split_tensor(target, _TARGET_CHUNK_SPEC, micro))) if target is not None else None
     index = planner.index
-    start, flops = planner.clock(), planner.flops.get_total_flops()
+    start, flops = planner.clock(), planner.flops
     kept, loss, output = [], None, None
     ranks = _stage_ranks(schedule, stages)
     for callback in _announce:
@@ -191,7 +191,7 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
         "stage_ranks": ranks, "order": _order(schedule),
         "window_start": start, "window_seconds": planner.clock() - start, "window_compute_seconds": compute,
         "window_communication_seconds": communication, "window_exposed_communication_seconds": exposed,
-        "window_flops": float(planner.flops.get_total_flops() - flops),
+        "window_flops": float(planner.flops - flops),
     }
     if losses is not None and loss is not None:
         losses.extend([loss.detach()] * micro)

@@ -3,8 +3,8 @@
 What is PyTorch's and what is ours:
 
 * `neuron` (and CPU) tensors are PyTorch's `FakeTensorMode` fakes: shape, dtype, strides, device, no data; ops
-  run their meta kernels. FLOPs are counted with PyTorch's `FlopCounterMode` formulas, by our charger (no
-  `FlopCounterMode` mode or module hooks: its `ModuleTracker` keeps checkpointed layers' tensors alive,
+  run their meta kernels. FLOPs are counted with PyTorch's `FlopCounterMode` formulas (`flop_registry`), by our
+  charger (no `FlopCounterMode` mode or module hooks: its `ModuleTracker` keeps checkpointed layers' tensors alive,
   pytorch/pytorch#139214, and its mode would stop Dynamo compiling); the module an op runs in comes from
   `torch.distributed._tools.mod_tracker.ModTracker`.
 * `torch.compile(backend="neuron")`: Dynamo and neuron-compile compile each graph from the planned fakes as in a
@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from neuron_device import services
 
@@ -195,7 +196,9 @@ class _Charger(TorchDispatchMode):
             raise _value_read(f"{func}, whose output shape depends on the values") from error
         if _traced(result, self.planner.fake_mode):
             return result
-        self.planner.flops._count_flops(func._overloadpacket, result, args, kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.planner.flops += formula(*args, **kwargs, out_val=result)
         namespace = func.namespace
         if namespace == "c10d" and func._opname in C10D_OPS:
             charge_c10d(C10D_OPS[func._opname], args)
@@ -272,7 +275,7 @@ class _Planner:
         self.pipeline: dict[str, Any] | None = None
         self.optimizer_depth = 0
         self.modules: Any = None
-        self.flops: Any = None
+        self.flops = 0  # FLOPs of every op so far, by `FlopCounterMode`'s formulas
         self.fake_mode: Any = None
 
     def record(self, name: str, index: int, stream: int, start: float, end: float) -> None:
@@ -310,7 +313,7 @@ class _Planner:
         if self.optimizer_depth > 0:  # an optimizer inside another's step (ZeroRedundancyOptimizer's local AdamW)
             return
         self.boundaries.append(self.clock())
-        self.flops_at.append(float(self.flops.get_total_flops()))
+        self.flops_at.append(float(self.flops))
         if self.steps is not None and len(self.boundaries) - 1 >= self.steps:
             raise _StopPlan
 
@@ -318,7 +321,7 @@ class _Planner:
         steps = len(self.boundaries) - 1
         if steps == 0:  # no optimizer: the whole run is the step
             self.boundaries.append(self.clock())
-            self.flops_at.append(float(self.flops.get_total_flops()))
+            self.flops_at.append(float(self.flops))
         start, end = self.boundaries[-2], self.boundaries[-1]
         compute, communication, exposed = self.split(start, end)
         reserved = torch.neuron.max_memory_reserved(self.index)
@@ -454,7 +457,6 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
     global _active
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mod_tracker import ModTracker
-    from torch.utils.flop_counter import FlopCounterMode
 
     if _active is not None:
         raise RuntimeError("plan mode is already active in this process; plans do not nest")
@@ -491,7 +493,6 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
         stack.callback(globals().__setitem__, "_active", None)
         planner.fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
         planner.modules = stack.enter_context(ModTracker())
-        planner.flops = FlopCounterMode(display=False)  # its formulas, counted by the charger (no mode, no hooks)
         stack.enter_context(_Charger(planner))
         try:
             run()
