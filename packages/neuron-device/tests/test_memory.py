@@ -61,7 +61,17 @@ class _CountingReuse(DeviceAllocator):
 
 
 def _state(model: DeviceAllocator, live: list) -> tuple:
-    return (model.stats_as_nested_dict(), model.segments(), [(b.address, b.size, b.requested) for b in live],
+    segments = model.segments()
+    # the segments the model keeps (`_heads`) are exactly those the free and live blocks belong to
+    blocks = [e[2] for pool in model._pools.values() for e in pool.entries] + live
+    firsts = set()
+    for block in blocks:
+        while block.prev is not None:
+            block = block.prev
+        firsts.add(block.address)
+    assert sorted(firsts) == [segment["address"] for segment in segments]
+    assert sum(len(segment["blocks"]) for segment in segments) == len(blocks)
+    return (model.stats_as_nested_dict(), segments, [(b.address, b.size, b.requested) for b in live],
             sorted((e[0], e[1]) for pool in model._pools.values() for e in pool.entries))
 
 

@@ -14,10 +14,10 @@ a GPU of the same size:
   fit, `OutOfMemoryError` is raised (`num_ooms`). `empty` checks before it takes any host memory; `adopt_tracked`
   charges memory an op result already holds on the host, which is dropped with the error.
 
-Streams are not modelled (one stream per device). A storage's block is freed by a weakref callback on the storage's
-Python object, which torch keeps alive exactly as long as the C++ StorageImpl. The callback may run inside any
-allocation (garbage collection), so it only queues the block; every allocator entry point drains the queue under
-the device lock.
+Streams are not modelled (one stream per device). A storage's block is freed when the storage's Python object dies
+(`_Holding`), which torch keeps alive exactly as long as the C++ StorageImpl. That may happen inside any allocation
+(garbage collection), so it only queues the block; every allocator entry point drains the queue under the device
+lock.
 
 Every op result goes through `malloc` and, when it dies, `_free`, so both are written for speed: each statistic
 changes by one signed amount per call (`_Stats.add`), and the totals that follow from others are derived when read.
@@ -31,7 +31,6 @@ import bisect
 import collections
 import math
 import threading
-import weakref
 
 import torch
 
@@ -218,6 +217,8 @@ class DeviceAllocator:
         small.other, large.other = large, small
         self._pools = {True: _Pool(small), False: _Pool(large)}  # keyed by "small"
         self._next_address = 1 << 40  # simulated device addresses: order and identity of blocks only
+        # the first block of every reserved segment, by address (the segment's): `segments` walks them
+        self._heads: dict[int, _Block] = {}
         self._counters = dict.fromkeys(_COUNTERS, 0)
 
     # -- statistics ------------------------------------------------------------------------------------------------
@@ -280,13 +281,7 @@ class DeviceAllocator:
         """Every reserved segment and its blocks, like one device's part of `torch.cuda.memory_snapshot()`."""
         with self.lock:
             self.drain()
-            blocks = [entry[2] for pool in self._pools.values() for entry in pool.entries]
-            blocks.extend(_live_blocks(self))
-            firsts = {}
-            for block in blocks:
-                while block.prev is not None:
-                    block = block.prev
-                firsts[block.address] = block
+            firsts = self._heads
             result = []
             for address in sorted(firsts):
                 block, blocks = firsts[address], []
@@ -391,7 +386,7 @@ class DeviceAllocator:
     def _new_segment(self, size: int, pool: _Pool, small: bool) -> _Block | None:
         if self._current(RESERVED_BYTES) + size > self.limit:
             return None
-        block = _Block(size, self._next_address, small)
+        block = self._heads[self._next_address] = _Block(size, self._next_address, small)
         self._next_address += size
         pool.stats.add(SEGMENT, 1)
         pool.stats.add(RESERVED_BYTES, size)
@@ -409,6 +404,8 @@ class DeviceAllocator:
             front.prev = block.prev
             if front.prev is not None:
                 front.prev.next = front
+            else:
+                self._heads[front.address] = front
             front.next = block
             block.prev = front
             block.address += size
@@ -447,6 +444,8 @@ class DeviceAllocator:
                 block.absorb(neighbour)
                 net_blocks -= 1
                 net_bytes -= neighbour.size
+                if block.prev is None:
+                    self._heads[block.address] = block  # the first block now: it absorbed the old one, or was it
         pool.insert(block)
         if block.prev is not None or block.next is not None:
             net_blocks += 1
@@ -467,6 +466,7 @@ class DeviceAllocator:
                 if block.is_split:
                     kept.append(entry)
                     continue
+                del self._heads[block.address]
                 pool.stats.add(SEGMENT, -1)
                 pool.stats.add(RESERVED_BYTES, -block.size)
                 self._counters["num_device_free"] += 1
@@ -516,47 +516,35 @@ def device(index: int) -> DeviceAllocator:
 # -- storages <-> blocks ---------------------------------------------------------------------------------------------
 
 
-class _Binding(weakref.ref):
-    """A weak reference to a `neuron` storage that carries the device block the storage holds (None: no bytes).
+class _Holding:
+    """The device block a `neuron` storage holds (None: no bytes), in the storage's `__dict__` (`_HOLDING`).
 
-    The storage's death calls `_storage_died` with the binding itself, so no lookup is needed to find the block;
-    `resize` swaps the block of a live storage. `_bindings` keeps each binding alive (a dead weakref never calls
-    back) until its storage dies.
+    torch keeps a storage's Python object, and so its `__dict__`, exactly as long as the C++ StorageImpl: the
+    storage's death drops the last reference to its holding, whose `__del__` queues the block. That is all the
+    bookkeeping a storage costs (no weak reference, no registry); `resize` swaps the block of a live storage.
     """
 
     __slots__ = ("allocator", "block")
 
+    def __init__(self, allocator: DeviceAllocator, block: _Block | None) -> None:
+        self.allocator = allocator
+        self.block = block
 
-_bindings: dict[int, _Binding] = {}  # id(binding) -> binding, one per live storage with a binding
-
-
-def _storage_died(binding: _Binding) -> None:
-    _bindings.pop(id(binding), None)
-    block = binding.block
-    if block is not None:
-        binding.allocator.pending.append(block)  # no lock: this may run inside an allocation (garbage collection)
-
-
-def _bind(storage: torch.UntypedStorage, allocator: DeviceAllocator, block: _Block | None) -> _Binding:
-    binding = _Binding(storage, _storage_died)
-    binding.allocator = allocator
-    binding.block = block
-    _bindings[id(binding)] = binding
-    return binding
+    def __del__(self) -> None:
+        block = self.block
+        if block is not None:
+            self.allocator.pending.append(block)  # no lock: this may run inside an allocation (garbage collection)
 
 
-def _binding_of(storage: torch.UntypedStorage) -> _Binding | None:
-    for ref in weakref.getweakrefs(storage):
-        if type(ref) is _Binding:
-            return ref
-    return None
+_HOLDING = "_neuron_block"
 
 
-def _live_blocks(allocator: DeviceAllocator):
-    """Blocks held by live storages of `allocator`'s device."""
-    for binding in list(_bindings.values()):
-        if binding.allocator is allocator and binding.block is not None:
-            yield binding.block
+def _bind(storage: torch.UntypedStorage, allocator: DeviceAllocator, block: _Block | None) -> None:
+    storage.__dict__[_HOLDING] = _Holding(allocator, block)
+
+
+def _holding_of(storage: torch.UntypedStorage) -> _Holding | None:
+    return storage.__dict__.get(_HOLDING)
 
 
 def _extent(size, stride, itemsize: int) -> int:
@@ -646,10 +634,10 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
         raise
     _storage.swap_memory(storage, holder)  # storage: empty; holder: the old bytes, freed when it dies below
     _storage.swap_memory(storage, fresh)  # storage: the new bytes
-    binding = _binding_of(storage)
-    if binding is None:  # a storage that started empty: it had no block
+    holding = _holding_of(storage)
+    if holding is None:  # a storage that started empty: it had no block
         _bind(storage, allocator, block)
         return
-    previous, binding.block = binding.block, block
+    previous, holding.block = holding.block, block
     if previous is not None:
         allocator.free(previous)

@@ -57,7 +57,7 @@ def _neuron_tensors(value: Any):
 def track_storage(storage: torch.UntypedStorage, index: int) -> bool:
     """Charge `storage` to device `index`'s allocator model unless it already holds a block (an alias, or charged
     before); it is freed when the storage dies, as a real one is. True when it was charged now."""
-    if _allocator._binding_of(storage) is not None:
+    if _allocator._holding_of(storage) is not None:
         return False
     nbytes = storage.nbytes()
     allocator = _allocator.device(index)
