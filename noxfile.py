@@ -25,18 +25,41 @@ PACKAGES = {
     "nki": [DEVICE],
 }
 PATHS = {name: f"packages/neuron-{name}" for name in PACKAGES}
-TEST_TOOLS = ["pytest", "expecttest", "hypothesis"]
+TEST_TOOLS = ["pytest", "pytest-xdist", "expecttest", "hypothesis"]
+# Tests run on two pytest-xdist workers (CI's two cores), each with one intra-op thread: two workers with torch's
+# default of a thread per core would oversubscribe the cores. Tests that launch several processes run after them,
+# in one process, so their ranks have the cores.
+TEST_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+WORKERS = ("-n", "2")
 
 
-def _pytest(session: nox.Session, *paths: str, success_codes: tuple[int, ...] = (0,)) -> None:
-    session.run(
-        "python", "-m", "pytest", *paths, *session.posargs, env={"PYTHONHASHSEED": "0"}, success_codes=success_codes
-    )
+def _install(session: nox.Session, *requirements: str) -> None:
+    """pip install without byte-compiling: torch alone has thousands of modules, of which a test run imports a
+    fraction, compiled on first import (about 20 s less per virtualenv)."""
+    session.install("--no-compile", *requirements)
+
+
+def _pytest(session: nox.Session, tests: str, *, marks: str = "", multiprocess: bool = True,
+            env: dict[str, str] | None = None, none_selected_ok: bool = False) -> None:
+    """pytest over `tests` (a folder or file): the tests `marks` selects (all by default) that run in one process, on
+    the workers, then, unless `multiprocess` is false, those that launch several processes. Arguments after `--`
+    replace the selection, and everything runs in one process."""
+    env = {**TEST_ENV, **(env or {})}
+    if session.posargs:
+        session.run("python", "-m", "pytest", tests, *session.posargs, env=env)
+        return
+    within = f"({marks}) and " if marks else ""
+    # pytest's code 5: no test selected (a folder whose tests are all deselected, or that has no multiprocess test)
+    codes = (0, 5) if none_selected_ok else (0,)
+    session.run("python", "-m", "pytest", tests, *WORKERS, "-m", f"{within}not multiprocess", env=env,
+                success_codes=codes)
+    if multiprocess:
+        session.run("python", "-m", "pytest", tests, "-m", f"{within}multiprocess", env=env, success_codes=(0, 5))
 
 
 def _package_session(package: str):
     def session_function(session: nox.Session) -> None:
-        session.install(*TEST_TOOLS, *PACKAGES[package], PATHS[package], TORCH_NEURONX)
+        _install(session, *TEST_TOOLS, *PACKAGES[package], PATHS[package], TORCH_NEURONX)
         _pytest(session, f"{PATHS[package]}/tests")
 
     session_function.__doc__ = f"neuron-{package} alone, with only its declared dependencies."
@@ -52,10 +75,8 @@ def device_concatenation(session: nox.Session) -> None:
     """neuron-device's tests with adaptive eager on (`TORCH_NEURONX_ENABLE_CONCATENATION=1`), neuron-device alone:
     every queued run executes op by op, so results must stay bitwise those of plain eager. Not slow tests (the
     OpInfo sweep runs with `nox -s device-concatenation -- -m slow`)."""
-    session.install(*TEST_TOOLS, DEVICE, TORCH_NEURONX)
-    selection = () if session.posargs else ("-m", "not slow")
-    session.run("python", "-m", "pytest", f"{DEVICE}/tests", *selection, *session.posargs,
-                env={"PYTHONHASHSEED": "0", "TORCH_NEURONX_ENABLE_CONCATENATION": "1"})
+    _install(session, *TEST_TOOLS, DEVICE, TORCH_NEURONX)
+    _pytest(session, f"{DEVICE}/tests", marks="not slow", env={"TORCH_NEURONX_ENABLE_CONCATENATION": "1"})
 
 
 @nox.session(python=PYTHON, name="compile-inductor")
@@ -63,10 +84,9 @@ def compile_inductor(session: nox.Session) -> None:
     """neuron-compile's tests and adaptive eager's fused path on the "inductor" host code
     (`NEURON_COMPILE_HOST_CODE=inductor`: Inductor's C++ code generation; the `compile` session tests the default
     "aten" host code). Not slow tests, to keep the C++ compiles few (`nox -s compile-inductor -- -m slow` runs them)."""
-    session.install(*TEST_TOOLS, DEVICE, PATHS["compile"])
-    selection = () if session.posargs else ("-m", "not slow")
-    session.run("python", "-m", "pytest", f"{PATHS['compile']}/tests", "tests/test_concatenation_fused.py", *selection,
-                *session.posargs, env={"PYTHONHASHSEED": "0", "NEURON_COMPILE_HOST_CODE": "inductor"})
+    _install(session, *TEST_TOOLS, DEVICE, PATHS["compile"])
+    for tests in (f"{PATHS['compile']}/tests", "tests/test_concatenation_fused.py"):
+        _pytest(session, tests, marks="not slow", env={"NEURON_COMPILE_HOST_CODE": "inductor"})
 
 
 @nox.session(python=PYTHON, name="all")
@@ -76,12 +96,10 @@ def all_packages(session: nox.Session) -> None:
     The slow and multi-process tests already ran in each package's own session; here they are skipped to keep CI
     short, unless other pytest arguments are given (`nox -s all -- -m slow`).
     """
-    session.install(*TEST_TOOLS, *PATHS.values(), TORCH_NEURONX)
-    selection = () if session.posargs else ("-m", "not slow and not multiprocess")
+    _install(session, *TEST_TOOLS, *PATHS.values(), TORCH_NEURONX)
     # One pytest run per test folder: the packages' test modules share basenames (test_training.py, ...).
-    # A folder whose tests are all deselected here exits with pytest's code 5 ("no tests ran"): accepted.
     for tests in [*(f"{path}/tests" for path in PATHS.values()), "tests"]:
-        _pytest(session, tests, *selection, success_codes=(0, 5))
+        _pytest(session, tests, marks="not slow", multiprocess=False, none_selected_ok=True)
 
 
 @nox.session(python=PYTHON)
@@ -91,7 +109,7 @@ def hf(session: nox.Session) -> None:
     requirements-hf.txt; about 2 minutes of tests on a quiet 2-core machine, plus the architecture sweeps' fixed
     sample (tests/hf/test_sweep.py: one model per task-head family, diffusers models and pipeline families, one
     compiled pair; 75 s of CPU time, measured on a loaded machine)."""
-    session.install(*TEST_TOOLS, *PATHS.values(), TORCH_NEURONX, "-r", "requirements-hf.txt")
+    _install(session, *TEST_TOOLS, *PATHS.values(), TORCH_NEURONX, "-r", "requirements-hf.txt")
     session.env["HF_HUB_OFFLINE"] = "1"
     _pytest(session, "tests/hf")
 
@@ -100,7 +118,7 @@ def hf(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree, and the layering of the wheels (tests/test_layering.py: which wheel may import what;
     standard library only, so it runs without installing the packages)."""
-    session.install("ruff==0.17.6")
+    _install(session, "ruff==0.17.6")
     session.run("ruff", "check", ".")
     session.run("python", "tests/test_layering.py")
 
@@ -112,5 +130,5 @@ DOCS_TOOLS = ["mkdocs==1.6.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.
 def docs(session: nox.Session) -> None:
     """The documentation site (docs/, mkdocs.yml) built with --strict: any warning fails. The API reference is read
     from the packages' sources; the env-var table is checked against them by tests/test_docs_env_vars.py."""
-    session.install(*DOCS_TOOLS)
+    _install(session, *DOCS_TOOLS)
     session.run("mkdocs", "build", "--strict", "--site-dir", f"{session.create_tmp()}/site")
