@@ -333,27 +333,27 @@ def legacy_index(t: NkiTensor, idx) -> LegacyTile:
         if isinstance(k, IndexExpr):
             for v, ax in k.place.items():
                 axis_vars[ax + rank - k.rank] = v
-    arrays = [np.broadcast_to(a, out_shape) for a in placed]
     oob = None
     msg = None
-    for d, a in enumerate(arrays):
-        if a.size == 0:
-            continue
+    for d, a in enumerate(placed if 0 not in out_shape else ()):
+        # the range of the placed (unbroadcast) values: broadcasting repeats them, so it is the tile's range too
         lo, hi = int(a.min()), int(a.max())
         if lo < 0 or hi >= shape[d]:
-            bad = (a < 0) | (a >= shape[d])
+            full = np.broadcast_to(a, out_shape)
+            bad = (full < 0) | (full >= shape[d])
             oob = bad if oob is None else (oob | bad)
             if msg is None:
                 msg = (f"Out-of-bound access for tensor `{t.name}` on dimension {d}: index range [{lo}, {hi}] "
                        f"exceed dimension size of {shape[d]}")
-            arrays[d] = np.clip(a, 0, shape[d] - 1)
+            placed[d] = np.clip(a, 0, shape[d] - 1)
     basic = _as_slices(terms) if oob is None else None
     if basic is not None:
         out = wrap(NkiTensor.__getitem__(t, basic))
         if out.shape != out_shape:  # basic indexing drops ints; the broadcast shape keeps size-1 axes
             out = wrap(NkiTensor.reshape(out, out_shape))
     else:
-        out = LegacyTile(t.alloc, t.base, tuple(arrays), t.name, None if oob is None else (oob, msg))
+        arrays = tuple(np.broadcast_to(a, out_shape) for a in placed)
+        out = LegacyTile(t.alloc, t.base, arrays, t.name, None if oob is None else (oob, msg))
     out.ivars = tuple(v if v is not None else Var(n) for v, n in zip(axis_vars, out_shape))
     return out
 
