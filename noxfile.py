@@ -39,22 +39,19 @@ def _install(session: nox.Session, *requirements: str) -> None:
     session.install("--no-compile", *requirements)
 
 
-def _pytest(session: nox.Session, tests: str, *, marks: str = "", multiprocess: bool = True,
-            env: dict[str, str] | None = None, none_selected_ok: bool = False) -> None:
-    """pytest over `tests` (a folder or file): the tests `marks` selects (all by default) that run in one process, on
+def _pytest(session: nox.Session, *tests: str, marks: str = "", multiprocess: bool = True,
+            env: dict[str, str] | None = None) -> None:
+    """pytest over `tests` (folders or files): the tests `marks` selects (all by default) that run in one process, on
     the workers, then, unless `multiprocess` is false, those that launch several processes. Arguments after `--`
     replace the selection, and everything runs in one process."""
     env = {**TEST_ENV, **(env or {})}
     if session.posargs:
-        session.run("python", "-m", "pytest", tests, *session.posargs, env=env)
+        session.run("python", "-m", "pytest", *tests, *session.posargs, env=env)
         return
     within = f"({marks}) and " if marks else ""
-    # pytest's code 5: no test selected (a folder whose tests are all deselected, or that has no multiprocess test)
-    codes = (0, 5) if none_selected_ok else (0,)
-    session.run("python", "-m", "pytest", tests, *WORKERS, "-m", f"{within}not multiprocess", env=env,
-                success_codes=codes)
-    if multiprocess:
-        session.run("python", "-m", "pytest", tests, "-m", f"{within}multiprocess", env=env, success_codes=(0, 5))
+    session.run("python", "-m", "pytest", *tests, *WORKERS, "-m", f"{within}not multiprocess", env=env)
+    if multiprocess:  # pytest's code 5: no test selected (a folder without multiprocess tests)
+        session.run("python", "-m", "pytest", *tests, "-m", f"{within}multiprocess", env=env, success_codes=(0, 5))
 
 
 def _package_session(package: str):
@@ -85,8 +82,8 @@ def compile_inductor(session: nox.Session) -> None:
     (`NEURON_COMPILE_HOST_CODE=inductor`: Inductor's C++ code generation; the `compile` session tests the default
     "aten" host code). Not slow tests, to keep the C++ compiles few (`nox -s compile-inductor -- -m slow` runs them)."""
     _install(session, *TEST_TOOLS, DEVICE, PATHS["compile"])
-    for tests in (f"{PATHS['compile']}/tests", "tests/test_concatenation_fused.py"):
-        _pytest(session, tests, marks="not slow", env={"NEURON_COMPILE_HOST_CODE": "inductor"})
+    _pytest(session, f"{PATHS['compile']}/tests", "tests/test_concatenation_fused.py", marks="not slow",
+            env={"NEURON_COMPILE_HOST_CODE": "inductor"})
 
 
 @nox.session(python=PYTHON, name="all")
@@ -97,9 +94,9 @@ def all_packages(session: nox.Session) -> None:
     short, unless other pytest arguments are given (`nox -s all -- -m slow`).
     """
     _install(session, *TEST_TOOLS, *PATHS.values(), TORCH_NEURONX)
-    # One pytest run per test folder: the packages' test modules share basenames (test_training.py, ...).
-    for tests in [*(f"{path}/tests" for path in PATHS.values()), "tests"]:
-        _pytest(session, tests, marks="not slow", multiprocess=False, none_selected_ok=True)
+    # One pytest run over every test folder, so the two workers share all of it (test modules have distinct basenames:
+    # pytest imports each folder's modules by their bare names).
+    _pytest(session, *(f"{path}/tests" for path in PATHS.values()), "tests", marks="not slow", multiprocess=False)
 
 
 @nox.session(python=PYTHON)

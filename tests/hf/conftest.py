@@ -1,15 +1,15 @@
-"""Shared helpers of the Hugging Face drop-in tests: tiny random models, CPU-vs-neuron comparison, no downloads."""
+"""Fixtures of the Hugging Face drop-in tests: tiny random models, no downloads (helpers to import are in
+`hf_support`)."""
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
+from hf_support import ROOT
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded: every model is built from a config
-ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # hf_models: the sweep's tiny-config builder
 
 
@@ -28,12 +28,3 @@ def tiny_llama():
         return transformers.LlamaForCausalLM(config)
 
     return build
-
-
-def token_batches(count: int, batch: int = 2, length: int = 16, vocab: int = 128, seed: int = 0) -> list[dict]:
-    """Random token-id examples (ids 3..vocab-1: no pad/bos/eos), labels = inputs, as a Trainer dataset."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (count * batch, length), generator=generator)
-    return [{"input_ids": row, "labels": row.clone()} for row in ids]

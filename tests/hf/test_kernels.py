@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 import torch
-from conftest import ROOT
+from hf_support import ROOT
 
 pytestmark = pytest.mark.optional
 kernels = pytest.importorskip("kernels")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import token_batches
+from hf_support import token_batches
 
 pytestmark = pytest.mark.optional
 peft = pytest.importorskip("peft")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import token_batches
+from hf_support import token_batches
 
 pytestmark = pytest.mark.optional
 transformers = pytest.importorskip("transformers")

@@ -6,7 +6,7 @@ import signal
 import textwrap
 
 import pytest
-from conftest import run_python
+from device_support import run_python
 
 
 def run_checked(code: str, *, env: dict[str, str] | None = None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import elapsed_ms
+from device_support import elapsed_ms
 
 from neuron_device import plugins
 from neuron_device.adaptive_eager import queue as adaptive_eager

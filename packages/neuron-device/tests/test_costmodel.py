@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import elapsed_ms
+from device_support import elapsed_ms
 
 from neuron_device.simulation import costmodel
 from neuron_device.topology import TARGETS

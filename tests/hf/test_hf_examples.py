@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from hf_support import ROOT
 
 pytestmark = pytest.mark.optional
 
