@@ -19,6 +19,17 @@ def pytest_unconfigure(config) -> None:
     shutil.rmtree(_session_dir, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _dynamo_forgets_each_tests_compiles():
+    """Dynamo's code cache is cleared after every test: its recompile limit (8 per code object) would otherwise count
+    the compiles of all tests a worker runs (`models.py`'s `Decoder.forward` is compiled once per model instance by
+    several tests), and which tests share a worker depends on pytest-xdist's scheduling."""
+    yield
+    import torch
+
+    torch._dynamo.reset()
+
+
 @pytest.fixture
 def fresh_dynamo_and_metrics():
     """A test that counts graphs or compiles starts from no cached graph and no recorded compile metrics."""
@@ -26,5 +37,3 @@ def fresh_dynamo_and_metrics():
 
     torch._dynamo.reset()
     torch.neuron.reset_dynamo_metrics()
-    yield
-    torch._dynamo.reset()
