@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from neuron_compile import cache, metrics
+from neuron_compile import cache, envvars, metrics
 from neuron_compile.passes import KernelPlan
 from neuron_compile.settings import CompileSettings
 
@@ -28,11 +28,10 @@ def _graph(scale: float) -> torch.fx.GraphModule:
 
 
 def _settings(cache_dir: Path, **options) -> CompileSettings:
-    os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(cache_dir)
-    try:
+    # overridden, not set and popped: popping would unset the session's cache directory (conftest) for every later
+    # test of the process, which would then use, and drop entries of, the user's own cache
+    with envvars.CACHE_DIR.overridden(str(cache_dir)):
         return CompileSettings.resolve(None, options)
-    finally:
-        os.environ.pop("TORCH_NEURONX_NEFF_CACHE_DIR")
 
 
 def test_key_depends_on_graph_inputs_and_options(tmp_path) -> None:
