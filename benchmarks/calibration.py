@@ -1,12 +1,12 @@
 """Calibration as code: run the points of ``calibration.md`` §3 in the simulator, print predicted vs published.
 
-    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K2|K3|K8|C1|E|T1] [--json out.json]
+    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K2|K3|K8|C1|C2|E|T1] [--json out.json]
 
 K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf16): the three memory-bound
 kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
 depth each fits in SBUF without liveness-based allocation) and scale by the number of blocks; the fully optimised
 one runs whole (about half a minute of CPU). ``--full`` runs all four at the exact size (the hoisted and
-blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K2 the fused Mamba tutorial's three versions; K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); E1/E2 BERT compiled on one trn1 core; T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
+blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K2 the fused Mamba tutorial's three versions; K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); C2 the same over 64 ranks on two trn1.32xlarge; E1/E2 BERT compiled on one trn1 core; T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
 ``neuron-plan`` from a plain HF + DDP script compiled with backend "neuron" (about two minutes of CPU: 64
 micro-batches of BERT-Large in plan mode, their graphs compiled once).
 Every estimate uses the same named parameters (``nki._cost``); nothing here is specific to one kernel.
@@ -195,8 +195,22 @@ def e() -> list[dict]:
     return rows
 
 
-C1_US = {1024: 58.0, 64 * 1024: 58.0, 1 << 20: 68.0, 4 << 20: 107.0, 16 << 20: 332.0, 64 << 20: 1214.0,
-         256 << 20: 4750.0, 1 << 30: 18930.0}  # nccom-test, 2 ranks of one trn1 instance, fp32 all-reduce
+C1_US = {1024: 58.0, 4096: 58.0, 16384: 58.0, 64 * 1024: 58.0, 256 * 1024: 60.0, 1 << 20: 68.0, 4 << 20: 107.0,
+         16 << 20: 332.0, 64 << 20: 1214.0, 256 << 20: 4750.0, 1 << 30: 18930.0}  # nccom-test, 2 ranks of one trn1
+# C2: nccom-test, fp32 all-reduce, 64 ranks on 2 trn1.32xlarge (32 each) over EFA, every size it published
+# (SDK@HEAD tools/neuron-sys-tools/nccom-test.rst, "Multiple Instances Example"), in us.
+C2_US = {8: 520.0, 16: 520.0, 32: 523.0, 64: 525.0, 128: 553.0, 256: 709.0, 512: 782.0, 1024: 840.0, 2048: 881.0,
+         4096: 916.0, 8192: 1013.0, 16384: 1031.0, 32768: 1174.0, 65536: 1315.0, 131072: 1315.0, 262144: 1311.0,
+         524288: 1312.0, 1 << 20: 1328.0, 2 << 20: 1329.0, 4 << 20: 1378.0, 8 << 20: 1419.0, 16 << 20: 2138.0,
+         32 << 20: 2711.0, 64 << 20: 3963.0, 128 << 20: 6279.0, 256 << 20: 11954.0, 512 << 20: 21803.0,
+         1 << 30: 41806.0}
+
+
+def _size(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
 
 
 def c1() -> list[dict]:
@@ -205,9 +219,21 @@ def c1() -> list[dict]:
     rows = []
     for size, us in C1_US.items():
         predicted = collective_seconds("allreduce", size, 2, target="trn1", instance="trn1.32xlarge") * 1e6
-        rows.append({"id": f"C1 all-reduce {size >> 10} KiB ({algorithm(size)})", "published": us,
+        rows.append({"id": f"C1 all-reduce {_size(size)} ({algorithm(size)})", "published": us,
                      "predicted": predicted, "unit": "us"})
     return rows
+
+
+def c2() -> list[dict]:
+    """C2: the same all-reduce over 64 ranks, 32 on each of two trn1.32xlarge: hierarchical (intra-node
+    reduce-scatter, inter-node all-reduce on 32 parallel groups sharing the instance's EFA, intra-node all-gather),
+    single-step for small buffers, the flat ring where cheaper."""
+    from neuron_distributed.costs import collective_seconds
+
+    return [{"id": f"C2 all-reduce {_size(size)}", "published": us, "unit": "us",
+             "predicted": collective_seconds("allreduce", size, 64, target="trn1", where="network",
+                                             instance="trn1.32xlarge", ranks_per_instance=32, itemsize=4) * 1e6}
+            for size, us in C2_US.items()]
 
 
 T1_PUBLISHED_SEQ_PER_S = 3826.6  # calibration.md T1: BERT-Large phase 1, 1 x trn1.32xlarge, DP 32
@@ -243,10 +269,10 @@ def main() -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
     ap.add_argument("--json", help="also write the table as JSON to this file")
-    ap.add_argument("--only", choices=("K1", "K2", "K3", "K8", "C1", "E", "T1"), help="run one group of points")
+    ap.add_argument("--only", choices=("K1", "K2", "K3", "K8", "C1", "C2", "E", "T1"), help="run one group of points")
     args = ap.parse_args()
     os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
-    groups = {"K1": lambda: k1(args.full), "K2": k2, "K3": k3, "K8": k8, "C1": c1, "E": e, "T1": t1}
+    groups = {"K1": lambda: k1(args.full), "K2": k2, "K3": k3, "K8": k8, "C1": c1, "C2": c2, "E": e, "T1": t1}
     if args.only is None and importlib.util.find_spec("transformers") is None:
         print("E1/E2 and T1 skipped: transformers is not installed (run --only E or --only T1 with it)")
         del groups["E"], groups["T1"]

@@ -2,23 +2,38 @@
 
 Data really moves through Gloo on host memory; the device's clock must instead advance as if the chip's fabric
 carried it, so profiles and `Event.elapsed_time` show what a Trainium job would see. The model
-(`calibration.md` C1/C4; SDK@HEAD `neuron-runtime/explore/{intranode,internode}-collective-comm.rst`):
+(`calibration.md` C1/C2/C4; SDK@HEAD `neuron-runtime/explore/{intranode,internode}-collective-comm.rst`):
 
-    time = COLLECTIVE_LAUNCH_SECONDS + hops x hop latency + link crossings x payload / path bandwidth
+    time = COLLECTIVE_LAUNCH_SECONDS + steps x step latency + bytes on each path / (path bandwidth x LINK_EFFICIENCY)
 
-* the algorithm is the runtime's choice by message size: mesh below 1 MB (every rank talks to every other
-  directly: one hop per phase), recursive halving-doubling from 1 to 56 MB (log2 n hops per phase), ring above
-  (n - 1 hops per phase); an all-reduce has two phases (reduce-scatter, all-gather), the others one;
-* a hop costs `HOP_SECONDS_INSIDE_NODE` inside an instance and `HOP_SECONDS_ACROSS_NODES` over EFA;
-* the path is decided by where the group's ranks are (same chip, same instance, across instances): inside an
-  instance one NeuronLink link of a rank's chip (the chip's NeuronLink bandwidth over its `LINKS_PER_CHIP`
-  torus links), across instances the chip's share of the instance's EFA bandwidth; both at `LINK_EFFICIENCY`.
-  Ranks on one chip: no published figure separates their path from a neighbour link, so it is priced as one
-  (assumption; C1, two ranks of one trn1 instance, i.e. the two cores of chip 0, is what it is checked on).
+Inside an instance (the group on one chip or one instance):
+
+* the algorithm is the runtime's choice by message size: mesh below 1 MB, recursive halving-doubling from 1 to
+  56 MB (log2 n hops per phase), ring above (n - 1 hops per phase); an all-reduce has two phases (reduce-scatter,
+  all-gather), the others one. A ring or halving-doubling hop costs `HOP_SECONDS_INSIDE_NODE` (C4); in a mesh phase
+  a rank writes to each of its n - 1 peers in turn, each write one DMA (the target's fixed DMA cost, 1.3 us,
+  calibration.md §2) plus one hop;
+* the path is one NeuronLink link of a rank's chip (the chip's NeuronLink bandwidth over its `LINKS_PER_CHIP` torus
+  links). Ranks on one chip: no published figure separates their path from a neighbour link, so it is priced as one
+  (assumption; C1, the two cores of chip 0, is what it is checked on).
+
+Across instances (X instances with Y ranks each), the runtime runs collectives hierarchically: an all-reduce is an
+intra-node reduce-scatter over Y ranks, an inter-node all-reduce on Y parallel groups of X ranks (each on its 1/Y
+of the buffer) and an intra-node all-gather; an all-gather runs the inter-node stage first, a reduce-scatter last;
+an all-to-all sends (X - 1)/X of each rank's buffer off the instance. The Y groups share the instance's EFA: their
+bytes add up on its bandwidth, and their messages leave it one after another, each paying the ~15 us inter-node
+hop (`HOP_SECONDS_ACROSS_NODES`, C4), so an inter-node step costs Y x (messages per rank) hops. Small all-reduces
+take the single-step mesh (each rank exchanges its whole buffer with its counterparts, then the instance's ranks
+all-reduce) while its extra EFA bytes take less than one hop, as the runtime chooses; a buffer of fewer elements
+than the group has ranks is all-reduced in that one inter-node step alone (C2: 8-128 B cost 520-553 us, one step
+of 32 messages; at 256 B, one element per rank, the intra-node stages appear). On trn1 the flat ring over all ranks
+(multiple channels, one inter-node hop per step) is taken where it is cheaper: large messages. Point-to-point,
+broadcast and reduce across instances leave through the sending chip's EFA interface (each interface serves one
+chip: the instance's EFA over its chips).
 
 As TorchNeuron's collectives, a payload moves in buckets of at most `TORCH_NEURONX_COLLECTIVE_BUCKETSIZE_IN_MB`
 (default 512), at least `TORCH_NEURONX_COLLECTIVE_MIN_BUCKETS` of them; each bucket is a pass of its own, so it adds
-one set of hop latencies (the bandwidth term is the same). `NEURON_USE_SPLIT_ALLGATHER=0` /
+one set of step latencies (the bandwidth term is the same). `NEURON_USE_SPLIT_ALLGATHER=0` /
 `NEURON_USE_SPLIT_REDUCE_SCATTER=0` move an all-gather / reduce-scatter in one pass.
 """
 
@@ -29,33 +44,35 @@ import math
 import torch
 
 from neuron_device import services
-from neuron_spec.hardware import INSTANCE_TYPES, resolve_target
+from neuron_spec.hardware import INSTANCE_TYPES, Instance, Target, resolve_target
 
 from . import envvars
 
 __all__ = ["COLLECTIVE_LAUNCH_SECONDS", "HOP_SECONDS_ACROSS_NODES", "HOP_SECONDS_INSIDE_NODE", "LINK_EFFICIENCY",
-           "algorithm", "buckets", "charge", "collective_seconds", "placement", "placement_of_ranks"]
+           "algorithm", "buckets", "charge", "collective_seconds", "placement", "placement_of_ranks",
+           "ranks_on_each_instance"]
 
-# Fitted on C1's plateau: a 2-rank fp32 all-reduce of 1-64 KiB takes 58 us whatever its size (minus two hops).
-COLLECTIVE_LAUNCH_SECONDS = 55e-6
+# Fitted on C1's plateau: a 2-rank fp32 all-reduce of 1-256 KiB takes 58-60 us whatever its size, minus its two
+# mesh transfers (one DMA and one hop each).
+COLLECTIVE_LAUNCH_SECONDS = 52.4e-6
 # C4: 1-2 us per hop inside a node (the middle), ~15 us across nodes (EFA).
 HOP_SECONDS_INSIDE_NODE = 1.5e-6
 HOP_SECONDS_ACROSS_NODES = 15e-6
 # Chips of trn1/trn2 instances are linked in a 2-D torus (trn{1,2}-arch.rst): four neighbours, one link each;
 # a rank's traffic to one neighbour uses one link, a quarter of the chip's NeuronLink bandwidth (assumption).
 LINKS_PER_CHIP = 4
-# Fitted on C1's bandwidth-bound points (16 MiB - 1 GiB: ~57 GB/s of a 96 GB/s trn1 link): the share of a
-# link's bandwidth a collective achieves (reduction, DMA descriptors, synchronisation); the same for every path.
-LINK_EFFICIENCY = 0.6
+# The share of a path's bandwidth a collective achieves (reduction, DMA descriptors, synchronisation), the same for
+# NeuronLink and EFA. Fitted on the bandwidth-bound points of C1 (4 MiB - 1 GiB, ~57 GB/s of a 96 GB/s trn1 link)
+# and C2 (16 MiB - 1 GiB, flat ring over 2 x 800 Gbps EFA) together: 0.61 balances their largest errors.
+LINK_EFFICIENCY = 0.61
 MESH_BELOW_BYTES = 1_000_000  # C4: mesh below 1 MB ...
 RING_ABOVE_BYTES = 56_000_000  # ... recursive halving-doubling up to 56 MB, ring above
+FLAT_RING_TARGETS = frozenset({"trn1"})  # internode-collective-comm.rst: "We only enable Flat Ring on Trn1"
 
-# How many times each byte of the (per-rank) payload crosses a link, and how many phases, by collective kind.
-_REDUCE_PHASES = {"allreduce": 2, "allreduce_coalesced": 2}
-_ONE_PHASE = frozenset({
-    "allgather", "all_gather_single", "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter",
-    "reduce_scatter_single", "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base",
-})
+_ALLREDUCE = frozenset({"allreduce", "allreduce_coalesced"})
+_ALLGATHER = frozenset({"allgather", "all_gather_single", "allgather_coalesced", "allgather_into_tensor_coalesced"})
+_REDUCE_SCATTER = frozenset({"reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor_coalesced"})
+_ALLTOALL = frozenset({"alltoall", "alltoall_base"})
 
 
 def algorithm(payload_bytes: int) -> str:
@@ -65,9 +82,7 @@ def algorithm(payload_bytes: int) -> str:
     return "halving-doubling" if payload_bytes <= RING_ABOVE_BYTES else "ring"
 
 
-_SPLIT = {envvars.SPLIT_ALLGATHER: ("allgather", "all_gather_single", "allgather_coalesced",
-                                    "allgather_into_tensor_coalesced"),
-          envvars.SPLIT_REDUCE_SCATTER: ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor_coalesced")}
+_SPLIT = {envvars.SPLIT_ALLGATHER: tuple(_ALLGATHER), envvars.SPLIT_REDUCE_SCATTER: tuple(_REDUCE_SCATTER)}
 
 
 def buckets(kind: str, payload_bytes: int) -> int:
@@ -86,18 +101,34 @@ def placement(group_size: int, cores_per_chip: int, cores_per_instance: int) -> 
     return "instance" if group_size <= cores_per_instance else "network"
 
 
+def _machine() -> tuple[int, int]:
+    """Logical cores per chip and per instance of this process's simulated machine."""
+    topo = services.topology()
+    per_chip = max(1, topo.target.physical_cores_per_chip // topo.lnc)
+    inst = INSTANCE_TYPES.get(topo.instance_type or "")
+    return per_chip, per_chip * (inst.chips if inst is not None else topo.chips)
+
+
 def placement_of_ranks(ranks: list[int] | tuple[int, ...], cores_per_chip: int | None = None,
                        cores_per_instance: int | None = None) -> str:
     """Where the given global ranks live (torchrun's placement: consecutive ranks fill a chip, then an instance):
     one chip, one instance, or across instances. The sizes default to this process's simulated machine."""
     if cores_per_chip is None or cores_per_instance is None:
-        topo = services.topology()
-        cores_per_chip = max(1, topo.target.physical_cores_per_chip // topo.lnc)
-        inst = INSTANCE_TYPES.get(topo.instance_type or "")
-        cores_per_instance = cores_per_chip * (inst.chips if inst is not None else topo.chips)
+        cores_per_chip, cores_per_instance = _machine()
     if len({r // cores_per_chip for r in ranks}) == 1:
         return "chip"
     return "instance" if len({r // cores_per_instance for r in ranks}) == 1 else "network"
+
+
+def ranks_on_each_instance(ranks: list[int] | tuple[int, ...], cores_per_instance: int | None = None) -> int:
+    """The most ranks of the group on one instance (the Y of the runtime's hierarchical algorithms; groups are
+    symmetric, internode-collective-comm.rst). `cores_per_instance` defaults to this process's simulated machine."""
+    if cores_per_instance is None:
+        cores_per_instance = _machine()[1]
+    per_instance: dict[int, int] = {}
+    for r in ranks:
+        per_instance[r // cores_per_instance] = per_instance.get(r // cores_per_instance, 0) + 1
+    return max(per_instance.values())
 
 
 def _hops(algo: str, n: int) -> int:
@@ -106,12 +137,70 @@ def _hops(algo: str, n: int) -> int:
     return math.ceil(math.log2(n)) if algo == "halving-doubling" else n - 1
 
 
+def _intra_phase_seconds(payload_bytes: float, n: int, spec: Target) -> float:
+    """Step latency of one phase (reduce-scatter, all-gather, ...) over `n` ranks inside an instance: a mesh writes
+    to each peer in turn (one DMA and one hop each), a ring or halving-doubling pays one hop a step (C4)."""
+    if n <= 1:
+        return 0.0
+    algo = algorithm(int(payload_bytes))
+    if algo == "mesh":
+        return (n - 1) * (spec.dma_fixed_ns * 1e-9 + HOP_SECONDS_INSIDE_NODE)
+    return _hops(algo, n) * HOP_SECONDS_INSIDE_NODE
+
+
+def _inter_phase_seconds(payload_bytes: float, x: int, y: int) -> float:
+    """Step latency of one phase over `x` instances run by `y` parallel groups whose messages leave each instance
+    one after another: a mesh or ring sends x - 1 messages per rank, halving-doubling log2 x."""
+    if x <= 1:
+        return 0.0
+    algo = algorithm(int(payload_bytes))
+    messages = math.ceil(math.log2(x)) if algo == "halving-doubling" else x - 1
+    return y * messages * HOP_SECONDS_ACROSS_NODES
+
+
+def _across_seconds(kind: str, payload_bytes: int, n: int, y: int, spec: Target, inst: Instance,
+                    itemsize: int) -> float:
+    """Seconds of a collective over `n` ranks on n / y instances, y ranks each, without the launch."""
+    x = max(2, math.ceil(n / y))
+    y = min(y, math.ceil(n / x))
+    link = spec.neuronlink_bytes_per_second / LINKS_PER_CHIP * LINK_EFFICIENCY
+    efa = inst.efa_gbps * 1e9 / 8 * LINK_EFFICIENCY  # the instance's whole EFA, shared by its ranks
+    passes = buckets(kind, payload_bytes)
+    b = payload_bytes
+    if kind in _ALLREDUCE:
+        if b < n * itemsize:  # fewer elements than ranks: one inter-node step, no intra-node stage (C2)
+            return passes * y * (x - 1) * HOP_SECONDS_ACROSS_NODES + y * (x - 1) * b / efa
+        intra = 2 * (passes * _intra_phase_seconds(b, y, spec) + (y - 1) / y * b / link)
+        hierarchical = intra + passes * 2 * _inter_phase_seconds(b / y, x, y) + 2 * (x - 1) / x * b / efa
+        # single-step: every rank's whole buffer to its counterparts (one step), then the instance all-reduces
+        single = intra + passes * y * (x - 1) * HOP_SECONDS_ACROSS_NODES + y * (x - 1) * b / efa
+        extra = (y * (x - 1) - 2 * (x - 1) / x) * b / efa
+        best = single if extra < HOP_SECONDS_ACROSS_NODES else hierarchical
+        if spec.name in FLAT_RING_TARGETS:
+            flat = passes * 2 * (n - 1) * HOP_SECONDS_ACROSS_NODES + 2 * (n - 1) / n * b / efa
+            best = min(best, flat)
+        return best
+    if kind in _ALLGATHER or kind in _REDUCE_SCATTER:  # payload: the larger of input and output, n chunks
+        return (passes * (_intra_phase_seconds(b, y, spec) + _inter_phase_seconds(b / y, x, y))
+                + (y - 1) / y * b / link + (x - 1) / x * b / efa)
+    if kind in _ALLTOALL:  # regroup inside the instance, then one message to each other instance per rank
+        return (passes * (_intra_phase_seconds(b, y, spec) + y * (x - 1) * HOP_SECONDS_ACROSS_NODES)
+                + (y - 1) / n * b / link + y * (x - 1) / x * b / efa)
+    # broadcast, reduce, point-to-point: the payload crosses once, through the sender chip's EFA interface
+    chip = min(spec.neuronlink_bytes_per_second / LINKS_PER_CHIP, inst.efa_gbps * 1e9 / 8 / inst.chips)
+    return HOP_SECONDS_ACROSS_NODES + b / (chip * LINK_EFFICIENCY)
+
+
 def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: str | None = None,
-                       where: str | None = None, instance: str | None = None) -> float:
+                       where: str | None = None, instance: str | None = None,
+                       ranks_per_instance: int | None = None, itemsize: int = 1) -> float:
     """Simulated seconds of one collective `kind` whose per-rank payload (the larger of input and output) is given.
 
     `where` ("chip", "instance" or "network") defaults to the placement of `group_size` ranks on this process's
-    simulated machine; `instance` (an instance type) supplies the EFA bandwidth of network paths.
+    simulated machine; `instance` (an instance type) supplies the EFA bandwidth of network paths. Across instances,
+    `ranks_per_instance` is the group's ranks on each instance (default: consecutive ranks filling instances, one
+    rank per logical core) and `itemsize` the bytes of one element (a buffer of fewer elements than ranks is
+    all-reduced in one step).
     """
     if group_size <= 1:
         return 0.0
@@ -120,29 +209,27 @@ def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: s
     lnc = topo.lnc if spec is topo.target else spec.default_lnc
     per_chip = max(1, spec.physical_cores_per_chip // lnc)
     inst = INSTANCE_TYPES.get(instance or topo.instance_type or "")
+    chips = inst.chips if inst is not None else topo.chips
     if where is None:
-        chips = inst.chips if inst is not None else topo.chips
         where = placement(group_size, per_chip, per_chip * chips)
     n = group_size
-    if kind in _REDUCE_PHASES or kind in _ONE_PHASE:
-        phases = _REDUCE_PHASES.get(kind, 1)
-        crossings = phases * (n - 1) / n
-        hops = phases * _hops(algorithm(payload_bytes), n)
-    else:  # broadcast, reduce, point-to-point: the payload crosses once
-        crossings, hops = 1.0, 1
-    link = spec.neuronlink_bytes_per_second / LINKS_PER_CHIP
-    hop = HOP_SECONDS_INSIDE_NODE
     if where == "network":
         if inst is None or inst.efa_gbps is None:
             raise RuntimeError(f"a collective over {n} ranks spans instances, but no EFA bandwidth is known for "
                                f"instance type {instance or topo.instance_type!r}; set NEURON_SIM_INSTANCE_TYPE "
                                "to an instance listed in neuron_spec.hardware.INSTANCE_TYPES")
-        link = min(link, inst.efa_gbps * 1e9 / 8 / inst.chips)
-        hop = HOP_SECONDS_ACROSS_NODES
-    elif where not in ("chip", "instance"):
+        y = ranks_per_instance if ranks_per_instance is not None else min(per_chip * chips, max(1, n // 2))
+        return COLLECTIVE_LAUNCH_SECONDS + _across_seconds(kind, payload_bytes, n, y, spec, inst, itemsize)
+    if where not in ("chip", "instance"):
         raise ValueError(f"where must be 'chip', 'instance' or 'network', got {where!r}")
-    return (COLLECTIVE_LAUNCH_SECONDS + buckets(kind, payload_bytes) * hops * hop
-            + crossings * payload_bytes / (link * LINK_EFFICIENCY))
+    link = spec.neuronlink_bytes_per_second / LINKS_PER_CHIP * LINK_EFFICIENCY
+    if kind in _ALLREDUCE or kind in _ALLGATHER or kind in _REDUCE_SCATTER or kind in _ALLTOALL:
+        phases = 2 if kind in _ALLREDUCE else 1
+        steps = phases * _intra_phase_seconds(payload_bytes, n, spec)
+        crossings = phases * (n - 1) / n
+    else:  # broadcast, reduce, point-to-point: the payload crosses once
+        steps, crossings = HOP_SECONDS_INSIDE_NODE, 1.0
+    return COLLECTIVE_LAUNCH_SECONDS + buckets(kind, payload_bytes) * steps + crossings * payload_bytes / link
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
@@ -157,6 +244,9 @@ def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], g
     if not devices:
         return
     where = placement_of_ranks(ranks) if ranks else None
-    seconds = collective_seconds(kind, max(_nbytes(inputs), _nbytes(outputs)), group_size, where=where)
+    per_instance = ranks_on_each_instance(ranks) if where == "network" else None
+    itemsize = max((t.element_size() for t in (*inputs, *outputs)), default=1)
+    seconds = collective_seconds(kind, max(_nbytes(inputs), _nbytes(outputs)), group_size, where=where,
+                                 ranks_per_instance=per_instance, itemsize=itemsize)
     for index in devices:
         services.charge(index, seconds, f"c10d::{kind}")  # the name labels the collective in a profiler trace
