@@ -20,8 +20,9 @@ def test_bucket_size_and_minimum_buckets(monkeypatch) -> None:
     monkeypatch.setenv("TORCH_NEURONX_COLLECTIVE_BUCKETSIZE_IN_MB", "16")
     assert costs.buckets("allreduce", 64 * MB) == 4
     four = costs.collective_seconds("allreduce", 64 * MB, 4, where="instance")
-    hops = 2 * (4 - 1)  # a 64 MiB all-reduce is a ring: two phases of n - 1 hops
-    assert four - one == pytest.approx(3 * hops * costs.HOP_SECONDS_INSIDE_NODE)  # the bandwidth term is the same
+    transfers = 2 * (4 - 1)  # an all-reduce: two phases of n - 1 chunk transfers, one DMA and one hop each
+    per_pass = transfers * (1.3e-6 + costs.HOP_SECONDS_INSIDE_NODE)
+    assert four - one == pytest.approx(3 * per_pass)  # the bandwidth term is the same
     monkeypatch.setenv("TORCH_NEURONX_COLLECTIVE_MIN_BUCKETS", "8")
     assert costs.buckets("allreduce", 1) == 8
 

@@ -31,23 +31,102 @@ def test_placement_by_the_group_s_ranks():
 def test_small_all_reduce_is_launch_bound_and_large_one_bandwidth_bound():
     small = costs.collective_seconds("allreduce", 1024, 2, target="trn1", where="chip")
     big = costs.collective_seconds("allreduce", 1 << 30, 2, target="trn1", where="chip")
-    assert small == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS + 2 * costs.HOP_SECONDS_INSIDE_NODE, rel=1e-3)
+    transfer = 1.3e-6 + costs.HOP_SECONDS_INSIDE_NODE  # a mesh write to the one peer: one DMA and one hop
+    assert small == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS + 2 * transfer, rel=1e-3)
     link = 384e9 / costs.LINKS_PER_CHIP * costs.LINK_EFFICIENCY
     buckets = costs.buckets("allreduce", 1 << 30)  # 1 GiB moves in two 512 MiB buckets, two hops each
-    assert big == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS + buckets * 2 * costs.HOP_SECONDS_INSIDE_NODE
+    assert big == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS + buckets * 2 * transfer
                                 + (1 << 30) / link)
 
 
 def test_across_instances_pays_efa_hops_and_bandwidth():
-    inside = costs.collective_seconds("allreduce", 64 << 20, 64, target="trn1", where="instance",
+    inside = costs.collective_seconds("allreduce", 64 << 20, 32, target="trn1", where="instance",
                                       instance="trn1.32xlarge")
     across = costs.collective_seconds("allreduce", 64 << 20, 64, target="trn1", where="network",
                                       instance="trn1.32xlarge")
     assert across > inside
-    with pytest.raises(RuntimeError, match="no EFA bandwidth"):
-        costs.collective_seconds("allreduce", 1024, 64, target="trn1", where="network", instance="trn1.2xlarge")
     with pytest.raises(ValueError, match="where must be"):
         costs.collective_seconds("allreduce", 1024, 2, target="trn1", where="moon")
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "reduce_scatter", "alltoall", "send"])
+def test_spanning_instances_without_an_efa_figure_is_refused(kind: str):
+    with pytest.raises(RuntimeError, match="no EFA bandwidth is known for instance type 'trn1.2xlarge'"):
+        costs.collective_seconds(kind, 1024, 64, target="trn1", where="network", instance="trn1.2xlarge")
+
+
+def _across(kind: str, nbytes: int, n: int = 64, per_instance: int | None = 32, **kw) -> float:
+    return costs.collective_seconds(kind, nbytes, n, target="trn1", where="network", instance="trn1.32xlarge",
+                                    ranks_per_instance=per_instance, **kw)
+
+
+SIZES = [4 << k for k in range(0, 29, 2)]  # 4 B ... 1 GiB
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "reduce_scatter", "alltoall", "send"])
+def test_across_instances_grows_with_size(kind: str):
+    times = [_across(kind, size, itemsize=4) for size in SIZES]
+    assert all(a <= b for a, b in zip(times, times[1:])), times
+    assert times[-1] > 10 * times[0]  # a GiB is bandwidth-bound, 4 B latency-bound
+
+
+def test_all_reduce_across_instances_uses_the_whole_efa_not_one_chip_s_share():
+    """The old pricing sent every byte of the 64-rank all-reduce through one chip's 1/16 of the instance's EFA:
+    at least 2 (n-1)/n x 1 GiB / (100 GB/s / 16) = 0.34 s. The hierarchical algorithm moves 1 GiB over each
+    instance's whole EFA (plus NeuronLink inside), and is bounded below by that alone."""
+    gib = 1 << 30
+    efa = 800e9 / 8
+    one_chip_share = 2 * 63 / 64 * gib / (efa / 16)
+    seconds = _across("allreduce", gib)
+    assert gib / efa < seconds < one_chip_share / 4
+
+
+def test_inter_node_steps_are_paid_per_rank_of_the_instance():
+    """An inter-node step's messages leave the instance one after another: a tiny all-reduce (fewer elements than
+    ranks: one step) costs one 15 us hop per rank of the instance."""
+    tiny = {y: _across("allreduce", 8, n=2 * y, per_instance=y, itemsize=4) for y in (1, 8, 32)}
+    assert tiny[32] - tiny[8] == pytest.approx(24 * costs.HOP_SECONDS_ACROSS_NODES, rel=1e-3)
+    assert tiny[1] == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS + costs.HOP_SECONDS_ACROSS_NODES, rel=1e-3)
+
+
+def test_all_reduce_across_instances_switches_to_two_inter_node_steps_when_single_step_costs_more_than_a_hop():
+    """Single-step sends every rank's whole buffer across; once its extra EFA bytes take longer than one hop, the
+    runtime runs reduce-scatter + all-gather across (two steps of 32 messages each)."""
+    small, large = _across("allreduce", 1024, itemsize=4), _across("allreduce", 256 << 10, itemsize=4)
+    assert large - small == pytest.approx(32 * costs.HOP_SECONDS_ACROSS_NODES, rel=0.05)
+
+
+def test_all_gather_and_reduce_scatter_across_instances_cost_the_same_and_less_than_all_reduce():
+    for size in (64 << 10, 64 << 20):
+        gather, scatter = _across("allgather", size), _across("reduce_scatter", size)
+        assert gather == pytest.approx(scatter)
+        assert gather < _across("allreduce", size, itemsize=4)
+
+
+def test_all_to_all_across_instances_sends_half_of_each_buffer_over_the_shared_efa():
+    """Each of the instance's 32 ranks sends (X-1)/X = 1/2 of its 1 GiB off the instance: 16 GiB over its EFA."""
+    gib = 1 << 30
+    seconds = _across("alltoall", gib)
+    efa = 800e9 / 8 * costs.LINK_EFFICIENCY
+    assert seconds == pytest.approx(32 * gib / 2 / efa, rel=0.05)
+
+
+def test_point_to_point_across_instances_uses_the_sender_chip_s_interface():
+    """A pipeline stage's send to the next instance: one 15 us hop and its chip's 1/16 of the instance's EFA."""
+    nbytes = 64 << 20
+    seconds = costs.collective_seconds("send", nbytes, 2, target="trn1", where="network", instance="trn1.32xlarge")
+    chip = 800e9 / 8 / 16 * costs.LINK_EFFICIENCY
+    assert seconds == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS + costs.HOP_SECONDS_ACROSS_NODES + nbytes / chip)
+
+
+def test_strided_group_has_one_rank_per_instance():
+    """A data-parallel group of every 256th rank has one rank on each instance: no intra-node stage."""
+    assert costs.ranks_on_each_instance([0, 256, 512, 768], cores_per_instance=32) == 1
+    assert costs.ranks_on_each_instance(list(range(64)), cores_per_instance=32) == 32
+    mib = 1 << 20  # 4 instances, one rank each: two inter-node phases of 3 hops, 2 x 3/4 MiB over the EFA
+    efa = 800e9 / 8 * costs.LINK_EFFICIENCY
+    expected = costs.COLLECTIVE_LAUNCH_SECONDS + 2 * 3 * costs.HOP_SECONDS_ACROSS_NODES + 2 * 3 / 4 * mib / efa
+    assert _across("allreduce", mib, n=4, per_instance=1) == pytest.approx(expected)
 
 
 def test_one_rank_costs_nothing():

@@ -4,15 +4,14 @@ Data really moves through Gloo on host memory; the device's clock must instead a
 carried it, so profiles and `Event.elapsed_time` show what a Trainium job would see. The model
 (`calibration.md` C1/C2/C4; SDK@HEAD `neuron-runtime/explore/{intranode,internode}-collective-comm.rst`):
 
-    time = COLLECTIVE_LAUNCH_SECONDS + steps x step latency + bytes on each path / (path bandwidth x LINK_EFFICIENCY)
+    time = COLLECTIVE_LAUNCH_SECONDS + step latencies + bytes on each path / (path bandwidth x LINK_EFFICIENCY)
 
 Inside an instance (the group on one chip or one instance):
 
-* the algorithm is the runtime's choice by message size: mesh below 1 MB, recursive halving-doubling from 1 to
-  56 MB (log2 n hops per phase), ring above (n - 1 hops per phase); an all-reduce has two phases (reduce-scatter,
-  all-gather), the others one. A ring or halving-doubling hop costs `HOP_SECONDS_INSIDE_NODE` (C4); in a mesh phase
-  a rank writes to each of its n - 1 peers in turn, each write one DMA (the target's fixed DMA cost, 1.3 us,
-  calibration.md §2) plus one hop;
+* a phase (an all-reduce has two: reduce-scatter, all-gather; the others one) moves each rank's n - 1 chunks one
+  after another, each one DMA (the target's fixed DMA cost, 1.3 us, calibration.md §2) and one hop
+  (`HOP_SECONDS_INSIDE_NODE`, C4), whatever the algorithm the runtime picks by size (`algorithm`: mesh below 1 MB,
+  recursive halving-doubling to 56 MB, ring above): C2 shows no drop where its 32-rank stages change algorithm;
 * the path is one NeuronLink link of a rank's chip (the chip's NeuronLink bandwidth over its `LINKS_PER_CHIP` torus
   links). Ranks on one chip: no published figure separates their path from a neighbour link, so it is priced as one
   (assumption; C1, the two cores of chip 0, is what it is checked on).
@@ -20,16 +19,17 @@ Inside an instance (the group on one chip or one instance):
 Across instances (X instances with Y ranks each), the runtime runs collectives hierarchically: an all-reduce is an
 intra-node reduce-scatter over Y ranks, an inter-node all-reduce on Y parallel groups of X ranks (each on its 1/Y
 of the buffer) and an intra-node all-gather; an all-gather runs the inter-node stage first, a reduce-scatter last;
-an all-to-all sends (X - 1)/X of each rank's buffer off the instance. The Y groups share the instance's EFA: their
-bytes add up on its bandwidth, and their messages leave it one after another, each paying the ~15 us inter-node
-hop (`HOP_SECONDS_ACROSS_NODES`, C4), so an inter-node step costs Y x (messages per rank) hops. Small all-reduces
-take the single-step mesh (each rank exchanges its whole buffer with its counterparts, then the instance's ranks
-all-reduce) while its extra EFA bytes take less than one hop, as the runtime chooses; a buffer of fewer elements
-than the group has ranks is all-reduced in that one inter-node step alone (C2: 8-128 B cost 520-553 us, one step
-of 32 messages; at 256 B, one element per rank, the intra-node stages appear). On trn1 the flat ring over all ranks
-(multiple channels, one inter-node hop per step) is taken where it is cheaper: large messages. Point-to-point,
-broadcast and reduce across instances leave through the sending chip's EFA interface (each interface serves one
-chip: the instance's EFA over its chips).
+an all-to-all regroups inside the instance and sends (X - 1)/X of each rank's buffer off it. The Y groups share the
+instance's EFA: their bytes add up on its bandwidth, and their messages leave it one after another, each paying
+the ~15 us inter-node hop (`HOP_SECONDS_ACROSS_NODES`, C4), so an inter-node phase costs Y x (X - 1) hops (C2: 8 B
+cost 520 us = launch + 32 hops). Small all-reduces take the single-step mesh (each rank exchanges its whole buffer
+with its counterparts, one inter-node phase, then the instance all-reduces) while its extra EFA bytes take less
+than one hop, the runtime's rule; a buffer of fewer elements than the group has ranks is all-reduced in that one
+inter-node phase alone (C2: 8-128 B cost 520-553 us; at 256 B, one element per rank, the intra-node stages
+appear). On trn1 the flat ring over all ranks (channels over every EFA interface, 2 (n - 1) inter-node hops) is
+taken where cheaper: large messages. Point-to-point, broadcast and reduce across instances leave through the
+sending chip's EFA interface ("each EFA interface is connected to a different Trainium chip": the instance's EFA
+over its chips).
 
 As TorchNeuron's collectives, a payload moves in buckets of at most `TORCH_NEURONX_COLLECTIVE_BUCKETSIZE_IN_MB`
 (default 512), at least `TORCH_NEURONX_COLLECTIVE_MIN_BUCKETS` of them; each bucket is a pass of its own, so it adds
@@ -53,7 +53,7 @@ __all__ = ["COLLECTIVE_LAUNCH_SECONDS", "HOP_SECONDS_ACROSS_NODES", "HOP_SECONDS
            "ranks_on_each_instance"]
 
 # Fitted on C1's plateau: a 2-rank fp32 all-reduce of 1-256 KiB takes 58-60 us whatever its size, minus its two
-# mesh transfers (one DMA and one hop each).
+# transfers (one DMA and one hop each); C2's 8-64 B floor (520-525 us) is this plus 32 inter-node hops (+2.4 %).
 COLLECTIVE_LAUNCH_SECONDS = 52.4e-6
 # C4: 1-2 us per hop inside a node (the middle), ~15 us across nodes (EFA).
 HOP_SECONDS_INSIDE_NODE = 1.5e-6
@@ -62,9 +62,10 @@ HOP_SECONDS_ACROSS_NODES = 15e-6
 # a rank's traffic to one neighbour uses one link, a quarter of the chip's NeuronLink bandwidth (assumption).
 LINKS_PER_CHIP = 4
 # The share of a path's bandwidth a collective achieves (reduction, DMA descriptors, synchronisation), the same for
-# NeuronLink and EFA. Fitted on the bandwidth-bound points of C1 (4 MiB - 1 GiB, ~57 GB/s of a 96 GB/s trn1 link)
-# and C2 (16 MiB - 1 GiB, flat ring over 2 x 800 Gbps EFA) together: 0.61 balances their largest errors.
-LINK_EFFICIENCY = 0.61
+# NeuronLink and EFA. Fitted on the bandwidth-bound points of C1 (4 MiB - 1 GiB: 57-85 GB/s of a 96 GB/s trn1
+# link) and C2 (16 MiB - 1 GiB: the flat ring over 800 Gbps EFA) together, balancing their largest errors
+# (C1 4 MiB +17 %, C2 512 MiB -16.5 %).
+LINK_EFFICIENCY = 0.65
 MESH_BELOW_BYTES = 1_000_000  # C4: mesh below 1 MB ...
 RING_ABOVE_BYTES = 56_000_000  # ... recursive halving-doubling up to 56 MB, ring above
 FLAT_RING_TARGETS = frozenset({"trn1"})  # internode-collective-comm.rst: "We only enable Flat Ring on Trn1"
@@ -131,31 +132,17 @@ def ranks_on_each_instance(ranks: list[int] | tuple[int, ...], cores_per_instanc
     return max(per_instance.values())
 
 
-def _hops(algo: str, n: int) -> int:
-    if algo == "mesh":
-        return 1
-    return math.ceil(math.log2(n)) if algo == "halving-doubling" else n - 1
+def _intra_phase_seconds(n: int, spec: Target) -> float:
+    """Step latency of one phase (reduce-scatter, all-gather, ...) over `n` ranks inside an instance: a rank moves
+    its n - 1 chunks one after another, each one DMA (the target's fixed cost, calibration.md §2) and one hop (C4),
+    whatever the algorithm (C2 shows no drop where a 32-rank stage leaves mesh for halving-doubling at 1 MB)."""
+    return (n - 1) * (spec.dma_fixed_ns * 1e-9 + HOP_SECONDS_INSIDE_NODE)
 
 
-def _intra_phase_seconds(payload_bytes: float, n: int, spec: Target) -> float:
-    """Step latency of one phase (reduce-scatter, all-gather, ...) over `n` ranks inside an instance: a mesh writes
-    to each peer in turn (one DMA and one hop each), a ring or halving-doubling pays one hop a step (C4)."""
-    if n <= 1:
-        return 0.0
-    algo = algorithm(int(payload_bytes))
-    if algo == "mesh":
-        return (n - 1) * (spec.dma_fixed_ns * 1e-9 + HOP_SECONDS_INSIDE_NODE)
-    return _hops(algo, n) * HOP_SECONDS_INSIDE_NODE
-
-
-def _inter_phase_seconds(payload_bytes: float, x: int, y: int) -> float:
-    """Step latency of one phase over `x` instances run by `y` parallel groups whose messages leave each instance
-    one after another: a mesh or ring sends x - 1 messages per rank, halving-doubling log2 x."""
-    if x <= 1:
-        return 0.0
-    algo = algorithm(int(payload_bytes))
-    messages = math.ceil(math.log2(x)) if algo == "halving-doubling" else x - 1
-    return y * messages * HOP_SECONDS_ACROSS_NODES
+def _inter_phase_seconds(x: int, y: int) -> float:
+    """Step latency of one phase over `x` instances run by `y` parallel groups: each rank sends its x - 1 chunks
+    across, and the instance's messages leave it one after another, one inter-node hop each (C2, C4)."""
+    return y * (x - 1) * HOP_SECONDS_ACROSS_NODES
 
 
 def _across_seconds(kind: str, payload_bytes: int, n: int, y: int, spec: Target, inst: Instance,
@@ -169,11 +156,11 @@ def _across_seconds(kind: str, payload_bytes: int, n: int, y: int, spec: Target,
     b = payload_bytes
     if kind in _ALLREDUCE:
         if b < n * itemsize:  # fewer elements than ranks: one inter-node step, no intra-node stage (C2)
-            return passes * y * (x - 1) * HOP_SECONDS_ACROSS_NODES + y * (x - 1) * b / efa
-        intra = 2 * (passes * _intra_phase_seconds(b, y, spec) + (y - 1) / y * b / link)
-        hierarchical = intra + passes * 2 * _inter_phase_seconds(b / y, x, y) + 2 * (x - 1) / x * b / efa
+            return passes * _inter_phase_seconds(x, y) + y * (x - 1) * b / efa
+        intra = 2 * (passes * _intra_phase_seconds(y, spec) + (y - 1) / y * b / link)
+        hierarchical = intra + passes * 2 * _inter_phase_seconds(x, y) + 2 * (x - 1) / x * b / efa
         # single-step: every rank's whole buffer to its counterparts (one step), then the instance all-reduces
-        single = intra + passes * y * (x - 1) * HOP_SECONDS_ACROSS_NODES + y * (x - 1) * b / efa
+        single = intra + passes * _inter_phase_seconds(x, y) + y * (x - 1) * b / efa
         extra = (y * (x - 1) - 2 * (x - 1) / x) * b / efa
         best = single if extra < HOP_SECONDS_ACROSS_NODES else hierarchical
         if spec.name in FLAT_RING_TARGETS:
@@ -181,10 +168,10 @@ def _across_seconds(kind: str, payload_bytes: int, n: int, y: int, spec: Target,
             best = min(best, flat)
         return best
     if kind in _ALLGATHER or kind in _REDUCE_SCATTER:  # payload: the larger of input and output, n chunks
-        return (passes * (_intra_phase_seconds(b, y, spec) + _inter_phase_seconds(b / y, x, y))
+        return (passes * (_intra_phase_seconds(y, spec) + _inter_phase_seconds(x, y))
                 + (y - 1) / y * b / link + (x - 1) / x * b / efa)
     if kind in _ALLTOALL:  # regroup inside the instance, then one message to each other instance per rank
-        return (passes * (_intra_phase_seconds(b, y, spec) + y * (x - 1) * HOP_SECONDS_ACROSS_NODES)
+        return (passes * (_intra_phase_seconds(y, spec) + y * (x - 1) * HOP_SECONDS_ACROSS_NODES)
                 + (y - 1) / n * b / link + y * (x - 1) / x * b / efa)
     # broadcast, reduce, point-to-point: the payload crosses once, through the sender chip's EFA interface
     chip = min(spec.neuronlink_bytes_per_second / LINKS_PER_CHIP, inst.efa_gbps * 1e9 / 8 / inst.chips)
@@ -225,7 +212,7 @@ def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: s
     link = spec.neuronlink_bytes_per_second / LINKS_PER_CHIP * LINK_EFFICIENCY
     if kind in _ALLREDUCE or kind in _ALLGATHER or kind in _REDUCE_SCATTER or kind in _ALLTOALL:
         phases = 2 if kind in _ALLREDUCE else 1
-        steps = phases * _intra_phase_seconds(payload_bytes, n, spec)
+        steps = phases * _intra_phase_seconds(n, spec)
         crossings = phases * (n - 1) / n
     else:  # broadcast, reduce, point-to-point: the payload crosses once
         steps, crossings = HOP_SECONDS_INSIDE_NODE, 1.0
