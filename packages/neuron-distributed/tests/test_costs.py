@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from neuron_distributed import costs
@@ -51,7 +53,7 @@ def test_across_instances_pays_efa_hops_and_bandwidth():
 
 @pytest.mark.parametrize("kind", ["allreduce", "allgather", "reduce_scatter", "alltoall", "send"])
 def test_spanning_instances_without_an_efa_figure_is_refused(kind: str):
-    with pytest.raises(RuntimeError, match="no EFA bandwidth is known for instance type 'trn1.2xlarge'"):
+    with pytest.raises(RuntimeError, match=r"no EFA bandwidth is known for instance type 'trn1\.2xlarge'"):
         costs.collective_seconds(kind, 1024, 64, target="trn1", where="network", instance="trn1.2xlarge")
 
 
@@ -66,7 +68,7 @@ SIZES = [4 << k for k in range(0, 29, 2)]  # 4 B ... 1 GiB
 @pytest.mark.parametrize("kind", ["allreduce", "allgather", "reduce_scatter", "alltoall", "send"])
 def test_across_instances_grows_with_size(kind: str):
     times = [_across(kind, size, itemsize=4) for size in SIZES]
-    assert all(a <= b for a, b in zip(times, times[1:])), times
+    assert all(a <= b for a, b in itertools.pairwise(times)), times
     assert times[-1] > 10 * times[0]  # a GiB is bandwidth-bound, 4 B latency-bound
 
 
