@@ -133,3 +133,22 @@ def test_strided_group_has_one_rank_per_instance():
 
 def test_one_rank_costs_nothing():
     assert costs.collective_seconds("allreduce", 1 << 20, 1) == 0.0
+
+
+def test_charge_places_a_group_by_its_ranks_across_instances(monkeypatch):
+    """`charge` with the group's global ranks: 64 consecutive ranks on trn1.32xlarge are 2 instances of 32 (the
+    hierarchical all-reduce), every 32nd rank is one rank per instance; each is charged its own time."""
+    import torch
+
+    from neuron_spec.machine import read_topology
+
+    monkeypatch.setattr(costs.services, "topology", lambda: read_topology({"NEURON_SIM_INSTANCE_TYPE": "trn1.32xlarge"}))
+    charged = []
+    monkeypatch.setattr(costs.services, "charge", lambda index, seconds, name: charged.append((seconds, name)))
+    grad = torch.empty(1 << 20, device="neuron")  # 4 MiB fp32
+    costs.charge("allreduce", [grad], [grad], 64, list(range(64)))
+    costs.charge("allreduce", [grad], [grad], 2, [0, 32])
+    (packed, name), (strided, _) = charged
+    assert name == "c10d::allreduce"
+    assert packed == pytest.approx(_across("allreduce", 4 << 20, n=64, per_instance=32, itemsize=4))
+    assert strided == pytest.approx(_across("allreduce", 4 << 20, n=2, per_instance=1, itemsize=4))
