@@ -139,6 +139,11 @@ def _intra_phase_seconds(n: int, spec: Target) -> float:
     return (n - 1) * (spec.dma_fixed_ns * 1e-9 + HOP_SECONDS_INSIDE_NODE)
 
 
+def _link(spec: Target) -> float:
+    """Effective bandwidth of a rank's NeuronLink path: one of its chip's torus links."""
+    return spec.neuronlink_bytes_per_second / LINKS_PER_CHIP * LINK_EFFICIENCY
+
+
 def _inter_phase_seconds(x: int, y: int) -> float:
     """Step latency of one phase over `x` instances run by `y` parallel groups: each rank sends its x - 1 chunks
     across, and the instance's messages leave it one after another, one inter-node hop each (C2, C4)."""
@@ -150,7 +155,7 @@ def _across_seconds(kind: str, payload_bytes: int, n: int, y: int, spec: Target,
     """Seconds of a collective over `n` ranks on n / y instances, y ranks each, without the launch."""
     x = max(2, math.ceil(n / y))
     y = min(y, math.ceil(n / x))
-    link = spec.neuronlink_bytes_per_second / LINKS_PER_CHIP * LINK_EFFICIENCY
+    link = _link(spec)
     efa = inst.efa_gbps * 1e9 / 8 * LINK_EFFICIENCY  # the instance's whole EFA, shared by its ranks
     passes = buckets(kind, payload_bytes)
     b = payload_bytes
@@ -171,7 +176,7 @@ def _across_seconds(kind: str, payload_bytes: int, n: int, y: int, spec: Target,
         return (passes * (_intra_phase_seconds(y, spec) + _inter_phase_seconds(x, y))
                 + (y - 1) / y * b / link + (x - 1) / x * b / efa)
     if kind in _ALLTOALL:  # regroup inside the instance, then one message to each other instance per rank
-        return (passes * (_intra_phase_seconds(y, spec) + y * (x - 1) * HOP_SECONDS_ACROSS_NODES)
+        return (passes * (_intra_phase_seconds(y, spec) + _inter_phase_seconds(x, y))
                 + (y - 1) / n * b / link + y * (x - 1) / x * b / efa)
     # broadcast, reduce, point-to-point: the payload crosses once, through the sender chip's EFA interface
     chip = min(spec.neuronlink_bytes_per_second / LINKS_PER_CHIP, inst.efa_gbps * 1e9 / 8 / inst.chips)
@@ -209,7 +214,7 @@ def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: s
         return COLLECTIVE_LAUNCH_SECONDS + _across_seconds(kind, payload_bytes, n, y, spec, inst, itemsize)
     if where not in ("chip", "instance"):
         raise ValueError(f"where must be 'chip', 'instance' or 'network', got {where!r}")
-    link = spec.neuronlink_bytes_per_second / LINKS_PER_CHIP * LINK_EFFICIENCY
+    link = _link(spec)
     if kind in _ALLREDUCE or kind in _ALLGATHER or kind in _REDUCE_SCATTER or kind in _ALLTOALL:
         phases = 2 if kind in _ALLREDUCE else 1
         steps = phases * _intra_phase_seconds(n, spec)
