@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
-from titan_support import make_assets, train
+from titan_support import launch, make_assets, train
 
 pytestmark = [pytest.mark.optional, pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -46,8 +46,9 @@ class TitanRuns:
         self._cpu: dict[tuple[str, ...], list[float]] = {}
         self._runs = 0
         # torchtitan's seed checkpoint: made by one rank, which initialises the weights on the CPU
-        train([*self._common(), "--checkpoint.create_seed_checkpoint", "--parallelism.data_parallel_shard_degree", "1"],
-              folder / "seed-run", self.cache, ranks=1)
+        output = launch([*self._common(), "--checkpoint.create_seed_checkpoint", *ONE_RANK], folder / "seed-run",
+                        self.cache, ranks=1)
+        assert "Created seed checkpoint" in output
 
     def _common(self) -> list[str]:
         return ["--model.hf_assets_path", str(self.tokenizer), "--training.dataset_path", str(self.data),

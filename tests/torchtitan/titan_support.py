@@ -61,18 +61,24 @@ def run_env(cache: Path, *, cpu: bool = False) -> dict[str, str]:
     return env
 
 
-def train(args: list[str], dump: Path, cache: Path, *, cpu: bool = False, ranks: int = 2,
-          env: dict[str, str] | None = None) -> list[float]:
-    """Run torchtitan's trainer on `ranks` processes with the debug configuration, `args` and extra `env`; its losses
-    by step (rank 0's log). A failed run fails with its output's tail."""
+def launch(args: list[str], dump: Path, cache: Path, *, cpu: bool = False, ranks: int = 2,
+           env: dict[str, str] | None = None) -> str:
+    """Run torchtitan's trainer on `ranks` processes with the debug configuration, `args` and extra `env`; its output.
+    A failed run fails with its output's tail."""
     entry = [str(CPU_LAUNCHER)] if cpu else ["-m", "torchtitan.train"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *entry,
                "--job.config_file", str(CONFIG), "--job.dump_folder", str(dump), *args]
-    result = subprocess.run(command, env={**run_env(cache, cpu=cpu), **(env or {})}, cwd=dump.parent, capture_output=True, text=True,
-                            timeout=RUN_TIMEOUT)
+    result = subprocess.run(command, env={**run_env(cache, cpu=cpu), **(env or {})}, cwd=dump.parent,
+                            capture_output=True, text=True, timeout=RUN_TIMEOUT)
     output = result.stdout + result.stderr
     if result.returncode != 0:
         raise AssertionError(f"torchtitan run failed ({' '.join(args)}):\n{_tail(output)}")
+    return output
+
+
+def train(args: list[str], dump: Path, cache: Path, **options) -> list[float]:
+    """`launch` a training run; its losses by step (rank 0's log)."""
+    output = launch(args, dump, cache, **options)
     losses = {int(step): float(loss) for step, loss in _LOSS.findall(output)}
     assert losses, f"no loss logged:\n{_tail(output)}"
     return [losses[step] for step in sorted(losses)]
