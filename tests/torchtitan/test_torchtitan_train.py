@@ -31,6 +31,12 @@ DTENSOR_RNG = ("issue #39 item 3: DTensor's random initialisation expects a Phil
                "torch.neuron's is a CPU mt19937 state (AssertionError in torch.distributed.tensor._random)")
 TP_COMPILE = ("issue #39 item 1: compile of DTensor TP blocks with backend 'neuron' (NeuronCompileError: "
               "aten._fused_rms_norm: got mixed torch.Tensor and DTensor)")
+EP_SAC = ("expert parallelism under torchtitan's selective (op) activation checkpointing: the recompute in backward "
+          "calls profiler._record_function_enter_new once more than the forward did (FSDP2's record_function in the "
+          "experts' own fully_shard), so checkpoint's SAC raises 'invocation index 3 encountered during backward but "
+          "not found in storage' inside the backward, which on neuron aborts the process ('terminate called without "
+          "an active exception': an error of a dispatch mode entered during backward, not covered by neuron-device's "
+          "_patch_backward_mode_errors); without activation checkpointing it trains")
 CP_ATTENTION = ("torch 2.13's context parallelism shards the CUDA SDPA ops only; neuron, like the CPU, runs "
                 "_scaled_dot_product_flash_attention_for_cpu: 'does not have a sharding strategy registered'")
 
@@ -100,7 +106,7 @@ def test_llama3_debugmodel(titan, parallelism, compiled):
     _check(titan.run([*parallelism, *(COMPILED if compiled else [])]), cpu)
 
 
-@pytest.mark.xfail(strict=True, reason=DTENSOR_RNG)
+@pytest.mark.xfail(strict=True, reason=f"{DTENSOR_RNG}; {EP_SAC}")
 def test_moe_expert_parallel(titan):
     """torchtitan's deepseek_v3 debug model (MoE: 8 routed experts, top 3) with expert parallelism 2, its tokens
     sent to their experts' rank by all-to-all, gives the losses of expert parallelism 1 (the CPU has no reference:
