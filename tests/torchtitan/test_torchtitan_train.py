@@ -1,9 +1,9 @@
 """torchtitan as a client: its llama3 debug model trained on `neuron` on 2 ranks through its own entry point
 (`torchrun -m torchtitan.train --job.config_file ...`), FSDP and TP, eager and compiled with the "neuron" backend,
 the losses checked against the same configuration on the CPU with Gloo; its deepseek_v3 MoE debug model with expert
-parallelism (all-to-all) against expert parallelism 1, and context parallelism against one CPU rank. Every run loads one seed checkpoint
-(torchtitan's `--checkpoint.create_seed_checkpoint`), so the runs start from the same weights whatever random
-initialisation each device and parallelism makes.
+parallelism (all-to-all) against expert parallelism 1, and context parallelism against one CPU rank. Every run loads
+one seed checkpoint (torchtitan's `--checkpoint.create_seed_checkpoint`), so the runs start from the same weights
+whatever random initialisation each device and parallelism makes.
 
 Needs torchtitan 0.2.2 and its dependencies (`requirements-torchtitan.txt`, `nox -s torchtitan`).
 """
