@@ -15,7 +15,8 @@ from __future__ import annotations
 import nox
 
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "device", "compile", "compile-inductor", "distributed", "nki", "all", "hf", "docs"]
+# compile-inductor runs inside the compile session (the same installation: one virtualenv less to create).
+nox.options.sessions = ["lint", "device", "compile", "distributed", "nki", "all", "hf", "docs"]
 
 PYTHON = "3.11"
 DEVICE = "packages/neuron-device"
@@ -65,8 +66,12 @@ def _package_session(package: str):
     def session_function(session: nox.Session) -> None:
         _install(session, *TEST_TOOLS, *PACKAGES[package], PATHS[package], TORCH_NEURONX)
         _pytest(session, f"{PATHS[package]}/tests")
+        if package == "compile":
+            _inductor_host_code_tests(session)
 
     session_function.__doc__ = f"neuron-{package} alone, with only its declared dependencies."
+    if package == "compile":
+        session_function.__doc__ += " Then the compile-inductor session's tests, in the same virtualenv."
     return nox.session(python=PYTHON, name=package)(session_function)
 
 
@@ -83,14 +88,22 @@ def device_concatenation(session: nox.Session) -> None:
     _pytest(session, f"{DEVICE}/tests", marks="not slow", env={"TORCH_NEURONX_ENABLE_CONCATENATION": "1"})
 
 
-@nox.session(python=PYTHON, name="compile-inductor")
-def compile_inductor(session: nox.Session) -> None:
+def _inductor_host_code_tests(session: nox.Session) -> None:
     """neuron-compile's tests and adaptive eager's fused path on the "inductor" host code
-    (`NEURON_COMPILE_HOST_CODE=inductor`: Inductor's C++ code generation; the `compile` session tests the default
-    "aten" host code). Not slow tests, to keep the C++ compiles few (`nox -s compile-inductor -- -m slow` runs them)."""
-    _install(session, *TEST_TOOLS, DEVICE, PATHS["compile"])
+    (`NEURON_COMPILE_HOST_CODE=inductor`: Inductor's C++ code generation; the `compile` session's first run tests the
+    default "aten" host code). Not slow tests, to keep the C++ compiles few: the slow ones compile C++ or set the host
+    code themselves (`nox -s compile-inductor -- -m slow` runs them)."""
     _pytest(session, f"{PATHS['compile']}/tests", "tests/test_concatenation_fused.py", marks="not slow",
             env={"NEURON_COMPILE_HOST_CODE": "inductor"})
+
+
+@nox.session(python=PYTHON, name="compile-inductor")
+def compile_inductor(session: nox.Session) -> None:
+    _install(session, *TEST_TOOLS, DEVICE, PATHS["compile"])
+    _inductor_host_code_tests(session)
+
+
+compile_inductor.__doc__ = _inductor_host_code_tests.__doc__ + " Alone; `nox -s compile` runs them too."
 
 
 @nox.session(python=PYTHON, name="all")

@@ -62,13 +62,14 @@ def _sessions(noxfile: Path) -> dict[str, list[tuple[list[str], dict[str, str]]]
 
 
 def _without_workers(args: list[str]) -> list[str]:
+    """`args` without pytest-xdist's options (`-n N`, `--dist MODE`): collection runs in one process."""
     out, skip = [], False
     for arg in args:
         if skip:
             skip = False
-        elif arg == "-n":
+        elif arg in ("-n", "--dist"):
             skip = True
-        elif not arg.startswith("--dist"):
+        elif not arg.startswith(("-n=", "--dist=")):
             out.append(arg)
     return out
 
