@@ -62,21 +62,31 @@ def _pytest(session: nox.Session, *tests: str, marks: str = "", env: dict[str, s
     session.run("python", "-m", "pytest", *tests, "-m", f"{within}multiprocess", env=env, success_codes=(0, 5))
 
 
+def _install_alone(session: nox.Session, package: str) -> None:
+    """The package, the siblings it declares, the test tools: nothing else."""
+    _install(session, *TEST_TOOLS, *PACKAGES[package], PATHS[package], TORCH_NEURONX)
+
+
 def _package_session(package: str):
     def session_function(session: nox.Session) -> None:
-        _install(session, *TEST_TOOLS, *PACKAGES[package], PATHS[package], TORCH_NEURONX)
+        _install_alone(session, package)
         _pytest(session, f"{PATHS[package]}/tests")
-        if package == "compile":
-            _inductor_host_code_tests(session)
 
     session_function.__doc__ = f"neuron-{package} alone, with only its declared dependencies."
-    if package == "compile":
-        session_function.__doc__ += " Then the compile-inductor session's tests, in the same virtualenv."
     return nox.session(python=PYTHON, name=package)(session_function)
 
 
-for _package in PACKAGES:
+for _package in ("device", "distributed", "nki"):
     _package_session(_package)
+
+
+@nox.session(python=PYTHON, name="compile")
+def compile_alone(session: nox.Session) -> None:
+    """neuron-compile alone, with only its declared dependencies; then compile-inductor's tests in the same
+    virtualenv (arguments after `--` run in both host codes)."""
+    _install_alone(session, "compile")
+    _pytest(session, f"{PATHS['compile']}/tests")
+    _inductor_host_code_tests(session)
 
 
 @nox.session(python=PYTHON, name="device-concatenation")
