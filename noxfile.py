@@ -1,5 +1,11 @@
 """Test sessions: each wheel alone (with only its declared dependencies), all four together, and lint.
 
+Where each test runs (tests/README.md, "Which session runs what"): a wheel's session runs all of its folder's tests
+(slow and multi-process included), with only that wheel and its declared dependencies installed; `all` runs the
+cross-package tests of `tests/` and, from the wheels' folders, only the tests marked `all_wheels`: those that need a
+sibling wheel (they skip alone) or whose outcome can differ when the other wheels' plugins are active. A test whose
+outcome cannot differ runs once, in its wheel's session.
+
 `nox` runs them all (what CI runs); `nox -s device` runs one. Virtualenvs are reused between runs, and torch is
 pinned (2.13.0) by neuron-device's own metadata, so pip takes the CPU build from the local wheel cache.
 """
@@ -9,8 +15,8 @@ from __future__ import annotations
 import nox
 
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "device", "compile", "compile-inductor", "distributed", "nki", "all", "hf", "torchtitan",
-                         "docs"]
+# compile-inductor runs inside the compile session (the same installation: one virtualenv less to create).
+nox.options.sessions = ["lint", "device", "compile", "distributed", "nki", "all", "hf", "torchtitan", "docs"]
 
 PYTHON = "3.11"
 DEVICE = "packages/neuron-device"
@@ -31,7 +37,9 @@ TEST_TOOLS = ["pytest", "pytest-xdist", "expecttest", "hypothesis"]
 # default of a thread per core would oversubscribe the cores. Tests that launch several processes run after them,
 # in one process, so their ranks have the cores.
 TEST_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
-WORKERS = ("-n", "2")
+# worksteal: a worker that runs out of tests takes queued ones from the other, so the session does not wait on
+# one worker's queue behind a long test (the OpInfo sweep's shards, the compiled-model tests).
+WORKERS = ("-n", "2", "--dist", "worksteal")
 
 
 def _install(session: nox.Session, *requirements: str) -> None:
@@ -40,32 +48,45 @@ def _install(session: nox.Session, *requirements: str) -> None:
     session.install("--no-compile", *requirements)
 
 
-def _pytest(session: nox.Session, *tests: str, marks: str = "", multiprocess: bool = True,
-            env: dict[str, str] | None = None) -> None:
+def _pytest(session: nox.Session, *tests: str, marks: str = "", env: dict[str, str] | None = None) -> None:
     """pytest over `tests` (folders or files): the tests `marks` selects (all by default) that run in one process, on
-    the workers, then, unless `multiprocess` is false, those that launch several processes. Arguments after `--`
-    replace the selection, and everything runs in one process."""
+    the workers, then those that launch several processes. Arguments after `--` replace the selection, and
+    everything runs in one process."""
     env = {**TEST_ENV, **(env or {})}
     if session.posargs:
         session.run("python", "-m", "pytest", *tests, *session.posargs, env=env)
         return
     within = f"({marks}) and " if marks else ""
     session.run("python", "-m", "pytest", *tests, *WORKERS, "-m", f"{within}not multiprocess", env=env)
-    if multiprocess:  # pytest's code 5: no test selected (a folder without multiprocess tests)
-        session.run("python", "-m", "pytest", *tests, "-m", f"{within}multiprocess", env=env, success_codes=(0, 5))
+    # pytest's code 5: no test selected (a folder without multiprocess tests)
+    session.run("python", "-m", "pytest", *tests, "-m", f"{within}multiprocess", env=env, success_codes=(0, 5))
+
+
+def _install_alone(session: nox.Session, package: str) -> None:
+    """The package, the siblings it declares, the test tools: nothing else."""
+    _install(session, *TEST_TOOLS, *PACKAGES[package], PATHS[package], TORCH_NEURONX)
 
 
 def _package_session(package: str):
     def session_function(session: nox.Session) -> None:
-        _install(session, *TEST_TOOLS, *PACKAGES[package], PATHS[package], TORCH_NEURONX)
+        _install_alone(session, package)
         _pytest(session, f"{PATHS[package]}/tests")
 
     session_function.__doc__ = f"neuron-{package} alone, with only its declared dependencies."
     return nox.session(python=PYTHON, name=package)(session_function)
 
 
-for _package in PACKAGES:
+for _package in ("device", "distributed", "nki"):
     _package_session(_package)
+
+
+@nox.session(python=PYTHON, name="compile")
+def compile_alone(session: nox.Session) -> None:
+    """neuron-compile alone, with only its declared dependencies; then compile-inductor's tests in the same
+    virtualenv (arguments after `--` run in both host codes)."""
+    _install_alone(session, "compile")
+    _pytest(session, f"{PATHS['compile']}/tests")
+    _inductor_host_code_tests(session)
 
 
 @nox.session(python=PYTHON, name="device-concatenation")
@@ -77,27 +98,37 @@ def device_concatenation(session: nox.Session) -> None:
     _pytest(session, f"{DEVICE}/tests", marks="not slow", env={"TORCH_NEURONX_ENABLE_CONCATENATION": "1"})
 
 
-@nox.session(python=PYTHON, name="compile-inductor")
-def compile_inductor(session: nox.Session) -> None:
+def _inductor_host_code_tests(session: nox.Session) -> None:
     """neuron-compile's tests and adaptive eager's fused path on the "inductor" host code
-    (`NEURON_COMPILE_HOST_CODE=inductor`: Inductor's C++ code generation; the `compile` session tests the default
-    "aten" host code). Not slow tests, to keep the C++ compiles few (`nox -s compile-inductor -- -m slow` runs them)."""
-    _install(session, *TEST_TOOLS, DEVICE, PATHS["compile"])
+    (`NEURON_COMPILE_HOST_CODE=inductor`: Inductor's C++ code generation; the `compile` session's first run tests the
+    default "aten" host code). Not slow tests, to keep the C++ compiles few: the slow ones compile C++ or set the host
+    code themselves (`nox -s compile-inductor -- -m slow` runs them)."""
     _pytest(session, f"{PATHS['compile']}/tests", "tests/test_concatenation_fused.py", marks="not slow",
             env={"NEURON_COMPILE_HOST_CODE": "inductor"})
 
 
+@nox.session(python=PYTHON, name="compile-inductor")
+def compile_inductor(session: nox.Session) -> None:
+    _install(session, *TEST_TOOLS, DEVICE, PATHS["compile"])
+    _inductor_host_code_tests(session)
+
+
+compile_inductor.__doc__ = _inductor_host_code_tests.__doc__ + " Alone; `nox -s compile` runs them too."
+
+
 @nox.session(python=PYTHON, name="all")
 def all_packages(session: nox.Session) -> None:
-    """All four wheels together (plugins active): every package's tests plus the cross-package tests.
+    """All four wheels together (plugins active): the cross-package tests (`tests/`, which mark theirs `all_wheels`)
+    and the wheels' tests marked `all_wheels` (they need a sibling wheel, or another wheel's plugin changes what
+    they run: neuron-nki's kernels replace SDPA, norms and softmax; neuron-compile fuses adaptive eager's runs).
+    Every other test of a wheel ran in that wheel's own session and cannot differ here.
 
-    The slow and multi-process tests already ran in each package's own session; here they are skipped to keep CI
-    short, unless other pytest arguments are given (`nox -s all -- -m slow`).
+    Not slow tests (those ran in the wheels' sessions; `nox -s all -- -m "all_wheels and slow"` runs them).
     """
     _install(session, *TEST_TOOLS, *PATHS.values(), TORCH_NEURONX)
     # One pytest run over every test folder, so the two workers share all of it (test modules have distinct basenames:
     # pytest imports each folder's modules by their bare names).
-    _pytest(session, *(f"{path}/tests" for path in PATHS.values()), "tests", marks="not slow", multiprocess=False)
+    _pytest(session, *(f"{path}/tests" for path in PATHS.values()), "tests", marks="all_wheels and not slow")
 
 
 @nox.session(python=PYTHON)

@@ -178,6 +178,7 @@ def _compile_counting(x: torch.Tensor, **options) -> dict:
     return {**metrics.counters(), **counters["aot_autograd"], **counters["inductor"]}
 
 
+@pytest.mark.slow  # C++ compiles; it sets the host code itself, so compile-inductor (not slow tests) would repeat it
 @pytest.mark.compiler
 @pytest.mark.parametrize("host_code", ["aten", "inductor"])
 def test_inductor_caches_hit_exactly_when_ours_does(tmp_path, monkeypatch, host_code) -> None:

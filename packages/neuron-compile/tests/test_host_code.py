@@ -23,7 +23,8 @@ def _step(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return logits.detach().cpu()
 
 
-@pytest.mark.compiler
+@pytest.mark.slow  # Inductor's C++ compile of a decoder's forward and backward; it sets both host codes itself, so
+@pytest.mark.compiler  # the compile-inductor session (not slow tests) would only repeat it
 def test_simulated_time_and_results_are_the_same_in_both_host_codes(monkeypatch) -> None:
     """The same charges (name and seconds, bitwise) and results that agree. (Not the device-memory peak: the graph's
     outputs and saved activations are the host code's own buffers, which the allocator accounts as they are.)"""

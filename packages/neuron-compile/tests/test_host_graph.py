@@ -83,6 +83,7 @@ def expert_counts(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.histc(flat.to(torch.int32), bins=8, min=0, max=8), flat.int().histc(bins=8, min=0, max=7)
 
 
+@pytest.mark.all_wheels  # neuron-nki's kernels run in its graphs when installed
 def test_integer_histc_compiles_and_matches_eager() -> None:
     logits = torch.randn(32, 8, device="neuron")
     compiled = torch.compile(expert_counts, backend="neuron", fullgraph=True)
@@ -134,6 +135,7 @@ def _mixed_precision(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ..
             (y @ y).log_softmax(-1))
 
 
+@pytest.mark.all_wheels  # neuron-nki's kernels run in its graphs when installed
 def test_compiled_graphs_follow_neuron_autocast_as_eager() -> None:
     """Under `torch.autocast("neuron")` a compiled graph gives eager's dtypes, with `neuron`'s op lists (softmax,
     layer_norm, exp, sum in fp32 as on CUDA, where CPU autocast would keep them bf16), and close values; gradients

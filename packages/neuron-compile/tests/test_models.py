@@ -37,6 +37,7 @@ def _simulated_step_seconds(model, batch, target) -> float:
     return clock.synchronize() - start
 
 
+@pytest.mark.all_wheels  # neuron-nki's norm, softmax and attention kernels run in these models when installed
 @pytest.mark.parametrize("name", ["mlp", "cnn", "llama", "gpt2", "mistral", "qwen2"])
 def test_forward_and_training_match_eager(name: str) -> None:
     model, batch, target = _model_and_batch(name)
@@ -66,6 +67,7 @@ def test_forward_and_training_match_eager(name: str) -> None:
         torch.testing.assert_close(got.cpu(), want.cpu(), atol=1e-3, rtol=1e-3, msg=key)
 
 
+@pytest.mark.all_wheels  # neuron-nki's kernels run in the transformer when installed
 def test_compiled_transformer_step_costs_less_simulated_time_than_eager() -> None:
     model, batch, target = _model_and_batch("llama")
     eager = model.to("neuron")

@@ -10,7 +10,7 @@ import torch
 from neuron_compile import nki_substitution
 
 pytest.importorskip("nki")
-pytestmark = pytest.mark.compiler
+pytestmark = [pytest.mark.compiler, pytest.mark.all_wheels]  # needs neuron-nki: runs in the all session
 
 B, S, H, D = 2, 16, 4, 8
 

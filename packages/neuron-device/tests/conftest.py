@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from device_support import run_python
@@ -19,3 +21,16 @@ def highest_precision():
     torch.set_float32_matmul_precision("highest")
     yield
     torch.set_float32_matmul_precision(saved)
+
+
+# The ops whose `neuron` kernels neuron-nki's plugin replaces (`nki.torch.native.KERNELS`), as parameter ids name them.
+_NKI_REPLACED = re.compile(r"(?<!log_)softmax|layer_norm|rms_norm|scaled_dot_product")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """A parametrized case of an op neuron-nki replaces runs in the `all` session too (marked `all_wheels`): with
+    neuron-nki installed the case runs its kernel (tests/README.md, "Which session runs what")."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and _NKI_REPLACED.search(callspec.id):
+            item.add_marker(pytest.mark.all_wheels)

@@ -8,6 +8,9 @@ import torch.nn.functional as F
 
 import torch_neuronx
 
+# SDPA and multi-head attention run neuron-nki's kernels when it is installed (all session)
+pytestmark = pytest.mark.all_wheels
+
 _FLASH = {"aten::_scaled_dot_product_flash_attention_for_cpu", "nki::flash_attention_fwd"}  # nki: when installed
 _FLASH_BACKWARD = {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", "nki::flash_attention_bwd"}
 

@@ -163,6 +163,7 @@ def test_float64_is_not_cast():
         assert torch.exp(d).dtype is torch.float64
 
 
+@pytest.mark.all_wheels  # SDPA, norms and softmax run neuron-nki's kernels when it is installed
 def test_explicit_dtype_is_respected():
     h = torch.randn(8, device=DEVICE, dtype=torch.float16)
     with torch.autocast(DEVICE):
@@ -180,6 +181,7 @@ def test_einsum():
     assert torch.equal(out, torch.einsum("bij,bjk->bik", x.bfloat16(), y.bfloat16()))
 
 
+@pytest.mark.all_wheels  # SDPA, norms and softmax run neuron-nki's kernels when it is installed
 @pytest.mark.parametrize("amp_dtype", LOW)
 def test_scaled_dot_product_attention(amp_dtype):
     """Not in upstream's lists, but in CUDA's lower-precision policy: attention runs in the autocast dtype."""

@@ -6,6 +6,9 @@ import importlib.util
 
 import pytest
 
+# `import torch` loads every installed wheel's plugin: checked alone and with all of them (all session)
+pytestmark = pytest.mark.all_wheels
+
 RANDN = "import torch; print(torch.randn(2, device='neuron').device)"
 
 

@@ -17,6 +17,9 @@ from neuron_device import plugins
 from neuron_device.adaptive_eager import queue as adaptive_eager
 from neuron_device.simulation import costmodel, kernels
 
+# adaptive eager hands repeated runs to neuron-compile's fuser when it is installed (all session)
+pytestmark = pytest.mark.all_wheels
+
 
 @pytest.fixture
 def queued(monkeypatch):

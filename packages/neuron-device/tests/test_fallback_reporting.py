@@ -207,6 +207,7 @@ def test_torch_neuronx_imported_before_torch(python):
     assert "aten::_local_scalar_dense" in result.stdout
 
 
+@pytest.mark.all_wheels  # SDPA, norms and softmax run neuron-nki's kernels when it is installed
 def test_kernels_outside_the_fallback_are_recorded_and_charged():
     """What an NKI kernel or a compiled graph reports: executed, compiled once per signature, charged its time."""
     torch.neuron.synchronize()

@@ -144,6 +144,7 @@ def test_gradients_of_decomposed_overloads_match_cpu(fn):
     torch.testing.assert_close(neuron.grad.cpu(), cpu.grad, rtol=0, atol=0)
 
 
+@pytest.mark.all_wheels  # SDPA, norms and softmax run neuron-nki's kernels when it is installed
 def test_undefined_optional_outputs_stay_none():
     """Backward kernels leave outputs they were not asked for undefined (None): they must not be adopted."""
     x = torch.randn(4, 8)
@@ -160,6 +161,7 @@ def test_undefined_optional_outputs_stay_none():
     torch.testing.assert_close(on_device[0].cpu(), expected[0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.all_wheels  # SDPA, norms and softmax run neuron-nki's kernels when it is installed
 def test_fallback_runs_the_decomposition_of_an_op_the_cpu_has_no_kernel_for():
     """`_fused_rms_norm_backward` has CUDA/MPS kernels and a decomposition, but no CPU kernel: `nn.RMSNorm` training
     on `neuron` (without neuron-nki's kernel for it) reached the fallback and raised NotImplementedError."""
@@ -222,6 +224,7 @@ def _run_measured(program) -> tuple:
     return values, figures, elapsed
 
 
+@pytest.mark.all_wheels  # SDPA, norms and softmax run neuron-nki's kernels when it is installed
 def test_handing_out_the_twin_changes_nothing_but_speed(monkeypatch):
     """CPU kernels given the host twin itself for inputs laid out as it (`storage.kernel_input`) compute, account
     and time exactly as with a fresh view of it per input, as before: same results and statistics."""

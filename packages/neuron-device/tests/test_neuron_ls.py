@@ -19,6 +19,7 @@ def _neuron_ls(python, *args: str, env: dict[str, str]) -> subprocess.CompletedP
     return python(f"import sys\nfrom neuron_device.cli import main\nsys.exit(main({list(args)!r}))", env=env)
 
 
+@pytest.mark.all_wheels  # lists the loaded plugins
 def test_json_is_the_topology_of_the_environment(python):
     result = _neuron_ls(python, "--json", env=ENV)
     assert result.returncode == 0, result.stderr

@@ -30,6 +30,9 @@ def neuron_device_ready(device_module):
 BROKEN_HOOK = '''
 from neuron_device.plugins import hookimpl
 
+# the plugin seam, alone and with every wheel's plugin loaded (all session)
+pytestmark = pytest.mark.all_wheels
+
 @hookimpl
 def neuron_device_ready(device_module):
     raise ValueError("boom in hook")

@@ -14,6 +14,9 @@ from neuron_device import allocator as _allocator
 from neuron_device import timeline, topology
 from neuron_device.simulation import kernels, report
 
+# the report takes neuron-compile's graph counters when it is installed (all session)
+pytestmark = pytest.mark.all_wheels
+
 
 @pytest.fixture
 def workload():

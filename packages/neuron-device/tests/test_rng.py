@@ -171,6 +171,7 @@ def _run_beside_a_cpu_thread(draw, workers: int, draws: int) -> list[bytes]:
     return results
 
 
+@pytest.mark.all_wheels  # SDPA, norms and softmax run neuron-nki's kernels when it is installed
 @pytest.mark.parametrize("op", [_dropout, _attention_dropout, _seeded_randperm])
 def test_threads_get_independent_streams_and_leave_the_cpu_generator_alone(op):
     """Issue 19, item 2: 4 threads of random ops on `neuron` beside one thread drawing CPU numbers."""
@@ -182,6 +183,7 @@ def test_threads_get_independent_streams_and_leave_the_cpu_generator_alone(op):
 
 @pytest.mark.parametrize(("op", "on_cpu"), [(_dropout, _dropout), (_attention_dropout, _attention_dropout),
                                             (_seeded_randperm, lambda x: torch.randperm(x.numel()))])
+@pytest.mark.all_wheels  # SDPA, norms and softmax run neuron-nki's kernels when it is installed
 def test_each_path_draws_from_the_device_generator_as_the_cpu_does(op, on_cpu):
     """Reproducible under `torch.neuron.manual_seed`, the CPU's numbers under the same seed, and the CPU's generator
     not advanced."""

@@ -175,6 +175,7 @@ def _tied_lm() -> TinyLM:
     return model
 
 
+@pytest.mark.all_wheels  # SDPA, norms and softmax run neuron-nki's kernels when it is installed
 @pytest.mark.parametrize("factory", [TinyLM, _tied_lm], ids=["untied", "tied"])
 def test_transformer_block_trains_like_cpu(factory: Callable[[], TinyLM]) -> None:
     _, neuron_model = _assert_same_run(factory, _token_batches())
@@ -183,6 +184,7 @@ def test_transformer_block_trains_like_cpu(factory: Callable[[], TinyLM]) -> Non
 
 @pytest.mark.parametrize("factory, batches", [(ConvNet, _image_batches), (TinyLM, _token_batches)],
                          ids=["convnet", "transformer"])
+@pytest.mark.all_wheels  # SDPA, norms and softmax run neuron-nki's kernels when it is installed
 def test_bfloat16_training_matches_cpu_exactly(
     factory: Callable[[], nn.Module], batches: Callable[[], list[Batch]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -207,6 +209,7 @@ def test_trains_on_second_device() -> None:
 
 @pytest.mark.parametrize("factory, batches", [(ConvNet, _image_batches), (TinyLM, _token_batches)],
                          ids=["convnet", "transformer"])
+@pytest.mark.all_wheels  # SDPA, norms and softmax run neuron-nki's kernels when it is installed
 def test_optimizer_built_before_move_trains_moved_parameters(
     factory: Callable[[], nn.Module], batches: Callable[[], list[Batch]]
 ) -> None:

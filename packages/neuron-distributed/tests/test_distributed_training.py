@@ -37,6 +37,7 @@ def checkpoint_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("dcp"))
 
 
+@pytest.mark.all_wheels  # the models' LayerNorm runs neuron-nki's kernel when installed (sharded by DTensor, SP)
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("check", [*TWO_RANKS, "destroy"])
 def test_two_ranks(check, checkpoint_dir):
@@ -45,6 +46,7 @@ def test_two_ranks(check, checkpoint_dir):
     assert_check(*_run(2, checkpoint_dir), check)
 
 
+@pytest.mark.all_wheels
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("check", [*FOUR_RANKS, "destroy"])
 def test_four_ranks(check, checkpoint_dir):

@@ -114,6 +114,7 @@ def test_price_is_required_where_none_is_cited():
     assert report["mfu"] == pytest.approx(1e12 / (2.0 * 79e12 * 2))  # a trn2 logical core is 2 physical cores
 
 
+@pytest.mark.all_wheels  # bert_compiled.py needs neuron-compile; both models run neuron-nki's kernels when installed
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("script", ["llama_ddp.py", "bert_compiled.py"])
 def test_plan_matches_the_real_run_at_two_ranks(tmp_path, script):
@@ -353,6 +354,7 @@ def _plan_in_subprocess(code: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}, check=False)
 
 
+@pytest.mark.all_wheels  # needs neuron-compile
 def test_compiled_training_step_charges_its_graphs():
     """torch.compile(backend="neuron") in a plan: the step is charged the compiled forward and backward graphs (not
     their ops one by one, as eager would be), and the graphs' FLOPs are counted. Needs neuron-compile (the backend):

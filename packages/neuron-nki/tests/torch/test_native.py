@@ -237,6 +237,7 @@ def test_estimate_mode_warns_when_the_kernel_disagrees_with_the_cpu(
     torch.testing.assert_close(out.cpu(), torch.softmax(x, -1))
 
 
+@pytest.mark.all_wheels  # every wheel's plugin loads at `import torch` there
 def test_estimate_mode_loads_no_heavy_modules() -> None:
     """The one-time check of a kernel against the CPU must not import torch.distributed.tensor and sympy
     (`torch.testing.assert_close` does): ~40 MB of modules, peak memory a model on `neuron` would pay over the CPU."""
@@ -320,6 +321,7 @@ def test_flash_attention_estimate_beats_unfused_eager_sdpa_at_2048() -> None:
     assert fused < unfused
 
 
+@pytest.mark.all_wheels  # needs neuron-compile
 @pytest.mark.compiler
 def test_compiled_model_substitutes_the_nki_flash_attention_and_matches_cpu(simulate: None) -> None:
     """torch.compile(backend="neuron") in simulate mode: neuron-compile retargets the flash-attention op to the
@@ -383,6 +385,7 @@ def test_nki_matmul_does_not_pay_over_the_native_mm(shape: tuple[int, int, int])
     assert _simulated_seconds(lambda: a @ b) < launches[-1].latency_ns * 1e-9
 
 
+@pytest.mark.all_wheels  # needs neuron-compile
 @pytest.mark.compiler
 def test_compiled_graphs_price_attention_as_the_compilers_lowering(fresh_estimates: None,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
@@ -410,6 +413,7 @@ def test_compiled_graphs_price_attention_as_the_compilers_lowering(fresh_estimat
     assert all(set(k.work) >= {"tensor", "scalar", "vector"} and 0 < k.seconds() < eager for k in attention)
 
 
+@pytest.mark.all_wheels  # needs neuron-compile
 @pytest.mark.compiler
 def test_compiled_model_keeps_inductors_attention_in_estimate_mode(fresh_estimates: None) -> None:
     """The default mode's values are the CPU kernel's anyway: compiled graphs keep Inductor's code for the ops."""

@@ -113,6 +113,7 @@ class _Block(torch.nn.Module):
         return scale(tanh(self.lin(x)), 3.0).sum(-1)
 
 
+@pytest.mark.all_wheels  # needs neuron-compile
 @pytest.mark.compiler
 def test_compile_neuron_backend_matches_eager_forward_and_backward() -> None:
     pytest.importorskip("neuron_compile")
