@@ -273,3 +273,17 @@ def test_the_stream_is_a_function_of_the_state():
     shifted[8:] = torch.tensor([_seed_and_offset(state)[1] + 16]).view(torch.uint8)
     torch.neuron.set_rng_state(shifted)
     assert not torch.equal(torch.rand(6, device="neuron").cpu(), expected)
+
+
+def test_state_is_read_and_restored_under_a_fake_tensor_mode():
+    """Activation checkpointing saves and restores device states inside plan mode's and tracers' fake tensor modes:
+    the state is a host value, read and written without a tensor op such a mode would refuse (real tensors in a
+    fake mode)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(6)
+    torch.rand(3, device="neuron")
+    with FakeTensorMode():
+        state = torch.neuron.get_rng_state()
+        torch.neuron.set_rng_state(state)
+    assert _seed_and_offset(state) == (6, 4)

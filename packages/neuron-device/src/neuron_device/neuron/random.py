@@ -16,9 +16,12 @@ exactly what follows. Hence numbers drawn after a `get_rng_state` are not the CP
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import threading
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
 _STATE_BYTES = 16  # seed and offset, as CUDA's Philox state
 _OFFSET_STEP = 4  # CUDA's offsets are multiples of 4 (DTensor aligns them so too)
 _MASK64 = (1 << 64) - 1
+_LAYOUT = "<Qq"  # seed: uint64, offset: int64, as DTensor's `_PhiloxState` reads them
 
 
 def _stream_seed(seed: int, offset: int) -> int:
@@ -48,6 +52,22 @@ def _stream_seed(seed: int, offset: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return z ^ (z >> 31)
+
+
+def _host_bytes(state: torch.Tensor) -> bytes:
+    """A contiguous CPU state tensor's bytes, read from its memory: no tensor op, which a dispatch mode would see
+    (activation checkpointing saves and restores states under plan mode's fake tensors and tracing modes)."""
+    return ctypes.string_at(state.data_ptr(), state.numel())
+
+
+_PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
+    torch._C.DispatchKey.PythonTLSSnapshot)
+
+
+def _engine_state(engine: torch.Generator) -> bytes:
+    """The engine's state, allocated past the Python dispatch modes (a fake tensor mode would make it fake)."""
+    with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
+        return _host_bytes(engine.get_state())
 
 
 class _DeviceRandom:
@@ -64,18 +84,20 @@ class _DeviceRandom:
     def start(self, seed: int, offset: int) -> None:
         self.seed, self.offset = seed & _MASK64, offset
         self.engine.manual_seed(_stream_seed(self.seed, offset))
-        self.origin = self.engine.get_state()
+        self.origin = _engine_state(self.engine)
 
     def state(self) -> torch.Tensor:
         with self.lock:
-            if not torch.equal(self.engine.get_state(), self.origin):  # drawn since: a new position
+            if _engine_state(self.engine) != self.origin:  # drawn since: a new position
                 self.start(self.seed, self.offset + _OFFSET_STEP)
-            return torch.tensor([self.seed, self.offset], dtype=torch.uint64).view(torch.uint8)
+            packed = struct.pack(_LAYOUT, self.seed, self.offset)
+        with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):  # a real tensor under a fake tensor mode too
+            return torch.from_numpy(np.frombuffer(packed, dtype=np.uint8).copy())
 
     def set_state(self, state: torch.Tensor) -> None:
         if state.numel() != _STATE_BYTES:
             raise RuntimeError("RNG state is wrong size")
-        seed, offset = state.contiguous().view(torch.int64).tolist()
+        seed, offset = struct.unpack(_LAYOUT, _host_bytes(state.contiguous()))
         with self.lock:
             self.start(seed, offset)
 
