@@ -234,3 +234,24 @@ def test_dynamo_names_the_traced_functions_only_for_its_trace_log(monkeypatch) -
     finally:
         torch._logging.set_logs()
     assert __file__ in looked_up
+
+
+def test_flex_attention_compiles_for_neuron() -> None:
+    """Issue 39, item 5: torchtitan's attention under `torch.compile(backend="neuron")`, with a block mask built on
+    the device: the CPU's causal attention, forward and backward (it was refused: "only supported on CUDA, CPU,
+    HPU, or MPS")."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch.manual_seed(0)
+    inputs = [torch.randn(1, 2, 256, 16) for _ in range(3)]
+    leaves = [t.to("neuron").requires_grad_() for t in inputs]
+    mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 256, 256, device="neuron")
+    out = torch.compile(flex_attention, backend="neuron")(*leaves, block_mask=mask)
+    out.backward(torch.ones_like(out))
+    reference = [t.clone().requires_grad_() for t in inputs]
+    expected = torch.nn.functional.scaled_dot_product_attention(*reference, is_causal=True)
+    expected.backward(torch.ones_like(expected))
+    assert out.device.type == "neuron"
+    torch.testing.assert_close(out.detach().cpu(), expected.detach(), atol=1e-5, rtol=1e-5)
+    for leaf, want in zip(leaves, reference, strict=True):
+        torch.testing.assert_close(leaf.grad.cpu(), want.grad, atol=1e-5, rtol=1e-5)

@@ -32,3 +32,35 @@ def test_cpp_wrapper_is_refused_clearly() -> None:
     compiled = torch.compile(lambda x: x + 1, options={"cpp_wrapper": True})
     with pytest.raises(Exception, match=r"C\+\+ wrapper .* is not implemented for the 'neuron' device"):
         compiled(torch.ones(3, device="neuron"))
+
+
+def test_inductor_writes_cpp_kernels_for_neuron() -> None:
+    """Issue 39, item 4: Inductor's codegen asks `get_current_backend` which kernel language the device uses;
+    `neuron` is scheduled as C++ kernels, so the answer is "cpp" (it was "triton", and `index_expr` then failed)."""
+    from torch._inductor.utils import get_current_backend
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x + 1)
+    compiled(torch.ones(3, device="neuron"))  # registers neuron with Inductor
+    assert get_current_backend("neuron") == "cpp"
+    from torch._inductor.codegen import common
+
+    assert common.get_current_backend("neuron") == "cpp"
+
+
+def test_compiled_create_block_mask_on_neuron() -> None:
+    """torchtitan builds its flex-attention masks with `torch.compile(create_block_mask)` (Inductor) on the model's
+    device: an index-expression kernel, the same mask as on CPU."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx // 96 == kv_idx // 96)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(create_block_mask)
+    mask = compiled(document_causal, 1, 1, 256, 256, device="neuron")
+    expected = create_block_mask(document_causal, 1, 1, 256, 256, device="cpu")
+    assert mask.kv_num_blocks.device.type == "neuron"
+    for actual, reference in zip(mask.as_tuple()[2:], expected.as_tuple()[2:]):
+        if isinstance(reference, torch.Tensor):
+            assert torch.equal(actual.cpu(), reference)

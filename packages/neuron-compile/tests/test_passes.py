@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from neuron_compile.passes import KernelPlan, attention_work, plan_kernels
+from neuron_compile.passes import KernelPlan, _classify, attention_work, plan_kernels
 from neuron_compile.rms_norm import fuse_rms_norm
 
 
@@ -201,3 +201,19 @@ def test_only_kernels_a_plugin_registered_are_substituted(monkeypatch: pytest.Mo
     substituted = {id(fn) for fn in nki_substitution.substitutable_ops().values()}
     for name in ("aten::_softmax", "aten::native_layer_norm"):
         assert (id(registry.kernels[name]) in substituted) == (name not in registry.builtin), name
+
+
+def test_flex_attention_is_priced_as_a_flash_kernel() -> None:
+    """Issue 39, item 5: a compiled graph's flex attention (a higher-order op) is one flash kernel priced as
+    attention (`attention_work`, every score block: the block mask's sparsity is run-time data), forward and
+    backward; it was a data-movement kernel sized by its output."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q = torch.randn(2, 4, 128, 64)
+    graph = make_fx(lambda q, k, v: flex_attention(q, k, v), tracing_mode="fake")(q, q, q)
+    (kernel,) = [k for k in plan_kernels(graph).kernels if "flex_attention" in k.nodes]
+    assert kernel.anchor_engine == "tensor" and kernel.work == attention_work(8, 128, 128, 64, causal=False)
+    forward = next(n for n in graph.graph.nodes if n.name == "flex_attention")
+    with graph.graph.inserting_after(forward):  # the backward op's query, key and value come first as well
+        node = graph.graph.call_function(torch.ops.higher_order.flex_attention_backward, forward.args[:3])
+    assert _classify(node) == ("matmul", "tensor", attention_work(8, 128, 128, 64, causal=False, backward=True))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import torch_neuronx
 
@@ -101,3 +104,73 @@ def test_multihead_attention_fast_path_is_native_and_matches_cpu(padded):
     assert weights is None
     assert "aten::_native_multi_head_attention" not in torch_neuronx.get_fallback_ops()
     torch.testing.assert_close(actual.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+def _sliding_window(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx < 200)
+
+
+def _flex_reference(q, k, v, bias, mask):
+    """flex attention with score `s + bias[h] * (q - kv) / S` under `mask`, as SDPA's math on the CPU."""
+    length = q.shape[-2]
+    distance = (torch.arange(length)[:, None] - torch.arange(length)[None]) / length
+    scores = torch.where(mask, bias.view(-1, 1, 1) * distance, -math.inf)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=scores)
+
+
+def _flex(device: str, inputs: list[torch.Tensor], masked: bool):
+    q, k, v, bias = (t.detach().to(device).requires_grad_() for t in inputs)
+    length = q.shape[-2]
+
+    def relative_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[h] * (q_idx - kv_idx) / length
+
+    block_mask = create_block_mask(_sliding_window, 1, 1, length, length, device=device) if masked else None
+    out = flex_attention(q, k, v, score_mod=relative_bias, block_mask=block_mask)
+    out.backward(torch.cos(torch.arange(out.numel(), dtype=out.dtype)).view_as(out).to(device))
+    return out.detach().cpu(), [t.grad.cpu() for t in (q, k, v, bias)]
+
+
+@pytest.mark.parametrize("masked", [True, False], ids=["block_mask", "no_mask"])
+def test_flex_attention_is_one_flash_kernel_and_matches_cpu(masked: bool) -> None:
+    """Issue 39, item 5: torchtitan's attention. `flex_attention` on `neuron` (it was refused: "only supported on
+    CUDA, CPU, HPU, or MPS") gives the CPU's forward and backward, the gradient of a tensor its score function
+    captures included, and is charged as one flash kernel each way (not the dense math's separate ops)."""
+    torch.manual_seed(0)
+    length = 400
+    inputs = [torch.randn(1, 2, length, 16) for _ in range(3)] + [torch.randn(2)]
+    torch_neuronx.clear_op_tracking()
+    out, grads = _flex("neuron", inputs, masked)
+    executed = set(torch_neuronx.get_executed_ops())
+    assert {"flex_attention", "flex_attention_backward"} <= executed
+    assert not executed & {"aten::bmm", "aten::_softmax", "aten::exp", "aten::logsumexp"}
+    assert not torch_neuronx.get_fallback_ops()
+
+    cpu_mask = create_block_mask(_sliding_window, 1, 1, length, length, device="cpu") if masked else None
+    cpu_out = flex_attention(*inputs[:3], score_mod=lambda s, b, h, q, kv: s + inputs[3][h] * (q - kv) / length,
+                             block_mask=cpu_mask)  # the CPU's own forward (it has no backward)
+    torch.testing.assert_close(out, cpu_out, atol=1e-5, rtol=1e-5)
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    mask = _sliding_window(0, 0, torch.arange(length)[:, None], torch.arange(length)[None]) if masked \
+        else torch.ones(length, length, dtype=torch.bool)
+    expected = _flex_reference(*leaves, mask)
+    expected.backward(torch.cos(torch.arange(expected.numel(), dtype=expected.dtype)).view_as(expected))
+    torch.testing.assert_close(out, expected.detach(), atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads, [t.grad for t in leaves], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_flex_attention_is_charged_for_the_blocks_its_mask_visits() -> None:
+    """A flash kernel skips the blocks the block mask hides: a causal mask over 4 x 4 blocks of 128 visits 10."""
+    from neuron_device.simulation import kernels
+
+    q = torch.randn(1, 2, 512, 16, device="neuron")
+    seconds = {}
+    for name, mask in (("dense", None), ("causal", create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 512, 512,
+                                                                      device="neuron"))):
+        torch_neuronx.clear_op_tracking()
+        flex_attention(q, q, q, block_mask=mask)
+        (launch,) = [launch for launch in kernels.launches() if launch.name == "flex_attention"]
+        seconds[name] = launch.work.engines
+    (_, dense), (_, causal) = seconds["dense"][0], seconds["causal"][0]
+    assert dense == 4.0 * q.numel() * 512 and causal == dense * 10 / 16

@@ -240,3 +240,52 @@ def test_seeded_call_refuses_to_borrow_the_cpu_generator():
 
     with pytest.raises(NotImplementedError, match="no form taking a generator"):
         seeded_call(no_generator_form, 0, (3,), {})
+
+
+def _seed_and_offset(state: torch.Tensor) -> tuple[int, int]:
+    return state[:8].view(torch.uint64).item(), state[8:].view(torch.int64).item()
+
+
+def test_state_is_cudas_seed_and_offset():
+    """Issue 39, item 3: the state is CUDA's 16-byte Philox-style (seed, offset) pair (DTensor's RNG tracker reads
+    and shifts it); it was a CPU generator's 5,056 bytes."""
+    torch.manual_seed(3)
+    state = torch.neuron.get_rng_state()
+    assert state.numel() == 16 and _seed_and_offset(state) == (3, 0)
+    assert torch.equal(torch.neuron.get_rng_state(), state)  # nothing drawn: the same position
+    torch.rand(5, device="neuron")
+    seed, offset = _seed_and_offset(torch.neuron.get_rng_state())
+    assert seed == 3 and offset > 0 and offset % 4 == 0
+    with pytest.raises(RuntimeError, match="RNG state is wrong size"):
+        torch.neuron.set_rng_state(torch.zeros(5056, dtype=torch.uint8))
+
+
+def test_the_stream_is_a_function_of_the_state():
+    """A (seed, offset) pair gives the same numbers whatever came before it and on every device (as a state saved
+    in one process and restored in another), and another offset gives other numbers."""
+    torch.manual_seed(4)
+    torch.randn(7, device="neuron")
+    state = torch.neuron.get_rng_state()
+    expected = torch.rand(6, device="neuron").cpu()
+    torch.neuron.manual_seed_all(123)
+    torch.randn(100, device="neuron:1")
+    torch.neuron.set_rng_state(state, 1)
+    assert torch.equal(torch.rand(6, device="neuron:1").cpu(), expected)
+    shifted = state.clone()
+    shifted[8:] = torch.tensor([_seed_and_offset(state)[1] + 16]).view(torch.uint8)
+    torch.neuron.set_rng_state(shifted)
+    assert not torch.equal(torch.rand(6, device="neuron").cpu(), expected)
+
+
+def test_state_is_read_and_restored_under_a_fake_tensor_mode():
+    """Activation checkpointing saves and restores device states inside plan mode's and tracers' fake tensor modes:
+    the state is a host value, read and written without a tensor op such a mode would refuse (real tensors in a
+    fake mode)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(6)
+    torch.rand(3, device="neuron")
+    with FakeTensorMode():
+        state = torch.neuron.get_rng_state()
+        torch.neuron.set_rng_state(state)
+    assert _seed_and_offset(state) == (6, 4)

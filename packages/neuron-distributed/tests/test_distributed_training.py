@@ -17,6 +17,7 @@ TWO_RANKS = [
     "fsdp2_bf16",
     "fsdp2_cpu_offload",
     "tp",
+    "dtensor_random",
     "sp",
     "pp_gpipe",
     "pp_1f1b",

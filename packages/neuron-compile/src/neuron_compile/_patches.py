@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["inductor_decompositions", "lazy_trace_log_headers", "patch_scheduler_host_check",
+__all__ = ["inductor_decompositions", "lazy_trace_log_headers", "patch_current_backend", "patch_scheduler_host_check",
            "register_stream_functions"]
 
 DEVICE = "neuron"
@@ -27,6 +27,33 @@ def patch_scheduler_host_check() -> None:
         return device is not None and device.type in ("cpu", DEVICE)
 
     BaseSchedulerNode.is_cpu = is_cpu
+
+
+def patch_current_backend() -> None:
+    """Inductor's codegen asks `get_current_backend(device_type)` which kernel language a device's kernels are
+    written in, and answers from a fixed list: every device that is not cpu, mps, xpu or tpu is "triton". `neuron`
+    is scheduled by `CppScheduling` (C++ kernels), so codegen that branches on the answer (e.g. `index_expr`'s dtype
+    propagation in `CSEProxy`) took the Triton branch for C++ code and failed (`torch.compile(create_block_mask)`
+    on `neuron`: "assert index.dtype is not None" in `CppKernel.arange`). `neuron` answers "cpp"; the function is
+    imported by name into the modules that call it, so each binding is replaced."""
+    from torch._inductor import scheduler, utils
+    from torch._inductor.codegen import common
+    from torch._inductor.kernel import mm_common
+
+    original = utils.get_current_backend
+    if getattr(original, "_neuron", False):
+        return
+
+    def get_current_backend(device_type: str | None = None) -> str:
+        if not device_type:
+            from torch._inductor.virtualized import V
+
+            device_type = V.graph.get_current_device_or_throw().type
+        return "cpp" if device_type == DEVICE else original(device_type)
+
+    get_current_backend._neuron = True  # type: ignore[attr-defined]
+    for module in (utils, common, scheduler, mm_common):
+        module.get_current_backend = get_current_backend
 
 
 def register_stream_functions() -> None:

@@ -132,6 +132,7 @@ def register() -> None:
         )
         register_device_op_overrides(DEVICE, CpuDeviceOpOverrides())
         _patches.patch_scheduler_host_check()
+        _patches.patch_current_backend()
         _patches.register_stream_functions()
         _patches.lazy_trace_log_headers()
         _registered = True

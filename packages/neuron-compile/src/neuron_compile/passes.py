@@ -190,6 +190,18 @@ def _attention(node: torch.fx.Node) -> dict[str, float]:
     return attention_work(math.prod(lead), sq, _size(key.shape[-2]), d, causal, backward)
 
 
+_FLEX_ATTENTION = (torch.ops.higher_order.flex_attention, torch.ops.higher_order.flex_attention_backward)
+
+
+def _flex_attention(node: torch.fx.Node) -> dict[str, float]:
+    """`attention_work` of a flex-attention node (query, key, ... first, forward or backward): one flash kernel
+    over every score block, as the block mask's sparsity is data the graph only reads at run time."""
+    query, key = (node.args[i].meta["val"] for i in (0, 1))
+    *lead, sq, d = (_size(n) for n in query.shape)
+    backward = node.target is torch.ops.higher_order.flex_attention_backward
+    return attention_work(math.prod(lead), sq, _size(key.shape[-2]), d, False, backward)
+
+
 def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
     """(kind, engine, work) of a call_function node; kind is "view", "matmul", "fusable", "substituted" (a Neuron
     kernel put in by `nki_substitution`) or "other"; attention's work is on several engines (`attention_work`)."""
@@ -210,6 +222,8 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
         return "substituted", "", 0.0
     if packet in _FLASH_ATTENTION:
         return "matmul", "tensor", _attention(node)
+    if node.target in _FLEX_ATTENTION:
+        return "matmul", "tensor", _flex_attention(node)
     info = services.op_info(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
     if info is not None and info.engine == "tensor":  # priced by eager's FLOP formula
         args = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args)

@@ -12,9 +12,9 @@ machine and figures    `topology` (this process's machine), the hardware spec `n
 memory                 `allocator` (caching allocator per device, HBM capacity, stats), `storage` (adopting CPU
                        memory as device storage, host aliases)
 streams and clocks     `neuron/streams` (`Stream`, `Event`), `timeline` (a simulated clock per stream)
-random numbers         `neuron/random` (one generator per device)
+random numbers         `neuron/random` (one generator per device; CUDA's (seed, offset) state)
 kernels                `ops/registry` (registration), `ops/catalogue` (engine and work per op), `ops/minimal`,
-                       `ops/matmul`, `ops/attention`, `ops/rnn_cells`, `ops/cpu_exact` (kernels), `ops/fastpath`
+                       `ops/matmul`, `ops/attention`, `ops/flex_attention`, `ops/rnn_cells`, `ops/cpu_exact` (kernels), `ops/fastpath`
                        (the direct call of common ops)
 CPU fallback           `fallback` (any op on host aliases; which ops fall back, `NEURON_FALLBACK_ENABLED`)
 simulated cost         `simulation/costmodel` (an op's device time), `simulation/kernels` (charging, compile cache,

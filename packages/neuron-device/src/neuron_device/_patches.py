@@ -534,6 +534,30 @@ def _skip_runtime_in_dynamo() -> None:
     sys.meta_path.insert(0, _AfterImport(_DYNAMO_RULES, add_all))
 
 
+_FLEX_ATTENTION = "torch.nn.attention.flex_attention"
+
+
+def _patch_flex_attention_devices() -> None:
+    """`flex_attention` checks its inputs' device against a fixed set (cuda, cpu, xpu, hpu, mps) before it reaches
+    its higher-order op, whose kernels dispatch by device like any op's: `neuron` has its own (`ops.flex_attention`,
+    one flash kernel each, with a backward). `neuron` passes the check; other devices get torch's. The module is not
+    imported by `import torch`, so an import hook waits for it."""
+    def accept_neuron(module) -> None:
+        validate = module._validate_device
+
+        @functools.wraps(validate)
+        def _validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+            if query.device.type != "neuron":
+                validate(query, key, value)
+
+        module._validate_device = _validate_device
+
+    if _FLEX_ATTENTION in sys.modules:
+        accept_neuron(sys.modules[_FLEX_ATTENTION])
+    else:
+        sys.meta_path.insert(0, _AfterImport(_FLEX_ATTENTION, accept_neuron))
+
+
 class _AfterImport:
     """A meta-path finder that runs `then(module)` once the module named `name` has been executed."""
 
@@ -575,6 +599,7 @@ _PATCHES = (
     _patch_data_parallel_comm,
     _patch_printing_on_host,
     _skip_runtime_in_dynamo,
+    _patch_flex_attention_devices,
 )
 
 

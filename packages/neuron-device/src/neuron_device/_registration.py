@@ -51,9 +51,9 @@ def _register_device() -> None:
 
 
 def _register_kernels() -> None:
-    # Importing `minimal`, `cpu_exact`, `matmul`, `attention` and `rnn_cells` registers their kernels.
+    # Importing `minimal`, `cpu_exact`, `matmul`, `attention`, `flex_attention` and `rnn_cells` registers their kernels.
     from . import autocast, fallback
-    from .ops import attention, cpu_exact, matmul, minimal, registry, rnn_cells  # noqa: F401
+    from .ops import attention, cpu_exact, flex_attention, matmul, minimal, registry, rnn_cells  # noqa: F401
 
     registry.register_fallback(fallback.run_on_host)
     for sparse_key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):

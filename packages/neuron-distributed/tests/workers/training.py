@@ -164,6 +164,24 @@ def sequence_parallel() -> None:
     assert_matches(model.state_dict(), expected=reference(SequenceBlock, sequence_batch))
 
 
+def dtensor_random() -> None:
+    """DTensor random ops on neuron (issue 39, item 3), as on CUDA: a replicated tensor draws the same numbers on
+    every rank (the CPU's, after the same seed), a sharded one different numbers per shard, and every rank's
+    generator state is the same afterwards (each set past the whole tensor)."""
+    mesh = init_device_mesh("neuron", (WORLD,))
+    torch.manual_seed(5)
+    weight = nn.Parameter(distribute_tensor(torch.empty(6, 4, device=DEVICE), mesh, [Replicate()]))
+    nn.init.trunc_normal_(weight, std=0.02)
+    torch.manual_seed(5)
+    assert torch.equal(weight.to_local().detach().cpu(), nn.init.trunc_normal_(torch.empty(6, 4), std=0.02))
+    sharded = distribute_tensor(torch.empty(8, 4, device=DEVICE), mesh, [Shard(0)]).uniform_()
+    whole = sharded.full_tensor().cpu()
+    assert not torch.equal(whole[:4], whole[4:])
+    states = [torch.empty(16, dtype=torch.uint8, device=DEVICE) for _ in range(WORLD)]
+    dist.all_gather(states, torch.neuron.get_rng_state().to(DEVICE))
+    assert all(torch.equal(state.cpu(), states[0].cpu()) for state in states), states
+
+
 def dtensor_2d() -> None:
     """DTensor on a 2-D neuron mesh: distribute, redistribute over each dimension, gather back."""
     mesh = init_device_mesh("neuron", (WORLD // 2, 2), mesh_dim_names=("dp", "tp"))
@@ -282,6 +300,7 @@ CHECKS = {
     ),
     "fsdp2_cpu_offload": fsdp2(offload_policy=CPUOffloadPolicy(pin_memory=False)),
     "tp": tensor_parallel,
+    "dtensor_random": dtensor_random,
     "sp": sequence_parallel,
     "pp_gpipe": pipeline(ScheduleGPipe),
     "pp_1f1b": pipeline(Schedule1F1B),

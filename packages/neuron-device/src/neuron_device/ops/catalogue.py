@@ -18,7 +18,7 @@ import torch
 
 from ..simulation import costmodel as _costmodel
 
-__all__ = ["NATIVE", "OpInfo", "op_info"]
+__all__ = ["NATIVE", "OpInfo", "attention_flops", "op_info"]
 
 _Flops = Callable[[tuple, Any], float]
 
@@ -65,21 +65,22 @@ def _convolution_backward_flops(args: tuple, out: Any) -> float:
     return forward * (int(mask[0]) + int(mask[1]))
 
 
-def _attention_flops(query: torch.Tensor, key: torch.Tensor, causal: bool) -> float:
-    """Q K^T and P V: two products of B x H x Sq x Sk x d; a causal mask skips about half."""
-    flops = 4.0 * query.numel() * key.shape[-2]
-    return flops / 2 if causal else flops
+def attention_flops(query: torch.Tensor, key: torch.Tensor, visible: float = 1.0, backward: bool = False) -> float:
+    """Q K^T and P V: two products of B x H x Sq x Sk x d over the `visible` fraction of the scores (a flash kernel
+    skips masked blocks: a causal mask, about half). The backward recomputes P, then dV, dP, dQ and dK: five
+    products to the forward's two."""
+    flops = 4.0 * query.numel() * key.shape[-2] * visible
+    return 2.5 * flops if backward else flops
 
 
 def _flash_attention_flops(args: tuple, out: Any) -> float:
     """_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, ...)."""
-    return _attention_flops(args[0], args[1], len(args) > 4 and bool(args[4]))
+    return attention_flops(args[0], args[1], 0.5 if len(args) > 4 and args[4] else 1.0)
 
 
 def _flash_attention_backward_flops(args: tuple, out: Any) -> float:
-    """The backward (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal): P recomputed, then dV, dP,
-    dQ and dK, five products to the forward's two."""
-    return 2.5 * _attention_flops(args[1], args[2], len(args) > 7 and bool(args[7]))
+    """The backward (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal)."""
+    return attention_flops(args[1], args[2], 0.5 if len(args) > 7 and args[7] else 1.0, backward=True)
 
 
 # Tensor engine ops and their FLOPs.
