@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import _patches, boundary, metrics, nki_substitution, passes, rms_norm, rng
