@@ -415,6 +415,7 @@ def _compiled_outside_plan(backend: Callable) -> Callable:
     `torch.compile` call made each block compiled per layer a recompile of the shared `forward` ("BACKEND_MATCH
     failure"), and blocks after the recompile limit ran eagerly."""
 
+    @functools.wraps(backend)  # the backend's name in Dynamo's messages; neuron-compile finds it through this
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Callable:
         from torch.utils._python_dispatch import _disable_current_modes
 
