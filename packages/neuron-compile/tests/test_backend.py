@@ -76,6 +76,52 @@ def test_new_shapes_recompile_and_are_counted() -> None:
     assert torch.neuron.get_dynamo_metrics() == []
 
 
+@pytest.mark.parametrize("backend_name", ["neuron", "eager"])
+def test_recompile_limit_fallback_to_eager_warns(backend_name: str) -> None:
+    """Past Dynamo's recompile limit a frame runs eagerly: for backend "neuron" never silently (a warning naming the
+    limit and how to raise it); other backends keep Dynamo's own behaviour."""
+    def shift(x: torch.Tensor) -> torch.Tensor:  # a code object of its own: its compiles alone count to the limit
+        return x + 1
+
+    compiled = torch.compile(shift, backend=backend_name, dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=2), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for size in (2, 3, 4, 5):
+            x = torch.randn(size, device="neuron")
+            torch.testing.assert_close(compiled(x).cpu(), shift(x).cpu())
+    limit = [w for w in caught if "recompile_limit" in str(w.message)]
+    if backend_name == "eager":
+        assert not limit
+        return
+    assert len(limit) == 1 and limit[0].category is RuntimeWarning  # once: the frame is then left to eager
+    message = str(limit[0].message)
+    assert "config.recompile_limit (2)" in message and "'shift'" in message
+    assert "torch._dynamo.config.recompile_limit" in message and "fail_on_recompile_limit_hit" in message
+    assert metrics.counters()["compilations"] == 2
+
+
+def test_blocks_compiled_one_by_one_compile_one_shared_graph() -> None:
+    """32 blocks each given to torch.compile(backend="neuron"): the string backend is one callable, so their shared
+    `forward` compiles once and every block runs it (none falls back to eager past the recompile limit)."""
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.linear(x)) + x
+
+    blocks = [Block().to("neuron") for _ in range(32)]
+    compiled = [torch.compile(block, backend="neuron") for block in blocks]
+    x = torch.randn(2, 8, device="neuron", requires_grad=True)
+    y = expected = x
+    for block, compiled_block in zip(blocks, compiled):
+        y, expected = compiled_block(y), block(expected)
+    torch.testing.assert_close(y.cpu(), expected.cpu())
+    assert len(torch._dynamo.eval_frame._debug_get_cache_entry_list(Block.forward.__code__)) == 1
+    assert metrics.counters()["compilations"] == 1
+
+
 def test_mode_other_than_default_warns_and_compiles_as_default() -> None:
     compiled = torch.compile(scale_shift, backend="neuron", mode="max-autotune")
     x = torch.randn(6, device="neuron")

@@ -393,3 +393,30 @@ torch_neuronx.plan(step, world_size=1)
     done = _plan_in_subprocess(code)
     assert done.returncode != 0
     assert "NotImplementedError" in done.stderr and 'only backend="neuron"' in done.stderr
+
+
+def test_blocks_compiled_one_by_one_share_one_graph():
+    """Twelve blocks each given to torch.compile(backend="neuron") in a plan: one backend callable for all of them,
+    so Dynamo compiles their shared `forward` once (a new callable per call failed Dynamo's backend guard for each
+    block: eight recompiles, then the recompile limit ran the last four blocks eagerly). Needs neuron-compile."""
+    pytest.importorskip("neuron_compile")
+    code = """
+import torch, torch_neuronx
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 64)
+    def forward(self, x):
+        return torch.relu(self.linear(x)) + x
+def step():
+    blocks = [torch.compile(Block().to("neuron"), backend="neuron") for _ in range(12)]
+    x = torch.randn(8, 64, device="neuron", requires_grad=True)  # as each block's output: no recompile for that
+    for block in blocks:
+        x = block(x)
+torch_neuronx.plan(step, world_size=1)
+print(len(_debug_get_cache_entry_list(Block.forward.__code__)))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "1"

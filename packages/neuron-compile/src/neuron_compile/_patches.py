@@ -6,13 +6,17 @@ keeps its own in `neuron_device._patches`). They are applied when `neuron` regis
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
+import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 __all__ = ["inductor_decompositions", "lazy_trace_log_headers", "patch_current_backend", "patch_scheduler_host_check",
-           "register_stream_functions"]
+           "register_stream_functions", "warn_on_recompile_limit"]
 
 DEVICE = "neuron"
 
@@ -108,3 +112,52 @@ def inductor_decompositions(select_decomp_table: Callable[[], dict]) -> Iterator
 
     with mock.patch.object(compile_fx_module, "select_decomp_table", select_decomp_table):
         yield
+
+
+def _innermost(backend: Any) -> Any:
+    """The function behind a Dynamo backend: through Dynamo's wrappers (`_torchdynamo_orig_backend`), the
+    `torch.compile` wrapper of a string backend (`compiler_fn`) and `functools.wraps` wrappers (`__wrapped__`)."""
+    while True:
+        inner = (getattr(backend, "_torchdynamo_orig_backend", None) or getattr(backend, "compiler_fn", None)
+                 or getattr(backend, "__wrapped__", None))
+        if inner is None or inner is backend:
+            return backend
+        backend = inner
+
+
+def warn_on_recompile_limit(is_ours: Callable[[Any], bool]) -> None:
+    """When Dynamo's recompile limit (`torch._dynamo.config.recompile_limit`, 8 per code object, or the accumulated
+    limit) is hit, Dynamo runs the frame and every later variant of it eagerly, uncompiled, and says so only in a
+    log record (one line that a logging setup can hide, among others). For frames compiled with a backend for which
+    `is_ours` holds, that fallback also raises a `RuntimeWarning` naming the limit and how to raise it (as the
+    backend's own fallbacks do). Nothing changes when the limit makes Dynamo raise instead
+    (`fail_on_recompile_limit_hit`, `fullgraph=True`)."""
+    from torch._dynamo import config, convert_frame
+
+    original = convert_frame._compile
+    if getattr(original, "_neuron_warns_on_recompile_limit", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def _compile(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        if (not config.fail_on_recompile_limit_hit and not bound.get("one_graph")
+                and is_ours(_innermost(bound.get("compiler_fn")))):
+            exceeded, limit = convert_frame.exceeds_recompile_limit(bound["cache_size"], bound["compile_id"])
+            if exceeded:
+                code = bound["code"]
+                warnings.warn(
+                    f"torch._dynamo hit config.{limit} ({getattr(config, limit)}) for '{code.co_name}' "
+                    f"({code.co_filename}:{code.co_firstlineno}), compiled with backend 'neuron': this call and every "
+                    "later new variant of it (input shapes, dtypes, other guards) run eagerly, not compiled. Raise "
+                    f"torch._dynamo.config.{limit}, make the inputs take fewer shapes (pad or bucket them; "
+                    'TORCH_LOGS="recompiles" lists why each recompile happened), or set '
+                    "torch._dynamo.config.fail_on_recompile_limit_hit = True to make this an error.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return original(*args, **kwargs)
+
+    _compile._neuron_warns_on_recompile_limit = True
+    convert_frame._compile = _compile

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import cache, compiler, envvars, inductor_device, metrics
+from . import _patches, cache, compiler, envvars, inductor_device, metrics
 from .artifacts import ArtifactWriter
 from .compiled_graph import CompiledGraph
 from .passes import KernelPlan
@@ -206,3 +206,7 @@ def neuron_backend(
             raise DynamicShapesNotSupported(_DYNAMIC_MESSAGE.format(count=len(dims), dims=", ".join(dims)))
         return _PerShape(gm, settings, name)
     return _compile_static(gm, example_inputs, settings, name=name, recompile=recompile)
+
+
+# Dynamo's fallback to eager at its recompile limit warns for graphs of this backend (see `_patches`).
+_patches.warn_on_recompile_limit(lambda backend: backend is neuron_backend)

@@ -15,6 +15,12 @@ Inductor's CPU path as it is tested upstream; registering `neuron` as an Inducto
 (`inductor_device`, used by plain `torch.compile`) meets CPU-only heuristics keyed on `device.type == "cpu"` across
 Inductor (loop reindexing, indirect-indexing asserts) that fail for another device name.
 
+A graph that meets tensor subclasses (DTensor parameters or activations of tensor parallelism, a `DeviceMesh`)
+crosses at the AOT graphs instead: AOTAutograd traces it on its `neuron` inputs as they are, desugaring each subclass
+into its inner tensors (as `aot_eager` does), and each AOT graph, on plain tensors, is the host graph, called with
+host aliases of its `neuron` arguments (`host_runtime`). A host alias of a DTensor as a whole would lose the subclass
+(its local shard and mesh), and a host DTensor would not do either: DTensor moves host tensors to its mesh's device.
+
 Inputs on the CPU are copied to `neuron` at run time: TorchNeuron's auto-copy (see `runtime`).
 """
 
@@ -26,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import _patches, boundary, metrics, nki_substitution, passes, rms_norm, rng
 from .artifacts import ArtifactWriter
@@ -129,6 +136,12 @@ def _host_example(value: Any, traced: Any) -> Any:
     return host
 
 
+def _meets_tensor_subclasses(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether the graph takes or makes a tensor subclass (DTensor): it then crosses to the host at its AOT graphs."""
+    values = [*example_inputs, *(node.meta.get("example_value") for node in gm.graph.nodes)]
+    return any(is_traceable_wrapper_subclass(v) for v in values if isinstance(v, torch.Tensor))
+
+
 class HostGraph:
     """A graph compiled for the host, called with `neuron` arguments."""
 
@@ -149,10 +162,12 @@ def _inner_compile(
     artifacts: ArtifactWriter,
     plans: dict[str, passes.KernelPlan],
     host_code: str,
+    on_device: bool,
     **kwargs: Any,
 ) -> Any:
     """Neuron FX passes on one AOT graph and its kernel plan (into `plans`), then its host code (see the module
-    doc)."""
+    doc). `on_device`: the AOT graph was traced on `neuron` tensors (a graph with tensor subclasses), so it is made
+    a host graph here, called with `neuron` arguments."""
     from torch._inductor.compile_fx import compile_fx_inner
 
     stage = "backward" if kwargs.get("is_backward") else ("inference" if kwargs.get("is_inference") else "forward")
@@ -166,9 +181,11 @@ def _inner_compile(
     with metrics.phase("lower"):
         if host_code == "aten":
             rng.seeded_host_random(gm)
+            if on_device:
+                _retarget_devices_to_host(gm)
             gm.recompile()
             artifacts.write_code(stage, gm.code)
-            return AtenHostCode(gm, plans[stage], stage)
+            return AtenHostCode(gm, plans[stage], stage, device_arguments=on_device)
         compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
     artifacts.write_code(stage, getattr(compiled, "source_code", None))
     return compiled
@@ -183,7 +200,7 @@ def compile_graph(
     traced: bool = True,
     cache_key: str = "",
     host_code: str = "aten",
-) -> HostGraph:
+) -> Callable:
     """Compile a Dynamo graph of `neuron` tensors with static shapes to a callable taking the same arguments;
     `plans` receives the kernel plan of each AOT graph compiled ("forward", "backward" or "inference"; on an
     AOTAutograd cache hit, the "aten" host code's stored plans, and none for Inductor's). `traced=False` compiles from the concrete `example_inputs` alone (a graph Dynamo traced
@@ -196,13 +213,18 @@ def compile_graph(
     autocast = _with_device_autocast(gm, example_inputs)
     if autocast is not None:  # a retraced graph: its placeholders carry no Dynamo fake tensors
         gm, traced = autocast, False
-    _retarget_devices_to_host(gm)
+    on_device = _meets_tensor_subclasses(gm, example_inputs)
+    if on_device:  # AOTAutograd traces the `neuron` inputs as they are; the host crossing is at its graphs
+        inputs = list(example_inputs)
+    else:
+        _retarget_devices_to_host(gm)
+        fakes = [node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder")]
+        if not traced or len(fakes) != len(example_inputs):
+            fakes = [None] * len(example_inputs)
+        inputs = [_host_example(v, t) for v, t in zip(example_inputs, fakes)]
     _integer_histc_in_float(gm)
-    fakes = [node.meta.get("example_value") for node in gm.graph.find_nodes(op="placeholder")]
-    if not traced or len(fakes) != len(example_inputs):
-        fakes = [None] * len(example_inputs)
-    inputs = [_host_example(v, t) for v, t in zip(example_inputs, fakes)]
-    inner = functools.partial(_inner_compile, artifacts=artifacts, plans=plans, host_code=host_code)
+    inner = functools.partial(_inner_compile, artifacts=artifacts, plans=plans, host_code=host_code,
+                              on_device=on_device)
     nki_substitution.define_replacements()  # code loaded from Inductor's caches calls them by name
     rng.define_device_ops()
     # The backward graph is compiled now, not at the first backward: failures surface at compile time, and the
@@ -213,7 +235,8 @@ def compile_graph(
           _patches.inductor_decompositions(neuron_decompositions),
           _inductor_caches(cache_key, host_code),
           collecting(plans)):
-        return HostGraph(compile_fx_module.compile_fx(gm, inputs, inner_compile=inner))
+        compiled = compile_fx_module.compile_fx(gm, inputs, inner_compile=inner)
+    return compiled if on_device else HostGraph(compiled)
 
 
 @contextlib.contextmanager

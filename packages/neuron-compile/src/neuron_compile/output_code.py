@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch._inductor.output_code import OutputCode
 
+from . import host_runtime
 from .passes import KernelPlan
 
 __all__ = ["AtenHostCode", "collecting"]
@@ -48,19 +49,26 @@ def _no_metadata(key: str) -> bool:
 
 class AtenHostCode(OutputCode):
     """A planned AOT graph run as host code (boxed: called with the list of its inputs), with its plan and its stage
-    ("forward", "backward" or "inference")."""
+    ("forward", "backward" or "inference"). `device_arguments`: it is called with `neuron` tensors (an AOT graph
+    traced on the device, see `compiler`), which cross to the host and back here."""
 
-    def __init__(self, gm: torch.fx.GraphModule, plan: KernelPlan, stage: str) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, plan: KernelPlan, stage: str, *,
+                 device_arguments: bool = False) -> None:
         super().__init__()
         self._boxed_call = True
         self.plan = plan
         self.stage = stage
+        self.device_arguments = device_arguments
         self._graph_module: torch.fx.GraphModule | None = gm
         self._serialized: bytes | None = None
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         assert self._graph_module is not None, "AtenHostCode called before post_compile"
-        return self._graph_module.forward(*inputs)
+        if not self.device_arguments:
+            return self._graph_module.forward(*inputs)
+        hosts = host_runtime.to_host(inputs)
+        outputs = self._graph_module.forward(*hosts)
+        return type(outputs)(host_runtime.to_device(outputs, inputs, hosts))
 
     def prepare_for_serialization(self) -> None:
         """Called on a shallow copy about to be pickled: keep the graph as `GraphPickler` bytes only."""

@@ -407,10 +407,15 @@ def _compile(compile_: Callable) -> Callable:
     return planned
 
 
+@functools.cache
 def _compiled_outside_plan(backend: Callable) -> Callable:
     """The backend run with the plan's tensor modes off, as Dynamo runs backends. (Dynamo's DDPOptimizer path, taken
-    for a graph traced inside a DDP forward, leaves them on, and AOTAutograd then fails on its functional tensors.)"""
+    for a graph traced inside a DDP forward, leaves them on, and AOTAutograd then fails on its functional tensors.)
+    One callable per backend: Dynamo guards each compiled frame on its backend, so a new wrapper per
+    `torch.compile` call made each block compiled per layer a recompile of the shared `forward` ("BACKEND_MATCH
+    failure"), and blocks after the recompile limit ran eagerly."""
 
+    @functools.wraps(backend)  # the backend's name in Dynamo's messages; neuron-compile finds it through this
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Callable:
         from torch.utils._python_dispatch import _disable_current_modes
 

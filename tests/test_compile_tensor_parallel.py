@@ -1,0 +1,127 @@
+"""torch.compile(backend="neuron") of DTensor tensor-parallel decoder blocks (issue #39 item 1): per-block compile
+after `parallelize_module` trains as the same model does eagerly on the CPU. In one process (a world of one rank,
+as a 1-D TP mesh of size 1): the DTensor parameters and the mesh reach the backend as on more ranks; and on two
+ranks (multiprocess: TP 2, then FSDP2 over mesh["dp"]) against the same recipe eager on the CPU with Gloo."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+pytest.importorskip("neuron_distributed")
+
+
+HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE = 16, 2, 8, 32
+
+
+class Block(nn.Module):
+    """A Llama decoder block: RMSNorm, causal attention, RMSNorm, SwiGLU MLP, residuals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn_norm, self.mlp_norm = nn.RMSNorm(HIDDEN), nn.RMSNorm(HIDDEN)
+        self.q, self.k, self.v = (nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False) for _ in range(3))
+        self.o = nn.Linear(HEADS * HEAD_DIM, HIDDEN, bias=False)
+        self.gate = nn.Linear(HIDDEN, INTERMEDIATE, bias=False)
+        self.up = nn.Linear(HIDDEN, INTERMEDIATE, bias=False)
+        self.down = nn.Linear(INTERMEDIATE, HIDDEN, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        h = self.attn_norm(x)
+        q, k, v = (proj(h).view(batch, seq, -1, HEAD_DIM).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(attention.transpose(1, 2).reshape(batch, seq, -1))
+        h = self.mlp_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+PLAN = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
+        "gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}
+
+
+def train(model: nn.Module, device: str, steps: int = 3) -> tuple[list[float], list[torch.Tensor]]:
+    """Losses of `steps` SGD steps on fixed data, and the gradients of the last step (full tensors, on the CPU)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
+    x = torch.randn(2, 8, HIDDEN, generator=torch.Generator().manual_seed(1)).to(device)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    grads = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters()]
+    return losses, [g.cpu() for g in grads]
+
+
+@pytest.fixture
+def tp_mesh(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "cache"))
+    torch.neuron.reset_dynamo_metrics()
+    dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("neuron", (1, 1), mesh_dim_names=("dp", "tp"))["tp"]
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+
+
+def test_tensor_parallel_blocks_compiled_per_block_train_as_cpu_eager(tp_mesh):
+    torch.manual_seed(0)
+    reference = nn.Sequential(Block(), Block())
+    model = copy.deepcopy(reference).to("neuron")
+    for block in model:
+        parallelize_module(block, tp_mesh, PLAN)
+        block.compile(backend="neuron")
+    assert isinstance(model[0].q.weight, DTensor)
+    losses, grads = train(model, "neuron")
+    expected_losses, expected_grads = train(reference, "cpu")
+    torch.testing.assert_close(losses, expected_losses, rtol=1e-5, atol=1e-6)
+    for grad, expected in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-6)
+    assert torch.neuron.get_dynamo_metrics()  # compiled by the neuron backend, not run eagerly
+
+
+def _two_ranks(device: str) -> list[float]:
+    """The losses rank 0 prints running `workers_compile/tp_fsdp_compiled.py` on two ranks (torchrun's variables)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).parent / "workers_compile" / "tp_fsdp_compiled.py"
+    procs = [subprocess.Popen([sys.executable, "-W", "ignore", str(script), device], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                                   "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+             for rank in range(2)]
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=300)[0])
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            outputs.append(proc.communicate()[0] + "\n[killed after 300 s]")
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(out[-3000:] for out in outputs)
+    return json.loads(outputs[0].strip().splitlines()[-1])
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_tp_compiled_per_block_then_fsdp_match_cpu_gloo(tmp_path, monkeypatch):
+    """Two ranks: TP 2 over mesh["tp"], per-block compile, FSDP2 over mesh["dp"] (issue #39 item 1's recipe) give
+    the losses of the same recipe run eagerly on the CPU with Gloo."""
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "cache"))
+    torch.testing.assert_close(_two_ranks("neuron"), _two_ranks("cpu"), rtol=1e-5, atol=1e-6)
