@@ -78,6 +78,23 @@ def test_ldexp_float16_matches_cpu():
     assert torch.equal(torch.ldexp(*(a.to("neuron") for a in args)).cpu(), expected)
 
 
+def test_ldexp_float16_forms_the_power_of_two_as_the_cpu_does():
+    """2**-25 and 2**20 are not float16 numbers; the CPU's result is exact (issue 40)."""
+    args = (torch.tensor([-2, 2**-10], dtype=torch.half), torch.tensor([-25, 20]))
+    expected = torch.ldexp(*args)
+    assert expected.tolist() == [-2**-24, 1024.0]
+    on_neuron = [a.to("neuron") for a in args]
+    assert torch.equal(torch.ldexp(*on_neuron).cpu(), expected)
+    out = torch.empty(2, dtype=torch.half, device="neuron")
+    assert torch.equal(torch.ldexp(*on_neuron, out=out).cpu(), expected)
+
+
+def test_ldexp_in_place_refuses_to_resize_self_as_the_cpu_does():
+    for device in ("cpu", "neuron"):
+        with pytest.raises(RuntimeError, match=r"output with shape \[0, 1, 3\] doesn't match the broadcast shape"):
+            torch.randn(0, 1, 3, device=device).ldexp_(torch.randn(0, 3, 3, device=device))
+
+
 def test_conj_physical_in_place():
     t = torch.tensor([1 + 2j, -3j], device="neuron")
     t.conj_physical_()
