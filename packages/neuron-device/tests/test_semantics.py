@@ -188,3 +188,16 @@ def test_a_numel_overflow_is_cpus_error_not_an_oom():
         torch.empty(2**62, 2**62, device="neuron")
     with pytest.raises(torch.OutOfMemoryError):  # a size that merely does not fit is still an OOM
         torch.empty(2**40, device="neuron")
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool, torch.float16,
+                                   torch.float32, torch.complex64])
+def test_deterministic_resize_fills_new_memory_as_the_cpu_does(dtype):
+    """`fill_uninitialized_memory`: the grown part is the dtype's maximum for integers (it was -1), NaN for floats."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        expected, actual = (torch.zeros(2, dtype=dtype, device=device).resize_(5) for device in ("cpu", "neuron"))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True, rtol=0, atol=0)
