@@ -343,3 +343,10 @@ def test_nc_matmul_rejects_what_the_tensor_engine_cannot_multiply(dtype):
 def test_a_non_array_kernel_argument_is_named():
     with pytest.raises(NkiError, match="kernel argument `a` is a list"):
         _copy_kernel()([1.0, 2.0])
+
+
+@pytest.mark.parametrize("grid", [2.0, 2.5, (2, 1.5), True, "2"])
+def test_a_grid_that_is_not_integers_is_refused_by_name(grid):
+    """A float grid was truncated (2.5 ran 2 instances) or failed with "'float' object is not iterable"."""
+    with pytest.raises(NkiValidationError, match=r"launch grid .*: grid dimensions must be integers, got"):
+        _copy_kernel()[grid](np.ones((4, 4), np.float32))
