@@ -201,3 +201,18 @@ def test_deterministic_resize_fills_new_memory_as_the_cpu_does(dtype):
     finally:
         torch.use_deterministic_algorithms(before)
     torch.testing.assert_close(actual.cpu(), expected, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("args", [(5,), (6, False), (7, True, 3.0), (1,), (0,)])
+def test_kaiser_window_runs_as_on_the_cpu(args):
+    """Its composite calls a CPU DispatchStub with the tensor's device type: "INTERNAL ASSERT FAILED ... DispatchStub:
+    missing kernel for neuron" (issue 40). It runs on the host alias, as a CPU fallback (no Neuron kernel)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the fallback warning
+        window = torch.kaiser_window(*args, device="neuron", dtype=torch.float64)
+        out = torch.ops.aten.kaiser_window.out(args[0], out=torch.empty(0, device="neuron"))
+    assert window.device.type == "neuron"
+    assert torch.equal(window.cpu(), torch.kaiser_window(*args, dtype=torch.float64))
+    assert torch.equal(out.cpu(), torch.kaiser_window(args[0]))
