@@ -73,3 +73,47 @@ def test_no_module_reads_the_environment_around_the_declarations():
 def test_the_scanner_sees_each_form():
     sample = "import os\nos.environ.get('A')\nos.getenv('B')\nfrom os import environ\n"
     assert environment_reads(ast.parse(sample)) == [2, 3, 4]
+
+
+INVALID_PROBE = r"""
+import json, sys
+import torch
+assert (torch.ones(3) + 1).sum().item() == 6  # CPU-only code runs with every invalid value set
+import importlib
+from neuron_spec.env import EnvVarError
+refusals = {}
+for module in sys.argv[1:]:
+    for var in importlib.import_module(module).VARIABLES:
+        try:
+            var.read()
+        except EnvVarError as error:
+            refusals[var.name] = str(error)
+try:
+    torch.ones(2, device="neuron") + 1
+except Exception as error:
+    refusals["<device use>"] = str(error)
+print(json.dumps(refusals))
+"""
+
+
+def test_every_typed_variable_refuses_an_invalid_value_by_name_and_import_torch_still_works():
+    """Set every declared variable that has an invalid value (bool, int, float, or a choice) to one: a CPU-only
+    `import torch` and CPU computation work (nothing is read eagerly at import), and reading each variable refuses
+    its value with a message naming it (using the device refuses too, naming one of them)."""
+    import os
+    import subprocess
+    import sys
+
+    typed = [var for var in declared() if var.owner != "torch" and (var.type is not str or var.choices)]
+    assert len(typed) > 20 and "NEURON_LAUNCH_BLOCKING" in {var.name for var in typed}
+    env = {**os.environ, **{var.name: "banana" for var in typed}}
+    result = subprocess.run([sys.executable, "-c", INVALID_PROBE, *DECLARATIONS], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    import json
+
+    refusals = json.loads(result.stdout.strip().splitlines()[-1])
+    for var in typed:
+        assert var.name in refusals.get(var.name, ""), (var.name, refusals.get(var.name))
+        assert "banana" in refusals[var.name]
+    assert any(var.name in refusals["<device use>"] for var in typed), refusals["<device use>"]

@@ -379,3 +379,126 @@ def test_a_full_disk_at_store_compiles_with_one_warning(tmp_path, monkeypatch) -
     about_cache = _cache_warnings_compiling(monkeypatch, full_dir, 2.0, 3.0)
     assert len(about_cache) == 1 and "No space left" in about_cache[0], about_cache
     assert not [p for p in (full_dir / "entries").iterdir()], "no partial entry is left"
+
+
+# -- planted files: no hang, no crash, a warning and a recompile (issue 40) ------------------------------------------
+
+
+def _shared_dir(tmp_path: Path) -> Path:
+    """A directory anyone may create files in (sticky, like /tmp), where the cache is made."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return shared
+
+
+def _within_bound(fn):
+    """`fn()`'s result; a test failure, not a hang, if it blocks (opening a FIFO waits for a writer forever)."""
+    import threading
+
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    worker.start()
+    worker.join(120)
+    assert result, "blocked on a planted cache file"
+    return result[0]
+
+
+def _plant_fifo(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+
+def _plant_symlink(path: Path) -> None:
+    copy = path.with_name("elsewhere")
+    shutil.copyfile(path, copy)
+    path.unlink()
+    path.symlink_to(copy)
+
+
+def _plant_huge(path: Path) -> None:
+    os.truncate(path, 1 << 40)  # sparse: a terabyte of zeros that takes no disk space
+
+
+def _plant_nested(path: Path) -> None:
+    path.write_text("[" * 200_000 + "]" * 200_000)
+
+
+@pytest.mark.parametrize(("what", "plant"), [
+    ("manifest.json", _plant_fifo), ("artifact", _plant_fifo), ("manifest.json", _plant_symlink),
+    ("artifact", _plant_symlink), ("manifest.json", _plant_huge), ("artifact", _plant_huge),
+    ("manifest.json", _plant_nested)])
+def test_a_planted_entry_file_is_a_warning_and_a_recompile(tmp_path, what, plant) -> None:
+    shared = _shared_dir(tmp_path)
+    stored = _store_entry(shared)
+    plant(stored.path / "manifest.json" if what == "manifest.json"
+          else next(p for p in (stored.path / "files").rglob("artifact-*")))
+    cache._warned.clear()
+    with pytest.warns(UserWarning, match="compile cache.*(invalid|not used)"):
+        found = _within_bound(lambda: _lookup(shared))
+    assert not found.hit and not list(found.inductor.rglob("artifact-*"))
+
+
+def test_a_fifo_as_the_lock_file_is_a_warning_not_a_hang(tmp_path) -> None:
+    shared = _shared_dir(tmp_path)
+    stored = _store_entry(shared)
+    _plant_fifo(shared / "cache" / "locks" / f"{stored.key}.lock")
+    cache._warned.clear()
+    with pytest.warns(UserWarning, match="not a regular file"):
+        found = _within_bound(lambda: _lookup(shared))
+    assert not found.hit and found.root is None
+
+
+def test_a_fifo_as_the_signing_key_is_a_warning_not_a_hang(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    cache.key_path().parent.mkdir(mode=0o700, parents=True)
+    os.mkfifo(cache.key_path(), 0o600)
+    cache._warned.clear()
+    with pytest.warns(UserWarning, match="not a regular file"):
+        found = _within_bound(lambda: _lookup(tmp_path))
+    assert not found.hit and found.root is None
+
+
+@pytest.mark.compiler
+def test_a_planted_manifest_recompiles_with_the_right_result(tmp_path, monkeypatch) -> None:
+    """End to end: torch.compile over a cache whose entry's manifest became a FIFO, with a short lock timeout."""
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "5")
+    cache_dir = _shared_dir(tmp_path) / "cache"
+    _cache_warnings_compiling(monkeypatch, cache_dir, 2.0)
+    for manifest in (cache_dir / "entries").glob("*/manifest.json"):
+        _plant_fifo(manifest)
+    about_cache = _within_bound(lambda: _cache_warnings_compiling(monkeypatch, cache_dir, 2.0))
+    assert len(about_cache) == 1 and "not a regular file" in about_cache[0], about_cache
+
+
+def test_a_read_only_pre_populated_cache_is_read(tmp_path, monkeypatch) -> None:
+    """A shared, pre-populated mount: nothing can be created in it (no lock directory, no lock file), yet its
+    entries are hits; new entries are not stored (simulated: tests may run as root, which writes anyway)."""
+    import errno
+
+    stored = _store_entry(tmp_path)
+    shutil.rmtree(tmp_path / "cache" / "locks")
+    read_only = tmp_path / "cache"
+    mkdir, open_ = Path.mkdir, os.open
+
+    def refusing_mkdir(self, *args, **kwargs):
+        if self.is_relative_to(read_only) and not self.is_dir():
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return mkdir(self, *args, **kwargs)
+
+    def refusing_open(path, flags, *args, **kwargs):
+        if Path(path).is_relative_to(read_only) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and not Path(path).exists():
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return open_(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refusing_mkdir)
+    monkeypatch.setattr(cache.os, "open", refusing_open)
+    cache._warned.clear()
+    with pytest.warns(UserWarning, match="is read-only.*not stored"):
+        found = _lookup(tmp_path)
+    assert found.hit and (found.inductor / "xy" / f"artifact-{stored.key[:8]}.py").exists()
+    settings = _settings(tmp_path / "cache")
+    with cache.entry(_graph(5.0), [torch.ones(2, device="neuron")], settings) as missed:
+        assert not missed.hit and not missed.writable
+        missed.store({"forward": KernelPlan([])})
+    assert len(list((tmp_path / "cache" / "entries").iterdir())) == 1

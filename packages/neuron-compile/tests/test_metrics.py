@@ -37,6 +37,11 @@ def test_get_dynamo_metrics_is_one_record_per_graph_in_torchneurons_shape() -> N
     assert first.graph_id != second.graph_id  # a new shape is a new graph
     assert first.graph_node_count == 4  # x, mul, add, output: the Dynamo graph before the Neuron passes
     assert first.has_collectives is False
+    # the documented form, dicts: indexing, keys and dict() give the same fields as attribute access
+    assert first["graph_id"] == first.graph_id and first["model_name"] == "tiny"
+    assert dict(first) == dataclasses.asdict(first) and list(first) == list(dict(first))
+    with pytest.raises(KeyError):
+        first["no_such_field"]
     assert 0 < first.torch_neuronx_fx_passes_us + first.torch_neuronx_lower_us <= first.torch_neuronx_compile_us
     assert torch_neuronx.get_dynamo_metrics() == records  # the same function under both names
     assert torch_neuronx.neuron_dynamo_backend.get_dynamo_metrics() == records

@@ -52,6 +52,16 @@ def test_engine_mapping(op, engine):
     assert catalogue.op_info(op).engine == engine
 
 
+@pytest.mark.parametrize("make", [lambda: torch.eye(4, device="neuron"), lambda: torch.eye(3, 5, device="neuron"),
+                                  lambda: torch.eye(3, out=torch.empty(0, device="neuron"))])
+def test_eye_is_native(make):
+    """An iota and a compare on the engines: it was a CPU fallback (strict mode refused it; issue 40)."""
+    torch_neuronx.clear_op_tracking()
+    result = _fallback_warnings(make)
+    assert result == [] and torch_neuronx.get_fallback_ops() == []
+    assert torch.equal(make().cpu(), torch.eye(*make().shape))
+
+
 def test_native_op_is_recorded_as_executed_without_warning():
     a = torch.ones(3, device="neuron")
     assert _fallback_warnings(lambda: a + a) == []

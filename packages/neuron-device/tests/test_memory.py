@@ -338,6 +338,9 @@ def test_memory_fraction_api_validates_like_cuda():
         torch.neuron.set_per_process_memory_fraction(1, 3)
     with pytest.raises(ValueError, match=r"Invalid fraction value: 1\.5\. Allowed range: 0~1"):
         torch.neuron.set_per_process_memory_fraction(1.5, 3)
+    with pytest.raises(ValueError, match=r"Invalid fraction value: nan\. Allowed range: 0~1"):  # refused at the call
+        torch.neuron.set_per_process_memory_fraction(float("nan"), 3)
+    assert torch.neuron.get_per_process_memory_fraction(3) == 1.0
     with pytest.raises(RuntimeError, match="Invalid device index"):
         torch.neuron.set_per_process_memory_fraction(0.5, 9)
 

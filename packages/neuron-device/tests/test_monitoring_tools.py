@@ -79,7 +79,7 @@ def test_neuron_monitor_reports_the_child_in_the_documented_structure(worker, tm
     child, env, _ = worker
     config = tmp_path / "monitor.conf"
     config.write_text(json.dumps({"period": "500ms"}))
-    result = _tool("neuron-monitor", "-c", str(config), "-n", "2", env=env)
+    result = _tool("neuron-monitor", "-c", str(config), "-n", "2", "--output-format", "json", env=env)  # 2.34's option
     assert result.returncode == 0, result.stderr
     reports = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(reports) == 2

@@ -78,6 +78,23 @@ def test_ldexp_float16_matches_cpu():
     assert torch.equal(torch.ldexp(*(a.to("neuron") for a in args)).cpu(), expected)
 
 
+def test_ldexp_float16_forms_the_power_of_two_as_the_cpu_does():
+    """2**-25 and 2**20 are not float16 numbers; the CPU's result is exact (issue 40)."""
+    args = (torch.tensor([-2, 2**-10], dtype=torch.half), torch.tensor([-25, 20]))
+    expected = torch.ldexp(*args)
+    assert expected.tolist() == [-2**-24, 1024.0]
+    on_neuron = [a.to("neuron") for a in args]
+    assert torch.equal(torch.ldexp(*on_neuron).cpu(), expected)
+    out = torch.empty(2, dtype=torch.half, device="neuron")
+    assert torch.equal(torch.ldexp(*on_neuron, out=out).cpu(), expected)
+
+
+def test_ldexp_in_place_refuses_to_resize_self_as_the_cpu_does():
+    for device in ("cpu", "neuron"):
+        with pytest.raises(RuntimeError, match=r"output with shape \[0, 1, 3\] doesn't match the broadcast shape"):
+            torch.randn(0, 1, 3, device=device).ldexp_(torch.randn(0, 3, 3, device=device))
+
+
 def test_conj_physical_in_place():
     t = torch.tensor([1 + 2j, -3j], device="neuron")
     t.conj_physical_()
@@ -171,3 +188,31 @@ def test_a_numel_overflow_is_cpus_error_not_an_oom():
         torch.empty(2**62, 2**62, device="neuron")
     with pytest.raises(torch.OutOfMemoryError):  # a size that merely does not fit is still an OOM
         torch.empty(2**40, device="neuron")
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool, torch.float16,
+                                   torch.float32, torch.complex64])
+def test_deterministic_resize_fills_new_memory_as_the_cpu_does(dtype):
+    """`fill_uninitialized_memory`: the grown part is the dtype's maximum for integers (it was -1), NaN for floats."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        expected, actual = (torch.zeros(2, dtype=dtype, device=device).resize_(5) for device in ("cpu", "neuron"))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("args", [(5,), (6, False), (7, True, 3.0), (1,), (0,)])
+def test_kaiser_window_runs_as_on_the_cpu(args):
+    """Its composite calls a CPU DispatchStub with the tensor's device type: "INTERNAL ASSERT FAILED ... DispatchStub:
+    missing kernel for neuron" (issue 40). It runs on the host alias, as a CPU fallback (no Neuron kernel)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the fallback warning
+        window = torch.kaiser_window(*args, device="neuron", dtype=torch.float64)
+        out = torch.ops.aten.kaiser_window.out(args[0], out=torch.empty(0, device="neuron"))
+    assert window.device.type == "neuron"
+    assert torch.equal(window.cpu(), torch.kaiser_window(*args, dtype=torch.float64))
+    assert torch.equal(out.cpu(), torch.kaiser_window(args[0]))

@@ -257,3 +257,24 @@ def test_reading_past_a_shrunk_storage_raises(python, statement):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "raised setStorage" in result.stdout and "out of bounds for storage of size" in result.stdout
+
+
+def test_the_legacy_typed_api_is_torch_cudas():
+    """`t.storage_type()` and `isinstance(t, torch.neuron.FloatTensor)`, as `torch.cuda`'s (issue 40: None and no
+    such types)."""
+    import warnings
+
+    t = torch.ones(2, device="neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        assert t.storage_type() is torch.neuron.FloatStorage
+        assert t.half().storage_type() is torch.neuron.HalfStorage
+        assert isinstance(t.storage(), torch.neuron.FloatStorage)
+        assert not isinstance(t.cpu().storage(), torch.neuron.FloatStorage)
+    assert isinstance(t, torch.neuron.FloatTensor) and not isinstance(t, torch.neuron.DoubleTensor)
+    assert not isinstance(t.cpu(), torch.neuron.FloatTensor) and isinstance(t.long(), torch.neuron.LongTensor)
+    assert t.type() == "torch.neuron.FloatTensor"  # the name torch's C++ gives: the class of that name exists
+    made = torch.neuron.FloatTensor(2, 3)
+    assert made.shape == (2, 3) and made.dtype == torch.float32 and made.device.type == "neuron"
+    assert torch.equal(torch.neuron.LongTensor([1, 2]).cpu(), torch.tensor([1, 2]))
+    assert set(torch.neuron.legacy.__all__) >= {"FloatTensor", "BoolTensor", "ComplexFloatStorage"}

@@ -270,3 +270,17 @@ def test_kernel_called_inside_kernel_is_inlined(rng):
     run = outer.run(x)
     np.testing.assert_allclose(run.outputs, 2 * x)
     assert run.cost.instruction_counts["multiply"] == 1
+
+
+def test_a_store_into_an_input_changes_the_callers_array():
+    """NKI's semantics, decided and documented (docs/nki.md): `nki.simulate` writes modified HBM inputs back into
+    the caller's arrays, and output-argument kernels rely on it."""
+    @nki.jit
+    def double_in_place(a):
+        nl.store(a, nl.multiply(nl.load(a), 2.0))
+        return a
+
+    x = np.ones((4, 8), np.float32)
+    result = nki.simulate(double_in_place)(x)
+    np.testing.assert_array_equal(x, np.full((4, 8), 2.0, np.float32))
+    np.testing.assert_array_equal(result, x)

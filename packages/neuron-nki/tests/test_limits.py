@@ -343,3 +343,32 @@ def test_nc_matmul_rejects_what_the_tensor_engine_cannot_multiply(dtype):
 def test_a_non_array_kernel_argument_is_named():
     with pytest.raises(NkiError, match="kernel argument `a` is a list"):
         _copy_kernel()([1.0, 2.0])
+
+
+@pytest.mark.parametrize("grid", [2.0, 2.5, (2, 1.5), True, "2"])
+def test_a_grid_that_is_not_integers_is_refused_by_name(grid):
+    """A float grid was truncated (2.5 ran 2 instances) or failed with "'float' object is not iterable"."""
+    with pytest.raises(NkiValidationError, match=r"launch grid .*: grid dimensions must be integers, got"):
+        _copy_kernel()[grid](np.ones((4, 4), np.float32))
+
+
+def test_a_float_argument_or_shape_is_refused_by_name():
+    """A float where an array belongs failed with "'float' object has no attribute 'ndim'"; a float dimension was
+    truncated (4.5 made 4)."""
+    @nki.jit
+    def load_it(a):
+        out = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a))
+        return out
+
+    with pytest.raises(NkiValidationError, match=r"load: `src` must be a tensor, got float 1\.5"):
+        nki.simulate(load_it)(1.5)
+
+    @nki.jit
+    def shaped(a, size):
+        out = nl.ndarray((4, size), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a))
+        return out
+
+    with pytest.raises(NkiValidationError, match=r"ndarray: shape \(4, 4\.5\) must be integers, got float 4\.5"):
+        nki.simulate(shaped)(np.ones((4, 4), np.float32), 4.5)

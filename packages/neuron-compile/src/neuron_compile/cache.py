@@ -22,6 +22,12 @@ Safety:
   directory or file should be, is refused: one warning, then the compile runs without the cache.
 * Cache I/O never fails a compile: a read-only, full, unwritable or missing directory, or a bad key, gives one
   warning per directory and a compile without the cache (a failed store likewise leaves no partial entry).
+* Every file read from the cache (manifest, stored files, lock, key) is opened without following a symlink and
+  without blocking, and must be a regular file of bounded size (a FIFO or device planted there would block the
+  compile forever, a sparse file of terabytes read for hours); the manifest's nesting depth is bounded before it
+  is parsed (a 200,000-deep one would end the compile with RecursionError). Any failure: a warning and a recompile.
+* A read-only cache (a shared, pre-populated mount) is read: when its lock file cannot be created, entries are
+  read without the lock (they are renamed into place whole) and nothing is stored, after one warning.
 * Concurrent processes: a compile holds an exclusive file lock on its key (`fcntl.flock`), so a second process
   waits for the first and then hits its entry (`TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT` seconds at most). Entries
   are written to a temporary directory and renamed into place, so readers never see half an entry.
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -38,6 +45,7 @@ import hmac
 import inspect
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -60,6 +68,9 @@ from .settings import CompileSettings
 __all__ = ["CacheEntry", "UntrustedCache", "cache_key", "entry", "key_path"]
 
 _FORMAT = 3  # 2: kernel plans carry `workspace_bytes`; 3: the "aten" host code is stored (AOTAutograd record)
+_MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists files and kernel plans: a few MB for the largest graphs
+_MAX_MANIFEST_DEPTH = 64  # its JSON nests about 6 levels deep
+_MAX_FILE_BYTES = 4 << 30  # a stored Inductor file (generated code, a compiled library)
 _SKIPPED_SUFFIXES = (".lock", ".tmp")
 _private_dir: Path | None = None
 
@@ -100,7 +111,10 @@ def _target() -> list[Any]:
 
 
 def _autocast(device_type: str) -> list[Any]:
-    return [torch.is_autocast_enabled(device_type), str(torch.get_autocast_dtype(device_type))]
+    """The autocast state a graph is traced under; its dtype only when enabled (the dtype is per thread, and a thread
+    other than the one that imported torch starts from torch's default, not `neuron`'s bfloat16)."""
+    enabled = torch.is_autocast_enabled(device_type)
+    return [enabled, str(torch.get_autocast_dtype(device_type)) if enabled else None]
 
 
 def cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings: CompileSettings) -> str:
@@ -130,16 +144,53 @@ def cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 class UntrustedCache(Exception):
     """The cache directory, an entry or the key is not safe to use (the reason is the message)."""
+
+
+def _open_regular(path: Path, flags: int, limit: int, mode: int = 0o600) -> int:
+    """A descriptor of `path`, which must be a regular file of at most `limit` bytes: opened without following a
+    symlink and without blocking (opening a FIFO blocks until a writer comes), then checked on the descriptor."""
+    try:
+        descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UntrustedCache(f"{path} is a symlink") from None
+        raise
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+        os.close(descriptor)
+        what = "not a regular file" if not stat.S_ISREG(info.st_mode) else f"larger than {limit} bytes"
+        raise UntrustedCache(f"{path} is {what}")
+    os.set_blocking(descriptor, True)
+    return descriptor
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The contents of the regular file `path` of at most `limit` bytes (see `_open_regular`)."""
+    with os.fdopen(_open_regular(path, os.O_RDONLY, limit), "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:  # grew after the check
+        raise UntrustedCache(f"{path} is larger than {limit} bytes")
+    return data
+
+
+def _parse_manifest(data: bytes) -> dict[str, Any]:
+    """Parse a manifest, refusing one nested deeper than a manifest can be before the recursive parser sees it."""
+    text = data.decode()
+    depth = 0
+    for match in _JSON_NESTING.finditer(text):
+        token = match.group()
+        depth += 1 if token in ("[", "{") else -1 if token in ("]", "}") else 0
+        if depth > _MAX_MANIFEST_DEPTH:
+            raise ValueError(f"manifest is nested deeper than {_MAX_MANIFEST_DEPTH} levels")
+    manifest = json.loads(text)
+    if not isinstance(manifest, dict):
+        raise ValueError("manifest is not a JSON object")
+    return manifest
+
+
+_JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # strings (skipped whole) and brackets
 
 
 def _check_owned(path: Path, what: str) -> None:
@@ -166,7 +217,7 @@ def _user_key() -> bytes:
     _check_owned(path.parent, "the key directory")
     for _ in range(100):
         try:
-            descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            descriptor = _open_regular(path, os.O_RDONLY, 32)
         except FileNotFoundError:
             temporary = path.with_name(f".key-{uuid.uuid4().hex}.tmp")
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -190,25 +241,33 @@ def _user_key() -> bytes:
 _warned: set[str] = set()
 
 
-def _warn_unusable(root: Path, error: BaseException) -> None:
-    """One warning per cache directory and process: the compile goes on without the cache."""
+def _warn_unusable(root: Path, error: BaseException, outcome: str = "is not used", then: str = "compiling without it"
+                   ) -> None:
+    """One warning per cache directory and process: the compile goes on without the cache (or, for a read-only
+    cache, without storing into it)."""
     if str(root) in _warned:
         return
     _warned.add(str(root))
     import warnings
 
-    warnings.warn(
-        f"neuron compile cache {root} is not used ({type(error).__name__}: {error}); compiling without it",
-        stacklevel=5,
-    )
+    warnings.warn(f"neuron compile cache {root} {outcome} ({type(error).__name__}: {error}); {then}", stacklevel=5)
+
+
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)  # what creating a file in a read-only cache fails with
 
 
 def _open_root(root: Path) -> bytes:
-    """Check (creating if missing) the cache directory and its parts; return the key to sign with."""
+    """Check (creating if missing) the cache directory and its parts; return the key to sign with. A read-only
+    cache may lack its lock directory (see `entry`)."""
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     _check_owned(root, "the cache directory")
     for part in ("entries", "locks"):
-        (root / part).mkdir(mode=0o700, exist_ok=True)
+        try:
+            (root / part).mkdir(mode=0o700, exist_ok=True)
+        except OSError as error:
+            if part == "entries" or error.errno not in _READ_ONLY:
+                raise
+            continue
         _check_owned(root / part, "the cache directory")
     return _user_key()
 
@@ -244,7 +303,7 @@ def _inductor_dir(directory: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def _locked(path: Path, timeout: float) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
+    with os.fdopen(_open_regular(path, os.O_RDONLY | os.O_CREAT, _MAX_FILE_BYTES), "rb") as handle:
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -271,6 +330,7 @@ class CacheEntry:
         self.key = key
         self.inductor = inductor
         self._secret = secret
+        self.writable = True  # False for a read-only cache: read, never stored into
         self.hit = False
         self.plans: dict[str, KernelPlan] = {}
         self._before: set[str] = set()
@@ -282,7 +342,7 @@ class CacheEntry:
 
     def _discard(self) -> None:
         trash = self.path.with_name(f".trash-{self.key}-{uuid.uuid4().hex}")
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # gone already, or a read-only cache
             self.path.rename(trash)
             shutil.rmtree(trash, ignore_errors=True)
 
@@ -302,36 +362,39 @@ class CacheEntry:
             _warn_unusable(self.path, error)  # another user's entry: neither loaded nor deleted
             return
         try:
-            manifest = json.loads((self.path / "manifest.json").read_text())
+            manifest = _parse_manifest(_read_regular(self.path / "manifest.json", _MAX_MANIFEST_BYTES))
             if not hmac.compare_digest(str(manifest.get("mac", "")), _mac(self._secret, manifest)):
                 raise ValueError("manifest signature mismatch")
             if manifest.get("key") != self.key or manifest.get("format") != _FORMAT:
                 raise ValueError("manifest is for another key or format")
-            files: dict[str, str] = manifest["files"]
-            for relative, digest in files.items():
-                source = (self.path / "files" / relative).resolve()
-                if not source.is_relative_to((self.path / "files").resolve()) or _sha256(source) != digest:
+            contents = {}
+            for relative, digest in manifest["files"].items():
+                source = self.path / "files" / relative
+                if not source.resolve().is_relative_to((self.path / "files").resolve()):
+                    raise ValueError(f"file {relative} is outside the entry")
+                contents[relative] = _read_regular(source, _MAX_FILE_BYTES)
+                if hashlib.sha256(contents[relative]).hexdigest() != digest:
                     raise ValueError(f"file {relative} is corrupted")
             plans = {stage: KernelPlan.from_json(data) for stage, data in manifest["plans"].items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, UntrustedCache) as error:
             import warnings
 
             warnings.warn(f"neuron compile cache entry {self.key[:12]} is invalid ({error}); recompiling", stacklevel=4)
             self._discard()
             return
         assert self.inductor is not None
-        for relative in files:
+        for relative, data in contents.items():  # the bytes just verified, not the file again
             target = self.inductor / relative
             if not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(self.path / "files" / relative, target)
+                target.write_bytes(data)
         self.plans = plans
         self.hit = True
 
     def store(self, plans: Mapping[str, KernelPlan]) -> None:
         """Save what this compile added to the private Inductor dir, and the plans, as this key's entry (a failure
         to write, e.g. a full disk, warns and leaves no entry: the compile itself succeeded)."""
-        if self.root is None or self.inductor is None:
+        if self.root is None or self.inductor is None or not self.writable:
             return
         temporary = self.root / "entries" / f".tmp-{self.key}-{uuid.uuid4().hex}"
         try:
@@ -349,7 +412,7 @@ class CacheEntry:
             target = temporary / "files" / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.inductor / relative, target)
-            digests[relative] = _sha256(target)
+            digests[relative] = hashlib.sha256(target.read_bytes()).hexdigest()
         manifest: dict[str, Any] = {
             "format": _FORMAT,
             "key": self.key,
@@ -379,8 +442,14 @@ def entry(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings: Com
     with contextlib.ExitStack() as held:
         try:
             secret = _open_root(root)
-            held.enter_context(_locked(root / "locks" / f"{key}.lock", settings.lock_timeout))
             found = CacheEntry(root, key, inductor, secret)
+            try:
+                held.enter_context(_locked(root / "locks" / f"{key}.lock", settings.lock_timeout))
+            except OSError as error:  # a read-only cache: entries are renamed into place whole, so read unlocked
+                if error.errno not in _READ_ONLY:
+                    raise
+                _warn_unusable(root, error, "is read-only", "its entries are read, new ones are not stored")
+                found.writable = False
             found.load()
         except (OSError, UntrustedCache) as error:
             held.close()

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from . import envvars
@@ -45,8 +45,9 @@ __all__ = [
 
 
 @dataclasses.dataclass
-class NeuronCompilationMetrics:
-    """One compiled graph, as TorchNeuron records it (field names are TorchNeuron's)."""
+class NeuronCompilationMetrics(Mapping[str, Any]):
+    """One compiled graph, as TorchNeuron records it (field names are TorchNeuron's). TorchNeuron documents the
+    records as dicts (`r["graph_id"]`): a record is a read-only mapping of its fields, and keeps attribute access."""
 
     graph_id: str
     graph_name: str = ""
@@ -57,6 +58,17 @@ class NeuronCompilationMetrics:
     torch_neuronx_fx_passes_us: int = 0
     torch_neuronx_lower_us: int = 0
     torch_neuronx_compile_us: int = 0
+
+    def __getitem__(self, field: str) -> Any:
+        if field not in self.__dataclass_fields__:
+            raise KeyError(field)
+        return getattr(self, field)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.__dataclass_fields__)
+
+    def __len__(self) -> int:
+        return len(self.__dataclass_fields__)
 
 
 METRIC_TABLES: dict[str, list[str]] = {"graph_stats": [f.name for f in dataclasses.fields(NeuronCompilationMetrics)]}

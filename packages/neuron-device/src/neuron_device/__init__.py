@@ -21,7 +21,7 @@ simulated cost         `simulation/costmodel` (an op's device time), `simulation
                        counters), `simulation/report`, `simulation/profiler`
 adaptive eager         `adaptive_eager` (the flush barrier), `adaptive_eager/queue` (queue and fusion)
 numerics, autocast     `numerics`, `autocast`, `neuron/amp`
-torch.neuron           `neuron/` (the `torch.cuda`-shaped facade), `neuron/memory`, `neuron/comm`
+torch.neuron           `neuron/` (the `torch.cuda`-shaped facade), `neuron/memory`, `neuron/comm`, `neuron/legacy` (FloatTensor, …)
 patches of torch       `_patches` (each with its reason)
 environment variables  `envvars` (declared once; parser in `neuron_spec.env`)
 other wheels           `plugins` (hooks they implement), `services` (all they may import of this package)

@@ -44,7 +44,7 @@ XDG_RUNTIME_DIR = EnvVar("XDG_RUNTIME_DIR", str, None, "base of the default runt
 # TorchNeuron's eager-mode variables (its env-var reference, "General").
 LAUNCH_BLOCKING = EnvVar("NEURON_LAUNCH_BLOCKING", bool, False,
                          "`1`: synchronous execution, the host waits for every op to finish on the simulated device "
-                         "(no overlap of host and device time); read once per process")
+                         "(no overlap of host and device time); read once per process, at the first op")
 LOG_LEVEL = EnvVar("TORCH_NEURONX_LOG_LEVEL", str, None,
                    "level of the packages' loggers: `0` error, `1` warning, `2` info, `3` debug (or the level's "
                    "name); unset: Python's logging configuration decides",

@@ -97,6 +97,8 @@ def monitor_main(argv: list[str] | None = None) -> int:
     parser.add_argument("-c", "--config-file", help="JSON configuration file; its 'period' (e.g. '1s') is honoured")
     parser.add_argument("--verbose", type=int, default=0, choices=range(5), help="verbosity on stderr, 0-4")
     parser.add_argument("-n", "--count", type=int, default=0, help="stop after this many reports (default: never)")
+    parser.add_argument("--output-format", choices=["json"], default="json",
+                        help="report format (the real tool's 2.34 option; JSON, its default, is the one format here)")
     args = parser.parse_args(argv)
     period = 5.0  # the real tool's default period
     try:

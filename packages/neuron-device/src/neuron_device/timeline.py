@@ -9,7 +9,7 @@ An op issued on a stream starts once the stream's earlier work is done and the h
 
 Which stream is current is per thread and per device, as in CUDA; stream 0 is each device's default stream.
 
-`NEURON_LAUNCH_BLOCKING=1` (read once per process) makes every launch synchronous, as TorchNeuron's sync mode: the
+`NEURON_LAUNCH_BLOCKING=1` (read once per process, at the first charge) makes every launch synchronous, as TorchNeuron's sync mode: the
 host waits for each op to finish, so host and device time no longer overlap.
 """
 
@@ -27,7 +27,7 @@ __all__ = ["DeviceTimeline", "Recorder", "charge", "current_stream_id", "set_cur
 # Called for every charge while a profiler listens: (name, device index, stream id, start, end), seconds.
 Recorder = Callable[[str, int, int, float, float], None]
 _recorder: Recorder | None = None
-_launch_blocking: bool = envvars.LAUNCH_BLOCKING.read()
+_launch_blocking: bool | None = None  # NEURON_LAUNCH_BLOCKING, read at the first charge (never at `import torch`)
 
 
 class DeviceTimeline:
@@ -118,6 +118,9 @@ def charge(index: int, seconds: float, name: str = "device work") -> float:
     found = _timelines.get(index) or timeline(index)
     stream_id = _current.ids.get(index, 0)
     end = found.charge(stream_id, seconds)
+    global _launch_blocking
+    if _launch_blocking is None:
+        _launch_blocking = envvars.LAUNCH_BLOCKING.read()
     if _launch_blocking:
         found.host_wait(end)
     if _recorder is not None:

@@ -33,7 +33,7 @@ from . import _blas, _context, _limits, envvars
 from ._context import CoreState, LaunchContext
 from ._cost import CoreTimeline, CostReport
 from ._dtypes import precise_fp_default
-from ._errors import NkiError
+from ._errors import NkiError, NkiValidationError
 from ._liveness import touch
 from ._targets import Target, current_lnc, resolve_target
 from ._tensor import NkiTensor, hbm, wrap_array
@@ -50,16 +50,19 @@ class KernelRun:
 
 
 def _normalize_grid(grid) -> tuple[int, ...]:
+    """The launch grid as a tuple of ints; anything but integers is refused by name (a float grid was truncated
+    or failed with "'float' object is not iterable")."""
     if grid is None or grid == ():
         return ()
-    if isinstance(grid, (int, np.integer)):
-        return (int(grid),)
+    dims = (grid,) if not isinstance(grid, (tuple, list)) else grid
     out = []
-    for g in grid:
+    for g in dims:
         if hasattr(g, "__nki_grid_size__"):  # hook for legacy spmd_dim / nc objects
-            out.append(int(g.__nki_grid_size__()))
-        else:
-            out.append(int(g))
+            g = g.__nki_grid_size__()
+        if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
+            raise NkiValidationError(f"launch grid {grid!r}: grid dimensions must be integers, got "
+                                     f"{type(g).__name__} {g!r}", code="err_invalid_launch_grid")
+        out.append(int(g))
     return tuple(out)
 
 

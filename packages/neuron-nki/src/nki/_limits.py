@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ._dtypes import nki_name
 from ._errors import NkiValidationError, fmt_shape, kernel_location
 from ._tensor import NkiTensor
@@ -53,6 +55,20 @@ def check_alloc_onchip(ctx, shape, dtype, buffer, name: str) -> None:
 
 def alloc_label(shape, dtype, name: str) -> str:
     return f"`{name or 'tensor'}` {fmt_shape(shape)} {nki_name(dtype)}"
+
+
+def check_tensor(t, op: str, arg: str) -> None:
+    """An operand that must be a tensor: a number (a float kernel argument passed where an array belongs) is
+    refused by name instead of failing inside the simulator ("'float' object has no attribute 'ndim'")."""
+    if not isinstance(t, NkiTensor):
+        _fail(f"{op}: `{arg}` must be a tensor, got {type(t).__name__} {t!r}", "err_invalid_kernel_argument")
+
+
+def check_shape(shape: tuple, api: str) -> None:
+    """A tensor shape is integers: a float dimension was truncated (4.5 made 4)."""
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            _fail(f"{api}: shape {shape!r} must be integers, got {type(s).__name__} {s!r}", "err_invalid_kernel_argument")
 
 
 def check_onchip(t, op: str, arg: str, allowed: tuple[str, ...] = ("sbuf", "psum")) -> None:

@@ -567,6 +567,7 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, api: str =
     dtype = as_dtype(dtype)
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
+    _limits_module().check_shape(tuple(shape), api)
     shape = tuple(int(s) for s in shape)
     if isinstance(buffer, str):
         raise NkiValidationError(f"buffer must be an nl buffer object (e.g. nl.{buffer}), strings are not accepted",

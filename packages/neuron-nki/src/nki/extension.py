@@ -43,7 +43,7 @@ from ._errors import (
 )
 from ._errors import _is_internal as is_internal_file
 from ._launch import Kernel, KernelRun, benchmark, run_kernel
-from ._limits import check_dim_size, check_same_partitions
+from ._limits import check_alloc_onchip, check_dim_size, check_same_partitions
 from ._ops import resolve
 from ._targets import resolve_target
 from ._tensor import (
@@ -86,6 +86,7 @@ __all__ = [
     "bool_",
     "cast_for_store",
     "charge",
+    "check_alloc_onchip",
     "check_dim_size",
     "check_same_partitions",
     "current_context",

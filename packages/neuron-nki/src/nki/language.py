@@ -329,6 +329,7 @@ def program_ndim() -> int:
 def load(src: NkiTensor, dtype=None) -> NkiTensor:
     """Copy an HBM tensor (region) into a new SBUF tile (DMA)."""
     _context.require("load")
+    _limits.check_tensor(src, "load", "src")
     if src.ndim and src.shape[0] > 128:
         raise NkiValidationError(f"number of partitions {src.shape[0]} exceed architecture limitation of 128.",
                                  code="err_num_partition_exceed_arch_limit", location=kernel_location(2))
@@ -340,6 +341,7 @@ def load(src: NkiTensor, dtype=None) -> NkiTensor:
 def store(dst: NkiTensor, value) -> None:
     """Copy a tile to an HBM tensor (region); PSUM tiles are first copied to SBUF."""
     _context.require("store")
+    _limits.check_tensor(dst, "store", "dst")
     if isinstance(value, NkiTensor) and value.buffer is psum:
         tmp = allocate(value.shape, value.dtype, sbuf, "store_tmp", api="store")
         nisa.tensor_copy(tmp, value)

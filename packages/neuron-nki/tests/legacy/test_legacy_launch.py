@@ -15,6 +15,7 @@ import neuronxcc.nki.language as nl
 from neuronxcc.nki import _api_tables
 from neuronxcc.nki._launch import grid_plan
 from nki import CostReport
+from nki.extension import NkiValidationError
 
 
 @nki.jit
@@ -226,3 +227,19 @@ def test_every_implemented_legacy_entry_is_exercised_by_a_test():
         if not (re.search(rf"\b{re.escape(alias[mod])}\.{name}\b", text) or f'"{name}"' in text):
             untested.append(qual)
     assert not untested
+
+
+@pytest.mark.parametrize(("buffer", "kind"), [(lambda: ncc.sbuf.mod_alloc(base_addr=0), "SBUF"),
+                                              (lambda: ncc.psum.mod_alloc(base_bank=0), "PSUM")])
+def test_a_direct_allocation_larger_than_the_partition_is_refused(buffer, kind):
+    """Direct allocation skips the live-range accounting, not the capacity check (issue 40: it was accepted)."""
+    @nki.jit
+    def k(x):
+        a = nl.ndarray((128, 1 << 20), dtype=nl.float32, buffer=buffer())
+        a[:, 0:64] = nl.load(x)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, a[:, 0:64])
+        return out
+
+    with pytest.raises(NkiValidationError, match=rf"{kind} tensor `a` .* exceeding the {kind} partition size"):
+        k(_x())

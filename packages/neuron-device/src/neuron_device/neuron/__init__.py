@@ -21,9 +21,11 @@ from ..device import (
 from ..numerics import is_downcast_64bit_enabled, set_downcast_64bit
 from . import amp as amp  # torch.neuron.amp, as torch.cuda.amp
 from . import comm as comm  # torch.neuron.comm, as torch.cuda.comm
+from . import legacy as legacy
 from . import memory as memory  # torch.neuron.memory, as torch.cuda.memory
 from ._lazy import _is_in_bad_fork as _is_in_bad_fork  # torch.random checks it before seeding
 from ._lazy import is_initialized, lazy_init
+from .legacy import *  # noqa: F403 - the legacy typed API: FloatTensor, FloatStorage, ... as on torch.cuda
 from .memory import *  # noqa: F403 - the memory functions, as torch.cuda re-exports torch.cuda.memory's
 from .random import (
     get_rng_state,
@@ -90,6 +92,7 @@ __all__ = [
     "wait_stream",
 ]
 __all__ += memory.__all__  # the memory functions, listed once: in their module
+__all__ += legacy.__all__
 
 _Device = int | str | torch.device | None
 

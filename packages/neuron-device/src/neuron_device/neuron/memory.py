@@ -113,7 +113,7 @@ def set_per_process_memory_fraction(fraction: float, device: _Device = None) -> 
     model = _device(device)
     if not isinstance(fraction, float):
         raise TypeError("Invalid type for fraction argument, must be `float`")
-    if fraction < 0 or fraction > 1:
+    if not 0 <= fraction <= 1:  # NaN too, as CUDA's allocator refuses it (`0 <= fraction && fraction <= 1`)
         raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
     with model.lock:
         model.fraction = fraction

@@ -141,7 +141,7 @@ _VECTOR = frozenset({
 _GPSIMD = frozenset({
     "index", "index_put", "_index_put_impl", "index_select", "index_add", "index_copy", "index_fill", "gather",
     "scatter", "scatter_add", "scatter_reduce", "embedding", "embedding_dense_backward", "masked_scatter", "take",
-    "sort", "topk", "argsort", "arange", "linspace",
+    "sort", "topk", "argsort", "arange", "linspace", "eye",
     "randperm", "multinomial",  # random draws, then a sort / search (native, as the RNG ops of `_VECTOR`)
 })
 

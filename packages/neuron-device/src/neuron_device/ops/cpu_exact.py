@@ -23,7 +23,7 @@ import torch
 from .fastpath import run_direct
 from .registry import kernel
 
-__all__ = ["CPU_KERNEL_OVER_COMPOSITE", "CPU_KERNEL_OVER_OUT_VARIANT"]
+__all__ = ["CPU_KERNEL_OVER_COMPOSITE", "CPU_KERNEL_OVER_OUT_VARIANT", "CPU_PATH_OF_COMPOSITE"]
 
 CPU_KERNEL_OVER_COMPOSITE: tuple[str, ...] = (
     # a CPU kernel and a CompositeExplicitAutograd kernel
@@ -46,13 +46,28 @@ CPU_KERNEL_OVER_COMPOSITE: tuple[str, ...] = (
 
 CPU_KERNEL_OVER_OUT_VARIANT: tuple[str, ...] = ("mse_loss", "smooth_l1_loss")
 
+# A third: CompositeExplicitAutograd kernels that take another path on the CPU than on a PrivateUse1 device.
+# `ldexp` of float16 [-2, 2**-10] by [-25, 20] is [-5.96e-08, 1024] on the CPU; on `neuron` the composite formed
+# 2**other in float16 (0 and inf: [-0, inf]), and `ldexp_` resized `self` to the broadcast shape where the CPU
+# refuses. Running the op on the host alias takes the CPU's path.
+# And the composites that call a CPU DispatchStub with the tensor's device type, which has no `neuron` entry (an
+# internal assert, "DispatchStub: missing kernel for neuron"): `kaiser_window`'s TensorIterator calls
+# `kaiser_window_stub(iter.device_type(), ...)`. A sweep of every OpInfo op and of the other device-generic factory
+# composites (the windows, fftfreq, linspace, logspace, tril/triu_indices, polar, complex, histogramdd) found no other
+# in torch 2.13 (`conj_physical_`, found earlier, has its own kernel in `minimal.py`).
+CPU_PATH_OF_COMPOSITE: tuple[str, ...] = (
+    "ldexp.Tensor", "ldexp.out", "ldexp_",
+    "kaiser_window", "kaiser_window.periodic", "kaiser_window.beta", "kaiser_window.out", "kaiser_window.periodic_out",
+    "kaiser_window.beta_out",
+)
+
 
 def _overload(name: str) -> torch._ops.OpOverload:
     packet, _, overload = name.partition(".")
     return getattr(getattr(torch.ops.aten, packet), overload or "default")
 
 
-for _name in CPU_KERNEL_OVER_COMPOSITE + CPU_KERNEL_OVER_OUT_VARIANT:
+for _name in CPU_KERNEL_OVER_COMPOSITE + CPU_KERNEL_OVER_OUT_VARIANT + CPU_PATH_OF_COMPOSITE:
     kernel(f"aten::{_name}")(functools.partial(run_direct, _overload(_name)))
 
 

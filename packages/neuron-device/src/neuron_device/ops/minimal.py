@@ -120,12 +120,30 @@ def resize_(self, size, memory_format=None):
     numel = math.prod(size)
     needed = (self.storage_offset() + numel) * self.element_size() if numel else 0
     storage = self.untyped_storage()
-    if needed > storage.nbytes():
+    old_nbytes = storage.nbytes()
+    if needed > old_nbytes:
         # Grow the storage itself, as CPU and CUDA do: views sharing it keep seeing the same memory.
         allocator.resize(storage, needed)
+        _fill_resized_deterministically(self, storage, old_nbytes)
     return aten.set_.source_Storage_storage_offset.redispatch(
         _CPU_KEYSET, self, storage, self.storage_offset(), size, strides
     )
+
+
+def _fill_resized_deterministically(self: torch.Tensor, storage: torch.UntypedStorage, old_nbytes: int) -> None:
+    """Under `torch.use_deterministic_algorithms(True)` with `fill_uninitialized_memory`, the grown part of the
+    storage is filled as CPU and CUDA fill it (ATen's `fill_resize_deterministic_`): NaN for floating and complex
+    dtypes, the dtype's maximum for integers (True for bool). The new bytes come from a uint8 buffer, whose own
+    fill (255) read back as -1 for every signed integer dtype."""
+    if not (torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory):
+        return
+    dtype, itemsize = self.dtype, self.element_size()
+    first, end = old_nbytes // itemsize, storage.nbytes() // itemsize
+    grown = host_alias(torch.empty(0, dtype=dtype, device=self.device).set_(storage, first, (end - first,), (1,)))
+    if dtype.is_floating_point or dtype.is_complex:
+        grown.fill_(float("nan"))
+    else:
+        grown.fill_(True if dtype == torch.bool else torch.iinfo(dtype).max)
 
 
 def _host(tensor: torch.Tensor) -> torch.Tensor:

@@ -212,14 +212,13 @@ def _assigned_name() -> str:
 
 
 def _direct_alloc(shape, dtype, buffer: Buffer, name: str, fill=None, api: str = "ndarray") -> NkiTensor:
-    """A directly allocated (``ncc.*.alloc``/``mod_alloc``) on-chip tensor: partition-checked, own storage, not
-    counted against capacity (see ``nki.compiler``)."""
+    """A directly allocated (``ncc.*.alloc``/``mod_alloc``) on-chip tensor: own storage, placed by the kernel, so
+    not in the live-range accounting of other tensors (see ``nki.compiler``); but like every allocation, its
+    partition dimension and its bytes per partition must fit the target's SBUF/PSUM partition (a direct tensor
+    larger than the partition was accepted)."""
     ctx = _ext.require_context(api)
     dtype = _ext.as_dtype(dtype)
-    if shape and shape[0] > tile_size.pmax:
-        raise NkiValidationError(f"Size of partition dimension {shape[0]} exceeds architecture limitation of "
-                                 f"{tile_size.pmax}.", code="err_num_partition_exceed_arch_limit",
-                                 location=kernel_location(3))
+    _ext.check_alloc_onchip(ctx, tuple(shape), dtype, buffer, name)
     sdt = _ext.storage_dtype(dtype, ctx.precise)
     data = np.full(shape, _ext.uninit_value(dtype), dtype=sdt)
     if fill is not None:
