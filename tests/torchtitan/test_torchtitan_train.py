@@ -10,6 +10,8 @@ Needs torchtitan 0.2.2 and its dependencies (`requirements-torchtitan.txt`, `nox
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torchtitan")
@@ -26,11 +28,11 @@ CP = ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.context_pa
 ONE_RANK = ["--parallelism.data_parallel_shard_degree", "1"]
 # torchtitan 0.2.2's MoE reorders tokens with a Triton kernel (generate_permute_indices): Triton's interpreter runs it
 TRITON_INTERPRETER = {"TRITON_INTERPRET": "1"}
-# blockers of issue #39 being fixed elsewhere: each case fails until its fix lands, then must pass (strict)
-DTENSOR_RNG = ("issue #39 item 3: DTensor's random initialisation expects a Philox (seed, offset) generator state; "
-               "torch.neuron's is a CPU mt19937 state (AssertionError in torch.distributed.tensor._random)")
-TP_COMPILE = ("issue #39 item 1: compile of DTensor TP blocks with backend 'neuron' (NeuronCompileError: "
-              "aten._fused_rms_norm: got mixed torch.Tensor and DTensor)")
+# what still stops a case (each a strict xfail: it fails until its fix lands, then must pass)
+TP_COMPILE_AC = ("TP blocks compiled under torchtitan's selective activation checkpointing: AOTAutograd's partitioner "
+                 "saves the block's DeviceMesh among the tensors it checks ('expected all tensors_saved_with_vc_check "
+                 "to be Tensors'), the same on the CPU with backend aot_eager: a torch 2.13 limit; without checkpointing, TP blocks compile per block and train as on the CPU "
+                 "(tests/test_compile_tensor_parallel.py)")
 EP_SAC = ("expert parallelism under torchtitan's selective (op) activation checkpointing: the recompute in backward "
           "calls profiler._record_function_enter_new once more than the forward did (FSDP2's record_function in the "
           "experts' own fully_shard), so checkpoint's SAC raises 'invocation index 3 encountered during backward but "
@@ -42,30 +44,38 @@ CP_ATTENTION = ("torch 2.13's context parallelism shards the CUDA SDPA ops only;
 
 
 class TitanRuns:
-    """What the runs share: the assets, the seed checkpoint, the CPU losses per configuration."""
+    """What the runs share: the assets, a seed checkpoint per model, the CPU losses per configuration."""
 
     def __init__(self, folder):
         self.folder = folder
         self.cache = folder / "cache"
-        self.seed = folder / "seed"
         self.tokenizer, self.data = make_assets(folder / "assets")
+        self._seeds: dict[tuple[str, ...], Path] = {}
         self._cpu: dict[tuple[str, ...], list[float]] = {}
         self._runs = 0
-        # torchtitan's seed checkpoint: made by one rank, which initialises the weights on the CPU
-        output = launch([*self._common(), "--checkpoint.create_seed_checkpoint", *ONE_RANK], folder / "seed-run",
-                        self.cache, ranks=1)
-        assert "Created seed checkpoint" in output
 
-    def _common(self) -> list[str]:
+    def _seed(self, model: tuple[str, ...]) -> Path:
+        """torchtitan's seed checkpoint of `model` (its `--model.*` arguments): made once, by one rank, which
+        initialises the weights on the CPU."""
+        if model not in self._seeds:
+            seed = self.folder / f"seed{len(self._seeds)}"
+            output = launch([*self._common(seed), *model, "--checkpoint.create_seed_checkpoint", *ONE_RANK],
+                            self.folder / f"seed-run{len(self._seeds)}", self.cache, ranks=1)
+            assert "Created seed checkpoint" in output
+            self._seeds[model] = seed
+        return self._seeds[model]
+
+    def _common(self, seed: Path) -> list[str]:
         return ["--model.hf_assets_path", str(self.tokenizer), "--training.dataset_path", str(self.data),
-                "--debug.seed", "0", "--checkpoint.enable", "--checkpoint.folder", str(self.seed)]
+                "--debug.seed", "0", "--checkpoint.enable", "--checkpoint.folder", str(seed)]
 
     def run(self, args: list[str], *, cpu: bool = False, ranks: int = 2, env: dict[str, str] | None = None
             ) -> list[float]:
         """The losses of a run from the seed checkpoint (`load_only`: nothing saved)."""
         self._runs += 1
-        return train([*self._common(), "--checkpoint.load_only", *args], self.folder / f"run{self._runs}", self.cache,
-                     cpu=cpu, ranks=ranks, env=env)
+        model = tuple(word for i, flag in enumerate(args) if flag.startswith("--model.") for word in args[i:i + 2])
+        return train([*self._common(self._seed(model)), "--checkpoint.load_only", *args],
+                     self.folder / f"run{self._runs}", self.cache, cpu=cpu, ranks=ranks, env=env)
 
     def cpu(self, args: list[str], ranks: int = 2) -> list[float]:
         """The CPU (Gloo) losses of a configuration, run once."""
@@ -94,11 +104,10 @@ def test_cpu_reference(titan, parallelism, ranks):
 
 
 @pytest.mark.parametrize(("parallelism", "compiled"), [
-    pytest.param(FSDP, False, id="fsdp-eager", marks=pytest.mark.xfail(strict=True, reason=DTENSOR_RNG)),
-    pytest.param(FSDP, True, id="fsdp-compiled", marks=pytest.mark.xfail(strict=True, reason=DTENSOR_RNG)),
-    pytest.param(TP, False, id="tp-eager", marks=pytest.mark.xfail(strict=True, reason=DTENSOR_RNG)),
-    pytest.param(TP, True, id="tp-compiled",
-                 marks=pytest.mark.xfail(strict=True, reason=f"{DTENSOR_RNG}; {TP_COMPILE}")),
+    pytest.param(FSDP, False, id="fsdp-eager"),
+    pytest.param(FSDP, True, id="fsdp-compiled"),
+    pytest.param(TP, False, id="tp-eager"),
+    pytest.param(TP, True, id="tp-compiled", marks=pytest.mark.xfail(strict=True, reason=TP_COMPILE_AC)),
 ])
 def test_llama3_debugmodel(titan, parallelism, compiled):
     """torchtitan's llama3 debug model, 3 steps on 2 ranks of `neuron`, against the CPU."""
@@ -106,7 +115,7 @@ def test_llama3_debugmodel(titan, parallelism, compiled):
     _check(titan.run([*parallelism, *(COMPILED if compiled else [])]), cpu)
 
 
-@pytest.mark.xfail(strict=True, reason=f"{DTENSOR_RNG}; {EP_SAC}")
+@pytest.mark.xfail(strict=True, reason=EP_SAC)
 def test_moe_expert_parallel(titan):
     """torchtitan's deepseek_v3 debug model (MoE: 8 routed experts, top 3) with expert parallelism 2, its tokens
     sent to their experts' rank by all-to-all, gives the losses of expert parallelism 1 (the CPU has no reference:
@@ -115,7 +124,7 @@ def test_moe_expert_parallel(titan):
     _check(titan.run([*MOE, "--parallelism.expert_parallel_degree", "2"], env=TRITON_INTERPRETER), whole)
 
 
-@pytest.mark.xfail(strict=True, reason=f"{DTENSOR_RNG}; {CP_ATTENTION}")
+@pytest.mark.xfail(strict=True, reason=CP_ATTENTION)
 def test_llama3_context_parallel(titan):
     """Context parallelism 2 (each rank holds half of every sequence, ring attention) gives one CPU rank's losses."""
     _check(titan.run(CP), titan.cpu(ONE_RANK, ranks=1))
