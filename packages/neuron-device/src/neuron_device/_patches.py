@@ -264,7 +264,8 @@ def _patch_backward_mode_errors() -> None:
     `saved_tensors_hooks`, the interface checkpointing uses) store their error and return a value torch rejects in
     C++ (no Python error pending); the engine unwinds cleanly and the stored error is raised from `backward()` /
     `torch.autograd.grad()`, as on the CPU. Errors of a tensor subclass's own `__torch_dispatch__`, of tensor and
-    node hooks, and of modes entered during the backward outside an unpack hook are not covered."""
+    node hooks, of `torch.fx.GraphModule` unpack hooks (which torch.compile inlines, so they stay unwrapped) and of
+    modes entered during the backward outside an unpack hook are not covered."""
     import torch.autograd.graph as graph
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
@@ -304,7 +305,9 @@ def _patch_backward_mode_errors() -> None:
 
     @functools.wraps(push_hooks)
     def push_saved_tensors_default_hooks(pack_hook: Callable, unpack_hook: Callable) -> None:
-        push_hooks(pack_hook, _guard_unpack_hook(unpack_hook))
+        if not isinstance(unpack_hook, torch.fx.GraphModule):  # torch.compile inlines GraphModule hooks: kept as is
+            unpack_hook = _guard_unpack_hook(unpack_hook)
+        push_hooks(pack_hook, unpack_hook)
 
     torch._C._autograd._push_saved_tensors_default_hooks = push_saved_tensors_default_hooks
     torch.autograd._push_saved_tensors_default_hooks = push_saved_tensors_default_hooks
