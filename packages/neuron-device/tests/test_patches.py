@@ -352,6 +352,14 @@ _RAISING_MODE = """
             if func is self.op:
                 raise ValueError(f"refused {func}")
             return func(*args, **(kwargs or {}))
+
+    def assert_refused(backward):
+        try:
+            backward()
+        except ValueError as error:
+            assert "refused" in str(error), error
+        else:
+            raise AssertionError("no error")
 """
 
 
@@ -369,12 +377,7 @@ def test_dispatch_mode_error_in_backward_reaches_the_caller(forward, refused):
     loss = {forward}
     mode = Raising({refused})
     with mode:
-        try:
-            loss.backward()
-        except ValueError as error:
-            assert "refused" in str(error), error
-        else:
-            raise AssertionError("no error")
+        assert_refused(loss.backward)
     assert "__torch_dispatch__" not in vars(mode)  # the guard is gone once the backward ends
     assert x.grad is None
     y = x.cos().sum()
@@ -428,21 +431,14 @@ def test_aot_eager_backward_with_a_data_dependent_shape_matches_the_cpu():
 
 def test_unpack_hook_error_in_backward_reaches_the_caller():
     """A saved-tensor unpack hook's error killed the process, see `_patch_backward_mode_errors`."""
-    run_checked("""
-    import torch
-
+    run_checked(_RAISING_MODE + """
     def refuse(packed):
         raise ValueError("refused")
 
     x = torch.ones(3, device="neuron", requires_grad=True)
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t, refuse):
         loss = x.sin().sum()
-    try:
-        loss.backward()
-    except ValueError as error:
-        assert "refused" in str(error), error
-    else:
-        raise AssertionError("no error")
+    assert_refused(loss.backward)
     x.cos().sum().backward()  # the device still works
     torch.testing.assert_close(x.grad.cpu(), -torch.ones(3).sin())
     """)
