@@ -35,10 +35,10 @@ TP_COMPILE_AC = ("TP blocks compiled under torchtitan's selective activation che
                  "(tests/test_compile_tensor_parallel.py)")
 EP_SAC = ("expert parallelism under torchtitan's selective (op) activation checkpointing: the recompute in backward "
           "calls profiler._record_function_enter_new once more than the forward did (FSDP2's record_function in the "
-          "experts' own fully_shard), so checkpoint's SAC raises 'invocation index 3 encountered during backward but "
-          "not found in storage' inside the backward, which on neuron aborts the process ('terminate called without "
-          "an active exception': an error of a dispatch mode entered during backward, not covered by neuron-device's "
-          "_patch_backward_mode_errors); without activation checkpointing it trains")
+          "experts' own fully_shard), so checkpoint's SAC raises RuntimeError 'invocation index 3 encountered during "
+          "backward but not found in storage' from backward() (it aborted the process on neuron until neuron-device's "
+          "_patch_backward_mode_errors guarded unpack hooks; unchecked on the CPU, which cannot run the MoE); without "
+          "activation checkpointing it trains")
 CP_ATTENTION = ("torch 2.13's context parallelism shards the CUDA SDPA ops only; neuron, like the CPU, runs "
                 "_scaled_dot_product_flash_attention_for_cpu: 'does not have a sharding strategy registered'")
 

@@ -352,6 +352,14 @@ _RAISING_MODE = """
             if func is self.op:
                 raise ValueError(f"refused {func}")
             return func(*args, **(kwargs or {}))
+
+    def assert_refused(backward):
+        try:
+            backward()
+        except ValueError as error:
+            assert "refused" in str(error), error
+        else:
+            raise AssertionError("no error")
 """
 
 
@@ -369,12 +377,7 @@ def test_dispatch_mode_error_in_backward_reaches_the_caller(forward, refused):
     loss = {forward}
     mode = Raising({refused})
     with mode:
-        try:
-            loss.backward()
-        except ValueError as error:
-            assert "refused" in str(error), error
-        else:
-            raise AssertionError("no error")
+        assert_refused(loss.backward)
     assert "__torch_dispatch__" not in vars(mode)  # the guard is gone once the backward ends
     assert x.grad is None
     y = x.cos().sum()
@@ -424,3 +427,53 @@ def test_aot_eager_backward_with_a_data_dependent_shape_matches_the_cpu():
         print("ok")
     """)
     assert "ok" in out
+
+
+def test_unpack_hook_error_in_backward_reaches_the_caller():
+    """A saved-tensor unpack hook's error killed the process, see `_patch_backward_mode_errors`."""
+    run_checked(_RAISING_MODE + """
+    def refuse(packed):
+        raise ValueError("refused")
+
+    x = torch.ones(3, device="neuron", requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, refuse):
+        loss = x.sin().sum()
+    assert_refused(loss.backward)
+    x.cos().sum().backward()  # the device still works
+    torch.testing.assert_close(x.grad.cpu(), -torch.ones(3).sin())
+    """)
+
+
+def test_selective_checkpoint_recompute_mismatch_raises_as_on_the_cpu():
+    """Selective activation checkpointing whose recompute runs an op the forward did not: its cached mode raises
+    inside the recompute, in an unpack hook, during backward. That killed the process on `neuron` (torchtitan's
+    MoE with FSDP2's record_function); on both devices it is the same RuntimeError."""
+    out = run_checked("""
+    from functools import partial
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    def policy(ctx, func, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if func is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    for device in ("cpu", "neuron"):
+        calls = []
+
+        def f(x, w):
+            calls.append(1)
+            if len(calls) > 1:
+                x = x.cos()  # only the recompute runs this op
+            return (x @ w).sin()
+
+        x, w = (torch.randn(4, 4, device=device, requires_grad=True) for _ in range(2))
+        out = checkpoint(f, x, w, use_reentrant=False, context_fn=partial(create_selective_checkpoint_contexts, policy))
+        try:
+            out.sum().backward()
+        except RuntimeError as error:
+            print(device, error)
+        else:
+            raise AssertionError("no error")
+    """)
+    cpu, neuron = out.strip().splitlines()[-2:]
+    assert "aten.cos.default encountered during backward but not found in storage" in cpu, cpu
+    assert neuron.removeprefix("neuron ") == cpu.removeprefix("cpu "), (cpu, neuron)

@@ -185,8 +185,8 @@ def _patch_backward_single_threaded() -> None:
 
 
 class _ModeDispatchFailed:
-    """What a guarded dispatch mode returns in place of a result after it raised: no op result has this type, so
-    torch's dispatcher rejects it with a C++ error, which leaves no Python error pending."""
+    """What a guarded dispatch mode or unpack hook returns in place of a result after it raised: no op result and no
+    saved tensor has this type, so torch rejects it with a C++ error, which leaves no Python error pending."""
 
 
 _MODE_DISPATCH_FAILED = _ModeDispatchFailed()
@@ -221,18 +221,51 @@ def _guard_mode_errors(mode, raised: list[BaseException]) -> Callable:
     return types.MethodType(__torch_dispatch__, mode)
 
 
+class _BackwardErrors(threading.local):
+    """The errors held back during the innermost backward run on this thread, None outside a backward."""
+
+    raised: list[BaseException] | None = None
+
+
+_backward_errors = _BackwardErrors()
+
+
+def _guard_unpack_hook(unpack_hook: Callable) -> Callable:
+    """`unpack_hook`, which inside a backward stores what it raises and returns a value that is no tensor: torch
+    rejects it in C++ ("Output of saved tensor unpack_hook expected to be a Tensor"), leaving no Python error pending."""
+
+    @functools.wraps(unpack_hook)
+    def guarded_unpack_hook(packed):
+        raised = _backward_errors.raised
+        if raised is None:
+            return unpack_hook(packed)
+        if raised:
+            return _MODE_DISPATCH_FAILED
+        try:
+            return unpack_hook(packed)
+        except BaseException as error:
+            raised.append(error)
+            return _MODE_DISPATCH_FAILED
+
+    return guarded_unpack_hook
+
+
 def _patch_backward_mode_errors() -> None:
     """An error raised by a Python dispatch mode (FakeTensorMode and the proxy mode while AOTAutograd traces a
-    backward, or a user's `TorchDispatchMode`) inside a backward node on `neuron` killed the process ("terminate
-    called without an active exception"): torch leaves the Python error pending while the C++ engine unwinds, and the
-    engine's stream guard, leaving the node, asks the Python device guard for its type. That Python call fails with an
-    error pending, inside a `noexcept` method (`torch.acc`'s `PythonDeviceGuard::exchangeStream`), so C++ terminates.
-    On the CPU there is no stream guard, and AOTAutograd catches such errors (data-dependent shapes) and goes on.
+    backward, or a user's `TorchDispatchMode`) or by a saved-tensor unpack hook (non-reentrant activation
+    checkpointing's recompute, where selective checkpointing's `_CachedTorchDispatchMode` raises when the recompute
+    differs from the forward) inside a backward node on `neuron` killed the process ("terminate called without an
+    active exception"): torch leaves the Python error pending while the C++ engine unwinds, and the engine's stream
+    guard, leaving the node, asks the Python device guard for its type. That Python call fails with an error pending,
+    inside a `noexcept` method (`torch.acc`'s `PythonDeviceGuard::exchangeStream`), so C++ terminates. On the CPU
+    there is no stream guard, and AOTAutograd catches such errors (data-dependent shapes) and goes on.
 
-    While a backward runs under dispatch modes, the outermost call of each mode on the stack stores its error and
-    returns a value the dispatcher rejects in C++ (no Python error pending); the engine unwinds cleanly and the
-    stored error is raised from `backward()` / `torch.autograd.grad()`, as on the CPU. Errors of a tensor subclass's
-    own `__torch_dispatch__` and of modes entered during the backward are not covered."""
+    While a backward runs, the outermost call of each dispatch mode on the stack and every unpack hook (pushed with
+    `saved_tensors_hooks`, the interface checkpointing uses) store their error and return a value torch rejects in
+    C++ (no Python error pending); the engine unwinds cleanly and the stored error is raised from `backward()` /
+    `torch.autograd.grad()`, as on the CPU. Errors of a tensor subclass's own `__torch_dispatch__`, of tensor and
+    node hooks, of `torch.fx.GraphModule` unpack hooks (which torch.compile inlines, so they stay unwrapped) and of
+    modes entered during the backward outside an unpack hook are not covered."""
     import torch.autograd.graph as graph
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
@@ -242,11 +275,10 @@ def _patch_backward_mode_errors() -> None:
     @functools.wraps(run_backward)
     def engine_run_backward(*args, **kwargs):
         modes = _get_current_dispatch_mode_stack()
-        if not modes:
-            return run_backward(*args, **kwargs)
         raised: list[BaseException] = []
         saved = [(mode, vars(mode).get("__torch_dispatch__", unset)) for mode in modes]
         depth, _inside_mode_dispatch.depth = _inside_mode_dispatch.depth, 0  # a backward run inside a mode's dispatch
+        outer, _backward_errors.raised = _backward_errors.raised, raised
         for mode in modes:
             mode.__torch_dispatch__ = _guard_mode_errors(mode, raised)
         try:
@@ -256,6 +288,7 @@ def _patch_backward_mode_errors() -> None:
                 raise
         finally:
             _inside_mode_dispatch.depth = depth
+            _backward_errors.raised = outer
             for mode, own in saved:
                 if own is unset:
                     del mode.__torch_dispatch__
@@ -267,6 +300,17 @@ def _patch_backward_mode_errors() -> None:
 
     graph._engine_run_backward = engine_run_backward
     torch.autograd._engine_run_backward = engine_run_backward
+
+    push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
+
+    @functools.wraps(push_hooks)
+    def push_saved_tensors_default_hooks(pack_hook: Callable, unpack_hook: Callable) -> None:
+        if not isinstance(unpack_hook, torch.fx.GraphModule):  # torch.compile inlines GraphModule hooks: kept as is
+            unpack_hook = _guard_unpack_hook(unpack_hook)
+        push_hooks(pack_hook, unpack_hook)
+
+    torch._C._autograd._push_saved_tensors_default_hooks = push_saved_tensors_default_hooks
+    torch.autograd._push_saved_tensors_default_hooks = push_saved_tensors_default_hooks
 
 
 def _patch_clear_autocast_cache() -> None:
