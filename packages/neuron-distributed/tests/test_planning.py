@@ -1,6 +1,7 @@
 """neuron-plan: an unmodified script planned as one rank of a full cluster (fake tensors, fake process group),
 charged as the real run is. Each plan runs the CLI in a subprocess (fresh simulator state), bounded in time."""
 
+import argparse
 import dataclasses
 import json
 import os
@@ -10,9 +11,10 @@ import sys
 import pytest
 from launcher import WORKERS, launch
 
-from neuron_distributed import plan_cli
-from neuron_distributed.plan_cli import build_report, cores_per_node, parse_command
+from neuron_distributed import plan_ranks
+from neuron_distributed.plan_cli import cores_per_node, parse_command
 from neuron_distributed.plan_pipeline import StageCost, _single_order, combine, lay_out
+from neuron_distributed.plan_report import build_report
 
 PLAN = WORKERS / "plan"
 REPORT_KEYS = {"world_size": int, "step_seconds": float, "compute_seconds": float, "communication_seconds": float,
@@ -335,10 +337,10 @@ def test_other_stages_start_while_rank_0_plans(tmp_path, monkeypatch):
                 ended.append((rank, 0))
         return ended
 
-    monkeypatch.setattr(plan_cli._Ranks, "_start", start)
-    monkeypatch.setattr(plan_cli._Ranks, "_finished", finished)
-    options = plan_cli.argparse.Namespace(jobs=2, steps=1, instance="trn1.32xlarge")
-    plans = plan_cli._Ranks(str(tmp_path), ["train.py"], options, 32, 32)([0], stages_of=0)
+    monkeypatch.setattr(plan_ranks.Ranks, "_start", start)
+    monkeypatch.setattr(plan_ranks.Ranks, "_finished", finished)
+    options = argparse.Namespace(jobs=2, steps=1, instance="trn1.32xlarge")
+    plans = plan_ranks.Ranks(str(tmp_path), ["train.py"], options, 32, 32)([0], stages_of=0)
     assert [p["rank"] for p in plans] == [0, 8, 16, 24]
     assert events.index(("start", 8)) < events.index(("end", 0))
 

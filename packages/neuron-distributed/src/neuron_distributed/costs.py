@@ -33,8 +33,9 @@ from neuron_spec.hardware import INSTANCE_TYPES, resolve_target
 
 from . import envvars
 
-__all__ = ["COLLECTIVE_LAUNCH_SECONDS", "HOP_SECONDS_ACROSS_NODES", "HOP_SECONDS_INSIDE_NODE", "LINK_EFFICIENCY",
-           "algorithm", "buckets", "charge", "collective_seconds", "placement", "placement_of_ranks"]
+__all__ = ["COLLECTIVE_LAUNCH_SECONDS", "HOP_SECONDS_ACROSS_NODES", "HOP_SECONDS_INSIDE_NODE", "LABEL_PREFIX",
+           "LINK_EFFICIENCY", "algorithm", "buckets", "charge", "collective_seconds", "is_collective_charge",
+           "placement", "placement_of_ranks"]
 
 # Fitted on C1's plateau: a 2-rank fp32 all-reduce of 1-64 KiB takes 58 us whatever its size (minus two hops).
 COLLECTIVE_LAUNCH_SECONDS = 55e-6
@@ -47,6 +48,8 @@ LINKS_PER_CHIP = 4
 # Fitted on C1's bandwidth-bound points (16 MiB - 1 GiB: ~57 GB/s of a 96 GB/s trn1 link): the share of a
 # link's bandwidth a collective achieves (reduction, DMA descriptors, synchronisation); the same for every path.
 LINK_EFFICIENCY = 0.6
+# A collective's charge is named LABEL_PREFIX + its kind: a profiler's "collective" lane, a plan's communication.
+LABEL_PREFIX = "c10d::"
 MESH_BELOW_BYTES = 1_000_000  # C4: mesh below 1 MB ...
 RING_ABOVE_BYTES = 56_000_000  # ... recursive halving-doubling up to 56 MB, ring above
 
@@ -159,4 +162,9 @@ def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], g
     where = placement_of_ranks(ranks) if ranks else None
     seconds = collective_seconds(kind, max(_nbytes(inputs), _nbytes(outputs)), group_size, where=where)
     for index in devices:
-        services.charge(index, seconds, f"c10d::{kind}")  # the name labels the collective in a profiler trace
+        services.charge(index, seconds, LABEL_PREFIX + kind)
+
+
+def is_collective_charge(name: str) -> bool:
+    """Whether a charge named `name` (as a charge recorder sees it) is a collective's (`charge`)."""
+    return name.startswith(LABEL_PREFIX)

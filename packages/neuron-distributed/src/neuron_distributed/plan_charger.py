@@ -1,0 +1,80 @@
+"""Plan mode's charger: the dispatch mode under which every op of a planned rank runs on fake tensors.
+
+Each op runs its fake (meta) kernel and is then charged as the real run's kernel charges it
+(`services.account_planned_op`: the same op catalogue, cost model, streams and allocator model), every collective
+of the catalogue (`catalogue`) through `costs.charge` as the real process group charges it, and its FLOPs are
+counted with PyTorch's `FlopCounterMode` formulas (`flop_registry`; no `FlopCounterMode` mode or module hooks: its
+`ModuleTracker` keeps checkpointed layers' tensors alive, pytorch/pytorch#139214, and its mode would stop Dynamo
+compiling). A read of a tensor's value is refused (`PlanValueError`, naming the script's line).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from neuron_device import services
+
+from . import catalogue
+from .plan_state import Planner, value_read
+
+__all__ = ["Charger"]
+
+_aten = torch.ops.aten
+# Ops that read a tensor's values into Python: a fake tensor has none.
+_VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default,
+                          _aten.allclose.default})
+_FakeTensor = torch._subclasses.fake_tensor.FakeTensor
+
+
+def _known(args: tuple) -> bool:
+    """Every tensor argument is a fake whose value the fake mode tracks (a CPU scalar built from Python numbers,
+    such as an optimizer's step count): reading it is exact."""
+    return all(getattr(t, "constant", None) is not None for t in args if isinstance(t, torch.Tensor))
+
+
+def _traced(result: Any, mode: Any) -> bool:
+    """The op ran on a compiler's fakes (Dynamo tracing a graph inside a DDP forward, where it leaves the plan's
+    modes on), not on the script's: it is compile time, which no device time or FLOP is charged for."""
+    first = result[0] if isinstance(result, (tuple, list)) and result else result
+    return isinstance(first, _FakeTensor) and first.fake_mode is not mode
+
+
+class Charger(TorchDispatchMode):
+    """Charges each op on fake tensors as the real kernel would, and every collective as the process group would."""
+
+    def __init__(self, planner: Planner) -> None:
+        super().__init__()
+        self.planner = planner
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Dynamo compiles a frame only when no dispatch mode on the stack asks to see each eager op (otherwise it
+        runs the frame eagerly, silently). A compiled graph is charged as the backend planned it, as in a real run:
+        so Dynamo compiles with the plan's modes off, and the compiled code runs with them on."""
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if any(t is not _FakeTensor and t is not torch.Tensor for t in types):
+            # a DTensor's op (global shapes): it runs ops on its local shards, which come back here to be charged
+            return NotImplemented
+        if func in _VALUE_READS and not _known(args):
+            raise value_read(f"{func.__name__} of a tensor")
+        try:
+            result = func(*args, **kwargs)
+        except torch._subclasses.fake_tensor.DynamicOutputShapeException as error:
+            raise value_read(f"{func}, whose output shape depends on the values") from error
+        if _traced(result, self.planner.fake_mode):
+            return result
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.planner.flops += formula(*args, **kwargs, out_val=result)
+        if catalogue.kind_of(func) is not None:
+            catalogue.charge(func, args, result)
+        else:
+            self.planner.allocated(func, services.account_planned_op(func, args, kwargs, result))
+        return result
