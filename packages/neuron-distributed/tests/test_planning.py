@@ -167,9 +167,11 @@ print(json.dumps(plan.as_dict()))
 
 
 def test_factories_are_charged_as_the_real_run_fills():
-    """`ones`, `full` and the `*_like` / `new_*` factories reach a plan's dispatch mode whole, where a real run
-    builds them as an allocation plus `fill_` or `zero_`: the plan charges those fills (it charged CPU fallbacks,
-    with a fallback warning, for all but `zeros`; AdamW's states are `zeros_like`)."""
+    """Factories with no device kernel of their own (`ones`, `full`, the `*_like` / `new_*` ones, the random ones,
+    `arange`, `randperm`) reach a plan's dispatch mode whole, where a real run runs their composite kernel: an
+    allocation plus `fill_`, `zero_`, `normal_`, `uniform_`, `random_` or an `out=` kernel. The plan charges those
+    kernels, with no false "fell back to CPU" warning (it warned for `randn` and `randint` and charged them as CPU
+    fallbacks)."""
     code = """
 import collections, json, torch, torch_neuronx, warnings
 from neuron_device.simulation import kernels
@@ -177,6 +179,9 @@ def fills():
     x = torch.ones(256, device="neuron")
     torch.zeros_like(x), torch.ones_like(x), torch.full_like(x, 2.0), torch.zeros(256, device="neuron")
     torch.full((256,), 3.0, device="neuron"), x.new_zeros(256), x.new_ones(256), x.new_full((256,), 4.0)
+    torch.randn(4, 4, device="neuron"), torch.rand(4, device="neuron"), torch.randint(0, 9, (4,), device="neuron")
+    torch.randn_like(x), torch.randint(9, (4,), device="neuron"), torch.randperm(8, device="neuron")
+    torch.arange(8, device="neuron"), torch.empty_like(x)
 kernels.clear_op_tracking()
 fills()
 real = collections.Counter()
@@ -191,7 +196,9 @@ print(json.dumps({"real": real, "planned": planned, "warnings": [str(w.message) 
     done = _plan_in_subprocess(code)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["planned"] == result["real"] == {"aten::fill_.Scalar": 6, "aten::zero_": 3}
+    assert result["planned"] == result["real"] == {
+        "aten::fill_.Scalar": 6, "aten::zero_": 3, "aten::normal_": 2, "aten::uniform_": 1, "aten::random_.from": 2,
+        "aten::randperm.generator_out": 1, "aten::arange.start_out": 1}
     assert not [w for w in result["warnings"] if "fell back to CPU" in w]
 
 

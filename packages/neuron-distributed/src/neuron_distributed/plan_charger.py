@@ -10,6 +10,7 @@ compiling). A read of a tensor's value is refused (`PlanValueError`, naming the 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -28,6 +29,20 @@ _aten = torch.ops.aten
 _VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default,
                           _aten.allclose.default})
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
+_COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+
+
+@functools.cache
+def _runs_composite(op: torch._ops.OpOverload) -> bool:
+    """A real run on `neuron` runs `op`'s composite kernel: the device registers no kernel of its own for it, and the
+    dispatcher prefers a CompositeExplicitAutograd kernel to the device's fallback. What the real run charges is then
+    the ops that kernel calls (`randn` is an allocation and `normal_`, `zeros_like` one and `zero_`), not `op`, which
+    the fake mode sees whole. Views are left whole: they charge nothing either way. (ATen's ops; the collectives are
+the catalogue's.)"""
+    name = op.name()
+    return (op.namespace == "aten" and not op.is_view
+            and not torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1")
+            and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd"))
 
 
 def _known(args: tuple) -> bool:
@@ -49,6 +64,7 @@ class Charger(TorchDispatchMode):
     def __init__(self, planner: Planner) -> None:
         super().__init__()
         self.planner = planner
+        self.composite_depth = 0  # inside an op's composite kernel: its FLOPs are the op's, counted once
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -64,15 +80,25 @@ class Charger(TorchDispatchMode):
             return NotImplemented
         if func in _VALUE_READS and not _known(args):
             raise value_read(f"{func.__name__} of a tensor")
+        composite = _runs_composite(func)
         try:
-            result = func(*args, **kwargs)
+            if composite:  # the ops its composite kernel calls come back here, each charged as the real run's
+                self.composite_depth += 1
+                with self:
+                    result = func._op_dk(_COMPOSITE, *args, **kwargs)
+            else:
+                result = func(*args, **kwargs)
         except torch._subclasses.fake_tensor.DynamicOutputShapeException as error:
             raise value_read(f"{func}, whose output shape depends on the values") from error
+        finally:
+            self.composite_depth -= composite
         if _traced(result, self.planner.fake_mode):
             return result
         formula = flop_registry.get(func._overloadpacket)
-        if formula is not None:
+        if formula is not None and not self.composite_depth:  # as FlopCounterMode counts: the op the script called
             self.planner.flops += formula(*args, **kwargs, out_val=result)
+        if composite:
+            return result
         if catalogue.kind_of(func) is not None:
             catalogue.charge(func, args, result)
         else:
