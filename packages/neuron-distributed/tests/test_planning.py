@@ -11,7 +11,7 @@ import sys
 import pytest
 from launcher import WORKERS, launch
 
-from neuron_distributed import plan_ranks
+from neuron_distributed import plan_cli, plan_ranks
 from neuron_distributed.plan_cli import cores_per_node, parse_command
 from neuron_distributed.plan_pipeline import StageCost, _single_order, combine, lay_out
 from neuron_distributed.plan_report import build_report
@@ -101,8 +101,48 @@ def test_world_size_the_nodes_cannot_hold_is_refused():
         parse_command(["torchrun", "--nproc-per-node", "64", "train.py"], per_node, 1)
     with pytest.raises(SystemExit, match="2 nodes but --nodes is 1"):
         parse_command(["torchrun", "--nproc_per_node=32", "--nnodes=2", "train.py"], per_node, 1)
-    assert parse_command(["torchrun", "--nproc-per-node", "32", "train.py", "--lr", "1"], per_node, 1) == [
-        "train.py", "--lr", "1"]
+    assert parse_command(["torchrun", "--nproc-per-node", "32", "train.py", "--lr", "1"], per_node, 1) == (
+        [sys.executable], ["train.py", "--lr", "1"])
+
+
+def test_command_keeps_its_interpreter_and_module(tmp_path, monkeypatch):
+    """`neuron-plan -- /path/to/python -u -m package.module ARGS`: the ranks run under that interpreter with its
+    options (neuron-plan's own ran them), the module as `python -m` runs it; torchrun's `--module` too."""
+    python = tmp_path / "bin" / "python3.11"
+    assert parse_command([str(python), "-u", "-W", "ignore", "-m", "pkg.train", "--x", "1"], 32, 1) == (
+        [str(python), "-u", "-W", "ignore"], ["-m", "pkg.train", "--x", "1"])
+    python.parent.mkdir()
+    (tmp_path / "bin" / "py").symlink_to(sys.executable)  # a link to an interpreter is one
+    assert parse_command([str(tmp_path / "bin" / "py"), "train.py"], 32, 1) == ([str(tmp_path / "bin" / "py")],
+                                                                                ["train.py"])
+    assert parse_command(["torchrun", "--module", "pkg.train"], 32, 1) == ([sys.executable], ["-m", "pkg.train"])
+    with pytest.raises(SystemExit, match="not '-c'"):
+        parse_command(["python", "-c", "print()"], 32, 1)
+    started = []
+
+    def popen(command, **kwargs):
+        started.append(command)
+        raise RuntimeError("started")
+
+    monkeypatch.setattr(plan_ranks.subprocess, "Popen", popen)
+    options = argparse.Namespace(jobs=1, steps=1, instance="trn1.32xlarge")
+    with pytest.raises(RuntimeError, match="started"):
+        plan_ranks.Ranks(str(tmp_path), [str(python), "-u"], ["-m", "pkg.train"], options, 32, 32)._start(0)
+    assert started[0][:4] == [str(python), "-u", "-m", "neuron_distributed.plan_ranks"]
+    assert started[0][-2:] == ["-m", "pkg.train"]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--steps", "-1"], "--steps must be at least 1, got -1"), (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--json", "/nonexistent/x.json"], "cannot write --json /nonexistent/x.json: directory /nonexistent does not "
+     "exist"), (["--trace", "/nonexistent/t.json"], "cannot write --trace")])
+def test_bad_options_are_refused_before_planning(monkeypatch, options, message):
+    def planning(*args, **kwargs):
+        raise AssertionError("planning started")
+
+    monkeypatch.setattr(plan_cli, "Ranks", planning)
+    with pytest.raises(SystemExit, match=message):
+        plan_cli.main([*options, "--", "python", "train.py"])
 
 
 def test_price_is_required_where_none_is_cited():
@@ -347,7 +387,7 @@ def test_other_stages_start_while_rank_0_plans(tmp_path, monkeypatch):
     monkeypatch.setattr(plan_ranks.Ranks, "_start", start)
     monkeypatch.setattr(plan_ranks.Ranks, "_finished", finished)
     options = argparse.Namespace(jobs=2, steps=1, instance="trn1.32xlarge")
-    plans = plan_ranks.Ranks(str(tmp_path), ["train.py"], options, 32, 32)([0], stages_of=0)
+    plans = plan_ranks.Ranks(str(tmp_path), [sys.executable], ["train.py"], options, 32, 32)([0], stages_of=0)
     assert [p["rank"] for p in plans] == [0, 8, 16, 24]
     assert events.index(("start", 8)) < events.index(("end", 0))
 

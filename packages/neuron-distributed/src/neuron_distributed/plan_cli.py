@@ -52,9 +52,35 @@ def _option(args: list[str], names: tuple[str, ...]) -> tuple[str | None, list[s
     return value, rest
 
 
-def parse_command(command: list[str], per_node: int, nodes: int) -> list[str]:
-    """The script and its arguments (`[script, *args]` or `["-m", module, *args]`) of a `python ...` or
-    `torchrun ...` command; a torchrun world the cluster cannot hold is refused with the arithmetic."""
+# Interpreter options that take a value (`python -W ignore train.py`).
+_PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X", "--check-hash-based-pycs"})
+
+
+def _is_python(path: str) -> bool:
+    """`path` names a Python interpreter (`python`, `python3.11`, a venv's `bin/python`, a symlink to one)."""
+    return any(os.path.basename(name).startswith("python") for name in (path, os.path.realpath(path)))
+
+
+def _python_command(command: list[str]) -> tuple[list[str], list[str]]:
+    """`python [options] (script | -m module) args` -> ([python, *options], [script | -m module, *args])."""
+    interpreter, i = [command[0]], 1
+    while i < len(command) and command[i].startswith("-") and command[i] != "-m":
+        if command[i] == "-c" or command[i] == "-":
+            raise SystemExit("neuron-plan: plans a script or a module (python train.py, python -m package.module), "
+                             f"not {command[i]!r}")
+        takes_value = command[i] in _PYTHON_VALUE_OPTIONS
+        interpreter += command[i:i + 1 + takes_value]
+        i += 1 + takes_value
+    script = command[i:]
+    if not script or script == ["-m"]:
+        raise SystemExit(f"neuron-plan: no script or module in {' '.join(command)!r}")
+    return interpreter, script
+
+
+def parse_command(command: list[str], per_node: int, nodes: int) -> tuple[list[str], list[str]]:
+    """The interpreter (`[python, *options]`: the command's own, else this one) and the script with its arguments
+    (`[script, *args]` or `["-m", module, *args]`) of a `python ...` or `torchrun ...` command; a torchrun world the
+    cluster cannot hold is refused with the arithmetic."""
     if not command:
         raise SystemExit("neuron-plan: give the command after '--', e.g. neuron-plan -- python train.py")
     head, rest = os.path.basename(command[0]), command[1:]
@@ -71,10 +97,26 @@ def parse_command(command: list[str], per_node: int, nodes: int) -> list[str]:
         if nproc is not None and nproc.isdigit() and int(nproc) != per_node:
             raise SystemExit(f"neuron-plan: torchrun asks for {nproc} processes per node; plan mode plans the whole "
                              f"cluster, {nodes} x {per_node} NeuronCores = {nodes * per_node} ranks (use every core)")
-        return rest
-    if head.startswith("python"):
-        return rest
-    return command  # a script path given directly
+        return [sys.executable], ["-m" if arg == "--module" else arg for arg in rest]
+    if _is_python(command[0]):
+        return _python_command(command)
+    return [sys.executable], command  # a script path given directly
+
+
+def _writable(option: str, path: str | None) -> None:
+    """Refuse, before planning, an output file that cannot be written (its directory missing or read-only)."""
+    if path is None:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise SystemExit(f"neuron-plan: cannot write {option} {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise SystemExit(f"neuron-plan: cannot write {option} {path}: permission denied")
+
+
+def _positive(option: str, value: int) -> None:
+    if value < 1:
+        raise SystemExit(f"neuron-plan: {option} must be at least 1, got {value}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,18 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--price-per-hour", type=float)
     options = parser.parse_args(argv[:split])
     per_node = cores_per_node(options.instance)
-    if options.nodes < 1:
-        raise SystemExit(f"neuron-plan: --nodes must be at least 1, got {options.nodes}")
+    for option, value in (("--nodes", options.nodes), ("--steps", options.steps), ("--jobs", options.jobs)):
+        _positive(option, value)
+    _writable("--json", options.json_path)
+    _writable("--trace", options.trace)
     world = per_node * options.nodes
-    script = parse_command(argv[split + 1:], per_node, options.nodes)
+    interpreter, script = parse_command(argv[split + 1:], per_node, options.nodes)
     ranks = [0] if options.ranks == "auto" else [int(r) for r in options.ranks.split(",")]
     for rank in ranks:
         if not 0 <= rank < world:
             raise SystemExit(f"neuron-plan: rank {rank} is outside the world: {options.nodes} x {options.instance} "
                              f"= {options.nodes} x {per_node} NeuronCores = {world} ranks")
     with tempfile.TemporaryDirectory() as scratch:
-        plans = Ranks(scratch, script, options, world, per_node)(ranks, stages_of=0 if options.ranks == "auto"
-                                                                 else None)
+        plans = Ranks(scratch, interpreter, script, options, world, per_node)(
+            ranks, stages_of=0 if options.ranks == "auto" else None)
     report = build_report(plans, instance=options.instance, nodes=options.nodes,
                           tokens_per_step=options.tokens_per_step, price_per_hour=options.price_per_hour)
     print(format_report(report))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import runpy
@@ -66,10 +68,18 @@ def _preload(script: list[str]) -> None:
     from . import planning  # noqa: F401
 
     if script[0] == "-m":
-        return
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))
+        try:
+            spec = importlib.util.find_spec(script[1])
+        except (ImportError, ValueError):  # the rank's own run reports it
+            return
+        path = spec.origin if spec is not None and spec.submodule_search_locations is None else None
+        if path is None:  # a package run by its __main__, or nothing found: left to the rank's run
+            return
+    else:
+        path = script[0]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
-        with open(script[0]) as handle:
+        with open(path) as handle:
             tree = ast.parse(handle.read())
     except (OSError, SyntaxError, ValueError):  # the rank's own run reports it
         return
@@ -146,9 +156,10 @@ class Ranks:
 
     POLL_SECONDS = 0.05
 
-    def __init__(self, scratch: str, script: list[str], options: argparse.Namespace, world: int,
-                 per_node: int) -> None:
+    def __init__(self, scratch: str, interpreter: list[str], script: list[str], options: argparse.Namespace,
+                 world: int, per_node: int) -> None:
         self.scratch, self.script, self.options, self.world, self.per_node = scratch, script, options, world, per_node
+        self.interpreter = interpreter  # the command's python and its options: the ranks run under it
         self.zygote: subprocess.Popen | None = None
         self.unread = b""  # the start of a reply line not read whole yet
 
@@ -159,7 +170,7 @@ class Ranks:
         if self.zygote is None:
             requests, self.requests = os.pipe()
             self.replies, replies = os.pipe()
-            command = [sys.executable, "-m", "neuron_distributed.plan_ranks", str(requests), str(replies),
+            command = [*self.interpreter, "-m", "neuron_distributed.plan_ranks", str(requests), str(replies),
                        str(self.world), str(self.per_node), str(self.options.steps), *self.script]
             with INSTANCE.overridden(self.options.instance):
                 self.zygote = subprocess.Popen(command, pass_fds=(requests, replies), start_new_session=True)
@@ -183,7 +194,8 @@ class Ranks:
             return
         os.close(self.requests)
         if kill:
-            os.killpg(self.zygote.pid, signal.SIGKILL)  # the zygote and the ranks it forked: a session of their own
+            with contextlib.suppress(ProcessLookupError):  # the zygote ended already (e.g. its import failed)
+                os.killpg(self.zygote.pid, signal.SIGKILL)  # the zygote and the ranks it forked: a session of theirs
         self.zygote.wait()
         os.close(self.replies)
 
