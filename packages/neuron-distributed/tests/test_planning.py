@@ -157,29 +157,33 @@ def test_price_is_required_where_none_is_cited():
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("script", ["llama_ddp.py", "bert_compiled.py"])
-def test_plan_matches_the_real_run_at_two_ranks(tmp_path, script):
+@pytest.mark.parametrize(("script", "args"), [("llama_ddp.py", ()), ("bert_compiled.py", ()),
+                                              ("fsdp_tp.py", ("--dp", "2"))], ids=["ddp", "compiled", "fsdp2_tp_2d"])
+def test_plan_matches_the_real_run_at_two_ranks(tmp_path, script, args):
     """Plan mode changes what is stored, not what is charged: a tiny Llama under DDP on 2 ranks (trn1.2xlarge),
     planned and run for real, has the same simulated step time and peak HBM within 2 %; so does a tiny BERT
     compiled with backend "neuron" under bf16 autocast (its forward and AOTAutograd backward graphs priced by the
-    kernel plan, their workspaces and results seen by the allocator model)."""
-    pytest.importorskip("transformers")
+    kernel plan, their workspaces and results seen by the allocator model), and FSDP2 over a 2-D (dp, tp) mesh after
+    TP (the plan failed in DeviceMesh's rank-map arithmetic under the fake mode)."""
+    if script != "fsdp_tp.py":
+        pytest.importorskip("transformers")
     env = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
-    _, outputs = launch("plan/measure.py", 2, str(PLAN / script), timeout=600, env=env)
+    _, outputs = launch("plan/measure.py", 2, str(PLAN / script), *args, timeout=600, env=env)
     measured = {}
     for rank, output in outputs.items():
         line = next(line for line in output.splitlines() if line.startswith("MEASURED"))
         _, _, step, reserved, allocated = line.split()
         measured[rank] = (float(step), int(reserved), int(allocated))
     assert len(measured) == 2
-    code, report, output = plan(tmp_path, script=script,
+    code, report, output = plan(tmp_path, *args, script=script,
                                 options=("--instance", "trn1.2xlarge", "--ranks", "0,1", "--steps", "3"))
     assert code == 0, output
     step, reserved, allocated = max(measured.values())
     assert report["world_size"] == 2 and report["communication_seconds"] > 0
     assert report["step_seconds"] == pytest.approx(step, rel=0.02)
     assert report["peak_hbm_bytes"] == pytest.approx(reserved, rel=0.02)
-    assert report["peak_allocated_bytes"] == pytest.approx(allocated, rel=0.02)
+    if script != "fsdp_tp.py":  # FSDP2 frees by resizing storages to 0, unseen by the plan (docs/planning.md, Limits)
+        assert report["peak_allocated_bytes"] == pytest.approx(allocated, rel=0.02)
 
 
 def test_python_api_plans_a_callable():

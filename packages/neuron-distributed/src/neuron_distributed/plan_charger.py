@@ -30,19 +30,29 @@ _VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.de
                           _aten.allclose.default})
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
 _COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+_DEVICE = torch._C.DispatchKey.PrivateUse1
 
 
 @functools.cache
-def _runs_composite(op: torch._ops.OpOverload) -> bool:
-    """A real run on `neuron` runs `op`'s composite kernel: the device registers no kernel of its own for it, and the
-    dispatcher prefers a CompositeExplicitAutograd kernel to the device's fallback. What the real run charges is then
-    the ops that kernel calls (`randn` is an allocation and `normal_`, `zeros_like` one and `zero_`), not `op`, which
-    the fake mode sees whole. Views are left whole: they charge nothing either way. (ATen's ops; the collectives are
-the catalogue's.)"""
+def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
+    """The dispatch key of the kernel a real run on `neuron` runs for `op` when that kernel is made of other ops,
+    which the plan then runs too (its ops come back to the charger, each charged as the real run's), else None:
+
+    * an ATen op the device registers no kernel for, with a CompositeExplicitAutograd kernel (the dispatcher prefers
+      it to the device's fallback): `randn` is an allocation and `normal_`, `zeros_like` one and `zero_`;
+    * an op of another library whose own `PrivateUse1` kernel (not the device's) is written in ATen ops: FSDP2's
+      `fsdp::all_gather_copy_in`, `split_with_sizes_copy`, `chunk_cat`.
+
+    The fake mode sees such an op whole. Views are left whole (they charge nothing either way), and so are the
+    catalogue's collectives."""
     name = op.name()
-    return (op.namespace == "aten" and not op.is_view
-            and not torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1")
-            and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd"))
+    if op.is_view or catalogue.kind_of(op) is not None:
+        return None
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if op.namespace == "aten":
+        return _COMPOSITE if not has(name, "PrivateUse1") and has(name, "CompositeExplicitAutograd") else None
+    own = name in services.registered_kernels or f"{name}.{op._overloadname}" in services.registered_kernels
+    return _DEVICE if op.namespace != "prim" and not own and has(name, "PrivateUse1") else None
 
 
 def _known(args: tuple) -> bool:
@@ -64,7 +74,7 @@ class Charger(TorchDispatchMode):
     def __init__(self, planner: Planner) -> None:
         super().__init__()
         self.planner = planner
-        self.composite_depth = 0  # inside an op's composite kernel: its FLOPs are the op's, counted once
+        self.outer: list[Any] = []  # the ops run whole whose kernels run now: FLOPs and an OOM are the outermost's
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -80,27 +90,30 @@ class Charger(TorchDispatchMode):
             return NotImplemented
         if func in _VALUE_READS and not _known(args):
             raise value_read(f"{func.__name__} of a tensor")
-        composite = _runs_composite(func)
+        whole = _kernel_run_whole(func)
+        composite = whole is not None
         try:
-            if composite:  # the ops its composite kernel calls come back here, each charged as the real run's
-                self.composite_depth += 1
+            if composite:  # the ops its kernel calls come back here, each charged as the real run's
+                self.outer.append(func)
                 with self:
-                    result = func._op_dk(_COMPOSITE, *args, **kwargs)
+                    result = func._op_dk(whole, *args, **kwargs)
             else:
                 result = func(*args, **kwargs)
         except torch._subclasses.fake_tensor.DynamicOutputShapeException as error:
             raise value_read(f"{func}, whose output shape depends on the values") from error
         finally:
-            self.composite_depth -= composite
+            if composite:
+                self.outer.pop()
         if _traced(result, self.planner.fake_mode):
             return result
         formula = flop_registry.get(func._overloadpacket)
-        if formula is not None and not self.composite_depth:  # as FlopCounterMode counts: the op the script called
+        if formula is not None and not self.outer:  # as FlopCounterMode counts: the op the script called
             self.planner.flops += formula(*args, **kwargs, out_val=result)
         if composite:
             return result
         if catalogue.kind_of(func) is not None:
             catalogue.charge(func, args, result)
         else:
-            self.planner.allocated(func, services.account_planned_op(func, args, kwargs, result))
+            storages = services.account_planned_op(func, args, kwargs, result)
+            self.planner.allocated(self.outer[0] if self.outer else func, storages)
         return result

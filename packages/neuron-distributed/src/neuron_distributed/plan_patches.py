@@ -5,7 +5,8 @@ with its reason. Nothing here outlives the plan.
   PyTorch's `FakeProcessGroup` (collectives return at once with correctly shaped fakes, no peers).
 * DDP: its built-in all-reduce as a comm hook, its first buckets kept, no cross-rank parameter check (each reads
   data a fake does not have).
-* DeviceMesh: laid out by a real CPU tensor of rank numbers, which it reads; built with the plan's modes off.
+* DeviceMesh: laid out by real CPU tensors of rank numbers, which it reads; built and used with the plan's modes
+  off.
 * `torch.compile`: compiles with the plan's modes off and runs without the planner's module tracker.
 * `torch.utils.swap_tensors`: `Module.to` on fakes.
 * pipelining schedules: one micro-batch a stage (`plan_pipeline`).
@@ -94,6 +95,24 @@ def _outside_plan(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
 
     return call
+
+
+def _mesh_members(mesh_class: type) -> list[tuple[str, Any]]:
+    """Every method and property of `DeviceMesh`, run outside the plan: a mesh keeps its layout in real CPU tensors
+    of rank numbers (its rank map), which its methods view, slice, flatten, unflatten and concatenate, and read
+    (`tolist`); a fake of the rank map would have no numbers to read, and a real one meets the plan's fake mode."""
+    members = []
+    for name, member in vars(mesh_class).items():
+        if isinstance(member, staticmethod):
+            members.append((name, staticmethod(_outside_plan(member.__func__))))
+        elif isinstance(member, classmethod):
+            members.append((name, classmethod(_outside_plan(member.__func__))))
+        elif isinstance(member, property):
+            members.append((name, property(*(_outside_plan(f) if f else None
+                                              for f in (member.fget, member.fset, member.fdel)))))
+        elif callable(member) and not isinstance(member, type):
+            members.append((name, _outside_plan(member)))
+    return members
 
 
 @contextlib.contextmanager
@@ -191,9 +210,8 @@ def patched_torch() -> Iterator[None]:
         # to disagree with, and the fake holds no data.
         stack.enter_context(patched(dist, "_verify_params_across_processes", lambda *args: None))
         stack.enter_context(patched(device_mesh, "init_device_mesh", _outside_plan(device_mesh.init_device_mesh)))
-        for method in ("__getitem__", "get_local_rank", "get_coordinate", "_flatten"):
-            mesh_class = device_mesh.DeviceMesh
-            stack.enter_context(patched(mesh_class, method, _outside_plan(getattr(mesh_class, method))))
+        for name, member in _mesh_members(device_mesh.DeviceMesh):
+            stack.enter_context(patched(device_mesh.DeviceMesh, name, member))
         ddp = torch.nn.parallel.DistributedDataParallel
         stack.enter_context(patched(ddp, "__init__", _ddp_init(ddp.__init__)))
         stack.enter_context(patched_schedules())
