@@ -9,6 +9,8 @@ with its reason. Nothing here outlives the plan.
   off.
 * `torch.compile`: compiles with the plan's modes off and runs without the planner's module tracker.
 * `torch.utils.swap_tensors`: `Module.to` on fakes.
+* `UntypedStorage.resize_`: a planned storage's block in the allocator model follows (FSDP2 frees an unsharded
+  parameter by resizing its storage to 0 bytes, and refills it; a fake's storage has no device memory to resize).
 * pipelining schedules: one micro-batch a stage (`plan_pipeline`).
 """
 
@@ -21,6 +23,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from neuron_device import services
 
 from . import envvars, plan_state
 from .plan_pipeline import patched_schedules
@@ -189,6 +193,15 @@ def _init_process_group(init: Callable) -> Callable:
     return planned
 
 
+def _tracked_resize(resize_: Callable) -> Callable:
+    def storage_resize_(self: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+        result = resize_(self, size)
+        services.resize_planned_storage(self, size)
+        return result
+
+    return storage_resize_
+
+
 def _fake_neuron_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
     """Backend `neuron` in plan mode: PyTorch's fake process group (no communication, no peers)."""
     from torch._C._distributed_c10d import FakeProcessGroup
@@ -205,6 +218,7 @@ def patched_torch() -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(torch.utils, "swap_tensors", _swap_fakes(torch.utils.swap_tensors)))
         stack.enter_context(patched(torch, "compile", _compile(torch.compile)))
+        stack.enter_context(patched(torch.UntypedStorage, "resize_", _tracked_resize(torch.UntypedStorage.resize_)))
         stack.enter_context(patched(dist, "init_process_group", _init_process_group(dist.init_process_group)))
         # DDP checks parameter shapes across ranks by reading a CPU tensor's data: one planned rank has no peers
         # to disagree with, and the fake holds no data.

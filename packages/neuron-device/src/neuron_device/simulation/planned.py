@@ -22,7 +22,7 @@ from ..ops import registry as _registry
 from ..ops.catalogue import op_info
 from . import kernels as _kernels
 
-__all__ = ["account", "track_storage"]
+__all__ = ["account", "resize_storage", "track_storage"]
 
 _aten = torch.ops.aten
 # Direct kernels of a real run that charge no device time: allocation, storage plumbing, type queries.
@@ -58,6 +58,18 @@ def track_storage(storage: torch.UntypedStorage, index: int) -> bool:
     allocator = _allocator.device(index)
     _allocator._bind(storage, allocator, allocator.malloc(nbytes) if nbytes else None)
     return True
+
+
+def resize_storage(storage: torch.UntypedStorage, nbytes: int) -> None:
+    """A planned storage resized in place to `nbytes` (FSDP2 frees its unsharded parameters so, and refills them):
+    its block in the allocator model follows, as `allocator.resize` moves a real storage's (the new block first)."""
+    holding = _allocator._holding_of(storage)
+    if holding is None:  # not a planned device storage
+        return
+    block = holding.allocator.malloc(nbytes) if nbytes else None
+    previous, holding.block = holding.block, block
+    if previous is not None:
+        holding.allocator.free(previous)
 
 
 def _device_index(tensors: list[torch.Tensor]) -> int:
