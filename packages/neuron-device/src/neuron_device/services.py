@@ -22,7 +22,8 @@ Simulated time
 Plan mode
     `LOCAL_RANK` (the launcher's variable the device reads, for a planner that sets it),
     `account_planned_op` (charge an op that ran on fake tensors as its real kernel would: time and HBM),
-    `track_storage` (charge a storage to the allocator model).
+    `track_storage` (charge a storage to the allocator model), `resize_planned_storage` (its block follows an
+    in-place resize).
 Plugins
     `hookimpl` (mark an implementation of a `neuron_device.plugins` hook).
 """
@@ -42,6 +43,7 @@ from .plugins import hookimpl
 from .simulation.costmodel import LAUNCH_SECONDS, KernelEstimate, estimate_kernel, matmul_array_flops
 from .simulation.kernels import Work, flat_tensors, record_kernel
 from .simulation.planned import account as account_planned_op
+from .simulation.planned import resize_storage as resize_planned_storage
 from .simulation.planned import track_storage
 from .storage import adopt, host_alias
 from .timeline import charge, timeline
@@ -71,6 +73,7 @@ __all__ = [
     "record_kernel",
     "register_kernel",
     "registered_kernels",
+    "resize_planned_storage",
     "run_on_host",
     "seeded_call",
     "set_charge_recorder",

@@ -48,9 +48,9 @@ from neuron_spec.hardware import INSTANCE_TYPES, Instance, Target, resolve_targe
 
 from . import envvars
 
-__all__ = ["COLLECTIVE_LAUNCH_SECONDS", "HOP_SECONDS_ACROSS_NODES", "HOP_SECONDS_INSIDE_NODE", "LINK_EFFICIENCY",
-           "algorithm", "buckets", "charge", "collective_seconds", "placement", "placement_of_ranks",
-           "ranks_on_each_instance"]
+__all__ = ["COLLECTIVE_LAUNCH_SECONDS", "HOP_SECONDS_ACROSS_NODES", "HOP_SECONDS_INSIDE_NODE", "LABEL_PREFIX",
+           "LINK_EFFICIENCY", "algorithm", "buckets", "charge", "collective_seconds", "is_collective_charge",
+           "placement", "placement_of_ranks", "ranks_on_each_instance"]
 
 # Fitted on C1's plateau: a 2-rank fp32 all-reduce of 1-256 KiB takes 58-60 us whatever its size, minus its two
 # transfers (one DMA and one hop each); C2's 8-64 B floor (520-525 us) is this plus 32 inter-node hops (+2.4 %).
@@ -66,6 +66,8 @@ LINKS_PER_CHIP = 4
 # link) and C2 (16 MiB - 1 GiB: the flat ring over 800 Gbps EFA) together, balancing their largest errors
 # (C1 4 MiB +17 %, C2 512 MiB -16.5 %).
 LINK_EFFICIENCY = 0.65
+# A collective's charge is named LABEL_PREFIX + its kind: a profiler's "collective" lane, a plan's communication.
+LABEL_PREFIX = "c10d::"
 MESH_BELOW_BYTES = 1_000_000  # C4: mesh below 1 MB ...
 RING_ABOVE_BYTES = 56_000_000  # ... recursive halving-doubling up to 56 MB, ring above
 FLAT_RING_TARGETS = frozenset({"trn1"})  # internode-collective-comm.rst: "We only enable Flat Ring on Trn1"
@@ -241,4 +243,9 @@ def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], g
     seconds = collective_seconds(kind, max(_nbytes(inputs), _nbytes(outputs)), group_size, where=where,
                                  ranks_per_instance=per_instance, itemsize=itemsize)
     for index in devices:
-        services.charge(index, seconds, f"c10d::{kind}")  # the name labels the collective in a profiler trace
+        services.charge(index, seconds, LABEL_PREFIX + kind)
+
+
+def is_collective_charge(name: str) -> bool:
+    """Whether a charge named `name` (as a charge recorder sees it) is a collective's (`charge`)."""
+    return name.startswith(LABEL_PREFIX)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from neuron_device.services import flat_tensors
 
 from . import costs
+from .plan_state import active_planner
 
 __all__ = ["StageCost", "announcing_stage_ranks", "combine", "lay_out", "patched_schedules"]
 
@@ -148,8 +149,6 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
                           return_outputs: bool = True, loss_kwargs: dict | None = None, **kwargs: Any) -> Any:
     from torch.distributed.pipelining.microbatch import _split_tensor
     from torch.distributed.pipelining.schedules import _TARGET_CHUNK_SPEC
-
-    from .planning import active_planner
 
     planner = active_planner()
     stages = sorted(getattr(schedule, "_stages", None) or [schedule._stage], key=lambda s: s.stage_index)

@@ -4,7 +4,9 @@ In a real run each op's kernel computes on the host and then charges the simulat
 current stream (`kernels.charge`, after `fallback.admit`), a DMA for copies (`kernels.transfer`), and the device
 allocator for every new storage (`allocator.adopt_tracked` / `allocator.empty`). Plan mode runs the op's fake kernel
 instead (no host memory) and hands the result here, which makes the same calls with the same shapes and dtypes, so
-a plan is charged exactly what the run would be: plan mode changes what is stored, not what is charged.
+a plan is charged exactly what the run would be: plan mode changes what is stored, not what is charged. An op a
+real run runs as its composite kernel (`randn`, `zeros_like`: no device kernel of its own) reaches here as the ops
+that kernel calls: the planner runs the composite kernel on the fakes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..ops import registry as _registry
 from ..ops.catalogue import op_info
 from . import kernels as _kernels
 
-__all__ = ["account", "track_storage"]
+__all__ = ["account", "resize_storage", "track_storage"]
 
 _aten = torch.ops.aten
 # Direct kernels of a real run that charge no device time: allocation, storage plumbing, type queries.
@@ -30,13 +32,6 @@ _UNCHARGED = frozenset({
     _aten._has_compatible_shallow_copy_type.default, _aten.detach.default, _aten.alias.default,
     _aten.lift_fresh.default,
 })
-# Factories a real run builds as an allocation plus a fill kernel (the device registers no kernel of their own):
-# charged as that fill on the result.
-_FILLED = {
-    **dict.fromkeys((_aten.zeros.default, _aten.zeros_like.default, _aten.new_zeros.default), _aten.zero_.default),
-    **dict.fromkeys((_aten.ones.default, _aten.ones_like.default, _aten.new_ones.default, _aten.full.default,
-                     _aten.full_like.default, _aten.new_full.default), _aten.fill_.Scalar),
-}
 # Copies: a DMA (device<->device through HBM, host<->device over the host link), as the real copy kernels charge.
 _COPIES = {_aten._to_copy.default: "aten::_to_copy", _aten.copy_.default: "aten::copy_",
            _aten._copy_from.default: "aten::_copy_from"}
@@ -65,6 +60,18 @@ def track_storage(storage: torch.UntypedStorage, index: int) -> bool:
     return True
 
 
+def resize_storage(storage: torch.UntypedStorage, nbytes: int) -> None:
+    """A planned storage resized in place to `nbytes` (FSDP2 frees its unsharded parameters so, and refills them):
+    its block in the allocator model follows, as `allocator.resize` moves a real storage's (the new block first)."""
+    holding = _allocator._holding_of(storage)
+    if holding is None:  # not a planned device storage
+        return
+    block = holding.allocator.malloc(nbytes) if nbytes else None
+    previous, holding.block = holding.block, block
+    if previous is not None:
+        holding.allocator.free(previous)
+
+
 def _device_index(tensors: list[torch.Tensor]) -> int:
     for tensor in tensors:
         if tensor.device.index is not None:
@@ -86,8 +93,6 @@ def account(op: torch._ops.OpOverload, args: tuple, kwargs: dict, result: Any) -
             src, dst = (args[0], args[1]) if op is _aten._copy_from.default else (args[1], args[0])
             if isinstance(src, torch.Tensor):
                 _kernels.transfer(_COPIES[op], src, dst)
-    elif op in _FILLED:
-        _kernels.charge(_fallback.admit(_FILLED[op]), index, (result,), {}, result)
     elif op not in _UNCHARGED and op.namespace == "aten":
         estimator = _registry.plugin_estimator(op.name())
         seconds = None

@@ -1,0 +1,239 @@
+"""Plan mode's patches of torch: what a planned rank changes in torch for the time of a plan (`patched_torch`), each
+with its reason. Nothing here outlives the plan.
+
+* `init_process_group`: no rendezvous (a `FakeStore`), the launcher's rank and world size; backend `neuron` is
+  PyTorch's `FakeProcessGroup` (collectives return at once with correctly shaped fakes, no peers).
+* DDP: its built-in all-reduce as a comm hook, its first buckets kept, no cross-rank parameter check (each reads
+  data a fake does not have).
+* DeviceMesh: laid out by real CPU tensors of rank numbers, which it reads; built and used with the plan's modes
+  off.
+* `torch.compile`: compiles with the plan's modes off and runs without the planner's module tracker.
+* `torch.utils.swap_tensors`: `Module.to` on fakes.
+* `UntypedStorage.resize_`: a planned storage's block in the allocator model follows (FSDP2 frees an unsharded
+  parameter by resizing its storage to 0 bytes, and refills it; a fake's storage has no device memory to resize).
+* pipelining schedules: one micro-batch a stage (`plan_pipeline`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from neuron_device import services
+
+from . import envvars, plan_state
+from .plan_pipeline import patched_schedules
+
+__all__ = ["patched", "patched_torch"]
+
+
+def _planned_allreduce(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's built-in gradient all-reduce (divide by the group size, all-reduce the bucket), as a comm hook: the fake
+    process group's work completes with no value, and the reducer reads the reduced bucket from its future."""
+    group = group or dist.group.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(group.size())
+    dist.all_reduce(tensor, group=group)
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(tensor)
+    return future
+
+
+# DDP checks a hook's annotations as objects (not the strings postponed evaluation makes).
+_planned_allreduce.__annotations__ = {"group": Any, "bucket": dist.GradBucket,
+                                      "return": torch.futures.Future[torch.Tensor]}
+
+
+class _KeptBuckets:
+    """DDP's reducer, except that it keeps its first buckets: rebuilding them agrees on the new order across ranks
+    by reading a CPU tensor's data, which a fake does not have (one planned rank has no peers to agree with)."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+
+def _ddp_init(init: Callable) -> Callable:
+    def planned(self, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.register_comm_hook(self.process_group, _planned_allreduce)
+        self.reducer = _KeptBuckets(self.reducer)
+
+    return planned
+
+
+def _swap_fakes(swap: Callable) -> Callable:
+    """`Module.to` swaps a fake parameter for its moved fake, which torch refuses while the fake tensor converter
+    holds a weak reference to it (its memo): drop the memo entries of the two fakes first."""
+
+    def swap_tensors(t1, t2):
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        for tensor in (t1, t2):
+            if isinstance(tensor, FakeTensor):
+                memo = tensor.fake_mode.fake_tensor_converter.tensor_memo
+                for key in [k for k, v in list(memo.items()) if v is tensor]:
+                    del memo[key]
+        return swap(t1, t2)
+
+    return swap_tensors
+
+
+def _outside_plan(fn: Callable) -> Callable:
+    """`fn` with plan mode's tensor modes off: a DeviceMesh is laid out by a real CPU tensor of rank numbers, which
+    it reads (its layout, not the job's data)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with _disable_current_modes():
+            return fn(*args, **kwargs)
+
+    return call
+
+
+def _mesh_members(mesh_class: type) -> list[tuple[str, Any]]:
+    """Every method and property of `DeviceMesh`, run outside the plan: a mesh keeps its layout in real CPU tensors
+    of rank numbers (its rank map), which its methods view, slice, flatten, unflatten and concatenate, and read
+    (`tolist`); a fake of the rank map would have no numbers to read, and a real one meets the plan's fake mode."""
+    members = []
+    for name, member in vars(mesh_class).items():
+        if isinstance(member, staticmethod):
+            members.append((name, staticmethod(_outside_plan(member.__func__))))
+        elif isinstance(member, classmethod):
+            members.append((name, classmethod(_outside_plan(member.__func__))))
+        elif isinstance(member, property):
+            members.append((name, property(*(_outside_plan(f) if f else None
+                                              for f in (member.fget, member.fset, member.fdel)))))
+        elif callable(member) and not isinstance(member, type):
+            members.append((name, _outside_plan(member)))
+    return members
+
+
+@contextlib.contextmanager
+def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    """`obj.name` is `value` for a block."""
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+def _compile(compile_: Callable) -> Callable:
+    """`torch.compile` in plan mode: backend "neuron" only (the one whose graphs the cost model prices), and each
+    call of the compiled callable runs without the planner's module tracker. Its hooks are global module hooks,
+    which a real run does not have: Dynamo would trace them into the graph (and fail on their weak dictionaries),
+    so the graph would differ from the real run's."""
+
+    def planned(model: Any = None, *, backend: Any = "inductor", **kwargs: Any) -> Any:
+        if backend != "neuron":
+            raise NotImplementedError(
+                f"plan mode: torch.compile(backend={backend!r}) is not planned; only backend=\"neuron\" is (its graphs "
+                "are priced by neuron-compile's kernel plan). Compile with backend=\"neuron\" or leave the script eager.")
+        if model is None:  # the decorator form: @torch.compile(backend="neuron")
+            return lambda fn: planned(fn, backend=backend, **kwargs)
+        compiled = compile_(model, backend=_compiled_outside_plan(torch._dynamo.lookup_backend(backend)), **kwargs)
+        if isinstance(compiled, torch.nn.Module):  # OptimizedModule: its forward enters the compiled frame
+            compiled.forward = _untracked(compiled.forward)
+            return compiled
+        return functools.wraps(model)(_untracked(compiled))
+
+    return planned
+
+
+@functools.cache
+def _compiled_outside_plan(backend: Callable) -> Callable:
+    """The backend run with the plan's tensor modes off, as Dynamo runs backends. (Dynamo's DDPOptimizer path, taken
+    for a graph traced inside a DDP forward, leaves them on, and AOTAutograd then fails on its functional tensors.)
+    One callable per backend: Dynamo guards each compiled frame on its backend, so a new wrapper per
+    `torch.compile` call made each block compiled per layer a recompile of the shared `forward` ("BACKEND_MATCH
+    failure"), and blocks after the recompile limit ran eagerly."""
+
+    @functools.wraps(backend)  # the backend's name in Dynamo's messages; neuron-compile finds it through this
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Callable:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return backend(gm, example_inputs, **kwargs)
+
+    return compile_graph
+
+
+def _untracked(fn: Callable) -> Callable:
+    """`fn` run with the planner's module tracker off (its allocations count to the module that called it)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        tracker = plan_state.active_planner().modules
+        tracker.__exit__(None, None, None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            tracker.__enter__()
+
+    return call
+
+
+def _init_process_group(init: Callable) -> Callable:
+    """`init_process_group` in plan mode: no rendezvous (a `FakeStore`), the launcher's rank and world size."""
+
+    def planned(backend: Any = None, init_method: Any = None, *args: Any, **kwargs: Any) -> Any:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        kwargs.setdefault("store", FakeStore())
+        kwargs.setdefault("rank", envvars.RANK.read())
+        kwargs.setdefault("world_size", envvars.WORLD_SIZE.read())
+        return init(backend, *args, **kwargs)
+
+    return planned
+
+
+def _tracked_resize(resize_: Callable) -> Callable:
+    def storage_resize_(self: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+        result = resize_(self, size)
+        services.resize_planned_storage(self, size)
+        return result
+
+    return storage_resize_
+
+
+def _fake_neuron_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
+    """Backend `neuron` in plan mode: PyTorch's fake process group (no communication, no peers)."""
+    from torch._C._distributed_c10d import FakeProcessGroup
+
+    return FakeProcessGroup._create_internal(rank, size)
+
+
+@contextlib.contextmanager
+def patched_torch() -> Iterator[None]:
+    """torch patched for a plan (see the module's doc), restored after the block."""
+    from torch.distributed import device_mesh
+
+    plugin = dist.Backend._plugins["NEURON"]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched(torch.utils, "swap_tensors", _swap_fakes(torch.utils.swap_tensors)))
+        stack.enter_context(patched(torch, "compile", _compile(torch.compile)))
+        stack.enter_context(patched(torch.UntypedStorage, "resize_", _tracked_resize(torch.UntypedStorage.resize_)))
+        stack.enter_context(patched(dist, "init_process_group", _init_process_group(dist.init_process_group)))
+        # DDP checks parameter shapes across ranks by reading a CPU tensor's data: one planned rank has no peers
+        # to disagree with, and the fake holds no data.
+        stack.enter_context(patched(dist, "_verify_params_across_processes", lambda *args: None))
+        stack.enter_context(patched(device_mesh, "init_device_mesh", _outside_plan(device_mesh.init_device_mesh)))
+        for name, member in _mesh_members(device_mesh.DeviceMesh):
+            stack.enter_context(patched(device_mesh.DeviceMesh, name, member))
+        ddp = torch.nn.parallel.DistributedDataParallel
+        stack.enter_context(patched(ddp, "__init__", _ddp_init(ddp.__init__)))
+        stack.enter_context(patched_schedules())
+        dist.Backend._plugins["NEURON"] = plugin._replace(creator_fn=_fake_neuron_group)
+        stack.callback(dist.Backend._plugins.__setitem__, "NEURON", plugin)
+        yield

@@ -1,0 +1,220 @@
+"""Plan mode's state: the planned rank (`Planner`: step boundaries, the charges seen, live storages by module), its
+result (`RankPlan`), and whether a plan is running (`is_planning`).
+
+The planned step is found without changing the script: an optimizer step (an optimizer stepped inside another's
+step, as `ZeroRedundancyOptimizer` steps its local one, is part of it) closes it; a script without an optimizer is
+planned whole. HBM: the allocator model runs with no capacity limit so a plan that does not fit still completes; the
+first allocation that takes the reserved bytes past the core's HBM is recorded with its op, its module and the
+largest live tensors by module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import traceback
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from neuron_device import services
+
+from . import costs
+
+__all__ = ["PlanValueError", "Planner", "RankPlan", "StopPlan", "activated", "active_planner", "is_planning",
+           "value_read"]
+
+_HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__),
+         os.path.dirname(services.__file__))
+_active: Planner | None = None
+
+
+def is_planning() -> bool:
+    """True inside plan mode: a script can skip a block that needs tensor values (`if not is_planning(): ...`)."""
+    return _active is not None
+
+
+def active_planner() -> Planner:
+    """The planned rank's state (inside plan mode only)."""
+    if _active is None:
+        raise RuntimeError("plan mode is not active")
+    return _active
+
+
+class PlanValueError(RuntimeError):
+    """A script read a tensor's value in plan mode, where tensors have shapes but no values."""
+
+
+def _user_frame() -> traceback.FrameSummary | None:
+    """The innermost frame of the planned script (not torch, not this package)."""
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(_HERE) and "site-packages" not in frame.filename and \
+                not frame.filename.startswith("<"):
+            return frame
+    return None
+
+
+def value_read(what: str) -> PlanValueError:
+    """The error for a value read at the planned script's innermost line."""
+    frame = _user_frame()
+    where = f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()!r})" if frame else "the script"
+    return PlanValueError(
+        f"plan mode: {where} reads a tensor's value ({what}), but planned tensors have shapes and no values, so no "
+        "honest number exists. Skip the block while planning (`if not torch_neuronx.is_planning(): ...`) or give "
+        "the value the plan should assume in plain Python.")
+
+
+@dataclasses.dataclass
+class RankPlan:
+    """What one planned rank did: its step, time split, FLOPs and HBM."""
+
+    rank: int
+    world_size: int
+    steps_observed: int
+    step_seconds: float
+    compute_seconds: float
+    communication_seconds: float
+    exposed_communication_seconds: float
+    flops_per_step: float
+    peak_hbm_bytes: int
+    peak_allocated_bytes: int
+    hbm_capacity_bytes: int
+    fits: bool
+    oom: dict[str, Any] | None
+    # a pipeline-parallel rank's stage costs and schedule (`plan_pipeline`); its step_seconds then covers one
+    # micro-batch through its stages, until `plan_pipeline.combine` lays out the schedule with every stage's costs
+    pipeline: dict[str, Any] | None
+    lanes: list[tuple[str, int, float, float]]  # (name, stream, start, end) of the planned step, for --trace
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("lanes")
+        return out
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _uncovered(spans: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
+    """Seconds of `spans` (a union) outside `cover` (a union)."""
+    total = 0.0
+    for start, end in spans:
+        covered = sum(max(0.0, min(end, b) - max(start, a)) for a, b in cover)
+        total += end - start - covered
+    return total
+
+
+class StopPlan(BaseException):
+    """Raised at the last planned optimizer step: the rest of the script is not needed."""
+
+
+
+
+class Planner:
+    """The state of one planned rank: step boundaries, the charges seen, live storages by module."""
+
+    def __init__(self, rank: int, world_size: int, steps: int | None) -> None:
+        self.rank, self.world_size, self.steps = rank, world_size, steps
+        self.index = torch.neuron.current_device()
+        self.capacity = services.topology().hbm_bytes_per_device
+        torch.neuron.reset_peak_memory_stats(self.index)  # the plan's peak, not what this process did before
+        self.boundaries: list[float] = [self.clock()]
+        self.flops_at: list[float] = [0.0]
+        self.charges: list[tuple[str, int, float, float]] = []
+        self.live: dict[int, tuple[weakref.ref, int, str, str]] = {}
+        self.oom: dict[str, Any] | None = None
+        self.pipeline: dict[str, Any] | None = None
+        self.optimizer_depth = 0
+        self.modules: Any = None
+        self.flops = 0  # FLOPs of every op so far, by `FlopCounterMode`'s formulas
+        self.fake_mode: Any = None
+
+    def record(self, name: str, index: int, stream: int, start: float, end: float) -> None:
+        if index == self.index:
+            self.charges.append((name, stream, start, end))
+
+    def clock(self) -> float:
+        return max(services.timeline(self.index).clocks.values())
+
+    def allocated(self, op: Any, storages: list[torch.UntypedStorage]) -> None:
+        if not storages:
+            return
+        module = max(self.modules.parents, key=len) if self.modules is not None else "Global"
+        for storage in storages:
+            ref = weakref.ref(storage, lambda r: self.live.pop(id(r), None))
+            self.live[id(ref)] = (ref, storage.nbytes(), module, str(op))
+        if self.oom is None and torch.neuron.memory_reserved(self.index) > self.capacity:
+            self.oom = {"op": str(op), "module": module, "reserved_bytes": torch.neuron.memory_reserved(self.index),
+                        "largest_live_tensors_by_module": self._largest_live()}
+
+    def _largest_live(self, top: int = 10) -> list[dict[str, Any]]:
+        by_module: dict[str, list[int]] = {}
+        for _, nbytes, module, _ in self.live.values():
+            entry = by_module.setdefault(module, [0, 0])
+            entry[0] += nbytes
+            entry[1] += 1
+        ranked = sorted(by_module.items(), key=lambda item: -item[1][0])[:top]
+        return [{"module": m, "bytes": b, "tensors": n} for m, (b, n) in ranked]
+
+    def optimizer_stepping(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_depth += 1
+
+    def optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_depth -= 1
+        if self.optimizer_depth > 0:  # an optimizer inside another's step (ZeroRedundancyOptimizer's local AdamW)
+            return
+        self.boundaries.append(self.clock())
+        self.flops_at.append(float(self.flops))
+        if self.steps is not None and len(self.boundaries) - 1 >= self.steps:
+            raise StopPlan
+
+    def result(self) -> RankPlan:
+        steps = len(self.boundaries) - 1
+        if steps == 0:  # no optimizer: the whole run is the step
+            self.boundaries.append(self.clock())
+            self.flops_at.append(float(self.flops))
+        start, end = self.boundaries[-2], self.boundaries[-1]
+        compute, communication, exposed = self.split(start, end)
+        reserved = torch.neuron.max_memory_reserved(self.index)
+        return RankPlan(
+            rank=self.rank, world_size=self.world_size, steps_observed=steps, step_seconds=end - start,
+            compute_seconds=compute, communication_seconds=communication, exposed_communication_seconds=exposed,
+            flops_per_step=self.flops_at[-1] - self.flops_at[-2], peak_hbm_bytes=reserved,
+            peak_allocated_bytes=torch.neuron.max_memory_allocated(self.index), hbm_capacity_bytes=self.capacity,
+            fits=self.oom is None and reserved <= self.capacity, oom=self.oom, pipeline=self.pipeline,
+            lanes=self.window(start, end))
+
+    def window(self, start: float, end: float) -> list[tuple[str, int, float, float]]:
+        """The charges between two clock readings, clipped to them."""
+        return [(n, s, max(a, start), min(b, end)) for n, s, a, b in self.charges if b > start and a < end]
+
+    def split(self, start: float, end: float) -> tuple[float, float, float]:
+        """Compute, communication and exposed communication seconds between two clock readings."""
+        window = self.window(start, end)
+        comm = [(a, b) for n, _, a, b in window if costs.is_collective_charge(n)]
+        compute = [(a, b) for n, _, a, b in window if not costs.is_collective_charge(n)]
+        return (sum(b - a for a, b in compute), sum(b - a for a, b in comm),
+                _uncovered(_union(comm), _union(compute)))
+
+
+@contextlib.contextmanager
+def activated(planner: Planner) -> Iterator[Planner]:
+    """`planner` is the active plan for a block (plans do not nest)."""
+    global _active
+    if _active is not None:
+        raise RuntimeError("plan mode is already active in this process; plans do not nest")
+    _active = planner
+    try:
+        yield planner
+    finally:
+        _active = None
