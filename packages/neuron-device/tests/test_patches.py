@@ -477,3 +477,76 @@ def test_selective_checkpoint_recompute_mismatch_raises_as_on_the_cpu():
     cpu, neuron = out.strip().splitlines()[-2:]
     assert "aten.cos.default encountered during backward but not found in storage" in cpu, cpu
     assert neuron.removeprefix("neuron ") == cpu.removeprefix("cpu "), (cpu, neuron)
+
+
+@pytest.mark.parametrize(
+    "register",
+    [
+        "y.register_hook(refuse)",  # a tensor hook on an intermediate
+        "x.register_hook(refuse)",  # on a leaf, run by its AccumulateGrad node
+        "y.grad_fn.register_hook(refuse)",
+        "y.grad_fn.register_prehook(refuse)",
+        "x.register_post_accumulate_grad_hook(refuse)",
+    ],
+)
+def test_hook_error_in_backward_reaches_the_caller(register):
+    """A tensor or node hook's error killed the process ("terminate called without an active exception"), see
+    `_patch_backward_mode_errors`; on both devices `backward()` raises the hook's own error."""
+    run_checked(_RAISING_MODE + f"""
+    def refuse(*args):
+        raise ValueError("refused by the hook")
+
+    for device in ("cpu", "neuron"):
+        x = torch.ones(3, device=device, requires_grad=True)
+        y = x.sin()
+        handle = {register}
+        assert_refused(y.sum().backward)
+        handle.remove()
+        x.grad = None
+        x.cos().sum().backward()  # the device still works
+        torch.testing.assert_close(x.grad.cpu(), -torch.ones(3).sin())
+    """)
+
+
+def test_dispatch_mode_error_inside_a_tensor_hook_reaches_the_caller():
+    """A mode entered by a hook during backward refuses an op of the hook: it was "SystemError: ... returned NULL
+    without setting an exception" on `neuron`, the mode's ValueError on the CPU."""
+    run_checked(_RAISING_MODE + """
+    def hook(grad):
+        with Raising(torch.ops.aten.mul.Tensor):
+            return grad * 2
+
+    x = torch.ones(3, device="neuron", requires_grad=True)
+    y = x.sin()
+    y.register_hook(hook)
+    assert_refused(y.sum().backward)
+    """)
+
+
+def test_tensor_hooks_are_still_traced_by_torch_compile():
+    """Dynamo special-cases `Tensor.register_hook`, which is patched: a hook on an intermediate is still traced into
+    the graph (no graph break) and one on an input still runs, with the eager gradients on both devices."""
+    out = run_checked("""
+    import torch
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def f(x, w):
+        y = (x * w).sin()
+        y.register_hook(lambda grad: grad * 3)
+        x.register_hook(lambda grad: grad + 1)
+        return y.cos().sum()
+
+    grads = {}
+    for device in ("cpu", "neuron"):
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("aot_eager")
+        for run in (torch.compile(f, backend=counter, fullgraph=True), f):
+            x, w = torch.arange(4.0, device=device).requires_grad_(), torch.ones(4, device=device, requires_grad=True)
+            run(x, w).backward()
+            grads[device, run is f] = (x.grad.cpu(), w.grad.cpu())
+        assert counter.frame_count == 1, counter.frame_count
+    for key, value in grads.items():
+        torch.testing.assert_close(value, grads["cpu", True], msg=str(key))
+    print("ok")
+    """)
+    assert "ok" in out

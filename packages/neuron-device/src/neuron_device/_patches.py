@@ -230,42 +230,70 @@ class _BackwardErrors(threading.local):
 _backward_errors = _BackwardErrors()
 
 
-def _guard_unpack_hook(unpack_hook: Callable) -> Callable:
-    """`unpack_hook`, which inside a backward stores what it raises and returns a value that is no tensor: torch
-    rejects it in C++ ("Output of saved tensor unpack_hook expected to be a Tensor"), leaving no Python error pending."""
+# What a guarded hook returns after it raised, per kind of hook: a value torch rejects in C++, leaving no Python
+# error pending (checked from Python on the CPU: a RuntimeError, where a value of the wrong kind gives a TypeError,
+# raised as a Python error). A saved-tensor unpack hook returns no tensor ("Output of saved tensor unpack_hook
+# expected to be a Tensor"); a tensor hook or a post-accumulate-grad hook returns a tensor of another type than every
+# gradient ("hook ... has changed the type of value"); a node hook or pre-hook returns one gradient too many ("hook
+# ... has returned an incorrect number of values").
+_REJECTED_GRAD = torch.empty(0, dtype=torch.bool)
 
-    @functools.wraps(unpack_hook)
-    def guarded_unpack_hook(packed):
+
+def _reject_unpacked(args: tuple) -> object:
+    return _MODE_DISPATCH_FAILED
+
+
+def _reject_grad(args: tuple) -> torch.Tensor:
+    return _REJECTED_GRAD
+
+
+def _reject_grads(args: tuple) -> tuple:
+    return (None,) * (len(args[0]) + 1)
+
+
+def _guard_hook(hook: Callable, rejected: Callable[[tuple], object]) -> Callable:
+    """`hook`, which inside a backward stores what it raises and returns `rejected(args)` instead, a value torch
+    rejects in C++ (see `_REJECTED_GRAD`); outside a backward it is `hook`."""
+    if getattr(hook, "_neuron_guarded", False):  # a tensor subclass's __torch_function__ registers it once more
+        return hook
+
+    @functools.wraps(hook, updated=())  # not a module's state
+    def guarded_hook(*args):
         raised = _backward_errors.raised
         if raised is None:
-            return unpack_hook(packed)
+            return hook(*args)
         if raised:
-            return _MODE_DISPATCH_FAILED
+            return rejected(args)
         try:
-            return unpack_hook(packed)
+            return hook(*args)
         except BaseException as error:
             raised.append(error)
-            return _MODE_DISPATCH_FAILED
+            return rejected(args)
 
-    return guarded_unpack_hook
+    guarded_hook._neuron_guarded = True
+    return guarded_hook
 
 
 def _patch_backward_mode_errors() -> None:
     """An error raised by a Python dispatch mode (FakeTensorMode and the proxy mode while AOTAutograd traces a
-    backward, or a user's `TorchDispatchMode`) or by a saved-tensor unpack hook (non-reentrant activation
+    backward, or a user's `TorchDispatchMode`), by a saved-tensor unpack hook (non-reentrant activation
     checkpointing's recompute, where selective checkpointing's `_CachedTorchDispatchMode` raises when the recompute
-    differs from the forward) inside a backward node on `neuron` killed the process ("terminate called without an
-    active exception"): torch leaves the Python error pending while the C++ engine unwinds, and the engine's stream
-    guard, leaving the node, asks the Python device guard for its type. That Python call fails with an error pending,
-    inside a `noexcept` method (`torch.acc`'s `PythonDeviceGuard::exchangeStream`), so C++ terminates. On the CPU
-    there is no stream guard, and AOTAutograd catches such errors (data-dependent shapes) and goes on.
+    differs from the forward) or by a tensor or node hook (`Tensor.register_hook`, `register_post_accumulate_grad_hook`,
+    `grad_fn.register_hook` / `register_prehook`, which module backward hooks use too) inside a backward node on
+    `neuron` killed the process ("terminate called without an active exception"): torch leaves the Python error
+    pending while the C++ engine unwinds, and the engine's stream guard, leaving the node, asks the Python device
+    guard for its type. That Python call fails with an error pending, inside a `noexcept` method (`torch.acc`'s
+    `PythonDeviceGuard::exchangeStream`), so C++ terminates (or, for a mode entered inside a hook, the engine returned
+    "NULL without setting an exception"). On the CPU there is no stream guard, and AOTAutograd catches such errors
+    (data-dependent shapes) and goes on.
 
-    While a backward runs, the outermost call of each dispatch mode on the stack and every unpack hook (pushed with
-    `saved_tensors_hooks`, the interface checkpointing uses) store their error and return a value torch rejects in
-    C++ (no Python error pending); the engine unwinds cleanly and the stored error is raised from `backward()` /
-    `torch.autograd.grad()`, as on the CPU. Errors of a tensor subclass's own `__torch_dispatch__`, of tensor and
-    node hooks, of `torch.fx.GraphModule` unpack hooks (which torch.compile inlines, so they stay unwrapped) and of
-    modes entered during the backward outside an unpack hook are not covered."""
+    While a backward runs, the outermost call of each dispatch mode on the stack and every unpack, tensor and node
+    hook (wrapped where it is registered) store their error and return a value torch rejects in C++ (no Python error
+    pending, see `_REJECTED_GRAD`); the engine unwinds cleanly and the stored error is raised from `backward()` /
+    `torch.autograd.grad()`, as on the CPU. Dynamo still special-cases the patched `Tensor.register_hook` by name
+    (a compiled hook is traced into the graph). Errors of a tensor subclass's own `__torch_dispatch__`, of
+    `torch.fx.GraphModule` unpack hooks (which torch.compile inlines, so they stay unwrapped) and of modes entered
+    during the backward outside a hook are not covered."""
     import torch.autograd.graph as graph
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
@@ -306,11 +334,34 @@ def _patch_backward_mode_errors() -> None:
     @functools.wraps(push_hooks)
     def push_saved_tensors_default_hooks(pack_hook: Callable, unpack_hook: Callable) -> None:
         if not isinstance(unpack_hook, torch.fx.GraphModule):  # torch.compile inlines GraphModule hooks: kept as is
-            unpack_hook = _guard_unpack_hook(unpack_hook)
+            unpack_hook = _guard_hook(unpack_hook, _reject_unpacked)
         push_hooks(pack_hook, unpack_hook)
 
     torch._C._autograd._push_saved_tensors_default_hooks = push_saved_tensors_default_hooks
     torch.autograd._push_saved_tensors_default_hooks = push_saved_tensors_default_hooks
+
+    for name in ("register_hook", "register_post_accumulate_grad_hook"):
+        _replace(torch.Tensor, name, getattr(torch.Tensor, name), _registering_guarded(getattr(torch.Tensor, name)))
+
+    # Every node's register_hook and register_prehook (C++ nodes and custom Functions' alike) store the hook
+    # through this static method, looked up on `torch.autograd.Function` at each call.
+    mixin = torch.autograd.function._HookMixin
+    register_node_hook = mixin._register_hook
+
+    @functools.wraps(register_node_hook)
+    def _register_hook(backward_hooks, hook):
+        return register_node_hook(backward_hooks, _guard_hook(hook, _reject_grads))
+
+    mixin._register_hook = staticmethod(_register_hook)
+
+
+def _registering_guarded(register: Callable) -> Callable:
+    """`Tensor.register_hook` or `Tensor.register_post_accumulate_grad_hook`, registering the hook guarded."""
+
+    def register_guarded(self: torch.Tensor, hook: Callable):
+        return register(self, _guard_hook(hook, _reject_grad))
+
+    return register_guarded
 
 
 def _patch_clear_autocast_cache() -> None:
