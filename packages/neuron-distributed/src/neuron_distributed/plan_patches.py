@@ -13,6 +13,8 @@ with its reason. Nothing here outlives the plan.
 * `torch.neuron.get_rng_state` / `set_rng_state`: a planned (valueless) state, which setting leaves the generator
   as it is (DTensor's RNG tracker gets, moves, shifts and sets it around every random op on a DTensor).
 * `nn.init.trunc_normal_` of a planned tensor: its rejection loop's value read answered (`_trunc_normal`).
+* a DataLoader iterator's set-up runs outside the plan's modes: it draws and reads its workers' base seed from a
+  host generator, as the real run does.
 * Module-level functions are patched in every module that bound them (`patched_everywhere`).
 * `UntypedStorage.resize_`: a planned storage's block in the allocator model follows (FSDP2 frees an unsharded
   parameter by resizing its storage to 0 bytes, and refills it; a fake's storage has no device memory to resize).
@@ -304,6 +306,10 @@ def patched_torch() -> Iterator[None]:
         stack.enter_context(patched_everywhere(torch.utils, "swap_tensors", _swap_fakes(torch.utils.swap_tensors)))
         stack.enter_context(patched_everywhere(torch, "compile", _compile(torch.compile)))
         stack.enter_context(patched(torch.UntypedStorage, "resize_", _tracked_resize(torch.UntypedStorage.resize_)))
+        # A DataLoader iterator draws its workers' base seed from a host generator and reads it (`.item()`): a host
+        # value the real run draws the same way, drawn for real (its set-up runs outside the plan's modes).
+        loader_iter = torch.utils.data.dataloader._BaseDataLoaderIter
+        stack.enter_context(patched(loader_iter, "__init__", _outside_plan(loader_iter.__init__)))
         stack.enter_context(patched(torch.nn.init, "_no_grad_trunc_normal_",
                                     _trunc_normal(torch.nn.init._no_grad_trunc_normal_)))
         stack.enter_context(patched_everywhere(torch.neuron, "get_rng_state",
