@@ -496,12 +496,14 @@ print(len(_debug_get_cache_entry_list(Block.forward.__code__)))
 def test_start_up_reads_of_a_training_framework_are_planned():
     """What torchtitan does before its first step plans (issue #39): `init_device_mesh` bound by a `from` import
     before the plan began, DTensor random init (its RNG tracker gets, moves and sets `torch.neuron`'s RNG state),
-    `nn.init.trunc_normal_` (its rejection loop reads `mask.any()`: answered, the init is outside the step) and a
-    DataLoader's seed `.item()` (drawn for real); a value read in the step is still refused."""
+    `nn.init.trunc_normal_` (its rejection loop reads `mask.any()`: answered, the init is outside the step), a
+    DataLoader's seed `.item()` (drawn for real) and a strided shard's layout (FSDP over TP: it reads a CPU `arange`);
+    a value read in the step is still refused."""
     code = """
 import torch, torch.distributed as dist, torch_neuronx
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 from neuron_distributed.plan_state import PlanValueError
 def step():
     dist.init_process_group("neuron")
@@ -511,7 +513,8 @@ def step():
     torch.nn.init.trunc_normal_(weight, std=0.02)
     torch.nn.init.trunc_normal_(torch.empty(64, 64, device="neuron"))
     batch = next(iter(torch.utils.data.DataLoader(list(range(8)), batch_size=2)))
-    print("started", weight.to_local().shape[0], batch.shape[0])
+    strided = _StridedShard(0, split_factor=2).local_shard_size_and_offset(64, 2, 1)
+    print("started", weight.to_local().shape[0], batch.shape[0], strided)
     try:
         weight.to_local().sum().item()
     except PlanValueError:
@@ -520,7 +523,7 @@ torch_neuronx.plan(step, world_size=2)
 """
     done = _plan_in_subprocess(code)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-2:] == ["started 32 2", "refused"]
+    assert done.stdout.strip().splitlines()[-2:] == ["started 32 2 (32, 16)", "refused"]
 
 
 def test_preloaded_modules_see_the_scripts_argv(tmp_path):

@@ -13,6 +13,8 @@ with its reason. Nothing here outlives the plan.
 * `torch.neuron.get_rng_state` / `set_rng_state`: a planned (valueless) state, which setting leaves the generator
   as it is (DTensor's RNG tracker gets, moves, shifts and sets it around every random op on a DTensor).
 * `nn.init.trunc_normal_` of a planned tensor: its rejection loop's value read answered (`_trunc_normal`).
+* `_StridedShard.local_shard_size_and_offset` (FSDP over TP): its layout, computed from a real CPU `arange` that
+  it reads, outside the plan's modes.
 * a DataLoader iterator's set-up runs outside the plan's modes: it draws and reads its workers' base seed from a
   host generator, as the real run does.
 * Module-level functions are patched in every module that bound them (`patched_everywhere`).
@@ -306,6 +308,11 @@ def patched_torch() -> Iterator[None]:
         stack.enter_context(patched_everywhere(torch.utils, "swap_tensors", _swap_fakes(torch.utils.swap_tensors)))
         stack.enter_context(patched_everywhere(torch, "compile", _compile(torch.compile)))
         stack.enter_context(patched(torch.UntypedStorage, "resize_", _tracked_resize(torch.UntypedStorage.resize_)))
+        # A strided shard (FSDP over TP) computes its layout by splitting a real CPU `arange` and reading it
+        # (`tolist`): ints in, ints out, the layout and not the job's data, computed outside the plan's modes.
+        strided = torch.distributed.tensor.placement_types._StridedShard
+        stack.enter_context(patched(strided, "local_shard_size_and_offset",
+                                    _outside_plan(strided.local_shard_size_and_offset)))
         # A DataLoader iterator draws its workers' base seed from a host generator and reads it (`.item()`): a host
         # value the real run draws the same way, drawn for real (its set-up runs outside the plan's modes).
         loader_iter = torch.utils.data.dataloader._BaseDataLoaderIter
