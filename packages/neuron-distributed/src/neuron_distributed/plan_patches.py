@@ -7,8 +7,17 @@ with its reason. Nothing here outlives the plan.
   data a fake does not have).
 * DeviceMesh: laid out by real CPU tensors of rank numbers, which it reads; built and used with the plan's modes
   off.
-* `torch.compile`: compiles with the plan's modes off and runs without the planner's module tracker.
+* `torch.compile`: backend "neuron" compiles with the plan's modes off and runs without the planner's module
+  tracker; another backend is created as asked and refused when its callable is called.
 * `torch.utils.swap_tensors`: `Module.to` on fakes.
+* `torch.neuron.get_rng_state` / `set_rng_state`: a planned (valueless) state, which setting leaves the generator
+  as it is (DTensor's RNG tracker gets, moves, shifts and sets it around every random op on a DTensor).
+* `nn.init.trunc_normal_` of a planned tensor: its rejection loop's value read answered (`_trunc_normal`).
+* `_StridedShard.local_shard_size_and_offset` (FSDP over TP): its layout, computed from a real CPU `arange` that
+  it reads, outside the plan's modes.
+* a DataLoader iterator's set-up runs outside the plan's modes: it draws and reads its workers' base seed from a
+  host generator, as the real run does.
+* Module-level functions are patched in every module that bound them (`patched_everywhere`).
 * `UntypedStorage.resize_`: a planned storage's block in the allocator model follows (FSDP2 frees an unsharded
   parameter by resizing its storage to 0 bytes, and refills it; a fake's storage has no device memory to resize).
 * pipelining schedules: one micro-batch a stage (`plan_pipeline`).
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,7 +39,7 @@ from neuron_device import services
 from . import envvars, plan_state
 from .plan_pipeline import patched_schedules
 
-__all__ = ["patched", "patched_torch"]
+__all__ = ["patched", "patched_everywhere", "patched_torch"]
 
 
 def _planned_allreduce(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -130,26 +140,63 @@ def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
         setattr(obj, name, old)
 
 
+@contextlib.contextmanager
+def patched_everywhere(module: Any, name: str, value: Any) -> Iterator[None]:
+    """`module.name` is `value` for a block, and so is every module's own binding of the same function (`from
+    torch.distributed.device_mesh import init_device_mesh`): a module imported before the plan began (the modules
+    `neuron-plan` preloads once for all ranks, such as torchtitan's trainer) would otherwise keep the unpatched one."""
+    old = getattr(module, name)
+    holders = [holder for holder in list(sys.modules.values())
+               if holder is not None and holder is not module and getattr(holder, "__dict__", {}).get(name) is old]
+    with contextlib.ExitStack() as stack:
+        for holder in (module, *holders):
+            stack.enter_context(patched(holder, name, value))
+        yield
+
+
 def _compile(compile_: Callable) -> Callable:
-    """`torch.compile` in plan mode: backend "neuron" only (the one whose graphs the cost model prices), and each
-    call of the compiled callable runs without the planner's module tracker. Its hooks are global module hooks,
-    which a real run does not have: Dynamo would trace them into the graph (and fail on their weak dictionaries),
-    so the graph would differ from the real run's."""
+    """`torch.compile` in plan mode. Backend "neuron" (the one whose graphs the cost model prices): each call of the
+    compiled callable runs without the planner's module tracker. Its hooks are global module hooks, which a real run
+    does not have: Dynamo would trace them into the graph (and fail on their weak dictionaries), so the graph would
+    differ from the real run's. Any other backend is created as the script asks (libraries compile helpers at import
+    that a run may never call, e.g. torchtitan's varlen attention) and refused only when called (`_refused_call`)."""
 
     def planned(model: Any = None, *, backend: Any = "inductor", **kwargs: Any) -> Any:
-        if backend != "neuron":
-            raise NotImplementedError(
-                f"plan mode: torch.compile(backend={backend!r}) is not planned; only backend=\"neuron\" is (its graphs "
-                "are priced by neuron-compile's kernel plan). Compile with backend=\"neuron\" or leave the script eager.")
-        if model is None:  # the decorator form: @torch.compile(backend="neuron")
+        if model is None:  # the decorator form: @torch.compile(backend=...)
             return lambda fn: planned(fn, backend=backend, **kwargs)
+        if backend != "neuron":
+            return _wrap_call(compile_(model, backend=backend, **kwargs), model, _refused_call(backend))
         compiled = compile_(model, backend=_compiled_outside_plan(torch._dynamo.lookup_backend(backend)), **kwargs)
-        if isinstance(compiled, torch.nn.Module):  # OptimizedModule: its forward enters the compiled frame
-            compiled.forward = _untracked(compiled.forward)
-            return compiled
-        return functools.wraps(model)(_untracked(compiled))
+        return _wrap_call(compiled, model, _untracked)
 
     return planned
+
+
+def _wrap_call(compiled: Any, model: Any, wrap: Callable[[Callable], Callable]) -> Any:
+    """`compiled` with its call wrapped by `wrap`: an `OptimizedModule`'s forward (it enters the compiled frame), or
+    the compiled function, named as `model`."""
+    if isinstance(compiled, torch.nn.Module):
+        compiled.forward = wrap(compiled.forward)
+        return compiled
+    return functools.wraps(model)(wrap(compiled))
+
+
+def _refused_call(backend: Any) -> Callable[[Callable], Callable]:
+    """A call of a callable compiled with a backend other than "neuron" raises: its graph has no Trainium price (a
+    real run of an Inductor graph on `neuron` runs host C++ that charges no device time), and pricing it as
+    neuron-compile would price the graph would plan a compile the script does not make."""
+    name = getattr(backend, "__name__", backend)
+
+    def refuse(fn: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError(
+                f"plan mode: a callable compiled with torch.compile(backend={name!r}) was called; its graph is not "
+                "planned, only backend=\"neuron\"'s are (priced by neuron-compile's kernel plan). Compile it with "
+                "backend=\"neuron\" (torchtitan: [compile] backend = \"neuron\") or leave it eager.")
+
+        return call
+
+    return refuse
 
 
 @functools.cache
@@ -182,6 +229,43 @@ def _untracked(fn: Callable) -> Callable:
             tracker.__enter__()
 
     return call
+
+
+def _planned_get_rng_state(get_rng_state: Callable) -> Callable:
+    """`torch.neuron.get_rng_state` in plan mode: a planned (valueless) tensor of the state's shape. Its values
+    cannot change the simulated time (the plan's random ops draw no numbers), and DTensor's RNG tracker moves it to
+    the device and shifts its offset around every random op on a DTensor (torchtitan's `init_weights`), which a real
+    CPU tensor cannot do among the plan's fakes."""
+
+    def planned(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return plan_state.active_planner().fake_mode.from_tensor(get_rng_state(*args, **kwargs))
+
+    return planned
+
+
+def _planned_set_rng_state(set_rng_state: Callable) -> Callable:
+    """`torch.neuron.set_rng_state` in plan mode: a planned state (from `_planned_get_rng_state`) leaves the
+    generator as it is (it has no values to set); a real state is set."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def planned(new_state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(new_state, FakeTensor):
+            set_rng_state(new_state, *args, **kwargs)
+
+    return planned
+
+
+def _trunc_normal(fill: Callable) -> Callable:
+    """`nn.init`'s truncated normal fill of a planned tensor (or DTensor): its rejection loop's `mask.any()` (any sample out of
+    range?) is answered True once, then False. So the loop resamples once, allocating its temporaries as the real run
+    does (the same peak); the real run's further passes, whose number depends on the values, each as the first,
+    come at initialisation, before the first optimizer step and outside the reported step."""
+
+    def planned(*args: Any, **kwargs: Any) -> torch.Tensor:
+        with plan_state.answering(True, False):
+            return fill(*args, **kwargs)
+
+    return planned
 
 
 def _init_process_group(init: Callable) -> Callable:
@@ -221,14 +305,30 @@ def patched_torch() -> Iterator[None]:
 
     plugin = dist.Backend._plugins["NEURON"]
     with contextlib.ExitStack() as stack:
-        stack.enter_context(patched(torch.utils, "swap_tensors", _swap_fakes(torch.utils.swap_tensors)))
-        stack.enter_context(patched(torch, "compile", _compile(torch.compile)))
+        stack.enter_context(patched_everywhere(torch.utils, "swap_tensors", _swap_fakes(torch.utils.swap_tensors)))
+        stack.enter_context(patched_everywhere(torch, "compile", _compile(torch.compile)))
         stack.enter_context(patched(torch.UntypedStorage, "resize_", _tracked_resize(torch.UntypedStorage.resize_)))
-        stack.enter_context(patched(dist, "init_process_group", _init_process_group(dist.init_process_group)))
+        # A strided shard (FSDP over TP) computes its layout by splitting a real CPU `arange` and reading it
+        # (`tolist`): ints in, ints out, the layout and not the job's data, computed outside the plan's modes.
+        strided = torch.distributed.tensor.placement_types._StridedShard
+        stack.enter_context(patched(strided, "local_shard_size_and_offset",
+                                    _outside_plan(strided.local_shard_size_and_offset)))
+        # A DataLoader iterator draws its workers' base seed from a host generator and reads it (`.item()`): a host
+        # value the real run draws the same way, drawn for real (its set-up runs outside the plan's modes).
+        loader_iter = torch.utils.data.dataloader._BaseDataLoaderIter
+        stack.enter_context(patched(loader_iter, "__init__", _outside_plan(loader_iter.__init__)))
+        stack.enter_context(patched(torch.nn.init, "_no_grad_trunc_normal_",
+                                    _trunc_normal(torch.nn.init._no_grad_trunc_normal_)))
+        stack.enter_context(patched_everywhere(torch.neuron, "get_rng_state",
+                                               _planned_get_rng_state(torch.neuron.get_rng_state)))
+        stack.enter_context(patched_everywhere(torch.neuron, "set_rng_state",
+                                               _planned_set_rng_state(torch.neuron.set_rng_state)))
+        stack.enter_context(patched_everywhere(dist, "init_process_group", _init_process_group(dist.init_process_group)))
         # DDP checks parameter shapes across ranks by reading a CPU tensor's data: one planned rank has no peers
         # to disagree with, and the fake holds no data.
-        stack.enter_context(patched(dist, "_verify_params_across_processes", lambda *args: None))
-        stack.enter_context(patched(device_mesh, "init_device_mesh", _outside_plan(device_mesh.init_device_mesh)))
+        stack.enter_context(patched_everywhere(dist, "_verify_params_across_processes", lambda *args: None))
+        stack.enter_context(patched_everywhere(device_mesh, "init_device_mesh",
+                                               _outside_plan(device_mesh.init_device_mesh)))
         for name, member in _mesh_members(device_mesh.DeviceMesh):
             stack.enter_context(patched(device_mesh.DeviceMesh, name, member))
         ddp = torch.nn.parallel.DistributedDataParallel

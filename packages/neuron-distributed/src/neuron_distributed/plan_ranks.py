@@ -37,13 +37,17 @@ STAGES = ".stages"  # suffix of the file in which a planned pipeline rank names 
 
 def run_script(script: list[str]) -> None:
     """Run a script (`[path, *args]`) or a module (`["-m", name, *args]`) as `python` runs it."""
+    sys.argv = _script_argv(script)
     if script[0] == "-m":
-        sys.argv = [script[1], *script[2:]]
         runpy.run_module(script[1], run_name="__main__", alter_sys=True)
     else:
-        sys.argv = list(script)
         sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))
         runpy.run_path(script[0], run_name="__main__")
+
+
+def _script_argv(script: list[str]) -> list[str]:
+    """`sys.argv` as `python` gives it to the script (or module) and its arguments."""
+    return [script[1], *script[2:]] if script[0] == "-m" else list(script)
 
 
 def _plan_one(rank: int, steps: int | None, out: str, script: list[str]) -> None:
@@ -67,6 +71,9 @@ def _preload(script: list[str]) -> None:
     at its top level. A module that fails to import here is left to the rank's own run, which reports it."""
     from . import planning  # noqa: F401
 
+    # The script's argv while its imports run, as `python` gives it: a module may read it at import (torchtitan's
+    # `ConfigManager.parse_args(args=sys.argv[1:])` default is evaluated then), and the ranks forked from here keep it.
+    sys.argv = _script_argv(script)
     if script[0] == "-m":
         try:
             spec = importlib.util.find_spec(script[1])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import traceback
 import weakref
@@ -24,7 +25,7 @@ from neuron_device import services
 
 from . import costs
 
-__all__ = ["PlanValueError", "Planner", "RankPlan", "StopPlan", "activated", "active_planner", "is_planning",
+__all__ = ["PlanValueError", "Planner", "RankPlan", "StopPlan", "activated", "active_planner", "answering", "is_planning",
            "value_read"]
 
 _HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__),
@@ -55,6 +56,18 @@ def _user_frame() -> traceback.FrameSummary | None:
                 not frame.filename.startswith("<"):
             return frame
     return None
+
+
+@contextlib.contextmanager
+def answering(*values: Any) -> Iterator[None]:
+    """Value reads of planned tensors in the block get `values` in turn (the last one repeats): only for a read plan
+    mode knows cannot change the reported step (see `plan_patches._trunc_normal`)."""
+    answers = active_planner().answers
+    answers.append(itertools.chain(values, itertools.repeat(values[-1])))
+    try:
+        yield
+    finally:
+        answers.pop()
 
 
 def value_read(what: str) -> PlanValueError:
@@ -138,6 +151,7 @@ class Planner:
         self.modules: Any = None
         self.flops = 0  # FLOPs of every op so far, by `FlopCounterMode`'s formulas
         self.fake_mode: Any = None
+        self.answers: list[Iterator[Any]] = []  # the innermost `answering` block's answers to value reads
 
     def record(self, name: str, index: int, stream: int, start: float, end: float) -> None:
         if index == self.index:
