@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# the plugin seam, alone and with every wheel's plugin loaded (all session)
+pytestmark = pytest.mark.all_wheels
+
 GOOD_PLUGIN = '''
 import torch
 from neuron_device.plugins import hookimpl
@@ -29,9 +32,6 @@ def neuron_device_ready(device_module):
 
 BROKEN_HOOK = '''
 from neuron_device.plugins import hookimpl
-
-# the plugin seam, alone and with every wheel's plugin loaded (all session)
-pytestmark = pytest.mark.all_wheels
 
 @hookimpl
 def neuron_device_ready(device_module):
