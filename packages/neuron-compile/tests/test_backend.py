@@ -282,17 +282,23 @@ def test_dynamo_names_the_traced_functions_only_for_its_trace_log(monkeypatch) -
     assert __file__ in looked_up
 
 
-def test_flex_attention_compiles_for_neuron() -> None:
-    """Issue 39, item 5: torchtitan's attention under `torch.compile(backend="neuron")`, with a block mask built on
-    the device: the CPU's causal attention, forward and backward (it was refused: "only supported on CUDA, CPU,
-    HPU, or MPS")."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def _flex_attention_leaves():
+    from torch.nn.attention.flex_attention import create_block_mask
 
     torch.manual_seed(0)
     inputs = [torch.randn(1, 2, 256, 16) for _ in range(3)]
     leaves = [t.to("neuron").requires_grad_() for t in inputs]
-    mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 256, 256, device="neuron")
-    out = torch.compile(flex_attention, backend="neuron")(*leaves, block_mask=mask)
+    return inputs, leaves, create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 256, 256, device="neuron")
+
+
+def test_flex_attention_compiles_for_neuron() -> None:
+    """Issue 39, item 5: torchtitan's attention under `torch.compile(backend="neuron")` (the default "aten" host
+    code), with a block mask built on the device: the CPU's causal attention, forward and backward (it was refused:
+    "only supported on CUDA, CPU, HPU, or MPS")."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    inputs, leaves, mask = _flex_attention_leaves()
+    out = torch.compile(flex_attention, backend="neuron", options={"host_code": "aten"})(*leaves, block_mask=mask)
     out.backward(torch.ones_like(out))
     reference = [t.clone().requires_grad_() for t in inputs]
     expected = torch.nn.functional.scaled_dot_product_attention(*reference, is_causal=True)
@@ -301,3 +307,16 @@ def test_flex_attention_compiles_for_neuron() -> None:
     torch.testing.assert_close(out.detach().cpu(), expected.detach(), atol=1e-5, rtol=1e-5)
     for leaf, want in zip(leaves, reference, strict=True):
         torch.testing.assert_close(leaf.grad.cpu(), want.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_flex_attention_training_with_the_inductor_host_code_is_refused_by_name() -> None:
+    """With the "inductor" host code, a flex attention graph that needs gradients is Inductor's to lower, and
+    Inductor's CPU lowering of it is inference-only: the compile fails naming that limit, never silently."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    _, leaves, mask = _flex_attention_leaves()
+    compiled = torch.compile(flex_attention, backend="neuron", options={"host_code": "inductor"})
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        compiled(*leaves, block_mask=mask)
+    error = _inner(info)
+    assert isinstance(error, NeuronCompileError) and "only supports inference" in str(error)
