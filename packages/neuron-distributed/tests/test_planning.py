@@ -360,7 +360,9 @@ def test_pipeline_planning_does_not_grow_with_micro_batches(tmp_path):
         code, runs[micro], output = plan(tmp_path, "1f1b", "--micro-batches", micro, script="pipeline.py",
                                          options=("--jobs", "2"))
         assert code == 0, output
-    assert runs["8"]["pipeline"]["stages"] == runs["16"]["pipeline"]["stages"]
+    # equal up to the order the stage's charges were summed in (a last-bit difference was seen in CI)
+    stages = runs["16"]["pipeline"]["stages"]
+    assert runs["8"]["pipeline"]["stages"] == [pytest.approx(stage, rel=1e-12) for stage in stages]
     assert runs["16"]["step_seconds"] > runs["8"]["step_seconds"]
     assert runs["16"]["pipeline"]["bubble_fraction"] < runs["8"]["pipeline"]["bubble_fraction"]
 
