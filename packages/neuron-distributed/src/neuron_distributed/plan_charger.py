@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from neuron_device import services
@@ -33,6 +34,11 @@ _COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 _DEVICE = torch._C.DispatchKey.PrivateUse1
 
 
+# Views whose schema does not say so: their composite kernel aliases its input below Python, which on the plan's
+# fakes would hand a real meta tensor to the fake mode (a Llama's attention reshape under DDP failed so).
+_UNANNOTATED_VIEWS = frozenset({_aten._unsafe_view.default})
+
+
 @functools.cache
 def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
     """The dispatch key of the kernel a real run on `neuron` runs for `op` when that kernel is made of other ops,
@@ -46,13 +52,22 @@ def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
     The fake mode sees such an op whole. Views are left whole (they charge nothing either way), and so are the
     catalogue's collectives."""
     name = op.name()
-    if op.is_view or catalogue.kind_of(op) is not None:
+    if op.is_view or op in _UNANNOTATED_VIEWS or catalogue.kind_of(op) is not None:
         return None
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     if op.namespace == "aten":
         return _COMPOSITE if not has(name, "PrivateUse1") and has(name, "CompositeExplicitAutograd") else None
     own = name in services.registered_kernels or f"{name}.{op._overloadname}" in services.registered_kernels
     return _DEVICE if op.namespace != "prim" and not own and has(name, "PrivateUse1") else None
+
+
+def _on_neuron(args: tuple, kwargs: dict) -> bool:
+    """The op runs on `neuron` (its `device=` or its first tensor's): only there does a real run take its composite
+    kernel; a CPU op inside a compiled graph (a `scalar_tensor` constant) stays whole on the plan's fakes, as before."""
+    device = kwargs.get("device")
+    if device is None:
+        device = next((leaf.device for leaf in tree_leaves(args) if isinstance(leaf, torch.Tensor)), None)
+    return device is not None and torch.device(device).type == "neuron"
 
 
 def _known(args: tuple) -> bool:
@@ -92,7 +107,11 @@ class Charger(TorchDispatchMode):
             if self.planner.answers:
                 return next(self.planner.answers[-1])
             raise value_read(f"{func.__name__} of a tensor")
-        whole = _kernel_run_whole(func)
+        if any(_traced(leaf, self.planner.fake_mode) for leaf in tree_leaves((args, kwargs))):
+            # compile time (a compiler's fakes): run as is, charged nothing; never through a composite kernel of the
+            # plan's, which would mix the compiler's fakes with the plan's (Dynamo's fake SDPA with dropout failed)
+            return func(*args, **kwargs)
+        whole = _kernel_run_whole(func) if _on_neuron(args, kwargs) else None
         composite = whole is not None
         try:
             if composite:  # the ops its kernel calls come back here, each charged as the real run's
