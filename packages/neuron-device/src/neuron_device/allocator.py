@@ -576,7 +576,7 @@ def host_shared(storage: torch.UntypedStorage) -> torch.UntypedStorage:
     another process maps to share it, as CUDA's IPC handle. The first call moves the bytes there, as
     `share_memory_` moves a CPU storage; the storage object, its device block and its tensors stay the same."""
     shared = storage.__dict__.get(_SHARED)
-    if shared is not None and shared.data_ptr() == storage.data_ptr():  # not moved since (`resize`)
+    if shared is not None and shared.data_ptr() == storage.data_ptr():  # not moved since (adaptive eager's results)
         return shared
     flush_barrier()  # adaptive eager: queued ops still read or write the old memory
     shared = torch.UntypedStorage._new_shared(storage.nbytes())
@@ -654,6 +654,7 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
         if kept:
             _bytes_of(fresh)[:kept].copy_(_bytes_of(storage)[:kept])
         _storage.replace_memory(storage, fresh)  # the old bytes die with the returned holder
+        storage.__dict__.pop(_SHARED, None)  # shared with other processes no more (as a resized CUDA storage)
     except BaseException:
         if block is not None:
             allocator.free(block)
