@@ -157,6 +157,20 @@ def torchtitan(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def upstream(session: nox.Session) -> None:
+    """PyTorch's own device-generic suites instantiated for `neuron` (test_binary_ufuncs, test_view_ops, test_indexing,
+    test_shape_ops, test_sort_and_select, test_tensor_creation_ops, test_type_promotion, and the device-type classes of
+    test_torch and test_autograd), against tests/upstream/expected_failures.txt. The suites come from a PyTorch source
+    tree at the installed torch's release, which no package ships: `nox -s upstream -- --pytorch-tests PATH` (more
+    pytest arguments may follow). Not a default session (tests/upstream/README.md)."""
+    if not any(arg.startswith("--pytorch-tests") for arg in session.posargs):
+        session.error("upstream needs a PyTorch source tree at torch's release: nox -s upstream -- --pytorch-tests PATH")
+    _install(session, *TEST_TOOLS, DEVICE, TORCH_NEURONX)
+    session.run("python", "-m", "pytest", "-p", "upstream_plugin", *WORKERS, *session.posargs,
+                env={**TEST_ENV, "PYTHONPATH": "tests/upstream"})
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree, and the layering of the wheels (tests/test_layering.py: which wheel may import what;
     standard library only, so it runs without installing the packages)."""

@@ -4,9 +4,7 @@ backend, so each check runs in a fresh interpreter (`run_checked`), where a cras
 from __future__ import annotations
 
 import gc
-import io
 import warnings
-from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pytest
@@ -295,16 +293,51 @@ def test_non_blocking_storage_copy_to_cpu_does_not_need_pinning():
     assert t.to("cpu", non_blocking=True).tolist() == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("make", ["tensor", "parameter", "untyped_storage", "typed_storage"])
-def test_sending_neuron_memory_to_another_process_is_a_clear_error(make):
-    t = torch.ones(2, device="neuron:1")
+def _receive_and_write(inbox, outbox) -> None:
+    """The receiving process of `test_neuron_memory_sent_through_a_queue_is_shared_as_on_cuda`."""
+    received = inbox.get(timeout=120)
+    outbox.put({name: (str(obj.device), type(obj).__name__, obj.cpu().tolist() if isinstance(obj, torch.Tensor)
+                       else obj.tolist()) for name, obj in received.items()})
+    received["view"].mul_(10)  # written in place: the sender sees it, as with CUDA's IPC
+    outbox.put(torch.neuron.memory_allocated(1))
+
+
+@pytest.mark.multiprocess
+def test_neuron_memory_sent_through_a_queue_is_shared_as_on_cuda():
+    """A `neuron` tensor on a multiprocessing queue failed in the feeder thread ("_share_fd_: only available on
+    CPU") while `put()` returned, and the receiver waited forever. Now the receiver gets `neuron` tensors and
+    storages of the same device, over the same memory."""
+    import torch.multiprocessing as mp
+
+    base = torch.arange(12.0, device="neuron:1").reshape(3, 4)
+    view = base[:, 1:3]  # strided, at an offset
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        obj = {"tensor": t, "parameter": torch.nn.Parameter(t), "untyped_storage": t.untyped_storage(),
-               "typed_storage": t.storage()}[make]
-    with pytest.raises(RuntimeError, match=r"Cannot send a neuron:1 \w+ to another process.*tensor\.cpu\(\)"):
-        ForkingPickler(io.BytesIO()).dump(obj)
-    ForkingPickler(io.BytesIO()).dump(torch.ones(2))  # CPU tensors still go through shared memory
+        warnings.simplefilter("ignore")  # TypedStorage is deprecated
+        sent = {"view": view, "parameter": torch.nn.Parameter(torch.ones(2, device="neuron:1")),
+                "untyped_storage": torch.tensor([1, 2], dtype=torch.uint8, device="neuron:1").untyped_storage(),
+                "typed_storage": torch.tensor([3, 4], device="neuron:1").storage(),
+                "empty": torch.empty(0, device="neuron:1")}
+    allocated = torch.neuron.memory_allocated(1)
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    receiver = ctx.Process(target=_receive_and_write, args=(inbox, outbox), daemon=True)
+    receiver.start()
+    try:
+        inbox.put(sent)
+        got = outbox.get(timeout=120)
+        child_allocated = outbox.get(timeout=60)
+        receiver.join(timeout=60)
+    finally:
+        receiver.kill()
+    assert receiver.exitcode == 0
+    assert got == {"view": ("neuron:1", "Tensor", [[1.0, 2.0], [5.0, 6.0], [9.0, 10.0]]),
+                   "parameter": ("neuron:1", "Parameter", [1.0, 1.0]),
+                   "untyped_storage": ("neuron:1", "UntypedStorage", [1, 2]),
+                   "typed_storage": ("neuron:1", "TypedStorage", [3, 4]),
+                   "empty": ("neuron:1", "Tensor", [])}
+    assert base.tolist() == [[0.0, 10.0, 20.0, 3.0], [4.0, 50.0, 60.0, 7.0], [8.0, 90.0, 100.0, 11.0]]
+    # moving the bytes into shared memory kept the sender's device charge; the receiver charged what it mapped
+    assert torch.neuron.memory_allocated(1) == allocated and child_allocated > 0
 
 
 def test_dynamo_does_not_trace_the_runtime_between_graphs():

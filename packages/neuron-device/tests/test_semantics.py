@@ -22,6 +22,13 @@ def test_a_0dim_cpu_tensor_is_never_the_out_destination():
         torch.lt(a, a, out=out)
 
 
+def test_nonzero_refuses_a_cpu_out_with_cudas_message():
+    """CUDA's nonzero kernel checks the device of `out` itself, with its own message (PyTorch's tests match it)."""
+    with pytest.raises(RuntimeError, match="^expected self and out to be on the same device, but got out on cpu and "
+                                           r"self on neuron:1$"):
+        torch.nonzero(torch.ones(3, device="neuron:1"), out=torch.empty(0, dtype=torch.long))
+
+
 def test_a_cpu_tensor_is_never_the_in_place_destination():
     cpu = torch.tensor(1.0)
     with pytest.raises(RuntimeError, match="found at least two devices, neuron:0 and cpu"):

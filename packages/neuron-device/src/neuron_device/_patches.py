@@ -514,35 +514,35 @@ def _patch_storage_non_blocking_copy() -> None:
 
 def _patch_process_sharing() -> None:
     """Sending a `neuron` tensor or storage to another process (multiprocessing queues, DataLoader workers, spawn
-    arguments) falls into torch's CPU shared-memory path and fails with "_share_fd_: only available on CPU". CUDA
-    shares device memory through IPC handles; the simulator cannot share device memory between processes yet."""
+    arguments) fell into torch's CPU shared-memory path and failed with "_share_fd_: only available on CPU", in a
+    queue's feeder thread, so `put()` returned and the receiver waited forever. CUDA shares device memory through
+    IPC handles; the simulator's device memory is host memory, so a `neuron` storage is shared as a CPU one: its bytes
+    move into shared memory on first send (`allocator.host_shared`), torch's CPU reduction sends that, and the
+    receiver maps it as a storage of the same `neuron` device. As with CUDA, both processes then see each other's
+    writes. Tensors, parameters and typed storages reduce to their untyped storage through torch's own reducers."""
     from multiprocessing.reduction import ForkingPickler
 
     from torch.multiprocessing import reductions
 
-    torch_reducers = (
-        reductions.reduce_tensor,
-        reductions.reduce_storage,
-        reductions.reduce_typed_storage,
-        reductions.reduce_typed_storage_child,
-    )
+    reduce_storage = reductions.reduce_storage
 
-    def refusing_neuron(reduce: Callable) -> Callable:
-        def reduce_for_sharing(obj):
-            device = (obj._untyped_storage if isinstance(obj, torch.TypedStorage) else obj).device  # no warning
-            if device.type == _NEURON:
-                raise RuntimeError(
-                    f"Cannot send a {device} {type(obj).__name__} to another process: sharing neuron device "
-                    "memory between processes (CUDA's IPC) is not supported. Send tensor.cpu() and move it to the "
-                    "device in the receiving process."
-                )
-            return reduce(obj)
-
-        return functools.wraps(reduce)(reduce_for_sharing)
+    def reduce_neuron_storage(storage: torch.UntypedStorage):
+        if storage.device.type != _NEURON:
+            return reduce_storage(storage)
+        if storage.nbytes() == 0:  # empty storages cannot be mapped (torch's own special case)
+            rebuild, args = reductions.rebuild_storage_empty, (torch.UntypedStorage,)
+        else:
+            rebuild, args = reduce_storage(allocator.host_shared(storage))
+        return _rebuild_neuron_storage, (rebuild, args, storage.device.index)
 
     for cls, reduce in list(ForkingPickler._extra_reducers.items()):
-        if reduce in torch_reducers:
-            ForkingPickler.register(cls, refusing_neuron(reduce))
+        if reduce is reduce_storage:
+            ForkingPickler.register(cls, functools.wraps(reduce)(reduce_neuron_storage))
+
+
+def _rebuild_neuron_storage(rebuild: Callable, args: tuple, index: int) -> torch.UntypedStorage:
+    """The receiving end of `_patch_process_sharing`: the sender's CPU shared memory as a `neuron:index` storage."""
+    return allocator.adopt_shared(rebuild(*args), index)
 
 
 def _patch_printing_on_host() -> None:

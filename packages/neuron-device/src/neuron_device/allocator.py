@@ -568,6 +568,33 @@ def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     return tensor
 
 
+_SHARED = "_neuron_shared"  # attribute of a device storage whose memory is shared memory: that CPU storage
+
+
+def host_shared(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    """The CPU shared-memory storage that holds the bytes of the (non-empty) `neuron` storage `storage`: what
+    another process maps to share it, as CUDA's IPC handle. The first call moves the bytes there, as
+    `share_memory_` moves a CPU storage; the storage object, its device block and its tensors stay the same."""
+    shared = storage.__dict__.get(_SHARED)
+    if shared is not None and shared.data_ptr() == storage.data_ptr():  # not moved since (adaptive eager's results)
+        return shared
+    flush_barrier()  # adaptive eager: queued ops still read or write the old memory
+    shared = torch.UntypedStorage._new_shared(storage.nbytes())
+    fresh = _storage.adopt(torch.empty(0, dtype=torch.uint8).set_(shared), storage.device.index).untyped_storage()
+    _bytes_of(fresh).copy_(_bytes_of(storage))
+    _storage.replace_memory(storage, fresh)
+    storage.__dict__[_SHARED] = shared
+    return shared
+
+
+def adopt_shared(shared: torch.UntypedStorage, index: int) -> torch.UntypedStorage:
+    """A `neuron:index` storage over the CPU (shared-memory) storage `shared`, charged to the device: the receiving
+    end of `host_shared`."""
+    storage = adopt_tracked(torch.empty(0, dtype=torch.uint8).set_(shared), index).untyped_storage()
+    storage.__dict__[_SHARED] = shared
+    return storage
+
+
 _INT64_MAX = 2**63 - 1
 
 
@@ -610,8 +637,7 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
 
     As on CUDA, the new block is allocated (and checked against capacity) before the old one is freed. An adopted
     storage cannot grow or shrink its own memory, so the kept bytes move to a new host buffer whose data pointer is
-    swapped into `storage`: the storage object stays the same, and every tensor and view of it sees the new memory.
-    `swap_memory` (`_swap_data_ptr_`) only swaps with an empty storage, hence the empty go-between.
+    swapped into `storage` (`storage.replace_memory`).
     """
     if nbytes < 0:
         raise RuntimeError(f"Storage size must be non-negative, but got {nbytes}")
@@ -627,13 +653,12 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
         kept = min(old, nbytes)
         if kept:
             _bytes_of(fresh)[:kept].copy_(_bytes_of(storage)[:kept])
-        holder = _storage.adopt(torch.empty(0, dtype=torch.uint8), index).untyped_storage()
+        _storage.replace_memory(storage, fresh)  # the old bytes die with the returned holder
+        storage.__dict__.pop(_SHARED, None)  # shared with other processes no more (as a resized CUDA storage)
     except BaseException:
         if block is not None:
             allocator.free(block)
         raise
-    _storage.swap_memory(storage, holder)  # storage: empty; holder: the old bytes, freed when it dies below
-    _storage.swap_memory(storage, fresh)  # storage: the new bytes
     holding = _holding_of(storage)
     if holding is None:  # a storage that started empty: it had no block
         _bind(storage, allocator, block)

@@ -156,6 +156,14 @@ def _plan(op: torch._ops.OpOverload) -> _Plan:
     return plan
 
 
+# A CPU `out=` of a `neuron` op: the message of CUDA's structured kernels (their generated device check), or that of a
+# CUDA kernel that checks the device of `out` itself (PyTorch's tests match these texts).
+_STRUCTURED_OUT_DEVICE = "Expected out tensor to have device {device}, but got cpu instead (in {op})"
+_OUT_DEVICE_MESSAGES = {
+    "aten::nonzero.out": "expected self and out to be on the same device, but got out on cpu and self on {device}",
+}
+
+
 class _Call:
     """State of one fallback call: the device, the host aliases made, and the inputs' storages."""
 
@@ -216,9 +224,8 @@ class _Call:
         for key, value in kwargs.items():
             for tensor in _cpu_tensors(value):
                 if key in plan.out_names:
-                    raise RuntimeError(
-                        f"Expected out tensor to have device neuron:{self.index}, but got cpu instead (in {plan.name})"
-                    )
+                    message = _OUT_DEVICE_MESSAGES.get(plan.name, _STRUCTURED_OUT_DEVICE)
+                    raise RuntimeError(message.format(device=f"neuron:{self.index}", op=plan.name))
                 if tensor.dim() > 0:
                     self._mixed(plan.name)
 

@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manag
 
 from .adaptive_eager import flush_barrier
 
-__all__ = ["adopt", "host_alias", "host_aliases", "kernel_input", "swap_memory"]
+__all__ = ["adopt", "host_alias", "host_aliases", "kernel_input", "replace_memory", "swap_memory"]
 
 _KDL_CPU = 1
 _KDL_EXT_DEV = 12  # torch maps this DLPack device type to PrivateUse1
@@ -146,6 +146,16 @@ def swap_memory(storage: torch.UntypedStorage, other: torch.UntypedStorage) -> N
         setattr(storage, _HOST, theirs)
     if mine is not None:
         setattr(other, _HOST, mine)
+
+
+def replace_memory(storage: torch.UntypedStorage, fresh: torch.UntypedStorage) -> torch.UntypedStorage:
+    """Move the memory of the adopted storage `fresh` into `storage`: the storage object stays the same, and every
+    tensor and view of it sees the new memory. Returns the storage now holding the old memory (freed when it dies).
+    `swap_memory` (`_swap_data_ptr_`) only swaps with an empty storage, hence the empty go-between."""
+    holder = adopt(torch.empty(0, dtype=torch.uint8), storage.device.index).untyped_storage()
+    swap_memory(storage, holder)  # storage: empty; holder: the old bytes
+    swap_memory(storage, fresh)  # storage: the new bytes
+    return holder
 
 
 def host_alias(tensor: torch.Tensor) -> torch.Tensor:
