@@ -495,6 +495,34 @@ print(len(_debug_get_cache_entry_list(Block.forward.__code__)))
     assert done.stdout.strip().splitlines()[-1] == "1"
 
 
+@pytest.mark.all_wheels  # needs neuron-compile
+def test_block_recompiled_for_new_strides_plans():
+    """A compiled block met again with other strides (as the transposed views of sequence parallelism's gathers and
+    scatters reach the next checkpointed layer) is recompiled with automatic dynamic shapes, which the backend
+    compiles for each concrete shape at its first call. That compile ran under the plan's fake mode and charger, and
+    AOTAutograd failed ("Attempting to use FunctionalTensor on its own", issue #39 item 7); the real run, with no
+    mode active, compiled. Now it compiles as Dynamo compiles, with the caller's modes off, and its graphs are
+    charged."""
+    pytest.importorskip("neuron_compile")
+    code = """
+import json, torch, torch_neuronx
+def step():
+    model = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 64)).to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in (torch.randn(8, 4, 64, device="neuron"), torch.randn(4, 8, 64, device="neuron").transpose(0, 1)):
+        compiled(x).sum().backward()
+        opt.step()
+plan = torch_neuronx.plan(step, world_size=1)
+print(json.dumps(sorted({name for name, *_ in plan.lanes})))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    lanes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"neuron_compile::graph_forward", "neuron_compile::graph_backward"} <= set(lanes)
+    assert not any(name.startswith(("aten::addmm", "aten::mm", "aten::native_layer_norm")) for name in lanes)
+
+
 def test_start_up_reads_of_a_training_framework_are_planned():
     """What torchtitan does before its first step plans (issue #39): `init_device_mesh` bound by a `from` import
     before the plan began, DTensor random init (its RNG tracker gets, moves and sets `torch.neuron`'s RNG state),
