@@ -523,6 +523,42 @@ print(json.dumps(sorted({name for name, *_ in plan.lanes})))
     assert not any(name.startswith(("aten::addmm", "aten::mm", "aten::native_layer_norm")) for name in lanes)
 
 
+@pytest.mark.all_wheels  # needs neuron-compile
+def test_checkpointed_block_compiled_with_attention_plans():
+    """Activation checkpointing inside a compiled block, as torchtitan applies it (`checkpoint_wrapper`, then
+    `torch.compile`): AOTAutograd wraps the random ops the backward recomputes (attention is one) in
+    `run_and_save_rng_state` / `run_with_rng_state`, higher-order ops the plan's charger had no rule for; the real
+    run takes their CPU rule. The plan runs the wrapped op as the real run does and counts its FLOPs."""
+    pytest.importorskip("neuron_compile")
+    code = """
+import json, torch, torch.nn.functional as F, torch_neuronx
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 16, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        return x + F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 16, 64)
+def step():
+    block = Attention().to("neuron")
+    compiled = torch.compile(checkpoint_wrapper(block), backend="neuron")
+    opt = torch.optim.SGD(block.parameters(), lr=0.1)
+    for _ in range(2):
+        compiled(torch.randn(2, 16, 64, device="neuron")).sum().backward()
+        opt.step()
+plan = torch_neuronx.plan(step, world_size=1)
+print(json.dumps({"lanes": sorted({name for name, *_ in plan.lanes}), "flops": plan.flops_per_step}))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"neuron_compile::graph_forward", "neuron_compile::graph_backward"} <= set(plan["lanes"])
+    # the projection's forward, its recomputation and its weight gradient (the input needs none); the host graph's
+    # CPU flash attention has no FlopCounterMode formula
+    assert plan["flops"] == 3 * 2 * 32 * 64 * 192
+
+
 def test_start_up_reads_of_a_training_framework_are_planned():
     """What torchtitan does before its first step plans (issue #39): `init_device_mesh` bound by a `from` import
     before the plan began, DTensor random init (its RNG tracker gets, moves and sets `torch.neuron`'s RNG state),
