@@ -6,7 +6,8 @@ what planning costs this host (wall and CPU seconds, the largest child's peak re
 
 Rows: 70B on 32 x trn1.32xlarge with TP 32 / PP 8 / DP 4, seq 8192, micro-batch 1, global batch 1,024 (1F1B,
 activation checkpointing) without and with sequence parallelism (the activations kept between a stage's forward
-and backward shrink by TP), GPipe (keeps all 256 micro-batches in flight), and Llama-3.1-405B (TP 32 / PP 9 /
+and backward shrink by TP), with sequence parallelism and each layer compiled with backend "neuron" as torchtitan
+compiles it, GPipe (keeps all 256 micro-batches in flight), and Llama-3.1-405B (TP 32 / PP 9 /
 DP 4 on 36 instances, 14 layers a stage). Out-of-HBM rows on one trn1.32xlarge (`--only`): 70B with DP only (a plain
 DDP script, plan_scripts/llama_train.py) and with TP 32 alone.
 """
@@ -27,6 +28,7 @@ _GLOBAL = 1024 * 8192  # tokens a step of the 3-D rows
 ROWS = {  # name: (nodes, script, its arguments, tokens a step)
     "70b-3d": (32, "llama_3d.py", _70B, _GLOBAL),
     "70b-3d-sp": (32, "llama_3d.py", [*_70B, "--sequence-parallel"], _GLOBAL),
+    "70b-3d-sp-compile": (32, "llama_3d.py", [*_70B, "--sequence-parallel", "--compile"], _GLOBAL),
     "70b-3d-sp-gpipe": (32, "llama_3d.py", [*_70B, "--sequence-parallel", "--schedule", "gpipe"], _GLOBAL),
     "405b-3d-sp": (36, "llama_3d.py", ["--model", "405b", "--tp", "32", "--pp", "9", "--dp", "4", "--seq", "8192",
                                        "--micro-batch", "1", "--global-batch", "1024", "--checkpoint",

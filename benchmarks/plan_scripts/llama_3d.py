@@ -1,10 +1,12 @@
 """Llama training with 3-D parallelism as a user writes it: a (dp, pp, tp) device mesh, Megatron-style tensor
 parallelism (column-sharded q/k/v/gate/up, row-sharded o/down, vocabulary-sharded embedding and head, written
 explicitly with hooks around Hugging Face's decoder layers), pipeline stages run by `torch.distributed.pipelining`
-(GPipe, 1F1B or interleaved 1F1B), a gradient all-reduce over the data-parallel group, AdamW.
+(GPipe, 1F1B or interleaved 1F1B), a gradient all-reduce over the data-parallel group, AdamW. As torchtitan
+applies them to each decoder layer: tensor (and sequence) parallelism, then activation checkpointing
+(`checkpoint_wrapper`), then `torch.compile(backend="neuron")` of the layer (`--compile`).
 
     neuron-plan --instance trn1.32xlarge --nodes 32 -- python llama_3d.py --model 70b --tp 32 --pp 8 --dp 4 \\
-        --seq 8192 --micro-batch 1 --global-batch 1024 --checkpoint
+        --seq 8192 --micro-batch 1 --global-batch 1024 --checkpoint --sequence-parallel --compile
 
 Each rank builds only its stages' layers (as torchtitan does): a 70B model never exists whole on one rank.
 """
@@ -14,9 +16,9 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-from torch.utils.checkpoint import checkpoint
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
@@ -45,6 +47,7 @@ parser.add_argument("--global-batch", type=int, default=None, help="sequences pe
 parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
 parser.add_argument("--sequence-parallel", action="store_true",
                     help="Megatron's sequence parallelism: the norms and residuals hold seq / tp tokens")
+parser.add_argument("--compile", action="store_true", help='each decoder layer compiled with backend "neuron"')
 parser.add_argument("--steps", type=int, default=1)
 args = parser.parse_args()
 
@@ -147,6 +150,14 @@ def tensor_parallel(layer):
     return layer
 
 
+def decoder_layer(index):
+    """One decoder layer as torchtitan builds it: tensor parallelism, activation checkpointing, compile."""
+    layer = tensor_parallel(LlamaDecoderLayer(local, index))
+    if args.checkpoint:
+        layer = checkpoint_wrapper(layer)  # non-reentrant torch.utils.checkpoint
+    return torch.compile(layer, backend="neuron", fullgraph=True) if args.compile else layer
+
+
 class Stage(torch.nn.Module):
     """Layers [first, last) of the model; the embedding on the first stage, norm and head on the last."""
 
@@ -155,7 +166,7 @@ class Stage(torch.nn.Module):
         vocab = full.vocab_size // args.tp
         self.vocab_start = tp_rank * vocab
         self.embed = torch.nn.Embedding(vocab, full.hidden_size) if first == 0 else None
-        self.layers = torch.nn.ModuleList(tensor_parallel(LlamaDecoderLayer(local, i)) for i in range(first, last))
+        self.layers = torch.nn.ModuleList(decoder_layer(i) for i in range(first, last))
         self.rotary = LlamaRotaryEmbedding(full)
         is_last = last == full.num_hidden_layers
         self.norm = LlamaRMSNorm(full.hidden_size, eps=full.rms_norm_eps) if is_last else None
@@ -169,10 +180,7 @@ class Stage(torch.nn.Module):
         positions = torch.arange(args.seq, device=x.device)[None]
         rotary = self.rotary(x, positions)
         for layer in self.layers:
-            if args.checkpoint:
-                x = checkpoint(layer, x, position_embeddings=rotary, position_ids=positions, use_reentrant=False)
-            else:
-                x = layer(x, position_embeddings=rotary, position_ids=positions)
+            x = layer(x, position_embeddings=rotary, position_ids=positions)
         if self.head is None:
             return x
         return self.head(Copy.apply(self.norm(x)) if args.tp > 1 else self.norm(x))

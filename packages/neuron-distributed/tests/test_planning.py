@@ -156,16 +156,27 @@ def test_price_is_required_where_none_is_cited():
     assert report["mfu"] == pytest.approx(1e12 / (2.0 * 79e12 * 2))  # a trn2 logical core is 2 physical cores
 
 
+_TORCHTITAN_PATTERN = [  # fsdp_tp.py: TP 2 with FSDP2 over a 1-rank dp mesh, each block compiled with "neuron"
+    pytest.param("fsdp_tp.py", ("--dp", "1", "--compile"), id="fsdp2_tp_compiled", marks=pytest.mark.slow),
+    pytest.param("fsdp_tp.py", ("--dp", "1", "--compile", "--sp"), id="fsdp2_tp_sp_compiled", marks=pytest.mark.slow),
+    pytest.param("fsdp_tp.py", ("--dp", "1", "--compile", "--sp", "--ac"), id="fsdp2_tp_sp_ac_compiled",
+                 marks=pytest.mark.slow),
+]
+
+
 @pytest.mark.all_wheels  # bert_compiled.py needs neuron-compile; both models run neuron-nki's kernels when installed
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("script", "args"), [("llama_ddp.py", ()), ("bert_compiled.py", ()),
-                                              ("fsdp_tp.py", ("--dp", "2"))], ids=["ddp", "compiled", "fsdp2_tp_2d"])
+@pytest.mark.parametrize(("script", "args"), [
+    pytest.param("llama_ddp.py", (), id="ddp"), pytest.param("bert_compiled.py", (), id="compiled"),
+    pytest.param("fsdp_tp.py", ("--dp", "2"), id="fsdp2_tp_2d"), *_TORCHTITAN_PATTERN])
 def test_plan_matches_the_real_run_at_two_ranks(tmp_path, script, args):
     """Plan mode changes what is stored, not what is charged: a tiny Llama under DDP on 2 ranks (trn1.2xlarge),
     planned and run for real, has the same simulated step time and peak HBM within 2 %; so does a tiny BERT
     compiled with backend "neuron" under bf16 autocast (its forward and AOTAutograd backward graphs priced by the
-    kernel plan, their workspaces and results seen by the allocator model), and FSDP2 over a 2-D (dp, tp) mesh after
-    TP (the plan failed in DeviceMesh's rank-map arithmetic under the fake mode)."""
+    kernel plan, their workspaces and results seen by the allocator model), FSDP2 over a 2-D (dp, tp) mesh after
+    TP (the plan failed in DeviceMesh's rank-map arithmetic under the fake mode; its first step peaked higher while
+    DTensor's sharding propagation was charged), and torchtitan's pattern: DTensor TP, each block compiled with
+    backend "neuron", with sequence parallelism, with activation checkpointing (`checkpoint_wrapper`)."""
     if script != "fsdp_tp.py":
         pytest.importorskip("transformers")
     env = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
@@ -180,10 +191,13 @@ def test_plan_matches_the_real_run_at_two_ranks(tmp_path, script, args):
                                 options=("--instance", "trn1.2xlarge", "--ranks", "0,1", "--steps", "3"))
     assert code == 0, output
     step, reserved, allocated = max(measured.values())
-    assert report["world_size"] == 2 and report["communication_seconds"] > 0
+    assert report["world_size"] == 2
+    # collectives inside a compiled graph are charged nothing yet, in a real run as in a plan (docs/planning.md,
+    # Limits): with FSDP2 over one rank, TP compiled without SP communicates only there
+    assert report["communication_seconds"] > 0 or args == ("--dp", "1", "--compile")
     assert report["step_seconds"] == pytest.approx(step, rel=0.02)
     assert report["peak_hbm_bytes"] == pytest.approx(reserved, rel=0.02)
-    if script != "fsdp_tp.py":  # FSDP2 frees by resizing storages to 0, unseen by the plan (docs/planning.md, Limits)
+    if "--compile" not in args:  # compiled DTensor blocks: the plan peaks 40 to 80 KiB higher, not isolated (Limits)
         assert report["peak_allocated_bytes"] == pytest.approx(allocated, rel=0.02)
 
 
@@ -493,6 +507,97 @@ print(len(_debug_get_cache_entry_list(Block.forward.__code__)))
     done = _plan_in_subprocess(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "1"
+
+
+def test_dtensor_sharding_propagation_allocates_nothing():
+    """DTensor finds an op's global output shape by running it on fakes of the global shapes, in the fake mode it
+    detects, else a fresh one, which allocates nothing in a real run. In a plan it found the plan's fake mode, and
+    the global-shape fakes were charged to the allocator model: the first step of an FSDP2 + TP model peaked at
+    1.46 MB against its real run's 0.91 MB (the first AdamW step's sharding propagations, before DTensor caches
+    them). An op on a DTensor sharded over 2 ranks allocates its local result only."""
+    code = """
+import torch, torch.distributed as dist, torch_neuronx
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+def step():
+    dist.init_process_group("neuron")
+    mesh = init_device_mesh("neuron", (2,))
+    x = DTensor.from_local(torch.empty(1024, 1024, device="neuron"), mesh, [Shard(0)], run_check=False)
+    torch.neuron.reset_peak_memory_stats()
+    before = torch.neuron.memory_allocated()
+    y = x.sqrt()  # first of its kind: DTensor propagates its sharding
+    print("PEAK", torch.neuron.max_memory_allocated() - before, y.to_local().nbytes)
+    dist.destroy_process_group()
+torch_neuronx.plan(step, world_size=2)
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    _, peak, local = next(line for line in done.stdout.splitlines() if line.startswith("PEAK")).split()
+    assert int(peak) == int(local) == 4 << 20
+
+
+@pytest.mark.all_wheels  # needs neuron-compile
+def test_block_recompiled_for_new_strides_plans():
+    """A compiled block met again with other strides (as the transposed views of sequence parallelism's gathers and
+    scatters reach the next checkpointed layer) is recompiled with automatic dynamic shapes, which the backend
+    compiles for each concrete shape at its first call. That compile ran under the plan's fake mode and charger, and
+    AOTAutograd failed ("Attempting to use FunctionalTensor on its own", issue #39 item 7); the real run, with no
+    mode active, compiled. Now it compiles as Dynamo compiles, with the caller's modes off, and its graphs are
+    charged."""
+    pytest.importorskip("neuron_compile")
+    code = """
+import json, torch, torch_neuronx
+def step():
+    model = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 64)).to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in (torch.randn(8, 4, 64, device="neuron"), torch.randn(4, 8, 64, device="neuron").transpose(0, 1)):
+        compiled(x).sum().backward()
+        opt.step()
+plan = torch_neuronx.plan(step, world_size=1)
+print(json.dumps(sorted({name for name, *_ in plan.lanes})))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    lanes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"neuron_compile::graph_forward", "neuron_compile::graph_backward"} <= set(lanes)
+    assert not any(name.startswith(("aten::addmm", "aten::mm", "aten::native_layer_norm")) for name in lanes)
+
+
+@pytest.mark.all_wheels  # needs neuron-compile
+def test_checkpointed_block_compiled_with_attention_plans():
+    """Activation checkpointing inside a compiled block, as torchtitan applies it (`checkpoint_wrapper`, then
+    `torch.compile`): AOTAutograd wraps the random ops the backward recomputes (attention is one) in
+    `run_and_save_rng_state` / `run_with_rng_state`, higher-order ops the plan's charger had no rule for; the real
+    run takes their CPU rule. The plan runs the wrapped op as the real run does and counts its FLOPs."""
+    pytest.importorskip("neuron_compile")
+    code = """
+import json, torch, torch.nn.functional as F, torch_neuronx
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 16, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        return x + F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 16, 64)
+def step():
+    block = Attention().to("neuron")
+    compiled = torch.compile(checkpoint_wrapper(block), backend="neuron")
+    opt = torch.optim.SGD(block.parameters(), lr=0.1)
+    for _ in range(2):
+        compiled(torch.randn(2, 16, 64, device="neuron")).sum().backward()
+        opt.step()
+plan = torch_neuronx.plan(step, world_size=1)
+print(json.dumps({"lanes": sorted({name for name, *_ in plan.lanes}), "flops": plan.flops_per_step}))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"neuron_compile::graph_forward", "neuron_compile::graph_backward"} <= set(plan["lanes"])
+    # the projection's forward, its recomputation and its weight gradient (the input needs none); the host graph's
+    # CPU flash attention has no FlopCounterMode formula
+    assert plan["flops"] == 3 * 2 * 32 * 64 * 192
 
 
 def test_start_up_reads_of_a_training_framework_are_planned():

@@ -183,9 +183,14 @@ class _PerShape:
         key = self._signature(args)
         found = self.compiled.get(key)
         if found is None:
+            from torch.utils._python_dispatch import _disable_current_modes
+
             name = f"{self.name}_s{len(self.compiled)}"
-            found = _compile_static(copy.deepcopy(self.gm), list(args), self.settings, name=name,
-                                    recompile=True, traced=False)
+            # compiled as Dynamo compiles a frame, with the caller's dispatch modes off: under a mode that sees
+            # every op (a plan's fake mode and charger) AOTAutograd's functional tensors met that mode and failed
+            with _disable_current_modes():
+                found = _compile_static(copy.deepcopy(self.gm), list(args), self.settings, name=name,
+                                        recompile=True, traced=False)
             self.compiled[key] = found
         return found(*args)
 

@@ -61,6 +61,12 @@ def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
     return _DEVICE if op.namespace != "prim" and not own and has(name, "PrivateUse1") else None
 
 
+def _rng_wrappers() -> tuple[Any, Any]:
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    return run_and_save_rng_state, run_with_rng_state
+
+
 def _on_neuron(args: tuple, kwargs: dict) -> bool:
     """The op runs on `neuron` (its `device=` or its first tensor's): only there does a real run take its composite
     kernel; a CPU op inside a compiled graph (a `scalar_tensor` constant) stays whole on the plan's fakes, as before."""
@@ -91,6 +97,9 @@ class Charger(TorchDispatchMode):
         self.planner = planner
         self.outer: list[Any] = []  # the ops run whole whose kernels run now: FLOPs and an OOM are the outermost's
 
+    # higher-order ops come to `__torch_dispatch__` (`_higher_order`), not to torch's error for a mode without a rule
+    supports_higher_order_operators = True
+
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         """Dynamo compiles a frame only when no dispatch mode on the stack asks to see each eager op (otherwise it
@@ -98,8 +107,31 @@ class Charger(TorchDispatchMode):
         so Dynamo compiles with the plan's modes off, and the compiled code runs with them on."""
         return True
 
+    def _higher_order(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A compiled graph's higher-order ops. Activation checkpointing inside a compiled block: AOTAutograd wraps
+        each random op the backward recomputes (`run_and_save_rng_state` in the forward, `run_with_rng_state` in the
+        backward) so both draw the same numbers. The op runs and is charged as the real run's; the generator's state
+        is a planned (valueless) one of its shape, and restoring it changes nothing (a plan draws no numbers)."""
+        save, restore = _rng_wrappers()
+        if func is save:
+            op, *rest = args
+            with self:
+                result = op(*rest, **kwargs)
+            device = next((t.device for t in tree_leaves(rest) if isinstance(t, torch.Tensor)), None)
+            state = torch.neuron.get_rng_state() if device is not None and device.type == "neuron" else \
+                torch.get_rng_state()
+            return self.planner.fake_mode.from_tensor(state), result
+        if func is restore:
+            _, op, *rest = args
+            with self:
+                return op(*rest, **kwargs)
+        raise NotImplementedError(f"plan mode has no rule for the higher-order operator {func.name()} (called with "
+                                  f"{len(args)} arguments); it cannot be planned yet")
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return self._higher_order(func, args, kwargs)
         if any(t is not _FakeTensor and t is not torch.Tensor for t in types):
             # a DTensor's op (global shapes): it runs ops on its local shards, which come back here to be charged
             return NotImplemented

@@ -15,6 +15,10 @@ with its reason. Nothing here outlives the plan.
 * `nn.init.trunc_normal_` of a planned tensor: its rejection loop's value read answered (`_trunc_normal`).
 * `_StridedShard.local_shard_size_and_offset` (FSDP over TP): its layout, computed from a real CPU `arange` that
   it reads, outside the plan's modes.
+* DTensor's sharding propagation derives an op's global output shape by running it on fakes of the global
+  shapes, in the fake mode it detects, else a fresh one: a real run's fresh one allocates nothing, but the plan's would
+  be found and charged (the first step of a DTensor model peaked at the global shapes). It runs outside the plan's
+  modes, on a fresh fake mode as in the real run.
 * a DataLoader iterator's set-up runs outside the plan's modes: it draws and reads its workers' base seed from a
   host generator, as the real run does.
 * Module-level functions are patched in every module that bound them (`patched_everywhere`).
@@ -313,6 +317,10 @@ def patched_torch() -> Iterator[None]:
         strided = torch.distributed.tensor.placement_types._StridedShard
         stack.enter_context(patched(strided, "local_shard_size_and_offset",
                                     _outside_plan(strided.local_shard_size_and_offset)))
+        # DTensor's sharding propagation runs the op on global-shape fakes of its own fake mode, as in a real run.
+        propagator = torch.distributed.tensor._sharding_prop.ShardingPropagator
+        stack.enter_context(patched(propagator, "_propagate_tensor_meta_non_cached",
+                                    _outside_plan(propagator._propagate_tensor_meta_non_cached)))
         # A DataLoader iterator draws its workers' base seed from a host generator and reads it (`.item()`): a host
         # value the real run draws the same way, drawn for real (its set-up runs outside the plan's modes).
         loader_iter = torch.utils.data.dataloader._BaseDataLoaderIter
