@@ -19,7 +19,8 @@ kernels                `ops/registry` (registration), `ops/catalogue` (engine an
 CPU fallback           `fallback` (any op on host aliases; which ops fall back, `NEURON_FALLBACK_ENABLED`)
 simulated cost         `simulation/costmodel` (an op's device time), `simulation/kernels` (charging, compile cache,
                        counters), `simulation/report`, `simulation/profiler`
-adaptive eager         `adaptive_eager` (the flush barrier), `adaptive_eager/queue` (queue and fusion)
+adaptive eager         `barrier` (the flush barrier: a leaf the lowest modules call), `adaptive_eager/queue`
+                       (queue and fusion)
 numerics, autocast     `numerics`, `autocast`, `neuron/amp`
 torch.neuron           `neuron/` (the `torch.cuda`-shaped facade), `neuron/memory`, `neuron/comm`, `neuron/legacy` (FloatTensor, …)
 patches of torch       `_patches` (each with its reason)

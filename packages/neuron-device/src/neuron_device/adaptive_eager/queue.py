@@ -40,8 +40,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .. import adaptive_eager as _barrier
 from .. import allocator, envvars
+from .. import barrier as _barrier
 from .. import numerics as _numerics
 from .. import storage as _storage
 from .. import topology as _topology
@@ -405,7 +405,7 @@ def _record(plan: Any, args: tuple, kwargs: dict):
     _device = index
     _counters["recorded"] += 1
     executed_ops[plan.name] += 1
-    _barrier.pending = flush
+    _barrier.set_pending(flush)
     if len(_queue) >= buffer_size_limit:
         flush()
     return result if results is None else tuple(results)
@@ -429,7 +429,7 @@ def flush() -> None:
         try:
             _execute(queue, inputs, index)
         finally:
-            _barrier.pending = None if not _queue else flush
+            _barrier.set_pending(flush if _queue else None)
 
 
 class _HostContext:

@@ -26,8 +26,8 @@ import torch
 
 from .. import allocator
 from .. import numerics as _numerics
-from ..adaptive_eager import flush_barrier
 from ..adaptive_eager import queue as _adaptive_eager
+from ..barrier import flush_barrier
 from ..fallback import executed_ops, run_on_host, tensor_list
 from ..simulation import kernels as _kernels
 from ..storage import kernel_input

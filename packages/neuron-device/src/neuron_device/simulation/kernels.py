@@ -32,7 +32,7 @@ import torch
 from .. import numerics as _numerics
 from .. import timeline as _timeline
 from .. import topology as _topology
-from ..adaptive_eager import flush_barrier
+from ..barrier import flush_barrier
 from ..ops.catalogue import OpInfo
 from . import costmodel as _costmodel
 
