@@ -2,8 +2,8 @@
 are queued instead of run, and a run of queued ops that repeats is fused into one kernel.
 
 ============== ====================================================================================================
-``queue``      the queue: `record` (called by the fast path), `flush`, fusing repeated runs, the public switches
-               (`is_enabled`, `set_enabled`, `pending_ops`, `stats`).
+``queue``      the queue: `record` (installed in front of the fast path's direct call while on), `flush`, fusing
+               repeated runs, the public switches (`is_enabled`, `set_enabled`, `pending_ops`, `stats`).
 ``barrier``    (`neuron_device.barrier`, a leaf module) the one flush barrier, `flush_barrier()`: the runtime calls
                it wherever queued work must have happened first (a host read of device memory, a storage resize, a
                timeline read, a stream switch, reading the op ledger); the queue registers its `flush` there.

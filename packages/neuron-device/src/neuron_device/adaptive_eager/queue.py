@@ -46,6 +46,7 @@ from .. import numerics as _numerics
 from .. import storage as _storage
 from .. import topology as _topology
 from ..fallback import executed_ops, joined_device, tensor_list
+from ..ops import fastpath as _fastpath
 from ..ops.catalogue import OpInfo
 from ..simulation import kernels as _kernels
 
@@ -56,6 +57,7 @@ __all__ = [
     "FUSE_AFTER",
     "LOW_THRESHOLD_ENV",
     "flush",
+    "install",
     "is_enabled",
     "pending_ops",
     "record",
@@ -79,7 +81,7 @@ _READS_INDEX_VALUES = frozenset({
 })
 
 
-enabled: bool = envvars.read_at_import(envvars.ADAPTIVE_EAGER)  # read by the fast path before every op
+enabled: bool = envvars.read_at_import(envvars.ADAPTIVE_EAGER)  # `record` wraps the fast path while on
 buffer_size_limit: int = envvars.read_at_import(envvars.ADAPTIVE_EAGER_BUFFER_SIZE)  # ops queued before the queue flushes itself
 low_threshold: int = envvars.read_at_import(envvars.ADAPTIVE_EAGER_LOW_THRESHOLD)  # shorter runs always execute op by op
 
@@ -188,7 +190,13 @@ def set_enabled(flag: bool) -> bool:
     if not flag:
         flush()
     enabled = bool(flag)
+    _fastpath.set_recorder(record if enabled else None)
     return previous
+
+
+def install() -> None:
+    """At registration: with `TORCH_NEURONX_ENABLE_CONCATENATION=1` the fast path's calls go through `record`."""
+    _fastpath.set_recorder(record if enabled else None)
 
 
 def pending_ops() -> int:
@@ -291,7 +299,8 @@ def _argument(value: _Tensor) -> tuple[_External | _Queued | bool, tuple]:
 def record(plan: Any, args: tuple, kwargs: dict):
     """Queue one call of a fast-path op and return its not-yet-computed result; None if the op must run now.
 
-    Called by the fast path before it touches any data; the caller runs the op itself when this returns None.
+    Installed in front of the fast path's direct call while adaptive eager is on (`set_enabled`,
+    `fastpath.set_recorder`): called before it touches any data; the op runs now when this returns None.
     """
     kind = _kinds.get(plan, -1)
     if kind < 0:

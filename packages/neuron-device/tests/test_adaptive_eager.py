@@ -3,7 +3,7 @@ deterministic switch, the queue limit and what the timeline is charged. Every re
 
 The op-by-op tests keep the fuser out (`FUSE_AFTER` out of reach): they check neuron-device alone. The fused-path
 tests use a fuser that returns the FX graph itself (it runs the same CPU kernels), which checks the graph the run
-becomes, the live outputs written back and the single charge; tests/test_concatenation_fused.py compiles with
+becomes, the live outputs written back and the single charge; tests/test_adaptive_eager_fused.py compiles with
 neuron-compile's Inductor fuser.
 """
 
@@ -68,6 +68,26 @@ def _chain(a, b):
     d = (c * 2).exp()
     e = d.t() @ c
     return e.sum(0), torch.softmax(e + 0.5, -1), (e > 0).float().mean()
+
+
+def test_the_recorder_wraps_the_fast_path_only_while_on():
+    """Adaptive eager is a wrapper installed in front of the fast path's direct call (issue 36), not a branch every
+    plain eager op takes: off, the fast kernels call the direct call itself."""
+    from neuron_device.ops import fastpath
+
+    previous = adaptive_eager.set_enabled(False)
+    try:
+        assert fastpath._call is fastpath._direct
+        adaptive_eager.set_enabled(True)
+        assert fastpath._call is fastpath._recorded and fastpath._record is adaptive_eager.record
+        a = torch.ones(4, device="neuron")
+        b = a + a
+        assert adaptive_eager.pending_ops() == 1
+        adaptive_eager.set_enabled(False)
+        assert fastpath._call is fastpath._direct and adaptive_eager.pending_ops() == 0
+        assert torch.equal(b.cpu(), torch.full((4,), 2.0))
+    finally:
+        adaptive_eager.set_enabled(previous)
 
 
 def test_ops_are_queued_and_match_the_cpu_bitwise(queued):
