@@ -1,6 +1,6 @@
 """Direct `neuron` kernels for the hot functional ops: the boxed fallback's work, minus what these ops never need.
 
-The boxed fallback (`host_exec.run_on_host`) handles every op: `out=`, in-place results, generators, views of
+The boxed fallback (`fallback.run_on_host`) handles every op: `out=`, in-place results, generators, views of
 inputs, mixed devices, 64-bit downcasting. Structured ops also reach it as their `.out` overload, after a separate
 `empty` kernel call for the output. For the ops a model runs on every step (pointwise, reductions, softmax,
 copies, embedding and indexing) the common call needs none of that: all tensor arguments are `neuron` tensors of
@@ -10,7 +10,7 @@ that call, with a plan per overload computed at registration:
 * the CPU kernel runs on zero-copy host aliases of the inputs (`storage.kernel_input`: the storage's host twin itself
   for an input laid out as it, as op results are), and its fresh result is adopted as device storage (an in-place op
   writes device memory through the alias and returns `self`);
-* it is charged to the same `optracking` signature cache as the fallback (one dict lookup per call);
+* it is charged to the same signature cache of the op ledger (`simulation.ledger`) as the fallback (one dict lookup per call);
 * anything outside the common call (a CPU tensor, two devices, 64-bit downcasting, a Python number where the
   schema has a Tensor) goes to `run_on_host` unchanged, so results and errors are the fallback's.
 
@@ -29,7 +29,7 @@ from .. import allocator
 from .. import numerics as _numerics
 from ..barrier import flush_barrier
 from ..fallback import executed_ops, run_on_host, tensor_list
-from ..simulation import kernels as _kernels
+from ..simulation import ledger as _ledger
 from ..storage import kernel_input
 from . import registry
 from .catalogue import op_info
@@ -173,7 +173,7 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
         return None
     executed_ops[plan.name] += 1
     result = call(*host, **kwargs)
-    _kernels.charge(plan.info, index, host, kwargs, result)
+    _ledger.charge(plan.info, index, host, kwargs, result)
     if type(result) is _Tensor and not plan.in_place:
         return allocator.adopt_tracked(result, index)  # a functional op's one result is fresh: the common case
     return _adopt(result, host, args, plan.tensor_positions, index)
