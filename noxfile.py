@@ -89,11 +89,11 @@ def compile_alone(session: nox.Session) -> None:
     _inductor_host_code_tests(session)
 
 
-@nox.session(python=PYTHON, name="device-concatenation")
-def device_concatenation(session: nox.Session) -> None:
+@nox.session(python=PYTHON, name="device-adaptive-eager")
+def device_adaptive_eager(session: nox.Session) -> None:
     """neuron-device's tests with adaptive eager on (`TORCH_NEURONX_ENABLE_CONCATENATION=1`), neuron-device alone:
     every queued run executes op by op, so results must stay bitwise those of plain eager. Not slow tests (the
-    OpInfo sweep runs with `nox -s device-concatenation -- -m slow`)."""
+    OpInfo sweep runs with `nox -s device-adaptive-eager -- -m slow`)."""
     _install(session, *TEST_TOOLS, DEVICE, TORCH_NEURONX)
     _pytest(session, f"{DEVICE}/tests", marks="not slow", env={"TORCH_NEURONX_ENABLE_CONCATENATION": "1"})
 
@@ -103,7 +103,7 @@ def _inductor_host_code_tests(session: nox.Session) -> None:
     (`NEURON_COMPILE_HOST_CODE=inductor`: Inductor's C++ code generation; the `compile` session's first run tests the
     default "aten" host code). Not slow tests, to keep the C++ compiles few: the slow ones compile C++ or set the host
     code themselves (`nox -s compile-inductor -- -m slow` runs them)."""
-    _pytest(session, f"{PATHS['compile']}/tests", "tests/test_concatenation_fused.py", marks="not slow",
+    _pytest(session, f"{PATHS['compile']}/tests", "tests/test_adaptive_eager_fused.py", marks="not slow",
             env={"NEURON_COMPILE_HOST_CODE": "inductor"})
 
 

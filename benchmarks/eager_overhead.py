@@ -122,14 +122,14 @@ def llama_forward_adaptive(device: str) -> Callable[[], torch.Tensor]:
     forward = llama_forward(device)
     if device != "neuron":
         return forward
-    from neuron_device.adaptive_eager import queue as concatenation
+    from neuron_device.adaptive_eager import queue as adaptive_eager
 
     def adaptive() -> torch.Tensor:
-        concatenation.set_enabled(True)
+        adaptive_eager.set_enabled(True)
         try:
             return forward()
         finally:
-            concatenation.set_enabled(False)
+            adaptive_eager.set_enabled(False)
 
     return adaptive
 

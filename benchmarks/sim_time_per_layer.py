@@ -1,7 +1,7 @@
 """Simulated device time per layer of a small transformer block: eager on trn1/trn2/trn3, and compiled on trn2.
 
 Eager: each layer's forward runs once on `neuron` (trn2); the per-signature work the runtime recorded
-(`kernels.launches()`) is re-estimated for each target, as the simulation report does. Kernels recorded as
+(`ledger.launches()`) is re-estimated for each target, as the simulation report does. Kernels recorded as
 seconds only (the NKI library's norm and attention kernels, when neuron-nki is installed) count at their trn2
 time on every target; the table says how much of each layer that is. Compiled: the same layer
 under `torch.compile(backend="neuron")`, timed as the simulated time its graph charges to the stream (trn2 only:
@@ -21,7 +21,7 @@ import torch
 
 from neuron_device import timeline, topology
 from neuron_device.progress import progress
-from neuron_device.simulation import kernels
+from neuron_device.simulation import ledger
 
 HIDDEN, HEADS, SEQ, BATCH = 512, 8, 256, 4
 
@@ -52,10 +52,10 @@ def _stream_busy() -> float:
 def eager_seconds(layer: torch.nn.Module, x: torch.Tensor) -> dict[str, float]:
     """Simulated seconds of one forward of `layer` per target (re-estimated from the recorded work where there is
     some), plus "as recorded": the part that could not be re-estimated."""
-    kernels.clear_op_tracking()
+    ledger.clear_op_tracking()
     with torch.no_grad():
         layer(x)
-    launches = kernels.launches()
+    launches = ledger.launches()
     recorded = sum(launch.calls * launch.seconds for launch in launches if launch.work is None)
     seconds = {name: recorded + sum(launch.calls * launch.work.seconds(target) for launch in launches
                                     if launch.work is not None)

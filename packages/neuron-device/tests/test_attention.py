@@ -162,7 +162,7 @@ def test_flex_attention_is_one_flash_kernel_and_matches_cpu(masked: bool) -> Non
 
 def test_flex_attention_is_charged_for_the_blocks_its_mask_visits() -> None:
     """A flash kernel skips the blocks the block mask hides: a causal mask over 4 x 4 blocks of 128 visits 10."""
-    from neuron_device.simulation import kernels
+    from neuron_device.simulation import ledger
 
     q = torch.randn(1, 2, 512, 16, device="neuron")
     seconds = {}
@@ -170,7 +170,7 @@ def test_flex_attention_is_charged_for_the_blocks_its_mask_visits() -> None:
                                                                       device="neuron"))):
         torch_neuronx.clear_op_tracking()
         flex_attention(q, q, q, block_mask=mask)
-        (launch,) = [launch for launch in kernels.launches() if launch.name == "flex_attention"]
+        (launch,) = [launch for launch in ledger.launches() if launch.name == "flex_attention"]
         seconds[name] = launch.work.engines
     (_, dense), (_, causal) = seconds["dense"][0], seconds["causal"][0]
     assert dense == 4.0 * q.numel() * 512 and causal == dense * 10 / 16

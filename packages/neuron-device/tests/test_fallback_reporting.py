@@ -11,7 +11,7 @@ import torch_neuronx
 import torch_neuronx.metrics as met
 from neuron_device import fallback
 from neuron_device.ops import catalogue
-from neuron_device.simulation import costmodel, kernels
+from neuron_device.simulation import costmodel, ledger
 
 aten = torch.ops.aten
 
@@ -223,15 +223,15 @@ def test_kernels_outside_the_fallback_are_recorded_and_charged():
     torch.neuron.synchronize()
     start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
     start.record()
-    kernels.record_kernel("nki::rmsnorm", 0, ((128, 512), torch.bfloat16), 5e-6)
-    kernels.record_kernel("nki::rmsnorm", 0, ((128, 512), torch.bfloat16), 5e-6)
+    ledger.record_kernel("nki::rmsnorm", 0, ((128, 512), torch.bfloat16), 5e-6)
+    ledger.record_kernel("nki::rmsnorm", 0, ((128, 512), torch.bfloat16), 5e-6)
     end.record()
     assert start.elapsed_time(end) == pytest.approx(10e-3)
     assert "nki::rmsnorm" in torch_neuronx.get_executed_ops()
     stats = torch_neuronx.get_compilation_cache_stats()
     assert (stats["compilations_per_op"]["nki::rmsnorm"], stats["in_memory_hits"]) == (1, 1)
     with pytest.raises(ValueError, match="non-negative"):
-        kernels.record_kernel("nki::rmsnorm", 0, "sig", -1.0)
+        ledger.record_kernel("nki::rmsnorm", 0, "sig", -1.0)
 
 
 def test_printing_warns_about_nothing_and_records_no_fallback():

@@ -199,7 +199,7 @@ def _hot_program() -> list[torch.Tensor]:
 def _run_measured(program) -> tuple:
     """`program`'s results, with the statistics and simulated figures it produced on device 0."""
     from neuron_device import timeline
-    from neuron_device.simulation import kernels
+    from neuron_device.simulation import ledger
 
     gc.collect()
     torch_neuronx.clear_op_tracking()
@@ -213,7 +213,7 @@ def _run_measured(program) -> tuple:
     figures = (
         torch.neuron.memory_stats(0),
         torch_neuronx.get_executed_ops(),
-        sorted((launch.name, launch.calls, launch.seconds) for launch in kernels.launches()),
+        sorted((launch.name, launch.calls, launch.seconds) for launch in ledger.launches()),
     )
     # time moved on the device's clocks: differences of sums that started elsewhere, so equal up to rounding
     elapsed = (

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from neuron_device import timeline
-from neuron_device.adaptive_eager import queue as concatenation
+from neuron_device.adaptive_eager import queue as adaptive_eager
 from neuron_device.simulation.profiler import DEVICE_PID_BASE, NeuronProfiler, device_trace_events
 
 PID = DEVICE_PID_BASE  # neuron:0
@@ -85,7 +85,7 @@ def test_stream_lanes_hold_the_simulated_time_charged(profiled):
     assert side_names == {"aten::mul.Tensor"}
 
 
-@pytest.mark.skipif(concatenation.is_enabled(), reason="adaptive eager launches queued ops at the flush, after the op")
+@pytest.mark.skipif(adaptive_eager.is_enabled(), reason="adaptive eager launches queued ops at the flush, after the op")
 def test_device_events_start_inside_the_cpu_op_that_launched_them(profiled):
     trace, _, _, _, _ = profiled
     cpu = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"]

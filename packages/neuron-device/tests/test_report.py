@@ -12,7 +12,7 @@ import torch
 
 from neuron_device import allocator as _allocator
 from neuron_device import timeline, topology
-from neuron_device.simulation import kernels, report
+from neuron_device.simulation import ledger, report
 
 # the report takes neuron-compile's graph counters when it is installed (all session)
 pytestmark = pytest.mark.all_wheels
@@ -21,8 +21,8 @@ pytestmark = pytest.mark.all_wheels
 @pytest.fixture
 def workload():
     """A small training step with a fallback and two signatures of `addmm` (a recompilation)."""
-    kernels.clear_op_tracking()
-    kernels.clear_compilation_cache()
+    ledger.clear_op_tracking()
+    ledger.clear_compilation_cache()
     model = torch.nn.Linear(32, 16).to("neuron")
     for batch in (4, 4, 8):
         model(torch.ones(batch, 32, device="neuron")).sum().backward()
@@ -31,14 +31,14 @@ def workload():
         torch.linalg.inv(torch.eye(3, device="neuron") * 2)
     torch.neuron.synchronize()
     yield
-    kernels.clear_op_tracking()
+    ledger.clear_op_tracking()
 
 
 def test_op_times_are_calls_times_seconds_per_signature(workload):
     data = report.collect()
     expected: dict[str, float] = {}
     calls: dict[str, int] = {}
-    for launch in kernels.launches():
+    for launch in ledger.launches():
         expected[launch.name] = expected.get(launch.name, 0.0) + launch.calls * launch.seconds
         calls[launch.name] = calls.get(launch.name, 0) + launch.calls
     assert {op["name"]: op["seconds"] for op in data["ops"]} == expected
@@ -59,8 +59,8 @@ def test_stream_times_are_the_timelines_busy_time(workload):
 
 def test_fallbacks_compilations_and_recompilations_are_the_trackers(workload):
     data = report.collect()
-    stats = kernels.compilation_stats()
-    assert set(data["fallbacks"]) == set(kernels.get_fallback_ops())
+    stats = ledger.compilation_stats()
+    assert set(data["fallbacks"]) == set(ledger.get_fallback_ops())
     assert data["fallbacks"]["aten::linalg_inv_ex.inverse"] == 1
     assert data["kernels_compiled"] == stats["total_compilations"]
     assert data["kernel_cache_hits"] == stats["in_memory_hits"]

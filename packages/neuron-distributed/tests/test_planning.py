@@ -233,7 +233,7 @@ def test_factories_are_charged_as_the_real_run_fills():
     fallbacks)."""
     code = """
 import collections, json, torch, torch_neuronx, warnings
-from neuron_device.simulation import kernels
+from neuron_device.simulation import ledger
 def fills():
     x = torch.ones(256, device="neuron")
     torch.zeros_like(x), torch.ones_like(x), torch.full_like(x, 2.0), torch.zeros(256, device="neuron")
@@ -241,10 +241,10 @@ def fills():
     torch.randn(4, 4, device="neuron"), torch.rand(4, device="neuron"), torch.randint(0, 9, (4,), device="neuron")
     torch.randn_like(x), torch.randint(9, (4,), device="neuron"), torch.randperm(8, device="neuron")
     torch.arange(8, device="neuron"), torch.empty_like(x)
-kernels.clear_op_tracking()
+ledger.clear_op_tracking()
 fills()
 real = collections.Counter()
-for launch in kernels.launches():
+for launch in ledger.launches():
     real[launch.name] += launch.calls
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

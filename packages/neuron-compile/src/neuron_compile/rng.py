@@ -11,8 +11,8 @@ device seed, though not bitwise equal to eager ones (Inductor's generator is not
 Random ops Inductor does not lower (e.g. `randperm`, `multinomial`, or every random op with Inductor's
 `fallback_random=True`) run their ATen CPU kernel from the compiled code. The pass retargets each to a
 `neuron_compile::device_rng_*` op of the same schema that runs that kernel on the `neuron` generator, as eager
-`neuron` runs it (`host_exec`): these ops give eager's numbers bitwise and advance the device generator as eager
-does. An explicit `generator=` argument is used as given.
+`neuron` runs it (neuron-device's fallback): these ops give eager's numbers bitwise and advance the device
+generator as eager does. An explicit `generator=` argument is used as given.
 
 The "aten" host code (no Inductor lowering) runs the graph's `inductor_random` / `inductor_randint` nodes as ATen
 calls, whose eager forms ignore their seed and draw from the CPU generator. `seeded_host_random` retargets them to

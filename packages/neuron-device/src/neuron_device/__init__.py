@@ -6,7 +6,8 @@
 Where each concept lives (one file per runtime concept, as PyTorch's OpenReg does):
 
 ====================== ==============================================================================================
-start-up               `_registration` (the phases of `register()`), `hooks` (PrivateUse1 hooks)
+start-up               `_registration` (the phases of `register()`), `hooks` (PrivateUse1 hooks),
+                       `environment` (start-up checks of the environment), `neuron/_lazy` (lazy init, fork rule)
 device, guard, index   `device` (current device per thread, `set_device`, `device`/`device_of`, `NeuronGuard`)
 machine and figures    `topology` (this process's machine), the hardware spec `neuron_spec.hardware` / `.machine`
 memory                 `allocator` (caching allocator per device, HBM capacity, stats), `storage` (adopting CPU
@@ -17,14 +18,18 @@ kernels                `ops/registry` (registration), `ops/catalogue` (engine an
                        `ops/matmul`, `ops/attention`, `ops/flex_attention`, `ops/rnn_cells`, `ops/cpu_exact` (kernels), `ops/fastpath`
                        (the direct call of common ops)
 CPU fallback           `fallback` (any op on host aliases; which ops fall back, `NEURON_FALLBACK_ENABLED`)
-simulated cost         `simulation/costmodel` (an op's device time), `simulation/kernels` (charging, compile cache,
-                       counters), `simulation/report`, `simulation/profiler`
-adaptive eager         `adaptive_eager` (the flush barrier), `adaptive_eager/queue` (queue and fusion)
+simulated cost         `simulation/costmodel` (an op's device time), `simulation/ledger` (the op ledger: charging,
+                       compile cache, counters), `simulation/planned` (plan mode's charges), `simulation/report`,
+                       `simulation/profiler`
+adaptive eager         `barrier` (the flush barrier: a leaf the lowest modules call), `adaptive_eager/queue`
+                       (queue and fusion)
 numerics, autocast     `numerics`, `autocast`, `neuron/amp`
 torch.neuron           `neuron/` (the `torch.cuda`-shaped facade), `neuron/memory`, `neuron/comm`, `neuron/legacy` (FloatTensor, …)
 patches of torch       `_patches` (each with its reason)
 environment variables  `envvars` (declared once; parser in `neuron_spec.env`)
 other wheels           `plugins` (hooks they implement), `services` (all they may import of this package)
+command-line tools     `cli` (`neuron-ls`), `monitor` (`neuron-monitor`, `neuron-top`), `livestats` (the counters a
+                       process publishes for them), `progress` (one-line progress of long operations)
 ====================== ==============================================================================================
 """
 

@@ -606,7 +606,7 @@ def _patch_generator_constructor() -> None:
 
 # The runtime's modules: called by torch's dispatcher (kernels, fallback, allocator, guards), never by user code
 RUNTIME_MODULES = tuple(f"neuron_device.{name}" for name in (
-    "_patches", "_registration", "adaptive_eager", "allocator", "fallback", "hooks", "livestats", "numerics", "ops",
+    "_patches", "_registration", "adaptive_eager", "allocator", "barrier", "fallback", "hooks", "livestats", "numerics", "ops",
     "progress", "services", "simulation", "storage", "timeline",
 ))
 _DYNAMO_RULES = "torch._dynamo.trace_rules"

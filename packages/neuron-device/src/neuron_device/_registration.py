@@ -78,9 +78,11 @@ def _load_plugins() -> None:
 
 
 def _install_fast_path() -> None:
+    from .adaptive_eager import queue as adaptive_eager
     from .ops import fastpath
 
     fastpath.install()  # last: only ops that neither neuron-device nor a plugin gave a direct kernel
+    adaptive_eager.install()  # its recorder in front of the fast kernels, when switched on
 
 
 def _install_exit_report() -> None:

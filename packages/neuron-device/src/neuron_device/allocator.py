@@ -37,7 +37,7 @@ import torch
 from . import envvars
 from . import storage as _storage
 from . import topology as _topology
-from .adaptive_eager import flush_barrier
+from .barrier import flush_barrier
 
 __all__ = [
     "DeviceAllocator",

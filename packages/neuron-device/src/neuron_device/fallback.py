@@ -11,7 +11,7 @@ are adopted as device storage without a copy. The semantics follow PyTorch's own
 * random ops draw from the device's generator (`torch.neuron.random`), so they are reproducible per device;
 * an op the catalogue (`ops.catalogue`) gives no engine is a CPU fallback on the real device too: `admit` warns
   once per op with TorchNeuron's text ``Operator 'aten::X' fell back to CPU``, records it, and raises instead with
-  ``NEURON_FALLBACK_ENABLED=0``; its host copies are charged by `simulation.kernels`;
+  ``NEURON_FALLBACK_ENABLED=0``; its host copies are charged by the op ledger (`simulation.ledger`);
 * an op with no CPU kernel but a decomposition in `torch._decomp` (GPU-only backward kernels such as
   `_fused_rms_norm_backward`, which `nn.RMSNorm` training reaches on `neuron`) runs that decomposition on the host.
 """
@@ -34,8 +34,7 @@ from . import allocator, envvars
 from . import numerics as _numerics
 from .neuron import random as _random
 from .ops.catalogue import OpInfo, _infos, op_info
-from .simulation import kernels as _kernels
-from .simulation.kernels import _fallbacks
+from .simulation import ledger as _ledger
 from .storage import host_alias
 
 __all__ = ["FALLBACK_ENV", "admit", "executed_ops", "joined_device", "run_on_host", "seeded_call"]
@@ -74,8 +73,7 @@ def admit(op: torch._ops.OpOverload) -> OpInfo:
     info = _infos.get(op) or op_info(op)
     if info.engine is None:
         name = info.name
-        if name not in _fallbacks:
-            _fallbacks.add(name)
+        if _ledger.record_fallback(name):
             if _fallback_enabled():
                 warnings.warn(f"Operator '{name}' fell back to CPU{_stack_trace()}", stacklevel=_user_stacklevel())
         if not _fallback_enabled():
@@ -551,5 +549,5 @@ def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
             call.aliases[id(host_kwargs[key])] = out
         else:
             _sync_resized_alias(out, host_kwargs[key])
-    _kernels.charge(tracked, index, host_args, host_kwargs, result)
+    _ledger.charge(tracked, index, host_args, host_kwargs, result)
     return call.to_device(result)

@@ -71,15 +71,16 @@ def snapshot() -> dict[str, Any]:
     """This process's counters (what `<pid>.json` holds). Reads the tracking state without flushing queued ops: it
     runs on the publishing thread."""
     from . import allocator, timeline, topology
-    from .simulation import kernels
+    from .simulation import ledger
 
     topo = topology.topology()
-    launches = list(kernels._launches.values())
+    tracking = ledger.peek()
+    launches = tracking.launches
     engine_mix: dict[str, float] = {}
     kernel_calls = fallback_calls = 0
     for launch in launches:
         if launch.work is not None and launch.work.host_copies:
-            if launch.name in kernels._fallbacks:
+            if launch.name in tracking.fallback_ops:
                 fallback_calls += launch.calls
             continue
         kernel_calls += launch.calls
@@ -102,7 +103,6 @@ def snapshot() -> dict[str, Any]:
             "hbm_used_bytes": alloc.allocated() if alloc is not None else 0,
             "hbm_total_bytes": topo.hbm_bytes_per_device,
         }
-    compiled = sum(kernels._compilations.values())
     return {
         "pid": os.getpid(),
         "kind": "runtime",
@@ -113,9 +113,9 @@ def snapshot() -> dict[str, Any]:
         "updated": time.time(),
         "devices": devices,
         "kernel_calls": kernel_calls,
-        "kernels_compiled": compiled,
+        "kernels_compiled": tracking.kernels_compiled,
         "fallback_calls": fallback_calls,
-        "fallback_ops": sorted(kernels._fallbacks),
+        "fallback_ops": sorted(tracking.fallback_ops),
     }
 
 

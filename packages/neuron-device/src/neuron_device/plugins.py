@@ -64,7 +64,7 @@ class NeuronDeviceSpec:
 
     @hookspec(firstresult=True)
     def neuron_fuse(self, graph_module: Any, example_inputs: list) -> Any:
-        """Compile a run of queued eager ops (adaptive eager, `concatenation`) into one callable, or return None.
+        """Compile a run of queued eager ops (adaptive eager) into one callable, or return None.
 
         `graph_module` is an FX graph of ATen ops on CPU tensors returning a tuple; `example_inputs` are the CPU
         tensors (host aliases) of its first call. The callable is called with tensors of the same sizes, strides and

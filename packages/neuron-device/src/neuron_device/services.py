@@ -41,7 +41,7 @@ from .ops.registry import plugin_estimator
 from .ops.registry import register as register_kernel
 from .plugins import hookimpl
 from .simulation.costmodel import LAUNCH_SECONDS, KernelEstimate, estimate_kernel, matmul_array_flops
-from .simulation.kernels import Work, flat_tensors, record_kernel
+from .simulation.ledger import Work, flat_tensors, record_kernel
 from .simulation.planned import account as account_planned_op
 from .simulation.planned import resize_storage as resize_planned_storage
 from .simulation.planned import track_storage

@@ -30,7 +30,7 @@ import sys
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
-from .adaptive_eager import flush_barrier
+from .barrier import flush_barrier
 
 __all__ = ["adopt", "host_alias", "host_aliases", "kernel_input", "replace_memory", "swap_memory"]
 

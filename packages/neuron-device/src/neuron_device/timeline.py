@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 
 from . import envvars
-from .adaptive_eager import flush_barrier
+from .barrier import flush_barrier
 
 __all__ = ["DeviceTimeline", "Recorder", "charge", "current_stream_id", "set_current_stream_id", "set_recorder",
            "timeline"]

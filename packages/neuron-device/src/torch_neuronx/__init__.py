@@ -41,7 +41,7 @@ from neuron_device.neuron import (
 )
 from neuron_device.neuron import is_initialized as is_neuron_runtime_initialized
 from neuron_device.neuron.streams import Event, Stream, current_stream, default_stream, set_stream, stream
-from neuron_device.simulation import kernels as _kernels
+from neuron_device.simulation import ledger as _ledger
 from neuron_device.simulation.profiler import NeuronProfiler
 from neuron_device.simulation.report import report as simulation_report
 
@@ -106,26 +106,26 @@ def __getattr__(name: str) -> Any:
 
 def get_fallback_ops() -> list[str]:
     """Names of the operations that fell back to CPU (e.g. ``'aten::linalg_inv_ex.inverse'``), sorted."""
-    return _kernels.get_fallback_ops()
+    return _ledger.get_fallback_ops()
 
 
 def get_executed_ops() -> list[str]:
     """Names of the operations executed by Neuron kernels, sorted."""
-    return _kernels.get_executed_ops()
+    return _ledger.get_executed_ops()
 
 
 def clear_op_tracking() -> None:
     """Clear both the fallback and the executed operation tracking (useful in tests)."""
-    _kernels.clear_op_tracking()
+    _ledger.clear_op_tracking()
 
 
 def get_compilation_cache_stats() -> dict[str, Any]:
     """Kernel compilation cache statistics: the real device compiles one kernel per op signature (op, input shapes
     and dtypes, non-tensor arguments). Keys as TorchNeuron's: ``total_compilations``, ``in_memory_hits``,
     ``in_memory_misses``, ``total_entries``, ``hit_rate``; plus ``compilations_per_op``."""
-    return _kernels.compilation_stats()
+    return _ledger.compilation_stats()
 
 
 def clear_compilation_cache() -> None:
     """Drop every cached kernel and reset the counters: the next call of every signature compiles again."""
-    _kernels.clear_compilation_cache()
+    _ledger.clear_compilation_cache()

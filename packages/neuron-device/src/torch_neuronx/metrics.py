@@ -10,7 +10,7 @@ A counter reads None until its first increment, as in TorchNeuron.
 
 from __future__ import annotations
 
-from neuron_device.simulation import kernels as _kernels
+from neuron_device.simulation import ledger as _ledger
 
 __all__ = ["clear_all", "clear_counters", "get_compilation_metrics", "get_counter_names", "get_counter_value", "report"]
 
@@ -22,7 +22,7 @@ _COUNTERS = {
 
 
 def _values() -> dict[str, int]:
-    stats = _kernels.compilation_stats()
+    stats = _ledger.compilation_stats()
     return {name: stats[key] for name, key in _COUNTERS.items() if stats[key]}
 
 
@@ -48,7 +48,7 @@ def report() -> str:
 
 def clear_counters() -> None:
     """Reset all counters (compiled kernels stay cached)."""
-    _kernels.clear_compilation_counters()
+    _ledger.clear_compilation_counters()
 
 
 def clear_all() -> None:

@@ -5,7 +5,8 @@ Every check raises :class:`~nki._errors.NkiValidationError` naming the kernel so
 * partition dimension ≤ 128 (``nl.tile_size.pmax``) for SBUF/PSUM tensors and instruction operands;
 * a PSUM operand written by an instruction fits one 2 KiB bank per partition (512 fp32);
 * ``nc_matmul``: contraction (partition) ≤ 128, stationary free ≤ 128, moving free ≤ 512 (4096 on trn3);
-* SBUF and PSUM capacity per partition per target: one tensor here, all live ranges in ``_liveness``;
+* SBUF and PSUM capacity per partition per target: one tensor in ``_alloc_checks``, all live ranges in
+  ``_liveness``;
 * memory types (e.g. matmul inputs in SBUF, output in PSUM; ``tensor_tensor`` inputs not both in PSUM;
   GpSimd cannot access PSUM; compute instructions cannot read HBM);
 * out-of-bounds access (in ``_tensor.normalize_index``);
@@ -18,13 +19,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from ._dtypes import nki_name
-from ._errors import NkiValidationError, fmt_shape, kernel_location
+from ._alloc_checks import PMAX
+from ._alloc_checks import fail as _fail
+from ._errors import NkiValidationError, fmt_shape
 from ._tensor import NkiTensor
 
-PMAX = 128
 PSUM_BANK_BYTES = 2048
 GEMM_STATIONARY_FMAX = 128
 BN_STATS_FMAX = 512
@@ -34,41 +33,11 @@ MAX_TRIP_COUNT = 1 << 20
 MAX_GRID_INSTANCES = 1 << 16
 
 
-def _fail(msg: str, code: str):
-    raise NkiValidationError(msg, code=code, location=kernel_location(3))
-
-
-def check_alloc_onchip(ctx, shape, dtype, buffer, name: str) -> None:
-    if not shape:
-        return
-    if shape[0] > PMAX:
-        _fail(f"Size of partition dimension {shape[0]} exceeds architecture limitation of {PMAX}.",
-              "err_num_partition_exceed_arch_limit")
-    tgt = ctx.target
-    pbytes = math.prod(shape[1:]) * dtype.itemsize
-    kind = "PSUM" if buffer.name == "psum" else "SBUF"
-    cap = tgt.psum_partition_bytes if kind == "PSUM" else tgt.sbuf_partition_bytes
-    if pbytes > cap:
-        _fail(f"{kind} tensor {alloc_label(shape, dtype, name)} needs {pbytes} bytes per partition, exceeding the "
-              f"{kind} partition size of {cap} bytes on {tgt.name}", "err_out_of_memory")
-
-
-def alloc_label(shape, dtype, name: str) -> str:
-    return f"`{name or 'tensor'}` {fmt_shape(shape)} {nki_name(dtype)}"
-
-
 def check_tensor(t, op: str, arg: str) -> None:
     """An operand that must be a tensor: a number (a float kernel argument passed where an array belongs) is
     refused by name instead of failing inside the simulator ("'float' object has no attribute 'ndim'")."""
     if not isinstance(t, NkiTensor):
         _fail(f"{op}: `{arg}` must be a tensor, got {type(t).__name__} {t!r}", "err_invalid_kernel_argument")
-
-
-def check_shape(shape: tuple, api: str) -> None:
-    """A tensor shape is integers: a float dimension was truncated (4.5 made 4)."""
-    for s in shape:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-            _fail(f"{api}: shape {shape!r} must be integers, got {type(s).__name__} {s!r}", "err_invalid_kernel_argument")
 
 
 def check_onchip(t, op: str, arg: str, allowed: tuple[str, ...] = ("sbuf", "psum")) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
+from ._alloc_checks import alloc_label
 from ._errors import NkiValidationError, with_source
 
 __all__ = ["LiveRange", "OnChipLedger", "tick", "touch"]
@@ -67,8 +68,6 @@ class OnChipLedger:
                 while live and live[0][0] < r.born:
                     used -= heapq.heappop(live)[1]
                 if used + r.nbytes > cap:
-                    from ._limits import alloc_label
-
                     raise NkiValidationError(
                         f"{kind.upper()} capacity exceeded on {target.name}: allocating {alloc_label(*r.what)} "
                         f"({r.nbytes} bytes per partition) with {used} of {cap} bytes per partition already live",

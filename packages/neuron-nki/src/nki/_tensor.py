@@ -18,13 +18,13 @@ The first dimension of an SBUF/PSUM tensor is the partition dimension.
 from __future__ import annotations
 
 import functools
-import importlib
 import math
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _context
+from . import _alloc_checks, _context
 from ._dtypes import as_dtype, bfloat16, cast_for_store, nki_name, storage_dtype, uninit_value
 from ._errors import NkiValidationError, fmt_shape, kernel_location, kernel_site
 from ._liveness import tick, touch
@@ -355,15 +355,13 @@ class NkiTensor:
 
     def __setitem__(self, idx, value) -> None:
         """``t[...] = value``: a copy on the Vector Engine (value: tile or scalar)."""
-        from . import isa
-
         dst = self[idx]
         if isinstance(value, NkiTensor):
             if value.shape != dst.shape and value.size == dst.size:
                 value = value.reshape(dst.shape)
-            isa._copy_like(dst, value, "tensor_copy")
+            self._isa._copy_like(dst, value, "tensor_copy")
         else:
-            isa.memset(dst, value)
+            self._isa.memset(dst, value)
 
     def __iter__(self):
         raise TypeError("NKI tensors are not iterable; index them with slices / nl.ds")
@@ -523,12 +521,14 @@ class NkiTensor:
         return NkiTensor(self.alloc, flat, (grids,), self.name)
 
     # -- arithmetic sugar (legacy-style tile expressions) -----------------------------------------------------
-    # The API module whose functions the operators call; the legacy tile names its own (``neuronxcc.nki.language``).
-    # Imported when first used, as the language module imports this one.
-    _LANGUAGE = "nki.language"
+    # The API module whose functions the operators call, and the instruction module of ``t[...] = v``: ``nki.language``
+    # and ``nki.isa`` install themselves here when imported (they import this module, the package imports both); the
+    # legacy tile installs its own language (``neuronxcc.nki.language``).
+    _language: ModuleType
+    _isa: ModuleType
 
     def _bin(self, other, op, reverse=False):
-        f = getattr(importlib.import_module(self._LANGUAGE), op)
+        f = getattr(self._language, op)
         return f(other, self) if reverse else f(self, other)
 
     __add__, __radd__ = _binary_operators("add")
@@ -537,13 +537,11 @@ class NkiTensor:
     __truediv__, __rtruediv__ = _binary_operators("divide")
 
     def __neg__(self):
-        return importlib.import_module(self._LANGUAGE).negative(self)
+        return self._language.negative(self)
 
     def __iadd__(self, o):
         """``psum_tile += nl.matmul(...)`` / ``t += x``: accumulate in place (no temporary tile)."""
-        from . import language as nl
-
-        nl._binary_tile("add", self, o, self.dtype, out=self)
+        NkiTensor._language._binary_tile("add", self, o, self.dtype, out=self)
         return self
 
 
@@ -553,13 +551,6 @@ def _storage(dtype: np.dtype, precise: bool) -> tuple[np.dtype, object]:
     return storage_dtype(dtype, precise), uninit_value(dtype)
 
 
-@functools.cache
-def _limits_module():
-    from . import _limits
-
-    return _limits
-
-
 def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, api: str = "ndarray") -> NkiTensor:
     """Allocate a tensor in the running launch; checks partition size and one tensor's size against the
     target's SBUF/PSUM partition (all live tensors together are checked by live range, ``_liveness``)."""
@@ -567,7 +558,7 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, api: str =
     dtype = as_dtype(dtype)
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
-    _limits_module().check_shape(tuple(shape), api)
+    _alloc_checks.check_shape(tuple(shape), api)
     shape = tuple(int(s) for s in shape)
     if isinstance(buffer, str):
         raise NkiValidationError(f"buffer must be an nl buffer object (e.g. nl.{buffer}), strings are not accepted",
@@ -584,7 +575,7 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", fill=None, api: str =
     sdt, uninit = _storage(dtype, ctx.precise)
     span = None
     if buffer.on_chip:
-        _limits_module().check_alloc_onchip(ctx, shape, dtype, buffer, name)
+        _alloc_checks.check_alloc_onchip(ctx, shape, dtype, buffer, name)
         pbytes = (math.prod(shape[1:]) if shape else 1) * dtype.itemsize
         span = ctx.core.ledger.open(buffer.name, pbytes, (shape, dtype, name), kernel_site(2))
     data = np.empty(shape, dtype=sdt)

@@ -6,6 +6,7 @@ else of ``nki``'s private modules (``tests/test_layering.py`` checks it); to giv
 
 from __future__ import annotations
 
+from ._alloc_checks import check_alloc_onchip
 from ._context import current as current_context
 from ._context import require as require_context
 from ._cost import MIN_II
@@ -43,7 +44,7 @@ from ._errors import (
 )
 from ._errors import _is_internal as is_internal_file
 from ._launch import Kernel, KernelRun, benchmark, run_kernel
-from ._limits import check_alloc_onchip, check_dim_size, check_same_partitions
+from ._limits import check_dim_size, check_same_partitions
 from ._ops import resolve
 from ._targets import resolve_target
 from ._tensor import (

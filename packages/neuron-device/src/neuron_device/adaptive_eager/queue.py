@@ -40,14 +40,15 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .. import adaptive_eager as _barrier
 from .. import allocator, envvars
+from .. import barrier as _barrier
 from .. import numerics as _numerics
 from .. import storage as _storage
 from .. import topology as _topology
 from ..fallback import executed_ops, joined_device, tensor_list
+from ..ops import fastpath as _fastpath
 from ..ops.catalogue import OpInfo
-from ..simulation import kernels as _kernels
+from ..simulation import ledger as _ledger
 
 __all__ = [
     "BUFFER_SIZE_ENV",
@@ -56,6 +57,7 @@ __all__ = [
     "FUSE_AFTER",
     "LOW_THRESHOLD_ENV",
     "flush",
+    "install",
     "is_enabled",
     "pending_ops",
     "record",
@@ -79,7 +81,7 @@ _READS_INDEX_VALUES = frozenset({
 })
 
 
-enabled: bool = envvars.read_at_import(envvars.ADAPTIVE_EAGER)  # read by the fast path before every op
+enabled: bool = envvars.read_at_import(envvars.ADAPTIVE_EAGER)  # `record` wraps the fast path while on
 buffer_size_limit: int = envvars.read_at_import(envvars.ADAPTIVE_EAGER_BUFFER_SIZE)  # ops queued before the queue flushes itself
 low_threshold: int = envvars.read_at_import(envvars.ADAPTIVE_EAGER_LOW_THRESHOLD)  # shorter runs always execute op by op
 
@@ -103,7 +105,7 @@ class _Spec(NamedTuple):
 
     outputs: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
     single: bool  # the op returns one tensor (else a tuple)
-    work: _kernels.Work
+    work: _ledger.Work
 
 
 class _Entry:
@@ -150,7 +152,7 @@ class _Run:
         self.tried = False
         self.compiled: Callable | None = None
         self.seconds = 0.0
-        self.work: _kernels.Work | None = None
+        self.work: _ledger.Work | None = None
         self.names: frozenset[str] = frozenset()
 
 
@@ -188,7 +190,13 @@ def set_enabled(flag: bool) -> bool:
     if not flag:
         flush()
     enabled = bool(flag)
+    _fastpath.set_recorder(record if enabled else None)
     return previous
+
+
+def install() -> None:
+    """At registration: with `TORCH_NEURONX_ENABLE_CONCATENATION=1` the fast path's calls go through `record`."""
+    _fastpath.set_recorder(record if enabled else None)
 
 
 def pending_ops() -> int:
@@ -242,7 +250,7 @@ def _spec(signature: tuple, call: torch._ops.OpOverload, info: OpInfo, args: tup
     returns is what a queued result must look like, and meta functions do not always agree with CPU kernels
     (`native_layer_norm`'s statistics are float32 for bfloat16 input on meta, bfloat16 on the CPU)."""
     spec = result = None
-    if sum(t.nbytes for t in _kernels.flat_tensors(args)) <= _PROBE_BYTES:
+    if sum(t.nbytes for t in _ledger.flat_tensors(args)) <= _PROBE_BYTES:
         probes = _probe(args)
         try:
             with _HostContext():
@@ -253,7 +261,7 @@ def _spec(signature: tuple, call: torch._ops.OpOverload, info: OpInfo, args: tup
     outputs = (result,) if single else result
     if type(outputs) is tuple and outputs and all(isinstance(t, _Tensor) for t in outputs):
         metadata = tuple((tuple(t.shape), t.stride(), t.dtype) for t in outputs)
-        spec = _Spec(metadata, single, _kernels._work(info, probes, kwargs, result))
+        spec = _Spec(metadata, single, _ledger.op_work(info, probes, kwargs, result))
     _specs[signature] = spec
     return spec
 
@@ -291,7 +299,8 @@ def _argument(value: _Tensor) -> tuple[_External | _Queued | bool, tuple]:
 def record(plan: Any, args: tuple, kwargs: dict):
     """Queue one call of a fast-path op and return its not-yet-computed result; None if the op must run now.
 
-    Called by the fast path before it touches any data; the caller runs the op itself when this returns None.
+    Installed in front of the fast path's direct call while adaptive eager is on (`set_enabled`,
+    `fastpath.set_recorder`): called before it touches any data; the op runs now when this returns None.
     """
     kind = _kinds.get(plan, -1)
     if kind < 0:
@@ -405,7 +414,7 @@ def _record(plan: Any, args: tuple, kwargs: dict):
     _device = index
     _counters["recorded"] += 1
     executed_ops[plan.name] += 1
-    _barrier.pending = flush
+    _barrier.set_pending(flush)
     if len(_queue) >= buffer_size_limit:
         flush()
     return result if results is None else tuple(results)
@@ -429,7 +438,7 @@ def flush() -> None:
         try:
             _execute(queue, inputs, index)
         finally:
-            _barrier.pending = None if not _queue else flush
+            _barrier.set_pending(flush if _queue else None)
 
 
 class _HostContext:
@@ -484,8 +493,8 @@ def _execute(queue: list[_Entry], inputs: list[_Input], index: int) -> None:
     taken: set[int] = set()
     for (host, ref), result in zip(written, results, strict=True):
         _write(host, ref, result, taken)
-    _kernels.mark_executed(run.names)  # the ops ran, inside one kernel
-    _kernels.record_kernel(FUSED_KERNEL_NAME, index, run.number, run.seconds, run.work)
+    _ledger.mark_executed(run.names)  # the ops ran, inside one kernel
+    _ledger.record_kernel(FUSED_KERNEL_NAME, index, run.number, run.seconds, run.work)
 
 
 def _write(host: torch.Tensor, ref: weakref.ref, result: torch.Tensor, taken: set[int]) -> None:
@@ -532,7 +541,7 @@ def _op_by_op(queue: list[_Entry], hosts: list, live: tuple, index: int) -> None
                 _write(host, ref, output, taken)
             produced.append(output)
         values.append(produced)
-        _kernels.charge(entry.info, index, args, entry.kwargs, result)
+        _ledger.charge(entry.info, index, args, entry.kwargs, result)
 
 
 def _compile(run: _Run, queue: list[_Entry], hosts: list, live: tuple) -> None:
@@ -611,7 +620,7 @@ def _memory_order(size: tuple[int, ...], stride: tuple[int, ...]) -> list[int]:
     return order
 
 
-def _fused_work(queue: list[_Entry], hosts: list, live: tuple) -> _kernels.Work:
+def _fused_work(queue: list[_Entry], hosts: list, live: tuple) -> _ledger.Work:
     """The run as one kernel: every op's engine work, HBM traffic only across the run's boundary."""
     work: dict[str, float] = {}
     for entry in queue:
@@ -620,4 +629,4 @@ def _fused_work(queue: list[_Entry], hosts: list, live: tuple) -> _kernels.Work:
     nbytes = sum(h.numel() * h.element_size() for h in hosts)
     nbytes += sum(host.numel() * host.element_size() for entry, flags in zip(queue, live)
                   for (host, _), alive in zip(entry.outputs, flags) if alive)
-    return _kernels.Work(tuple(work.items()), nbytes, queue[0].spec.work.dtype)
+    return _ledger.Work(tuple(work.items()), nbytes, queue[0].spec.work.dtype)

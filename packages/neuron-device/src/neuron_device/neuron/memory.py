@@ -13,6 +13,7 @@ import torch
 
 from .. import allocator
 from ..allocator import OutOfMemoryError
+from ..device import _check_index, _get_device_index, device_count
 
 __all__ = [
     "OutOfMemoryError",
@@ -36,8 +37,6 @@ _Device = int | str | torch.device | None
 
 
 def _device(device: _Device) -> allocator.DeviceAllocator:
-    from . import _check_index, _get_device_index
-
     return allocator.device(_check_index(_get_device_index(device)))
 
 
@@ -95,8 +94,6 @@ def reset_accumulated_memory_stats(device: _Device = None) -> None:
 
 def empty_cache() -> None:
     """Release the cached, unoccupied segments of every device, so `memory_reserved` drops to what is in use."""
-    from . import device_count
-
     for index in range(device_count()):
         allocator.device(index).empty_cache()
 
@@ -126,8 +123,6 @@ def get_per_process_memory_fraction(device: _Device = None) -> float:
 
 def memory_snapshot() -> list[dict[str, Any]]:
     """Every reserved segment of every device with its blocks (the segment part of `torch.cuda.memory_snapshot`)."""
-    from . import device_count
-
     return [segment for index in range(device_count()) for segment in allocator.device(index).segments()]
 
 
@@ -166,8 +161,6 @@ _SUMMARY_ROWS = (
 
 def memory_summary(device: _Device = None, abbreviated: bool = False) -> str:
     """A printable table of the allocator statistics of a device, laid out like `torch.cuda.memory_summary`."""
-    from . import _get_device_index
-
     index = _get_device_index(device)
     stats = memory_stats_as_nested_dict(device)
     rule, double = "-" * 75, "=" * 75

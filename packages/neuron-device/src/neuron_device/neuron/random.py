@@ -24,6 +24,8 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
+from ..device import _check_index, _get_device_index, device_count
+
 __all__ = [
     "default_generator",
     "get_rng_state",
@@ -106,8 +108,6 @@ _devices: dict[int, _DeviceRandom] = {}
 
 
 def _index(device) -> int:
-    from . import _check_index, _get_device_index
-
     return _check_index(_get_device_index(device))
 
 
@@ -124,8 +124,6 @@ def default_generator(index: int) -> torch.Generator:
 
 
 def _all_indices() -> range:
-    from . import device_count
-
     return range(device_count())
 
 

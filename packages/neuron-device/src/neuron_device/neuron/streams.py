@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .. import timeline as _timeline
+from ..device import _check_index, _get_device_index, current_device, set_device
 from ..ops.registry import kernel
 
 __all__ = [
@@ -44,8 +45,6 @@ _pool_cursors: dict[tuple[int, int], itertools.count] = {}
 
 
 def _device_index(device: Any) -> int:
-    from . import _check_index, _get_device_index
-
     return _check_index(_get_device_index(device))
 
 
@@ -170,8 +169,6 @@ class Event(torch.Event):
                 "torch.neuron.Event(interprocess=True): events cannot be shared between processes on the simulated "
                 "neuron device"
             )
-        from . import current_device
-
         device = torch.device("neuron", current_device())
         return super().__new__(cls, device=device, enable_timing=enable_timing, blocking=blocking)
 
@@ -240,8 +237,6 @@ def set_stream(stream: torch.Stream | None) -> None:
     if stream is None:
         return
     stream = _as_stream(stream)
-    from . import set_device
-
     set_device(stream.device_index)
     _timeline.set_current_stream_id(stream.device_index, stream.stream_id)
 

@@ -5,7 +5,7 @@ fill, so on `neuron` every call would take the math decomposition: a dozen ops a
 CPU runs one fused kernel. This route sits above autograd (AutogradPrivateUse1), as the CPU's choice does, and sends
 each call where the CPU's `use_flash_attention_cpp` would send it: to `_scaled_dot_product_flash_attention_for_cpu`,
 whose derivative formula autograd then uses, else to the math decomposition. The flash op itself is a native
-Tensor-engine op (`optracking`): its `neuron` kernel is the CPU kernel on host aliases, or neuron-nki's NKI flash
+Tensor-engine op (`simulation.ledger`): its `neuron` kernel is the CPU kernel on host aliases, or neuron-nki's NKI flash
 attention when that plugin registers one.
 """
 

@@ -4,7 +4,7 @@ registers the op.
 
 An op is native when it has an engine (`NATIVE`, plus every op tagged `pointwise` or `reduction`, and metadata-only
 views); every other op is a CPU fallback (`neuron_device.fallback.admit`). `op_info` classifies an op once and
-caches the answer; `simulation.kernels` turns an op's work into charged device time. A matmul's work is the
+caches the answer; the op ledger (`simulation.ledger`) turns an op's work into charged device time. A matmul's work is the
 Tensor engine's occupancy as it tiles onto the 128 x 128 array (`simulation.costmodel.matmul_array_flops`).
 """
 

@@ -1,6 +1,6 @@
 """Direct `neuron` kernels for the hot functional ops: the boxed fallback's work, minus what these ops never need.
 
-The boxed fallback (`host_exec.run_on_host`) handles every op: `out=`, in-place results, generators, views of
+The boxed fallback (`fallback.run_on_host`) handles every op: `out=`, in-place results, generators, views of
 inputs, mixed devices, 64-bit downcasting. Structured ops also reach it as their `.out` overload, after a separate
 `empty` kernel call for the output. For the ops a model runs on every step (pointwise, reductions, softmax,
 copies, embedding and indexing) the common call needs none of that: all tensor arguments are `neuron` tensors of
@@ -10,7 +10,7 @@ that call, with a plan per overload computed at registration:
 * the CPU kernel runs on zero-copy host aliases of the inputs (`storage.kernel_input`: the storage's host twin itself
   for an input laid out as it, as op results are), and its fresh result is adopted as device storage (an in-place op
   writes device memory through the alias and returns `self`);
-* it is charged to the same `optracking` signature cache as the fallback (one dict lookup per call);
+* it is charged to the same signature cache of the op ledger (`simulation.ledger`) as the fallback (one dict lookup per call);
 * anything outside the common call (a CPU tensor, two devices, 64-bit downcasting, a Python number where the
   schema has a Tensor) goes to `run_on_host` unchanged, so results and errors are the fallback's.
 
@@ -21,20 +21,20 @@ kernel (e.g. neuron-nki's softmax) keeps precedence.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from .. import allocator
 from .. import numerics as _numerics
-from ..adaptive_eager import flush_barrier
-from ..adaptive_eager import queue as _adaptive_eager
+from ..barrier import flush_barrier
 from ..fallback import executed_ops, run_on_host, tensor_list
-from ..simulation import kernels as _kernels
+from ..simulation import ledger as _ledger
 from ..storage import kernel_input
 from . import registry
 from .catalogue import op_info
 
-__all__ = ["HOT_OPS", "install", "run_direct"]
+__all__ = ["HOT_OPS", "Record", "install", "run_direct", "set_recorder"]
 
 _Tensor = torch.Tensor
 _NUMBERS = (bool, int, float, complex)
@@ -136,10 +136,6 @@ def _adopt(result, host: list, args: tuple, positions: tuple[int, ...], index: i
 
 def _direct(plan: _Plan, args: tuple, kwargs: dict):
     """Run the common call of `plan.op` on host aliases; None if the call is not the common one."""
-    if _adaptive_eager.enabled:  # adaptive eager: queue the op instead (None: it must run now)
-        result = _adaptive_eager.record(plan, args, kwargs)
-        if result is not None:
-            return result
     if _numerics.downcast_64bit:
         return None
     dropout = plan.dropout_position
@@ -177,17 +173,38 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
         return None
     executed_ops[plan.name] += 1
     result = call(*host, **kwargs)
-    _kernels.charge(plan.info, index, host, kwargs, result)
+    _ledger.charge(plan.info, index, host, kwargs, result)
     if type(result) is _Tensor and not plan.in_place:
         return allocator.adopt_tracked(result, index)  # a functional op's one result is fresh: the common case
     return _adopt(result, host, args, plan.tensor_positions, index)
+
+
+Record = Callable[[_Plan, tuple, dict], Any]
+_record: Record | None = None
+
+
+def _recorded(plan: _Plan, args: tuple, kwargs: dict):
+    """`_direct` behind adaptive eager's recorder: the op is queued, or run now when the recorder returns None."""
+    result = _record(plan, args, kwargs)
+    return _direct(plan, args, kwargs) if result is None else result
+
+
+_call = _direct  # what every fast kernel calls: `_direct`, or `_recorded` while adaptive eager is on
+
+
+def set_recorder(record: Record | None) -> None:
+    """Adaptive eager installs its `record` in front of the direct call of every fast kernel (None removes it), so
+    plain eager's calls pay nothing for the feature."""
+    global _call, _record
+    _record = record
+    _call = _direct if record is None else _recorded
 
 
 def run_direct(op: torch._ops.OpOverload, *args, **kwargs):
     """`op` on `neuron` tensors: the direct call when it applies, else the boxed fallback."""
     plan = _plans.get(op) or _plan(op)
     if plan is not None:
-        result = _direct(plan, args, kwargs)
+        result = _call(plan, args, kwargs)
         if result is not None:
             return result
     return run_on_host(op, *args, **kwargs)
@@ -205,7 +222,7 @@ def _kernel(op: torch._ops.OpOverload) -> Callable:
     plan = _plan(op)
 
     def run(*args, **kwargs):
-        result = _direct(plan, args, kwargs)
+        result = _call(plan, args, kwargs)
         return run_on_host(op, *args, **kwargs) if result is None else result
 
     run.__name__ = f"{op._schema.name.partition('::')[2]}_fast"

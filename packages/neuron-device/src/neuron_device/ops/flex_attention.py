@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from .. import allocator
-from ..simulation import kernels as _kernels
+from ..simulation import ledger as _ledger
 from ..storage import host_alias
 from ..topology import topology
 from .catalogue import attention_flops
@@ -73,13 +73,13 @@ def _charge(name: str, query: torch.Tensor, key: torch.Tensor, block_mask: tuple
     """Account one flash-attention launch on the query's device (`block_mask`: its host aliases, which the kernel
     reads without a device-to-host copy)."""
     visible = visible_fraction(block_mask, key.shape[-2])
-    work = _kernels.Work((("tensor", attention_flops(query, key, visible, backward)),), nbytes, query.dtype)
+    work = _ledger.Work((("tensor", attention_flops(query, key, visible, backward)),), nbytes, query.dtype)
     signature = (tuple(query.shape), tuple(key.shape), query.dtype, round(visible, 6))
-    _kernels.record_kernel(name, query.device.index, signature, work.seconds(topology().target), work)
+    _ledger.record_kernel(name, query.device.index, signature, work.seconds(topology().target), work)
 
 
 def _nbytes(*values: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _kernels.flat_tensors(list(values)))
+    return sum(t.numel() * t.element_size() for t in _ledger.flat_tensors(list(values)))
 
 
 @_hop.flex_attention.py_impl(DispatchKey.PrivateUse1)

@@ -14,7 +14,7 @@ import torch
 
 from .. import allocator, numerics
 from ..fallback import admit, run_on_host
-from ..simulation import kernels as _kernels
+from ..simulation import ledger as _ledger
 from ..storage import host_alias
 from .fastpath import run_direct
 from .registry import kernel
@@ -62,7 +62,7 @@ def _in_fp32(functional: torch._ops.OpOverload, args: tuple, kwargs: dict, dtype
     with numerics.ieee_host_matmul():
         result = functional(*host_args, **kwargs).to(dtype)
     index = next(a.device.index for a in args if isinstance(a, torch.Tensor))
-    _kernels.charge(admit(functional), index, args, kwargs, result)  # a Tensor engine kernel
+    _ledger.charge(admit(functional), index, args, kwargs, result)  # a Tensor engine kernel
     return result
 
 

@@ -10,7 +10,7 @@ import torch
 
 from .. import allocator
 from ..fallback import run_on_host
-from ..simulation import kernels as _kernels
+from ..simulation import ledger as _ledger
 from ..storage import host_alias
 from .registry import kernel
 
@@ -154,7 +154,7 @@ def _host(tensor: torch.Tensor) -> torch.Tensor:
 def _copy_from(self, dst, non_blocking=False):
     """Copy `self` into `dst`, either of which may be on the host: one memcpy between host buffers."""
     _host(dst).copy_(_host(self))
-    _kernels.transfer("aten::_copy_from", self, dst)
+    _ledger.transfer("aten::_copy_from", self, dst)
     return dst
 
 
@@ -164,7 +164,7 @@ def copy_(self, src, non_blocking=False):
     if not isinstance(src, torch.Tensor):  # a wrapped Python number (GradScaler's `found_inf.copy_(...)` path)
         src = torch.tensor(src)
     _host(self).copy_(_host(src))
-    _kernels.transfer("aten::copy_", src, self)
+    _ledger.transfer("aten::copy_", src, self)
     return self
 
 
@@ -188,12 +188,12 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
         # `.shape`: a lazy module's uninitialized parameter refuses `.shape` but moves between devices.
         result = allocator.empty(self.size(), dtype=dtype or self.dtype, index=_device_index(target))
         host_alias(result).copy_(host_alias(self))
-        _kernels.transfer("aten::_to_copy", self, result)
+        _ledger.transfer("aten::_to_copy", self, result)
         return result
     result = aten._to_copy.default(
         host_alias(self), dtype=dtype, layout=layout, pin_memory=pin_memory, memory_format=memory_format
     )
-    _kernels.transfer("aten::_to_copy", self, result, target)
+    _ledger.transfer("aten::_to_copy", self, result, target)
     if target.type == "neuron":
         return allocator.adopt_tracked(result, _device_index(target))
     if target.type != "cpu":
@@ -204,7 +204,7 @@ def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 @kernel("aten::_local_scalar_dense")
 def _local_scalar_dense(self):
     value = host_alias(self)
-    _kernels.transfer("aten::_local_scalar_dense", self, value)
+    _ledger.transfer("aten::_local_scalar_dense", self, value)
     return value.item()
 
 

@@ -19,7 +19,7 @@ core's HBM share (trn2: 2.9 TB/s / 8 = 362.5 GB/s) and its 16 DMA engines' bandw
 GB/s, below its 410 GB/s HBM share). The launch is the eager runtime's per-op overhead
 (`neuron_spec.costs.EAGER_LAUNCH_SECONDS`); a compiled graph's kernels run back to back in one instruction stream
 and pass ``launch_seconds=0``.
-`estimate_kernel` is the one entry point: the eager runtime calls it per op signature (`optracking`), and a compiler
+`estimate_kernel` is the one entry point: the eager runtime calls it per op signature (`simulation.ledger`), and a compiler
 can call it per fused kernel with that kernel's summed work and its HBM traffic, so fusion shows up as saved bytes.
 
 Logical cores: a `neuron` device with LNC=2 is two physical cores. An eager op is modelled on one of them (`cores=1`):

@@ -20,7 +20,7 @@ from .. import allocator as _allocator
 from .. import fallback as _fallback
 from ..ops import registry as _registry
 from ..ops.catalogue import op_info
-from . import kernels as _kernels
+from . import ledger as _ledger
 
 __all__ = ["account", "resize_storage", "track_storage"]
 
@@ -88,11 +88,11 @@ def account(op: torch._ops.OpOverload, args: tuple, kwargs: dict, result: Any) -
     index = _device_index(outputs or inputs)
     if op in _COPIES:
         if op is _aten._to_copy.default:
-            _kernels.transfer(_COPIES[op], args[0], result, result.device)
+            _ledger.transfer(_COPIES[op], args[0], result, result.device)
         else:
             src, dst = (args[0], args[1]) if op is _aten._copy_from.default else (args[1], args[0])
             if isinstance(src, torch.Tensor):
-                _kernels.transfer(_COPIES[op], src, dst)
+                _ledger.transfer(_COPIES[op], src, dst)
     elif op not in _UNCHARGED and op.namespace == "aten":
         estimator = _registry.plugin_estimator(op.name())
         seconds = None
@@ -100,9 +100,9 @@ def account(op: torch._ops.OpOverload, args: tuple, kwargs: dict, result: Any) -
             with _disable_current_modes():  # it may simulate the kernel once on real sample tensors
                 seconds = estimator(*args, **kwargs)
         if seconds is not None:
-            _kernels.record_kernel(op.name(), index, _kernels._signature((*args, *kwargs.values())), seconds)
+            _ledger.record_kernel(op.name(), index, _ledger.signature((*args, *kwargs.values())), seconds)
         elif op_info(op).engine != "view":
-            _kernels.charge(_fallback.admit(op), index, args, kwargs, result)
+            _ledger.charge(_fallback.admit(op), index, args, kwargs, result)
     fresh = []
     for tensor in outputs:
         storage = tensor.untyped_storage()

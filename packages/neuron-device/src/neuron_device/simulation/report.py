@@ -5,8 +5,8 @@ prints it to stderr when the process exits, and ``NEURON_SIM_REPORT_FILE=path`` 
 
 Sources, and nothing else: device time per stream is `timeline.DeviceTimeline.busy` (every charge: ops, compiled
 graphs, collectives, NKI kernels); time per op is calls x seconds per call of each signature in
-`optracking.launches()`; peak HBM is the allocator's ``allocated_bytes.all.peak``; fallbacks, kernels compiled per
-op signature and graph recompilations are `optracking` and (when neuron-compile ran) its dynamo metrics. Time per
+`ledger.launches()`; peak HBM is the allocator's ``allocated_bytes.all.peak``; fallbacks, kernels compiled per
+op signature and graph recompilations are the op ledger's (`ledger`) and (when neuron-compile ran) its dynamo metrics. Time per
 op, fallbacks and calls count since the last ``torch_neuronx.clear_op_tracking()``; stream time since start.
 
 Re-estimating for another target reruns the cost model on the work each signature recorded (engine work, HBM
@@ -29,7 +29,7 @@ from .. import envvars
 from .. import plugins as _plugins
 from .. import timeline as _timeline
 from .. import topology as _topology
-from . import kernels as _kernels
+from . import ledger as _ledger
 
 __all__ = ["FILE_ENV", "REPORT_ENV", "collect", "format_text", "install_exit_report", "report"]
 
@@ -63,7 +63,7 @@ def _streams() -> list[dict[str, Any]]:
     return rows
 
 
-def _ops(launches: list[_kernels.Launch]) -> list[dict[str, Any]]:
+def _ops(launches: list[_ledger.Launch]) -> list[dict[str, Any]]:
     calls: Counter[str] = Counter()
     seconds: Counter[str] = Counter()
     signatures: Counter[str] = Counter()
@@ -71,13 +71,13 @@ def _ops(launches: list[_kernels.Launch]) -> list[dict[str, Any]]:
         calls[launch.name] += launch.calls
         seconds[launch.name] += launch.calls * launch.seconds
         signatures[launch.name] += 1
-    compiled = _kernels.compilation_stats()["compilations_per_op"]
+    compiled = _ledger.compilation_stats()["compilations_per_op"]
     return [{"name": name, "calls": calls[name], "seconds": seconds[name], "signatures": signatures[name],
              "kernels_compiled": compiled.get(name, 0)}
             for name in sorted(seconds, key=lambda name: (-seconds[name], name))]
 
 
-def _by_target(launches: list[_kernels.Launch], unattributed: float) -> dict[str, dict[str, float]]:
+def _by_target(launches: list[_ledger.Launch], unattributed: float) -> dict[str, dict[str, float]]:
     recorded = sum(launch.calls * launch.seconds for launch in launches if launch.work is None)
     result = {}
     for name, target in _topology.TARGETS.items():
@@ -108,15 +108,15 @@ def _graphs() -> dict[str, Any] | None:
 def collect() -> dict[str, Any]:
     """The report as a JSON-serialisable dict (seconds are simulated device seconds)."""
     topo = _topology.topology()
-    launches = _kernels.launches()
+    launches = _ledger.launches()
     ops = _ops(launches)
     streams = _streams()
     ops_total = sum(op["seconds"] for op in ops)
     busy_total = sum(row["busy_seconds"] for row in streams)
     # Stream time not in an op signature: compiled graphs, collectives, and ops before the last clear_op_tracking().
     unattributed = max(busy_total - ops_total, 0.0)
-    fallback_names = set(_kernels.get_fallback_ops())
-    stats = _kernels.compilation_stats()
+    fallback_names = set(_ledger.get_fallback_ops())
+    stats = _ledger.compilation_stats()
     compiled = stats["compilations_per_op"]
     return {
         "target": {"name": topo.target.name, "chips": topo.chips, "lnc": topo.lnc, "devices": topo.device_count,

@@ -39,8 +39,19 @@ from nki.extension import (
 from ._index import IndexExpr, Var, as_mask
 
 __all__ = [
-    "LegacyTile", "append_ones", "check_access", "check_matmul_operands", "instruction_result", "legacy_index",
-    "mask_array", "masked_write", "reshape_any", "unwritten_outside", "wrap",
+    "LegacyTile",
+    "align",
+    "append_ones",
+    "check_access",
+    "check_matmul_operands",
+    "check_operands",
+    "instruction_result",
+    "legacy_index",
+    "mask_array",
+    "masked_write",
+    "reshape_any",
+    "unwritten_outside",
+    "wrap",
 ]
 
 
@@ -131,7 +142,7 @@ class LegacyTile(NkiTensor):
         return wrap(super().view(dtype))
 
     # -- arithmetic sugar: NkiTensor's operators, calling the legacy functions (mask-aware, legacy promotion) ---
-    _LANGUAGE = "neuronxcc.nki.language"
+    # (`neuronxcc.nki.language` installs itself as `_language` when imported)
 
     __pow__, __rpow__ = _ext.binary_operators("power")
 
@@ -158,12 +169,30 @@ class LegacyTile(NkiTensor):
 
     def _update(self, op: str, o):
         """``self op= o`` computed into this tile, as the compiler does: no temporary tile."""
-        from . import language as nl
-
-        nl._checked(None, self, o)
-        a, b = nl._align(self, o)
+        check_operands(None, self, o)
+        a, b = align(self, o)
         _ext.binary_tile(op, a, b, self.dtype, out=self)
         return self
+
+
+def check_operands(mask, *xs) -> None:
+    """Operands that are partly out-of-bounds accesses are only legal when ``mask`` excludes those elements."""
+    for x in xs:
+        if isinstance(x, NkiTensor):
+            check_access(x, mask, kernel_location(3))
+
+
+def align(x, y):
+    """Partition-aligned broadcasting: tiles of different rank but equal partitions and elements are the same
+    layout (``t[:, j, :]`` is [P, 1, F]); otherwise the lower-rank tile gets trailing size-1 free dims."""
+    if isinstance(x, NkiTensor) and isinstance(y, NkiTensor) and x.ndim != y.ndim:
+        if x.size == y.size and x.shape[:1] == y.shape[:1]:
+            return (reshape_any(x, y.shape), y) if x.ndim < y.ndim else (x, reshape_any(y, x.shape))
+        if x.ndim < y.ndim:
+            x = append_ones(x, y.ndim - x.ndim)
+        else:
+            y = append_ones(y, x.ndim - y.ndim)
+    return x, y
 
 
 def _same_view(a: NkiTensor, b: NkiTensor) -> bool:

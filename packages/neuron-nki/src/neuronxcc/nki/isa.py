@@ -16,6 +16,7 @@ from enum import IntEnum
 import numpy as np
 
 import nki.isa as _c
+import nki.language as _cl
 from nki import extension as _ext
 from nki.extension import NkiTensor, NkiValidationError, allocate, kernel_location, psum, sbuf
 from nki.isa import (
@@ -31,6 +32,7 @@ from nki.isa import (
 )
 
 from ._index import IndexExpr, Predicate
+from ._promotion import promote
 from ._tile import (
     LegacyTile,
     check_access,
@@ -40,7 +42,6 @@ from ._tile import (
     masked_write,
     wrap,
 )
-from .language import promote
 
 __all__ = [
     "activation",
@@ -483,9 +484,7 @@ def dma_copy(*, dst: NkiTensor, src: NkiTensor, mask=None, dst_rmw_op=None, oob_
         if mask is not None:
             raise NkiValidationError("dma_copy with both dst_rmw_op and mask is not supported by the simulator",
                                      code="err_unsupported_mask", location=kernel_location(2))
-        from .language import atomic_rmw
-
-        atomic_rmw(dst, src, dst_rmw_op)
+        _cl.atomic_rmw(dst, src, dst_rmw_op)  # both operands' accesses were checked above
         return
     m = mask_array(mask, dst.shape, "dma_copy dst", like=dst)
     if m is None:

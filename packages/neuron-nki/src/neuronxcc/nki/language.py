@@ -75,18 +75,20 @@ from nki.language import (
 )
 
 from . import _api_tables
+from . import isa as _lisa
 from ._index import Predicate, arange, mgrid, nc, par_dim, spmd_dim
+from ._promotion import promote
 from ._tile import (
     LegacyTile,
-    append_ones,
     check_access,
     check_matmul_operands,
     instruction_result,
     mask_array,
     masked_write,
-    reshape_any,
     wrap,
 )
+from ._tile import align as _align
+from ._tile import check_operands as _checked
 
 __all__ = [  # grouped by topic
     "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float16", "float32", "bfloat16", "tfloat32",
@@ -106,61 +108,7 @@ __all__ = [  # grouped by topic
 _bmax = builtins.max
 
 
-# -- dtype promotion (legacy rules) --------------------------------------------------------------------------
-def _dtype_of(x) -> np.dtype:
-    """Operand dtype; weak Python scalars count as the widest hardware type (bool→uint8, int→int32, float→fp32)."""
-    if isinstance(x, NkiTensor):
-        return x.dtype
-    if isinstance(x, (bool, np.bool_)):
-        return uint8
-    if isinstance(x, np.generic):
-        return x.dtype
-    if isinstance(x, int):
-        return int32
-    return float32
-
-
-def _promote2(a: np.dtype, b: np.dtype) -> np.dtype:
-    if a == b:
-        return a
-    a = uint8 if a == bool_ else a
-    b = uint8 if b == bool_ else b
-    fa, fb = _ext.is_float(a), _ext.is_float(b)
-    if fa != fb:
-        return a if fa else b
-    if fa:
-        pair = {_ext.nki_name(a), _ext.nki_name(b)}
-        if pair == {"float16", "bfloat16"}:
-            return float32
-        if pair == {"float8_e4m3", "float8_e5m2"}:
-            return bfloat16
-        if "tfloat32" in pair and "float32" in pair:
-            return float32
-        return a if a.itemsize >= b.itemsize else b
-    if (a.kind == "i") == (b.kind == "i"):
-        return a if a.itemsize >= b.itemsize else b
-    s, u = (a, b) if a.kind == "i" else (b, a)
-    if s.itemsize > u.itemsize:
-        return s
-    return {1: int16, 2: int32}.get(u.itemsize, float32)
-
-
-def promote(*xs) -> np.dtype:
-    """Result dtype of an arithmetic operation on ``xs`` under the NKI 0.1 promotion rules."""
-    out = _dtype_of(xs[0])
-    for x in xs[1:]:
-        out = _promote2(out, _dtype_of(x))
-    return out
-
-
 # -- shared plumbing -----------------------------------------------------------------------------------------
-def _checked(mask, *xs) -> None:
-    """Operands that are partly out-of-bounds accesses are only legal when ``mask`` excludes those elements."""
-    for x in xs:
-        if isinstance(x, NkiTensor):
-            check_access(x, mask, kernel_location(3))
-
-
 def _masked(result: NkiTensor, mask, *operands) -> LegacyTile:
     """Wrap a fresh result tile, leaving it unwritten where ``mask`` is false. The result inherits the index
     variables of a same-shaped operand (so masks on chained operations align like on the access)."""
@@ -168,19 +116,6 @@ def _masked(result: NkiTensor, mask, *operands) -> LegacyTile:
     r = instruction_result(result, mask_array(mask, result.shape, "result", like=like))
     r.ivars = getattr(like, "ivars", None)
     return r
-
-
-def _align(x, y):
-    """Partition-aligned broadcasting: tiles of different rank but equal partitions and elements are the same
-    layout (``t[:, j, :]`` is [P, 1, F]); otherwise the lower-rank tile gets trailing size-1 free dims."""
-    if isinstance(x, NkiTensor) and isinstance(y, NkiTensor) and x.ndim != y.ndim:
-        if x.size == y.size and x.shape[:1] == y.shape[:1]:
-            return (reshape_any(x, y.shape), y) if x.ndim < y.ndim else (x, reshape_any(y, x.shape))
-        if x.ndim < y.ndim:
-            x = append_ones(x, y.ndim - x.ndim)
-        else:
-            y = append_ones(y, x.ndim - y.ndim)
-    return x, y
 
 
 def _charge(engine: str, cycles: float, reads, writes, name: str) -> None:
@@ -501,8 +436,6 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs) -> Lega
     ``b = op(b, a)`` updated in place each iteration (one ``tensor_tensor``). The destination is the assignment
     target of the kernel statement (a name or a subscript such as ``acc[:, 1, :]``), found in its syntax tree and
     evaluated in the kernel's frame, so it must already hold a tile."""
-    from . import isa as _lisa
-
     frame = sys._getframe(1)
     while frame is not None and _ext.is_internal_file(frame.f_code.co_filename):
         frame = frame.f_back
@@ -628,3 +561,6 @@ def gather_flattened(data: NkiTensor, indices: NkiTensor, *, axis: int = 0, dtyp
     """Per partition, gather from the flattened free dims of ``data``."""
     _checked(mask, data, indices)
     return _masked(_cnl.gather_flattened(data, indices, axis, dtype=dtype), mask)
+
+
+LegacyTile._language = sys.modules[__name__]  # the operators of legacy tiles call this module's functions

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from neuron_device.adaptive_eager import queue as adaptive_eager
-from neuron_device.simulation import kernels
+from neuron_device.simulation import ledger
 
 pytest.importorskip("neuron_compile")
 
@@ -134,11 +134,11 @@ def test_fused_kernel_is_one_launch(adaptive):
     expected = ((a.cpu() @ b.cpu()).relu() * 2 + 1).sum().item()
     run()
     run()
-    kernels.clear_op_tracking()
+    ledger.clear_op_tracking()
     assert run() == pytest.approx(expected, rel=1e-6)
-    launches = {launch.name: launch.calls for launch in kernels.launches()}
+    launches = {launch.name: launch.calls for launch in ledger.launches()}
     assert launches.get(adaptive_eager.FUSED_KERNEL_NAME) == 1
-    assert "aten::mm" not in launches and "aten::mm" in kernels.get_executed_ops()
+    assert "aten::mm" not in launches and "aten::mm" in ledger.get_executed_ops()
 
 
 def test_collectives_read_queued_results(adaptive):

@@ -1,4 +1,5 @@
-"""What the chip would do with each op: native kernel or CPU fallback, kernels compiled, device time charged.
+"""The op ledger: what the chip would do with each op (native kernel or CPU fallback), kernels compiled, device time
+charged.
 
 Every op still computes on the host (results never depend on this module). What it decides is what TorchNeuron on a
 real Trainium would do:
@@ -25,19 +26,20 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Hashable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .. import numerics as _numerics
 from .. import timeline as _timeline
 from .. import topology as _topology
-from ..adaptive_eager import flush_barrier
+from ..barrier import flush_barrier
 from ..ops.catalogue import OpInfo
 from . import costmodel as _costmodel
 
 __all__ = [
     "Launch",
+    "Tracking",
     "Work",
     "charge",
     "clear_compilation_cache",
@@ -49,7 +51,11 @@ __all__ = [
     "get_fallback_ops",
     "launches",
     "mark_executed",
+    "op_work",
+    "peek",
+    "record_fallback",
     "record_kernel",
+    "signature",
     "transfer",
 ]
 
@@ -68,8 +74,9 @@ _SCALAR_TYPES = frozenset({bool, int, float, str, type(None), torch.dtype, torch
                            torch.memory_format})
 
 
-def _signature(values: Iterable[Any]) -> tuple:
-    """A hashable key of arguments: shape and dtype of tensors, values of scalars, the type of anything else.
+def signature(values: Iterable[Any]) -> tuple:
+    """A hashable key of arguments: shape and dtype of tensors, values of scalars, the type of anything else (the
+    kernel signature `charge` keys its cache on; `record_kernel` callers key theirs the same way).
 
     Hot path (every op): exact type checks first, recursion only for lists.
     """
@@ -82,7 +89,7 @@ def _signature(values: Iterable[Any]) -> tuple:
         elif kind in _SCALAR_TYPES:
             append(value)
         elif kind is tuple or kind is list:
-            append(_signature(value))
+            append(signature(value))
         elif isinstance(value, _TENSOR_TYPE):
             append((value.shape, value.dtype))
         else:
@@ -156,8 +163,9 @@ def launches() -> list[Launch]:
     return list(_launches.values())
 
 
-def _work(info: OpInfo, args: tuple, kwargs: dict, result: Any) -> Work:
-    """What one call of a signature does (computed once per signature)."""
+def op_work(info: OpInfo, args: tuple, kwargs: dict, result: Any) -> Work:
+    """What one call of `info`'s op with these host arguments and result does (`charge` computes it once per
+    signature; adaptive eager once per queued signature)."""
     outputs = flat_tensors(result)
     # an out= tensor is written, not read: it counts once, as an output
     inputs = flat_tensors(args) + [t for t in flat_tensors(list(kwargs.values())) if all(t is not o for o in outputs)]
@@ -182,13 +190,13 @@ def _seconds_of(info: OpInfo, key: tuple, args: tuple, kwargs: dict, result: Any
     if info.engine is None:
         seconds = _seconds.get(key)
         if seconds is None:
-            work = _works[key] = _work(info, args, kwargs, result)
+            work = _works[key] = op_work(info, args, kwargs, result)
             seconds = _seconds[key] = work.seconds(_topology.topology().target)
         return seconds
     _executed.add(info.name)
     seconds = _kernels.get(key)
     if seconds is None:
-        work = _works[key] = _work(info, args, kwargs, result)
+        work = _works[key] = op_work(info, args, kwargs, result)
         seconds = _kernels[key] = work.seconds(_topology.topology().target)
         _compilations[info.name] += 1
     else:
@@ -204,7 +212,7 @@ def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> 
     if engine == "view":
         _executed.add(name)
         return
-    key = (name, _signature(args), (tuple(kwargs), _signature(kwargs.values())) if kwargs else None)
+    key = (name, signature(args), (tuple(kwargs), signature(kwargs.values())) if kwargs else None)
     if engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
         key += (_numerics.fp32_matmul_rounds_to_bf16(),)  # the Tensor engine rate of fp32 depends on it
     charged = _charged.get(key)
@@ -281,6 +289,28 @@ def transfer(name: str, src: torch.Tensor, dst: torch.Tensor, device: torch.devi
 def mark_executed(names: Iterable[str]) -> None:
     """Record ops as executed on the device whose time is charged elsewhere (inside one fused kernel)."""
     _executed.update(names)
+
+
+def record_fallback(name: str) -> bool:
+    """Record op `name` as a CPU fallback; True the first time since the last `clear_op_tracking()` (it warns then)."""
+    if name in _fallbacks:
+        return False
+    _fallbacks.add(name)
+    return True
+
+
+class Tracking(NamedTuple):
+    """The ledger as it stands, read without flushing queued ops (`peek`)."""
+
+    launches: list[Launch]
+    fallback_ops: frozenset[str]
+    kernels_compiled: int
+
+
+def peek() -> Tracking:
+    """The launches, fallback ops and kernels compiled so far, without running what adaptive eager queued: for a
+    reader on another thread (the live statistics), which must not execute ops."""
+    return Tracking(list(_launches.values()), frozenset(_fallbacks), sum(_compilations.values()))
 
 
 def get_fallback_ops() -> list[str]:

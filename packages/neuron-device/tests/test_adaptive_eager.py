@@ -3,7 +3,7 @@ deterministic switch, the queue limit and what the timeline is charged. Every re
 
 The op-by-op tests keep the fuser out (`FUSE_AFTER` out of reach): they check neuron-device alone. The fused-path
 tests use a fuser that returns the FX graph itself (it runs the same CPU kernels), which checks the graph the run
-becomes, the live outputs written back and the single charge; tests/test_concatenation_fused.py compiles with
+becomes, the live outputs written back and the single charge; tests/test_adaptive_eager_fused.py compiles with
 neuron-compile's Inductor fuser.
 """
 
@@ -15,7 +15,7 @@ from device_support import elapsed_ms
 
 from neuron_device import plugins
 from neuron_device.adaptive_eager import queue as adaptive_eager
-from neuron_device.simulation import costmodel, kernels
+from neuron_device.simulation import costmodel, ledger
 
 # adaptive eager hands repeated runs to neuron-compile's fuser when it is installed (all session)
 pytestmark = pytest.mark.all_wheels
@@ -68,6 +68,40 @@ def _chain(a, b):
     d = (c * 2).exp()
     e = d.t() @ c
     return e.sum(0), torch.softmax(e + 0.5, -1), (e > 0).float().mean()
+
+
+def test_the_ledger_is_read_without_flushing_by_peek_and_with_flushing_by_launches(queued):
+    """The live statistics read the op ledger from their own thread (`ledger.peek`): that must not run queued ops;
+    the public readers (`launches`, `get_executed_ops`) flush first."""
+    ledger.clear_op_tracking()
+    a = torch.ones(4, device="neuron")
+    a + a
+    assert adaptive_eager.pending_ops() == 1
+    tracking = ledger.peek()
+    assert adaptive_eager.pending_ops() == 1
+    assert "aten::add.Tensor" not in {launch.name for launch in tracking.launches}
+    assert "aten::add.Tensor" in {launch.name for launch in ledger.launches()}
+    assert adaptive_eager.pending_ops() == 0
+
+
+def test_the_recorder_wraps_the_fast_path_only_while_on():
+    """Adaptive eager is a wrapper installed in front of the fast path's direct call (issue 36), not a branch every
+    plain eager op takes: off, the fast kernels call the direct call itself."""
+    from neuron_device.ops import fastpath
+
+    previous = adaptive_eager.set_enabled(False)
+    try:
+        assert fastpath._call is fastpath._direct
+        adaptive_eager.set_enabled(True)
+        assert fastpath._call is fastpath._recorded and fastpath._record is adaptive_eager.record
+        a = torch.ones(4, device="neuron")
+        b = a + a
+        assert adaptive_eager.pending_ops() == 1
+        adaptive_eager.set_enabled(False)
+        assert fastpath._call is fastpath._direct and adaptive_eager.pending_ops() == 0
+        assert torch.equal(b.cpu(), torch.full((4,), 2.0))
+    finally:
+        adaptive_eager.set_enabled(previous)
 
 
 def test_ops_are_queued_and_match_the_cpu_bitwise(queued):
@@ -360,12 +394,12 @@ def test_stream_event_and_synchronize_calls_flush(queued):
 
 def test_op_by_op_run_charges_each_op_as_eager(queued):
     _, _, na, nb = _pair(32, 32)
-    kernels.clear_op_tracking()
+    ledger.clear_op_tracking()
     y = (na @ nb).relu()
     y.cpu()
-    names = {launch.name for launch in kernels.launches()}
+    names = {launch.name for launch in ledger.launches()}
     assert {"aten::mm", "aten::relu"} <= names
-    assert {"aten::mm", "aten::relu"} <= set(kernels.get_executed_ops())
+    assert {"aten::mm", "aten::relu"} <= set(ledger.get_executed_ops())
 
 
 def test_fused_run_is_one_graph_with_live_outputs_only(graphs):
@@ -395,13 +429,13 @@ def test_fused_run_is_charged_once(graphs):
 
     eager = elapsed_ms(run)  # first run: op by op
     run()  # compiled here
-    kernels.clear_op_tracking()
+    ledger.clear_op_tracking()
     fused = elapsed_ms(run)
-    launches = {launch.name: launch for launch in kernels.launches()}
+    launches = {launch.name: launch for launch in ledger.launches()}
     kernel = launches[adaptive_eager.FUSED_KERNEL_NAME]
     assert kernel.calls == 1
     assert not {"aten::mm", "aten::relu", "aten::sum"} & set(launches)
-    assert {"aten::mm", "aten::relu", "aten::sum"} <= set(kernels.get_executed_ops())
+    assert {"aten::mm", "aten::relu", "aten::sum"} <= set(ledger.get_executed_ops())
     # one kernel: the matmul's FLOPs, HBM traffic only for the two inputs and the scalar result
     expected = costmodel.estimate_kernel({"tensor": 2 * 64**3, "vector": 3 * 64 * 64}, 2 * 64 * 64 * 4 + 4).seconds
     assert kernel.seconds == pytest.approx(expected)
