@@ -399,9 +399,56 @@ def test_other_stages_start_while_rank_0_plans(tmp_path, monkeypatch):
     assert events.index(("start", 8)) < events.index(("end", 0))
 
 
-def test_pipeline_stage_without_input_shapes_is_refused(tmp_path):
-    code, _, output = plan(tmp_path, "1f1b", "--no-input-shape", script="pipeline.py", options=("--ranks", "1"))
-    assert code != 0 and "built without input_args" in output and "device='meta'" in output
+@pytest.mark.multiprocess
+def test_pipeline_stages_built_as_torchtitan_builds_them_plan(tmp_path):
+    """Stages built as torchtitan's `pipeline_module_split` builds them: a `deepcopy` of the whole model on meta per
+    stage, the other layers deleted, `to_empty`, and no `input_args` (PyTorch finds a later stage's input shapes
+    from the previous stage's rank at the first step). Planned: the same stage costs as stages built each on its
+    own with their input shapes given. Asked for rank 1 only, neuron-plan plans rank 0 too, whose stage's outputs
+    rank 1 needs. (The copy failed with 'Mixing fake modes': deepcopy copied the plan's fake mode into each copied
+    parameter; a stage without input_args was refused.)"""
+    reports = {}
+    for name, args, ranks in (("given", (), "0,1"), ("torchtitan", ("--split-copy", "--no-input-shape"), "1")):
+        code, reports[name], output = plan(tmp_path, "1f1b", "--pp", "2", "--micro-batches", "4", *args,
+                                           script="pipeline.py", options=("--ranks", ranks))
+        assert code == 0, output
+    assert reports["torchtitan"]["ranks_planned"] == [1, 0]
+    stages = reports["given"]["pipeline"]["stages"]
+    assert reports["torchtitan"]["pipeline"]["stages"] == [pytest.approx(stage, rel=1e-12) for stage in stages]
+    assert stages[1]["backward_seconds"] > 0 and stages[0]["send_bytes"] == 4 * 256 * 4
+
+
+def test_pipeline_stage_without_input_shapes_needs_neuron_plan():
+    """The Python API plans one rank: a stage without input_args has no previous stage's rank to take its input
+    shapes from, and is refused, naming both ways out."""
+    from types import SimpleNamespace
+
+    from neuron_distributed.plan_pipeline import _stage_inputs
+
+    stage = SimpleNamespace(_user_meta=SimpleNamespace(inputs=None), stage_index=1, device="meta")
+    with pytest.raises(RuntimeError, match=r"without input_args.*device='meta'.*neuron-plan"):
+        _stage_inputs(stage, True, None, [0, 1])
+
+
+def test_deepcopy_of_a_planned_model_stays_in_the_plan():
+    """`copy.deepcopy` of a model of planned tensors (torchtitan copies its meta model once per pipeline stage) keeps
+    the plan's fake mode: PyTorch deep-copies a fake tensor's attributes, its fake mode among them, and the copy's
+    parameters then failed every op with 'Mixing fake modes'."""
+    code = """
+import copy, torch, torch_neuronx
+def step():
+    with torch.device("meta"):
+        whole = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    part = copy.deepcopy(whole)
+    del part[1]
+    part.to_empty(device="neuron")
+    part(torch.randn(8, 64, device="neuron")).sum().backward()
+    print("planned", [p.grad.shape for p in part.parameters()])
+torch_neuronx.plan(step, world_size=1)
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "planned [torch.Size([64, 64]), torch.Size([64])]"
 
 
 def _plan_in_subprocess(code: str) -> subprocess.CompletedProcess:

@@ -65,6 +65,10 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
             stack.callback(handle.remove)
         stack.enter_context(activated(planner))
         planner.fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
+        # A fake tensor keeps its mode in its __dict__, which Tensor.__deepcopy__ deep-copies: a copied model (torchtitan
+        # copies its meta model once per pipeline stage) would hold fakes of a mode of its own ('Mixing fake modes').
+        # The mode is the plan's context, not the tensor's state: a copy shares it.
+        planner.fake_mode.__deepcopy__ = lambda memo: planner.fake_mode
         planner.modules = stack.enter_context(ModTracker())
         stack.enter_context(Charger(planner))
         try:
