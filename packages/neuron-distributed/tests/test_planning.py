@@ -515,6 +515,52 @@ torch_neuronx.plan(step, world_size=1)
     assert all('backend="neuron"' in line for line in lines[1:])
 
 
+def test_flex_attention_plans_as_the_real_run_charges():
+    """flex_attention (a higher-order op, called eagerly: torch runs it through torch.compile with the "eager"
+    backend) is charged in a plan as the real run's neuron kernel charges it: one flash kernel forward and one
+    backward over the score tiles the causal block mask visits; the same step time and peak HBM as the real run. A
+    mask_mod that reads a tensor (a document mask) is refused: the attention it keeps depends on values. (It failed
+    with 'no rule registered for HigherOrderOperator flex_attention', after 'compiled with backend eager'.)"""
+    code = """
+import json, sys, torch, torch_neuronx
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from neuron_device import timeline
+def causal(b, h, q, kv):
+    return q >= kv
+def step():
+    q, k, v = (torch.randn(2, 4, 256, 64, device="neuron", requires_grad=True) for _ in range(3))
+    flex_attention(q, k, v, block_mask=create_block_mask(causal, None, None, 256, 256, device="neuron")).sum().backward()
+if sys.argv[1] == "plan":
+    plan = torch_neuronx.plan(step, world_size=1)
+    out = {"step": plan.step_seconds, "hbm": plan.peak_hbm_bytes, "lanes": sorted({n for n, *_ in plan.lanes})}
+    def documents():
+        ids = torch.zeros(256, dtype=torch.long, device="neuron")
+        mask = create_block_mask(lambda b, h, q, kv: ids[q] == ids[kv], None, None, 256, 256, device="neuron")
+        q = torch.randn(1, 1, 256, 64, device="neuron")
+        flex_attention(q, q, q, block_mask=mask)
+    try:
+        torch_neuronx.plan(documents, world_size=1)
+    except torch_neuronx.PlanValueError as error:
+        out["refused"] = str(error)
+else:
+    start = max(timeline.timeline(0).clocks.values())
+    step()
+    out = {"step": max(timeline.timeline(0).clocks.values()) - start, "hbm": torch.neuron.max_memory_reserved(0)}
+print(json.dumps(out))
+"""
+    runs = {}
+    for mode in ("real", "plan"):
+        done = subprocess.run([sys.executable, "-W", "ignore", "-c", code, mode], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}, check=False)
+        assert done.returncode == 0, done.stderr
+        runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    plan, real = runs["plan"], runs["real"]
+    assert {"flex_attention", "flex_attention_backward"} <= set(plan["lanes"])
+    assert not any(name.startswith(("aten::bmm", "aten::mm", "aten::_softmax")) for name in plan["lanes"])
+    assert plan["step"] == pytest.approx(real["step"], rel=1e-9) and plan["hbm"] == real["hbm"]
+    assert "mask_mod reads tensors" in plan["refused"]
+
+
 def test_blocks_compiled_one_by_one_share_one_graph():
     """Twelve blocks each given to torch.compile(backend="neuron") in a plan: one backend callable for all of them,
     so Dynamo compiles their shared `forward` once (a new callable per call failed Dynamo's backend guard for each

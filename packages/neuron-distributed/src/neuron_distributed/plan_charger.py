@@ -20,7 +20,7 @@ from torch.utils.flop_counter import flop_registry
 
 from neuron_device import services
 
-from . import catalogue
+from . import catalogue, plan_hops
 from .plan_state import Planner, value_read
 
 __all__ = ["Charger"]
@@ -91,6 +91,9 @@ class Charger(TorchDispatchMode):
         self.planner = planner
         self.outer: list[Any] = []  # the ops run whole whose kernels run now: FLOPs and an OOM are the outermost's
 
+    # higher-order ops (flex attention) come here whole, charged by `plan_hops`' rules
+    supports_higher_order_operators = True
+
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         """Dynamo compiles a frame only when no dispatch mode on the stack asks to see each eager op (otherwise it
@@ -111,7 +114,8 @@ class Charger(TorchDispatchMode):
             # compile time (a compiler's fakes): run as is, charged nothing; never through a composite kernel of the
             # plan's, which would mix the compiler's fakes with the plan's (Dynamo's fake SDPA with dropout failed)
             return func(*args, **kwargs)
-        whole = _kernel_run_whole(func) if _on_neuron(args, kwargs) else None
+        hop = isinstance(func, torch._ops.HigherOrderOperator)
+        whole = _kernel_run_whole(func) if not hop and _on_neuron(args, kwargs) else None
         composite = whole is not None
         try:
             if composite:  # the ops its kernel calls come back here, each charged as the real run's
@@ -127,12 +131,14 @@ class Charger(TorchDispatchMode):
                 self.outer.pop()
         if _traced(result, self.planner.fake_mode):
             return result
-        formula = flop_registry.get(func._overloadpacket)
+        formula = flop_registry.get(getattr(func, "_overloadpacket", func))
         if formula is not None and not self.outer:  # as FlopCounterMode counts: the op the script called
             self.planner.flops += formula(*args, **kwargs, out_val=result)
         if composite:
             return result
-        if catalogue.kind_of(func) is not None:
+        if hop:
+            self.planner.allocated(func, plan_hops.charge(func, args, kwargs, result))
+        elif catalogue.kind_of(func) is not None:
             catalogue.charge(func, args, result)
         else:
             storages = services.account_planned_op(func, args, kwargs, result)
