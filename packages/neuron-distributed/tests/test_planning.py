@@ -156,17 +156,26 @@ def test_price_is_required_where_none_is_cited():
     assert report["mfu"] == pytest.approx(1e12 / (2.0 * 79e12 * 2))  # a trn2 logical core is 2 physical cores
 
 
+_PIPELINE_GAP = ("a real run charges a pipeline's sends and receives on the compute stream and never waits for the "
+                 "peer's data, so it has no bubble; the plan lays out the schedule with the bubble and transfers "
+                 "overlapping compute (docs/planning.md, Limits; measured: plan 0.49 ms, real 0.82 ms)")
+
+
 @pytest.mark.all_wheels  # bert_compiled.py needs neuron-compile; both models run neuron-nki's kernels when installed
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("script", "args"), [("llama_ddp.py", ()), ("bert_compiled.py", ()),
-                                              ("fsdp_tp.py", ("--dp", "2"))], ids=["ddp", "compiled", "fsdp2_tp_2d"])
+@pytest.mark.parametrize(("script", "args"), [
+    ("llama_ddp.py", ()), ("bert_compiled.py", ()), ("fsdp_tp.py", ("--dp", "2")), ("moe_ep.py", ()),
+    pytest.param("pipeline.py", ("1f1b", "--pp", "2", "--micro-batches", "4"),
+                 marks=pytest.mark.xfail(strict=True, reason=_PIPELINE_GAP))],
+    ids=["ddp", "compiled", "fsdp2_tp_2d", "ep", "pp_1f1b"])
 def test_plan_matches_the_real_run_at_two_ranks(tmp_path, script, args):
     """Plan mode changes what is stored, not what is charged: a tiny Llama under DDP on 2 ranks (trn1.2xlarge),
     planned and run for real, has the same simulated step time and peak HBM within 2 %; so does a tiny BERT
     compiled with backend "neuron" under bf16 autocast (its forward and AOTAutograd backward graphs priced by the
-    kernel plan, their workspaces and results seen by the allocator model), and FSDP2 over a 2-D (dp, tp) mesh after
-    TP (the plan failed in DeviceMesh's rank-map arithmetic under the fake mode)."""
-    if script != "fsdp_tp.py":
+    kernel plan, their workspaces and results seen by the allocator model), FSDP2 over a 2-D (dp, tp) mesh after
+    TP (the plan failed in DeviceMesh's rank-map arithmetic under the fake mode), and an MoE layer whose experts are
+    sharded over the ranks, tokens dispatched and combined by all-to-alls (measured +0.5 %, HBM equal)."""
+    if script in ("llama_ddp.py", "bert_compiled.py"):
         pytest.importorskip("transformers")
     env = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
     _, outputs = launch("plan/measure.py", 2, str(PLAN / script), *args, timeout=600, env=env)
