@@ -162,22 +162,30 @@ _TORCHTITAN_PATTERN = [  # fsdp_tp.py: TP 2 with FSDP2 over a 1-rank dp mesh, ea
     pytest.param("fsdp_tp.py", ("--dp", "1", "--compile", "--sp", "--ac"), id="fsdp2_tp_sp_ac_compiled",
                  marks=pytest.mark.slow),
 ]
+_PIPELINE_GAP = ("a real run charges a pipeline's sends and receives on the compute stream and never waits for the "
+                 "peer's data, so it has no bubble; the plan lays out the schedule with the bubble and transfers "
+                 "overlapping compute (docs/planning.md, Limits; measured: plan 0.49 ms, real 0.82 ms)")
 
 
 @pytest.mark.all_wheels  # bert_compiled.py needs neuron-compile; both models run neuron-nki's kernels when installed
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(("script", "args"), [
     pytest.param("llama_ddp.py", (), id="ddp"), pytest.param("bert_compiled.py", (), id="compiled"),
-    pytest.param("fsdp_tp.py", ("--dp", "2"), id="fsdp2_tp_2d"), *_TORCHTITAN_PATTERN])
+    pytest.param("fsdp_tp.py", ("--dp", "2"), id="fsdp2_tp_2d"), pytest.param("moe_ep.py", (), id="ep"),
+    pytest.param("pipeline.py", ("1f1b", "--pp", "2", "--micro-batches", "4"), id="pp_1f1b",
+                 marks=pytest.mark.xfail(strict=True, reason=_PIPELINE_GAP)),
+    *_TORCHTITAN_PATTERN])
 def test_plan_matches_the_real_run_at_two_ranks(tmp_path, script, args):
     """Plan mode changes what is stored, not what is charged: a tiny Llama under DDP on 2 ranks (trn1.2xlarge),
     planned and run for real, has the same simulated step time and peak HBM within 2 %; so does a tiny BERT
     compiled with backend "neuron" under bf16 autocast (its forward and AOTAutograd backward graphs priced by the
     kernel plan, their workspaces and results seen by the allocator model), FSDP2 over a 2-D (dp, tp) mesh after
     TP (the plan failed in DeviceMesh's rank-map arithmetic under the fake mode; its first step peaked higher while
-    DTensor's sharding propagation was charged), and torchtitan's pattern: DTensor TP, each block compiled with
-    backend "neuron", with sequence parallelism, with activation checkpointing (`checkpoint_wrapper`)."""
-    if script != "fsdp_tp.py":
+    DTensor's sharding propagation was charged), an MoE layer whose experts are sharded over the ranks, tokens
+    dispatched and combined by all-to-alls (measured +0.5 %, HBM equal), and torchtitan's pattern: DTensor TP, each
+    block compiled with backend "neuron", with sequence parallelism, with activation checkpointing
+    (`checkpoint_wrapper`)."""
+    if script in ("llama_ddp.py", "bert_compiled.py"):
         pytest.importorskip("transformers")
     env = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
     _, outputs = launch("plan/measure.py", 2, str(PLAN / script), *args, timeout=600, env=env)
@@ -413,9 +421,56 @@ def test_other_stages_start_while_rank_0_plans(tmp_path, monkeypatch):
     assert events.index(("start", 8)) < events.index(("end", 0))
 
 
-def test_pipeline_stage_without_input_shapes_is_refused(tmp_path):
-    code, _, output = plan(tmp_path, "1f1b", "--no-input-shape", script="pipeline.py", options=("--ranks", "1"))
-    assert code != 0 and "built without input_args" in output and "device='meta'" in output
+@pytest.mark.multiprocess
+def test_pipeline_stages_built_as_torchtitan_builds_them_plan(tmp_path):
+    """Stages built as torchtitan's `pipeline_module_split` builds them: a `deepcopy` of the whole model on meta per
+    stage, the other layers deleted, `to_empty`, and no `input_args` (PyTorch finds a later stage's input shapes
+    from the previous stage's rank at the first step). Planned: the same stage costs as stages built each on its
+    own with their input shapes given. Asked for rank 1 only, neuron-plan plans rank 0 too, whose stage's outputs
+    rank 1 needs. (The copy failed with 'Mixing fake modes': deepcopy copied the plan's fake mode into each copied
+    parameter; a stage without input_args was refused.)"""
+    reports = {}
+    for name, args, ranks in (("given", (), "0,1"), ("torchtitan", ("--split-copy", "--no-input-shape"), "1")):
+        code, reports[name], output = plan(tmp_path, "1f1b", "--pp", "2", "--micro-batches", "4", *args,
+                                           script="pipeline.py", options=("--ranks", ranks))
+        assert code == 0, output
+    assert reports["torchtitan"]["ranks_planned"] == [1, 0]
+    stages = reports["given"]["pipeline"]["stages"]
+    assert reports["torchtitan"]["pipeline"]["stages"] == [pytest.approx(stage, rel=1e-12) for stage in stages]
+    assert stages[1]["backward_seconds"] > 0 and stages[0]["send_bytes"] == 4 * 256 * 4
+
+
+def test_pipeline_stage_without_input_shapes_needs_neuron_plan():
+    """The Python API plans one rank: a stage without input_args has no previous stage's rank to take its input
+    shapes from, and is refused, naming both ways out."""
+    from types import SimpleNamespace
+
+    from neuron_distributed.plan_pipeline import _stage_inputs
+
+    stage = SimpleNamespace(_user_meta=SimpleNamespace(inputs=None), stage_index=1, device="meta")
+    with pytest.raises(RuntimeError, match=r"without input_args.*device='meta'.*neuron-plan"):
+        _stage_inputs(stage, True, None, [0, 1])
+
+
+def test_deepcopy_of_a_planned_model_stays_in_the_plan():
+    """`copy.deepcopy` of a model of planned tensors (torchtitan copies its meta model once per pipeline stage) keeps
+    the plan's fake mode: PyTorch deep-copies a fake tensor's attributes, its fake mode among them, and the copy's
+    parameters then failed every op with 'Mixing fake modes'."""
+    code = """
+import copy, torch, torch_neuronx
+def step():
+    with torch.device("meta"):
+        whole = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    part = copy.deepcopy(whole)
+    del part[1]
+    part.to_empty(device="neuron")
+    part(torch.randn(8, 64, device="neuron")).sum().backward()
+    print("planned", [p.grad.shape for p in part.parameters()])
+torch_neuronx.plan(step, world_size=1)
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "planned [torch.Size([64, 64]), torch.Size([64])]"
 
 
 def _plan_in_subprocess(code: str) -> subprocess.CompletedProcess:
@@ -480,6 +535,52 @@ torch_neuronx.plan(step, world_size=1)
     assert lines[0] == "created" and len(lines) == 4
     assert "backend='inductor'" in lines[1] and "backend='inductor'" in lines[2] and "backend='aot_eager'" in lines[3]
     assert all('backend="neuron"' in line for line in lines[1:])
+
+
+def test_flex_attention_plans_as_the_real_run_charges():
+    """flex_attention (a higher-order op, called eagerly: torch runs it through torch.compile with the "eager"
+    backend) is charged in a plan as the real run's neuron kernel charges it: one flash kernel forward and one
+    backward over the score tiles the causal block mask visits; the same step time and peak HBM as the real run. A
+    mask_mod that reads a tensor (a document mask) is refused: the attention it keeps depends on values. (It failed
+    with 'no rule registered for HigherOrderOperator flex_attention', after 'compiled with backend eager'.)"""
+    code = """
+import json, sys, torch, torch_neuronx
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from neuron_device import timeline
+def causal(b, h, q, kv):
+    return q >= kv
+def step():
+    q, k, v = (torch.randn(2, 4, 256, 64, device="neuron", requires_grad=True) for _ in range(3))
+    flex_attention(q, k, v, block_mask=create_block_mask(causal, None, None, 256, 256, device="neuron")).sum().backward()
+if sys.argv[1] == "plan":
+    plan = torch_neuronx.plan(step, world_size=1)
+    out = {"step": plan.step_seconds, "hbm": plan.peak_hbm_bytes, "lanes": sorted({n for n, *_ in plan.lanes})}
+    def documents():
+        ids = torch.zeros(256, dtype=torch.long, device="neuron")
+        mask = create_block_mask(lambda b, h, q, kv: ids[q] == ids[kv], None, None, 256, 256, device="neuron")
+        q = torch.randn(1, 1, 256, 64, device="neuron")
+        flex_attention(q, q, q, block_mask=mask)
+    try:
+        torch_neuronx.plan(documents, world_size=1)
+    except torch_neuronx.PlanValueError as error:
+        out["refused"] = str(error)
+else:
+    start = max(timeline.timeline(0).clocks.values())
+    step()
+    out = {"step": max(timeline.timeline(0).clocks.values()) - start, "hbm": torch.neuron.max_memory_reserved(0)}
+print(json.dumps(out))
+"""
+    runs = {}
+    for mode in ("real", "plan"):
+        done = subprocess.run([sys.executable, "-W", "ignore", "-c", code, mode], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}, check=False)
+        assert done.returncode == 0, done.stderr
+        runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    plan, real = runs["plan"], runs["real"]
+    assert {"flex_attention", "flex_attention_backward"} <= set(plan["lanes"])
+    assert not any(name.startswith(("aten::bmm", "aten::mm", "aten::_softmax")) for name in plan["lanes"])
+    assert plan["step"] == pytest.approx(real["step"], rel=1e-9) and plan["hbm"] == real["hbm"]
+    assert "mask_mod reads tensors" in plan["refused"]
 
 
 def test_blocks_compiled_one_by_one_share_one_graph():

@@ -23,7 +23,8 @@ Plan mode
     `LOCAL_RANK` (the launcher's variable the device reads, for a planner that sets it),
     `account_planned_op` (charge an op that ran on fake tensors as its real kernel would: time and HBM),
     `track_storage` (charge a storage to the allocator model), `resize_planned_storage` (its block follows an
-    in-place resize).
+    in-place resize), `flex_attention` (flex attention's flash-kernel charge, `charge_kernel`, and the fraction of
+    score tiles a block mask visits, `visible_fraction`, for a planned call).
 Plugins
     `hookimpl` (mark an implementation of a `neuron_device.plugins` hook).
 """
@@ -34,6 +35,7 @@ from .allocator import adopt_tracked
 from .allocator import device as device_allocator
 from .envvars import LOCAL_RANK
 from .fallback import run_on_host, seeded_call
+from .ops import flex_attention
 from .ops.catalogue import OpInfo, op_info
 from .ops.registry import builtin as builtin_kernels
 from .ops.registry import kernels as registered_kernels
@@ -65,6 +67,7 @@ __all__ = [
     "device_allocator",
     "estimate_kernel",
     "flat_tensors",
+    "flex_attention",
     "hookimpl",
     "host_alias",
     "matmul_array_flops",

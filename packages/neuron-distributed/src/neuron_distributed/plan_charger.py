@@ -20,7 +20,7 @@ from torch.utils.flop_counter import flop_registry
 
 from neuron_device import services
 
-from . import catalogue
+from . import catalogue, plan_hops
 from .plan_state import Planner, value_read
 
 __all__ = ["Charger"]
@@ -97,7 +97,8 @@ class Charger(TorchDispatchMode):
         self.planner = planner
         self.outer: list[Any] = []  # the ops run whole whose kernels run now: FLOPs and an OOM are the outermost's
 
-    # higher-order ops come to `__torch_dispatch__` (`_higher_order`), not to torch's error for a mode without a rule
+    # higher-order ops come here whole: AOTAutograd's RNG wrappers run their op (`_rng_wrapped`), the others are
+    # charged by `plan_hops`' rules
     supports_higher_order_operators = True
 
     @classmethod
@@ -107,12 +108,12 @@ class Charger(TorchDispatchMode):
         so Dynamo compiles with the plan's modes off, and the compiled code runs with them on."""
         return True
 
-    def _higher_order(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """A compiled graph's higher-order ops. Activation checkpointing inside a compiled block: AOTAutograd wraps
+    def _rng_wrapped(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A compiled graph's RNG wrappers. Activation checkpointing inside a compiled block: AOTAutograd wraps
         each random op the backward recomputes (`run_and_save_rng_state` in the forward, `run_with_rng_state` in the
         backward) so both draw the same numbers. The op runs and is charged as the real run's; the generator's state
         is a planned (valueless) one of its shape, and restoring it changes nothing (a plan draws no numbers)."""
-        save, restore = _rng_wrappers()
+        save, _restore = _rng_wrappers()
         if func is save:
             op, *rest = args
             with self:
@@ -121,17 +122,14 @@ class Charger(TorchDispatchMode):
             state = torch.neuron.get_rng_state() if device is not None and device.type == "neuron" else \
                 torch.get_rng_state()
             return self.planner.fake_mode.from_tensor(state), result
-        if func is restore:
-            _, op, *rest = args
-            with self:
-                return op(*rest, **kwargs)
-        raise NotImplementedError(f"plan mode has no rule for the higher-order operator {func.name()} (called with "
-                                  f"{len(args)} arguments); it cannot be planned yet")
+        _, op, *rest = args
+        with self:
+            return op(*rest, **kwargs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if isinstance(func, torch._ops.HigherOrderOperator):
-            return self._higher_order(func, args, kwargs)
+        if func in _rng_wrappers():
+            return self._rng_wrapped(func, args, kwargs)
         if any(t is not _FakeTensor and t is not torch.Tensor for t in types):
             # a DTensor's op (global shapes): it runs ops on its local shards, which come back here to be charged
             return NotImplemented
@@ -143,7 +141,8 @@ class Charger(TorchDispatchMode):
             # compile time (a compiler's fakes): run as is, charged nothing; never through a composite kernel of the
             # plan's, which would mix the compiler's fakes with the plan's (Dynamo's fake SDPA with dropout failed)
             return func(*args, **kwargs)
-        whole = _kernel_run_whole(func) if _on_neuron(args, kwargs) else None
+        hop = isinstance(func, torch._ops.HigherOrderOperator)
+        whole = _kernel_run_whole(func) if not hop and _on_neuron(args, kwargs) else None
         composite = whole is not None
         try:
             if composite:  # the ops its kernel calls come back here, each charged as the real run's
@@ -159,12 +158,14 @@ class Charger(TorchDispatchMode):
                 self.outer.pop()
         if _traced(result, self.planner.fake_mode):
             return result
-        formula = flop_registry.get(func._overloadpacket)
+        formula = flop_registry.get(getattr(func, "_overloadpacket", func))
         if formula is not None and not self.outer:  # as FlopCounterMode counts: the op the script called
             self.planner.flops += formula(*args, **kwargs, out_val=result)
         if composite:
             return result
-        if catalogue.kind_of(func) is not None:
+        if hop:
+            self.planner.allocated(func, plan_hops.charge(func, args, kwargs, result))
+        elif catalogue.kind_of(func) is not None:
             catalogue.charge(func, args, result)
         else:
             storages = services.account_planned_op(func, args, kwargs, result)

@@ -168,12 +168,19 @@ def _compile(compile_: Callable) -> Callable:
     def planned(model: Any = None, *, backend: Any = "inductor", **kwargs: Any) -> Any:
         if model is None:  # the decorator form: @torch.compile(backend=...)
             return lambda fn: planned(fn, backend=backend, **kwargs)
-        if backend != "neuron":
+        if backend != "neuron" and not _runs_eagerly(backend):
             return _wrap_call(compile_(model, backend=backend, **kwargs), model, _refused_call(backend))
         compiled = compile_(model, backend=_compiled_outside_plan(torch._dynamo.lookup_backend(backend)), **kwargs)
         return _wrap_call(compiled, model, _untracked)
 
     return planned
+
+
+def _runs_eagerly(backend: Any) -> bool:
+    """Dynamo's "eager" backend (by name or as `lookup_backend("eager")`, which torch's higher-order ops compile
+    their eager call with: `flex_attention`): it runs the captured graph's ops as they are, so a real run charges
+    them as eager ops, and so does the plan."""
+    return backend == "eager" or backend is torch._dynamo.lookup_backend("eager")
 
 
 def _wrap_call(compiled: Any, model: Any, wrap: Callable[[Callable], Callable]) -> Any:

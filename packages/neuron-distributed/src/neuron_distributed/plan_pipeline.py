@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import gc
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from neuron_device.services import flat_tensors
 from . import costs
 from .plan_state import active_planner
 
-__all__ = ["StageCost", "announcing_stage_ranks", "combine", "lay_out", "patched_schedules"]
+__all__ = ["StageCost", "announcing_stage_ranks", "combine", "exchanging_stage_outputs", "lay_out", "patched_schedules"]
 
 _COMPUTE = {"F": "forward", "B": "backward"}
 _IGNORED = frozenset({"REDUCE_GRAD", "UNSHARD", "RESHARD", "SEND_F", "RECV_F", "SEND_B", "RECV_B"})
@@ -49,16 +50,48 @@ class StageCost:
     send_seconds: float  # that transfer, priced by the cost model for the two stages' placement
 
 
-def _fakes_from_meta(stage: Any) -> tuple[torch.Tensor, ...]:
-    """The inputs of a non-first stage, built from the shapes the script gave `PipelineStage(input_args=...)`."""
+def _planned_input(meta: Any, device: torch.device, has_backward: bool) -> torch.Tensor:
+    """A planned input of a non-first stage from its metadata (the script's `input_args`, or the previous stage's
+    outputs): it requires grad as PyTorch's received activation does, when the metadata does and the step trains."""
+    requires_grad = bool(meta.requires_grad) and has_backward and torch.is_grad_enabled()
+    return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=device,
+                               requires_grad=requires_grad)
+
+
+def _outputs_meta(output: Any, stage_index: int) -> list[dict[str, Any]]:
+    """What PyTorch's shape exchange sends the next stage: each output tensor's shape, strides, dtype and whether it
+    requires grad."""
+    from torch.distributed.tensor import DTensor
+
+    metas = []
+    for tensor in flat_tensors(output):
+        if isinstance(tensor, DTensor):
+            raise NotImplementedError(
+                f"plan mode: pipeline stage {stage_index} sends a DTensor to the next stage, whose input shapes "
+                "were not given; give them with PipelineStage(..., input_args=...)")
+        metas.append({"shape": list(tensor.shape), "stride": list(tensor.stride()),
+                      "dtype": str(tensor.dtype).removeprefix("torch."), "requires_grad": tensor.requires_grad})
+    return metas
+
+
+def _stage_inputs(stage: Any, has_backward: bool, previous: Any, ranks: list[int]) -> tuple[torch.Tensor, ...]:
+    """The inputs of a non-first stage: from the shapes the script gave (`PipelineStage(input_args=...)`), else, as
+    PyTorch's shape exchange gives them, the previous stage's outputs: planned just before when that stage is on
+    this rank, else received from the planned rank of that stage (`exchanging_stage_outputs`)."""
     metas = stage._user_meta.inputs
-    if metas is None:
-        raise RuntimeError(
-            f"plan mode: pipeline stage {stage.stage_index} was built without input_args; its input shapes would be "
-            "found by exchanging shapes with the previous stage's rank, which a planned rank does not have. Pass "
-            "PipelineStage(..., input_args=(torch.empty(shape, dtype=..., device='meta'),)) (meta tensors are enough)")
-    return tuple(torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=stage.device,
-                                     requires_grad=m.requires_grad) for m in metas)
+    if metas is None and previous is not None:
+        metas = [SimpleNamespace(shape=t.shape, stride=t.stride(), dtype=t.dtype, requires_grad=t.requires_grad)
+                 for t in flat_tensors(previous)]
+    elif metas is None:
+        if not _exchange:
+            raise RuntimeError(
+                f"plan mode: pipeline stage {stage.stage_index} was built without input_args; its input shapes "
+                "come from the previous stage's rank, which only neuron-plan plans alongside (the Python API plans "
+                "one rank). Pass PipelineStage(..., input_args=(torch.empty(shape, dtype=..., device='meta'),)) "
+                "(meta tensors are enough) or plan with neuron-plan")
+        received = _exchange[-1][1](stage.stage_index - 1, ranks[stage.stage_index - 1])
+        metas = [SimpleNamespace(**{**meta, "dtype": getattr(torch, meta["dtype"])}) for meta in received]
+    return tuple(_planned_input(meta, stage.device, has_backward) for meta in metas)
 
 
 def _single_order(kind: str, stages: int, micro: int) -> list[list[tuple[str, int, int]]]:
@@ -116,6 +149,8 @@ def _stage_ranks(schedule: Any, stages: list[Any]) -> list[int]:
 
 
 _announce: list[Callable[[list[int]], None]] = []  # told each stage's rank as soon as a schedule steps
+# (send, receive): a stage's output metadata to the next stage's planned rank, and back (`exchanging_stage_outputs`)
+_exchange: list[tuple[Callable[[int, list[dict[str, Any]]], None], Callable[[int, int], list[dict[str, Any]]]]] = []
 
 
 @contextlib.contextmanager
@@ -127,6 +162,20 @@ def announcing_stage_ranks(callback: Callable[[list[int]], None]) -> Iterator[No
         yield
     finally:
         _announce.remove(callback)
+
+
+@contextlib.contextmanager
+def exchanging_stage_outputs(send: Callable[[int, list[dict[str, Any]]], None],
+                             receive: Callable[[int, int], list[dict[str, Any]]]) -> Iterator[None]:
+    """PyTorch's shape exchange between planned ranks: a stage built without `input_args` finds its input shapes
+    at the first step from the previous stage's rank. In a plan, `send(stage_index, metas)` publishes a stage's
+    outputs (shape, strides, dtype, requires_grad) after its planned forward, and `receive(stage_index, rank)` waits
+    for those of `stage_index` from the rank planning it (neuron-plan: files in its scratch folder)."""
+    _exchange.append((send, receive))
+    try:
+        yield
+    finally:
+        _exchange.remove((send, receive))
 
 
 def _planned_step(schedule: Any, *args: Any, **kwargs: Any) -> Any:
@@ -161,10 +210,15 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
     ranks = _stage_ranks(schedule, stages)
     for callback in _announce:
         callback(ranks)
+    previous: dict[int, Any] = {}  # this rank's stages' outputs, by stage index
     for stage in stages:
         before_clock, before_bytes = planner.clock(), torch.neuron.memory_allocated(index)
-        inputs = args_split[0] if stage.is_first else _fakes_from_meta(stage)
+        inputs = args_split[0] if stage.is_first else _stage_inputs(
+            stage, schedule._has_backward, previous.get(stage.stage_index - 1), ranks)
         output = stage.submod(*inputs, **(kwargs_split[0] if stage.is_first else {}))
+        previous[stage.stage_index] = output
+        if not stage.is_last and _exchange:
+            _exchange[-1][0](stage.stage_index, _outputs_meta(output, stage.stage_index))
         if stage.is_last and schedule._loss_fn is not None:
             loss = schedule._compute_loss(output, target_mb, loss_kwargs)
         kept.append([stage, output, planner.clock() - before_clock,

@@ -27,12 +27,13 @@ from typing import Any
 from neuron_spec.machine import INSTANCE
 
 from . import envvars
-from .plan_pipeline import announcing_stage_ranks
+from .plan_pipeline import announcing_stage_ranks, exchanging_stage_outputs
 from .planning import launcher_environment
 
-__all__ = ["STAGES", "Ranks", "run_script"]
+__all__ = ["STAGES", "WANTS", "Ranks", "run_script"]
 
 STAGES = ".stages"  # suffix of the file in which a planned pipeline rank names every stage's rank
+WANTS = ".wants"  # suffix of the file in which a planned rank names the rank whose stage outputs it waits for
 
 
 def run_script(script: list[str]) -> None:
@@ -50,20 +51,44 @@ def _script_argv(script: list[str]) -> list[str]:
     return [script[1], *script[2:]] if script[0] == "-m" else list(script)
 
 
+def _write_whole(path: str, value: Any) -> None:
+    """`value` as JSON at `path`, whole or absent for a reader that polls for it."""
+    with open(path + ".partial", "w") as handle:
+        json.dump(value, handle)
+    os.replace(path + ".partial", path)
+
+
 def _plan_one(rank: int, steps: int | None, out: str, script: list[str]) -> None:
     """Child process: plan `rank` (the environment is already the rank's) and write its plan as JSON; a pipeline
-    rank first writes its stages' ranks to `out + STAGES` as soon as its schedule steps."""
+    rank first writes its stages' ranks to `out + STAGES` as soon as its schedule steps, and exchanges stage output
+    shapes with the other planned ranks through files beside `out` (`_send_outputs`, `_receive_outputs`)."""
     from .planning import plan_rank
 
-    def announce(ranks: list[int]) -> None:
-        with open(out + ".partial", "w") as handle:
-            json.dump(ranks, handle)
-        os.replace(out + ".partial", out + STAGES)  # whole or absent for the parent, which polls for it
-
-    with announcing_stage_ranks(announce):
+    scratch = os.path.dirname(out)
+    with announcing_stage_ranks(lambda ranks: _write_whole(out + STAGES, ranks)), \
+            exchanging_stage_outputs(lambda stage, metas: _write_whole(_outputs_file(scratch, stage), metas),
+                                     lambda stage, peer: _receive_outputs(scratch, stage, peer, out)):
         plan = plan_rank(lambda: run_script(script), rank=rank, world_size=envvars.WORLD_SIZE.read(), steps=steps)
     with open(out, "w") as handle:
         json.dump({**plan.as_dict(), "lanes": plan.lanes}, handle)
+
+
+def _outputs_file(scratch: str, stage: int) -> str:
+    return os.path.join(scratch, f"stage{stage}.outputs.json")
+
+
+def _receive_outputs(scratch: str, stage: int, peer: int, out: str) -> list[dict[str, Any]]:
+    """The output shapes of pipeline stage `stage`, published by `peer`, the rank planning it: this rank names it in
+    `out + WANTS` (neuron-plan plans it, if it was not asked to) and waits for its file."""
+    _write_whole(out + WANTS, peer)
+    path, peer_plan = _outputs_file(scratch, stage), os.path.join(scratch, f"rank{peer}.json")
+    while not os.path.exists(path):
+        if os.path.exists(peer_plan):
+            raise RuntimeError(f"plan mode: rank {peer} was planned without publishing pipeline stage {stage}'s "
+                               "outputs, whose shapes this rank's next stage needs")
+        time.sleep(Ranks.POLL_SECONDS)
+    with open(path) as handle:
+        return json.load(handle)
 
 
 def _preload(script: list[str]) -> None:
@@ -218,6 +243,17 @@ class Ranks:
                     rank = pending.pop(0)
                     self._start(rank)
                     running.add(rank)
+                for rank in list(running):  # a rank waiting for a stage's shapes: its rank starts now, past --jobs
+                    wants = self._out(rank) + WANTS
+                    if os.path.exists(wants):
+                        with open(wants) as handle:
+                            peer = json.load(handle)
+                        os.remove(wants)
+                        if peer not in order or peer in pending:
+                            order += [] if peer in order else [peer]
+                            pending = [p for p in pending if p != peer]
+                            self._start(peer)
+                            running.add(peer)
                 if announced is not None and os.path.exists(announced):
                     with open(announced) as handle:
                         others = sorted(set(json.load(handle)) - set(order))

@@ -13,9 +13,9 @@ What is PyTorch's and what is ours:
   it, FLOPs counted by PyTorch's formulas. Plan mode changes what is stored, not what is charged.
 
 The planner's parts: `plan_state` (the planned rank, its result), `plan_charger` (the dispatch mode that charges
-each op), `plan_patches` (what a plan changes in torch), `plan_pipeline` (pipelining schedules), `plan_report` and
-`plan_ranks` (neuron-plan's report and its planned processes), `plan_cli` (the command). This module is the entry:
-`plan_rank` (a script's body as one rank), `plan` (`torch_neuronx.plan`).
+each op), `plan_hops` (its rules for higher-order ops), `plan_patches` (what a plan changes in torch), `plan_pipeline`
+(pipelining schedules), `plan_report` and `plan_ranks` (neuron-plan's report and its planned processes), `plan_cli`
+(the command). This module is the entry: `plan_rank` (a script's body as one rank), `plan` (`torch_neuronx.plan`).
 """
 
 from __future__ import annotations
@@ -65,6 +65,10 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
             stack.callback(handle.remove)
         stack.enter_context(activated(planner))
         planner.fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
+        # A fake tensor keeps its mode in its __dict__, which Tensor.__deepcopy__ deep-copies: a copied model (torchtitan
+        # copies its meta model once per pipeline stage) would hold fakes of a mode of its own ('Mixing fake modes').
+        # The mode is the plan's context, not the tensor's state: a copy shares it.
+        planner.fake_mode.__deepcopy__ = lambda memo: planner.fake_mode
         planner.modules = stack.enter_context(ModTracker())
         stack.enter_context(Charger(planner))
         try:

@@ -26,7 +26,7 @@ from ..storage import host_alias
 from ..topology import topology
 from .catalogue import attention_flops
 
-__all__ = ["visible_fraction"]
+__all__ = ["charge_kernel", "nbytes", "visible_fraction"]
 
 # the module, not the op: `torch._higher_order_ops` re-exports the op under the module's name
 _hop = importlib.import_module("torch._higher_order_ops.flex_attention")
@@ -68,17 +68,17 @@ def visible_fraction(block_mask: tuple, kv_length: int) -> float:
     return min(1.0, visited / tiles) if tiles else 0.0
 
 
-def _charge(name: str, query: torch.Tensor, key: torch.Tensor, block_mask: tuple, backward: bool,
-            nbytes: int) -> None:
-    """Account one flash-attention launch on the query's device (`block_mask`: its host aliases, which the kernel
-    reads without a device-to-host copy)."""
-    visible = visible_fraction(block_mask, key.shape[-2])
-    work = _ledger.Work((("tensor", attention_flops(query, key, visible, backward)),), nbytes, query.dtype)
+def charge_kernel(name: str, query: torch.Tensor, key: torch.Tensor, visible: float, backward: bool,
+                  moved: int) -> None:
+    """Account one flash-attention launch on the query's device that visits the `visible` fraction of the score
+    tiles (`visible_fraction`) and moves `moved` bytes; plan mode charges a planned call with it too."""
+    work = _ledger.Work((("tensor", attention_flops(query, key, visible, backward)),), moved, query.dtype)
     signature = (tuple(query.shape), tuple(key.shape), query.dtype, round(visible, 6))
     _ledger.record_kernel(name, query.device.index, signature, work.seconds(topology().target), work)
 
 
-def _nbytes(*values: Any) -> int:
+def nbytes(*values: Any) -> int:
+    """The bytes of every tensor among `values` (nested), as the kernels count what they move."""
     return sum(t.numel() * t.element_size() for t in _ledger.flat_tensors(list(values)))
 
 
@@ -90,7 +90,8 @@ def flex_attention(query, key, value, score_mod, block_mask, scale, kernel_optio
                                 score_mod_other_buffers, mask_mod_other_buffers))
     with torch.no_grad(), _OnHost():
         results = _hop.sdpa_dense(*hosts)
-    _charge("flex_attention", query, key, hosts[4], False, _nbytes(query, key, value, results))
+    charge_kernel("flex_attention", query, key, visible_fraction(hosts[4], key.shape[-2]), False,
+                  nbytes(query, key, value, results))
     return tuple(_to_device(r, query.device.index) for r in results)
 
 
@@ -102,8 +103,8 @@ def flex_attention_backward(query, key, value, out, logsumexp, grad_out, grad_lo
                                 block_mask, scale, kernel_options, score_mod_other_buffers, mask_mod_other_buffers))
     with torch.no_grad(), _OnHost():
         grad_query, grad_key, grad_value, grad_buffers = _hop.sdpa_dense_backward(*hosts)
-    _charge("flex_attention_backward", query, key, hosts[9], True,
-            _nbytes(query, key, value, out, grad_out, grad_query, grad_key, grad_value))
+    charge_kernel("flex_attention_backward", query, key, visible_fraction(hosts[9], key.shape[-2]), True,
+                  nbytes(query, key, value, out, grad_out, grad_query, grad_key, grad_value))
     index = query.device.index
     return (_to_device(grad_query, index), _to_device(grad_key, index), _to_device(grad_value, index),
             tuple(_to_device(g, index) for g in grad_buffers))

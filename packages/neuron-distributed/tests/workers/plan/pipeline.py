@@ -1,7 +1,12 @@
 """A pipeline-parallel training script: a (dp, pp) device mesh, an MLP cut into `pp x stages-per-rank` stages run
-by `torch.distributed.pipelining` (gpipe, 1f1b, interleaved), gradients all-reduced over dp, SGD."""
+by `torch.distributed.pipelining` (gpipe, 1f1b, interleaved), gradients all-reduced over dp, SGD.
+
+`--split-copy` builds the stages as torchtitan's `pipeline_module_split` does: the whole model on the meta device,
+one `copy.deepcopy` of it per stage with the other stages' layers deleted, then `to_empty` on the device and an
+initialisation."""
 
 import argparse
+import copy
 import os
 
 import torch
@@ -18,20 +23,41 @@ parser.add_argument("--stages-per-rank", type=int, default=1)
 parser.add_argument("--micro-batches", type=int, default=8)
 parser.add_argument("--width", type=int, default=256)
 parser.add_argument("--no-input-shape", action="store_true", help="build later stages without input_args")
+parser.add_argument("--split-copy", action="store_true", help="stages from a deepcopy of the whole model on meta")
 args = parser.parse_args()
 
 dist.init_process_group("neuron")
 device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
 mesh = init_device_mesh("neuron", (dist.get_world_size() // args.pp, args.pp), mesh_dim_names=("dp", "pp"))
 pp_rank, count = mesh["pp"].get_local_rank(), args.pp * args.stages_per_rank
-stages, parameters = [], []
-for index in range(pp_rank, count, args.pp):
+
+
+def block(index: int) -> nn.Sequential:
     layers = [nn.Linear(args.width, args.width), nn.GELU(), nn.Linear(args.width, args.width)]
     if index == count - 1:
         layers.append(nn.Linear(args.width, 1))  # the last stage is heavier: one more layer
-    module = nn.Sequential(*layers).to(device)
+    return nn.Sequential(*layers)
+
+
+if args.split_copy:
+    with torch.device("meta"):
+        whole = nn.ModuleList(block(index) for index in range(count))
+stages, parameters = [], []
+for index in range(pp_rank, count, args.pp):
+    if args.split_copy:  # torchtitan's way: a copy of the whole model, the other stages' layers deleted
+        module = copy.deepcopy(whole)
+        for other in reversed(range(count)):
+            if other != index:
+                del module[other]
+        module = module[0].to_empty(device=device)
+        for layer in module:
+            if isinstance(layer, nn.Linear):
+                layer.reset_parameters()
+    else:
+        module = block(index).to(device)
     parameters += list(module.parameters())
-    shape = None if index == 0 or args.no_input_shape else (torch.empty(4, args.width, device="meta"),)
+    shape = None if index == 0 or args.no_input_shape else (
+        torch.empty(4, args.width, device="meta", requires_grad=True),)  # a received activation requires grad
     stages.append(PipelineStage(module, index, count, device, input_args=shape, group=mesh["pp"].get_group()))
 loss_fn = lambda output, target: (output - target).square().mean()  # noqa: E731
 Schedule = SCHEDULES[args.schedule]
