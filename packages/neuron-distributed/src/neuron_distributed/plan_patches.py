@@ -21,6 +21,8 @@ with its reason. Nothing here outlives the plan.
 * `UntypedStorage.resize_`: a planned storage's block in the allocator model follows (FSDP2 frees an unsharded
   parameter by resizing its storage to 0 bytes, and refills it; a fake's storage has no device memory to resize).
 * pipelining schedules: one micro-batch a stage (`plan_pipeline`).
+* `SymInt` / `SymFloat` / `SymBool.__format__`: a value the plan answered with a symbol (`plan_values`) formatted
+  with a spec (a log line's `f"{loss:8.5f}"`) prints as its symbol; torch's raises `TypeError`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from neuron_device import services
 
 from . import envvars, plan_state
 from .plan_pipeline import patched_schedules
+from .plan_values import planned_format
 
 __all__ = ["patched", "patched_everywhere", "patched_torch"]
 
@@ -334,6 +337,8 @@ def patched_torch() -> Iterator[None]:
         ddp = torch.nn.parallel.DistributedDataParallel
         stack.enter_context(patched(ddp, "__init__", _ddp_init(ddp.__init__)))
         stack.enter_context(patched_schedules())
+        for symbolic in (torch.SymInt, torch.SymFloat, torch.SymBool):
+            stack.enter_context(patched(symbolic, "__format__", planned_format(symbolic.__format__)))
         dist.Backend._plugins["NEURON"] = plugin._replace(creator_fn=_fake_neuron_group)
         stack.callback(dist.Backend._plugins.__setitem__, "NEURON", plugin)
         yield
