@@ -530,8 +530,8 @@ torch_neuronx.plan(step, world_size=2)
 
 def test_value_read_for_arithmetic_plans_and_a_branch_on_it_is_refused(tmp_path):
     """A training step that divides its loss by the all-reduced count of valid tokens (`.item()`, as torchtitan's
-    `train_step` does) plans: the count is a symbol that Python arithmetic, tensor ops and a log line take, and the
-    step is charged what a step dividing by a plain number is. A branch on the count, and a shape made from it, are
+    `train_step` does) plans: the count is a symbol that Python arithmetic, tensor ops and a log line take (and an
+    all-reduced tracked constant, torchtitan's tokens seen, is one too), and the step is charged what a step dividing by a plain number is. A branch on the count, and a shape made from it, are
     refused naming the line that needs the value and the line that read it."""
     code = """
 import json, torch, torch.distributed as dist, torch_neuronx
@@ -548,7 +548,9 @@ def train(divisor):
             loss = model(torch.randn(8, 64, device="neuron")).sum() / divisor(tokens)
             loss.backward()
             opt.step()
-            print(f"loss {loss.item():8.5f} tokens {2 * tokens + 1}")
+            # a collective of a tracked constant (torchtitan's tokens seen): the fake mode ran it for real on the host
+            seen = all_reduce(torch.tensor(16, device="neuron"), "sum", dist.group.WORLD).item()
+            print(f"loss {loss.item():8.5f} tokens {2 * tokens + 1} seen {seen}")
     return run
 def refused(divisor):
     try:
@@ -568,7 +570,7 @@ print(json.dumps([read.step_seconds, plain.step_seconds, refused(branch), refuse
     done = _plan_in_subprocess(f"import runpy; runpy.run_path({str(script)!r})")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert lines[:2] == ["loss zuf0 tokens 2*u0 + 1", "loss zuf1 tokens 2*u1 + 1"]
+    assert lines[:2] == ["loss zuf0 tokens 2*u0 + 1 seen u1", "loss zuf1 tokens 2*u2 + 1 seen u3"]
     read, plain, branch, shape = json.loads(lines[-1])
     assert read == pytest.approx(plain, rel=1e-12) and read > 0  # up to the last bit: clock readings differ
     line = {mark: f"train.py:{n} " for n, text in enumerate(code.splitlines(), 1)

@@ -117,6 +117,8 @@ class Charger(TorchDispatchMode):
             # compile time (a compiler's fakes): run as is, charged nothing; never through a composite kernel of the
             # plan's, which would mix the compiler's fakes with the plan's (Dynamo's fake SDPA with dropout failed)
             return func(*args, **kwargs)
+        if catalogue.kind_of(func) is not None:
+            self._forget_constants((args, kwargs))
         whole = _kernel_run_whole(func) if _on_neuron(args, kwargs) else None
         composite = whole is not None
         try:
@@ -145,6 +147,15 @@ class Charger(TorchDispatchMode):
             storages = services.account_planned_op(func, args, kwargs, result)
             self.planner.allocated(self.outer[0] if self.outer else func, storages)
         return result
+
+    def _forget_constants(self, tree: Any) -> None:
+        """A collective's inputs are not tracked constants any more (`torch.tensor(n_tokens, device=...)` handed to
+        an all-reduce): their values after it come from the peers, which the plan has none of, and the fake mode
+        would otherwise run the collective for real on the constants (on the host, with no process group there)."""
+        converter = self.planner.fake_mode.fake_tensor_converter
+        for leaf in tree_leaves(tree):
+            if isinstance(leaf, _FakeTensor) and leaf.constant is not None:
+                converter.invalidate_constant_aliases(leaf.constant)
 
     def _refuse_read_shapes(self, result: Any) -> None:
         """A tensor whose shape is made from a read value (`torch.empty(n.item())`): its size steers what runs."""
