@@ -165,7 +165,8 @@ def test_plan_matches_the_real_run_at_two_ranks(tmp_path, script, args):
     planned and run for real, has the same simulated step time and peak HBM within 2 %; so does a tiny BERT
     compiled with backend "neuron" under bf16 autocast (its forward and AOTAutograd backward graphs priced by the
     kernel plan, their workspaces and results seen by the allocator model), and FSDP2 over a 2-D (dp, tp) mesh after
-    TP (the plan failed in DeviceMesh's rank-map arithmetic under the fake mode)."""
+    TP (the plan failed in DeviceMesh's rank-map arithmetic under the fake mode; its peak allocated bytes were 1.6
+    times the real run's while DTensor's sharding propagation was charged its global-shape fakes)."""
     if script != "fsdp_tp.py":
         pytest.importorskip("transformers")
     env = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
@@ -183,8 +184,7 @@ def test_plan_matches_the_real_run_at_two_ranks(tmp_path, script, args):
     assert report["world_size"] == 2 and report["communication_seconds"] > 0
     assert report["step_seconds"] == pytest.approx(step, rel=0.02)
     assert report["peak_hbm_bytes"] == pytest.approx(reserved, rel=0.02)
-    if script != "fsdp_tp.py":  # FSDP2 frees by resizing storages to 0, unseen by the plan (docs/planning.md, Limits)
-        assert report["peak_allocated_bytes"] == pytest.approx(allocated, rel=0.02)
+    assert report["peak_allocated_bytes"] == pytest.approx(allocated, rel=0.02)
 
 
 def test_python_api_plans_a_callable():

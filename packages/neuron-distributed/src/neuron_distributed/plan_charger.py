@@ -107,6 +107,8 @@ class Charger(TorchDispatchMode):
         if any(t is not _FakeTensor and t is not torch.Tensor for t in types):
             # a DTensor's op (global shapes): it runs ops on its local shards, which come back here to be charged
             return NotImplemented
+        if self.planner.uncharged:  # metadata of an op, not an op of the run (DTensor's sharding propagation)
+            return func(*args, **kwargs)
         if func in _VALUE_READS and not _known(args):
             if self.planner.answers:
                 return next(self.planner.answers[-1])

@@ -21,6 +21,11 @@ with its reason. Nothing here outlives the plan.
 * `UntypedStorage.resize_`: a planned storage's block in the allocator model follows (FSDP2 frees an unsharded
   parameter by resizing its storage to 0 bytes, and refills it; a fake's storage has no device memory to resize).
 * pipelining schedules: one micro-batch a stage (`plan_pipeline`).
+* DTensor's sharding propagation (`ShardingPropagator._propagate_tensor_meta_non_cached`): the first time it sees
+  an op's argument layout it runs the op on global-shape fakes in the active fake mode to learn the output's shape;
+  those ops are metadata, not the real run's computation (which runs on the local shards), and are not charged
+  (`_uncharged`). torchtitan's debug model with FSDP 2 planned a peak HBM of 2.3 times its real run's: its first
+  clip_grad_norm_ and AdamW step charged full-size (unsharded) temporaries.
 * `SymInt` / `SymFloat` / `SymBool.__format__`: a value the plan answered with a symbol (`plan_values`) formatted
   with a spec (a log line's `f"{loss:8.5f}"`) prints as its symbol; torch's raises `TypeError`.
 """
@@ -271,6 +276,20 @@ def _trunc_normal(fill: Callable) -> Callable:
     return planned
 
 
+def _uncharged(fn: Callable) -> Callable:
+    """`fn` with its ops run on the plan's fakes and charged nothing (no device time, no HBM, no FLOPs)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        planner = plan_state.active_planner()
+        planner.uncharged += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            planner.uncharged -= 1
+
+    return call
+
+
 def _init_process_group(init: Callable) -> Callable:
     """`init_process_group` in plan mode: no rendezvous (a `FakeStore`), the launcher's rank and world size."""
 
@@ -320,6 +339,9 @@ def patched_torch() -> Iterator[None]:
         # value the real run draws the same way, drawn for real (its set-up runs outside the plan's modes).
         loader_iter = torch.utils.data.dataloader._BaseDataLoaderIter
         stack.enter_context(patched(loader_iter, "__init__", _outside_plan(loader_iter.__init__)))
+        propagator = torch.distributed.tensor._sharding_prop.ShardingPropagator
+        stack.enter_context(patched(propagator, "_propagate_tensor_meta_non_cached",
+                                    _uncharged(propagator._propagate_tensor_meta_non_cached)))
         stack.enter_context(patched(torch.nn.init, "_no_grad_trunc_normal_",
                                     _trunc_normal(torch.nn.init._no_grad_trunc_normal_)))
         stack.enter_context(patched_everywhere(torch.neuron, "get_rng_state",

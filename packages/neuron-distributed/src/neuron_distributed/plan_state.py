@@ -152,6 +152,7 @@ class Planner:
         self.flops = 0  # FLOPs of every op so far, by `FlopCounterMode`'s formulas
         self.fake_mode: Any = None
         self.values: Any = None  # the symbols answering the script's value reads (`plan_values.PlannedValues`)
+        self.uncharged = 0  # > 0 while ops run for their metadata only (`plan_patches._uncharged`)
         self.answers: list[Iterator[Any]] = []  # the innermost `answering` block's answers to value reads
 
     def record(self, name: str, index: int, stream: int, start: float, end: float) -> None:
