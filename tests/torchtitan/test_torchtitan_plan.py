@@ -27,7 +27,8 @@ MACHINE = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
 
 def test_debugmodel_plan_matches_its_real_run(tmp_path):
     """3 steps of FSDP 2 (torchtitan's debug configuration): the last step's simulated seconds and the peak reserved
-    HBM of the real run (`measure.py`, as `test_planning`'s plan = real tests) against `neuron-plan --steps 3`."""
+    and allocated HBM up to it in the real run (`measure.py`, as `test_planning`'s plan = real tests; torchtitan
+    resets the peaks after logging each step) against `neuron-plan --steps 3`."""
     tokenizer, data = make_assets(tmp_path / "assets")
     args = ["--model.hf_assets_path", str(tokenizer), "--training.dataset_path", str(data), "--debug.seed", "0",
             "--parallelism.data_parallel_shard_degree", "2"]
@@ -35,7 +36,8 @@ def test_debugmodel_plan_matches_its_real_run(tmp_path):
                     entry=[str(MEASURE), "-m", "torchtitan.train"])
     measured = [line.split() for line in output.splitlines() if line.startswith("MEASURED")]
     assert len(measured) == 2, _tail(output)
-    step, reserved = max(float(m[2]) for m in measured), max(int(m[3]) for m in measured)
+    step, reserved, allocated = (max(float(m[2]) for m in measured), max(int(m[3]) for m in measured),
+                                 max(int(m[4]) for m in measured))
 
     out = tmp_path / "plan.json"
     command = [sys.executable, "-m", "neuron_distributed.plan_cli", "--instance", "trn1.2xlarge", "--ranks", "0,1",
@@ -48,3 +50,4 @@ def test_debugmodel_plan_matches_its_real_run(tmp_path):
     assert report["world_size"] == 2 and report["steps_observed"] == 3 and report["communication_seconds"] > 0
     assert report["step_seconds"] == pytest.approx(step, rel=0.02)
     assert report["peak_hbm_bytes"] == pytest.approx(reserved, rel=0.02)
+    assert report["peak_allocated_bytes"] == pytest.approx(allocated, rel=0.02)

@@ -1,7 +1,7 @@
 """Run a script (`measure.py SCRIPT ARGS`, or a module: `measure.py -m MODULE ARGS`) for real and print what the
 planner reports for it: the last optimizer step's simulated seconds (the device's latest stream clock between two
 steps; as in the planner, an optimizer stepped inside another's step, as torchtitan's `OptimizersContainer` steps
-its model parts', is part of it) and the peak HBM of this rank's core."""
+its model parts', is part of it) and the peak HBM of this rank's core up to that step."""
 
 import os
 import runpy
@@ -23,8 +23,9 @@ def stepping(*args):
 
 def stepped(*args):
     depth[0] -= 1
-    if depth[0] == 0:
-        marks.append(max(timeline.timeline(index).clocks.values()))
+    if depth[0] == 0:  # the peaks up to this step, as the planner's (torchtitan resets them after logging a step)
+        marks.append((max(timeline.timeline(index).clocks.values()), torch.neuron.max_memory_reserved(index),
+                      torch.neuron.max_memory_allocated(index)))
 
 
 register_optimizer_step_pre_hook(stepping)
@@ -36,5 +37,4 @@ else:
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     runpy.run_path(script, run_name="__main__")
-print(f"MEASURED {os.environ['RANK']} {marks[-1] - marks[-2]} {torch.neuron.max_memory_reserved(index)} "
-      f"{torch.neuron.max_memory_allocated(index)}", flush=True)
+print(f"MEASURED {os.environ['RANK']} {marks[-1][0] - marks[-2][0]} {marks[-1][1]} {marks[-1][2]}", flush=True)
