@@ -531,7 +531,8 @@ torch_neuronx.plan(step, world_size=2)
 def test_value_read_for_arithmetic_plans_and_a_branch_on_it_is_refused(tmp_path):
     """A training step that divides its loss by the all-reduced count of valid tokens (`.item()`, as torchtitan's
     `train_step` does) plans: the count is a symbol that Python arithmetic, tensor ops and a log line take (and an
-    all-reduced tracked constant, torchtitan's tokens seen, is one too), and the step is charged what a step dividing by a plain number is. A branch on the count, and a shape made from it, are
+    all-reduced tracked constant, torchtitan's tokens seen, is one too), each read is charged as the real run's copy
+    to the host, and the step is charged what a step dividing by a plain number is. A branch on the count, and a shape made from it, are
     refused naming the line that needs the value and the line that read it."""
     code = """
 import json, torch, torch.distributed as dist, torch_neuronx
@@ -563,7 +564,8 @@ def shape(tokens):
     return torch.empty(tokens, device="neuron").sum()  # SHAPE
 read = torch_neuronx.plan(train(lambda tokens: tokens), world_size=2)
 plain = torch_neuronx.plan(train(lambda tokens: 16), world_size=2)
-print(json.dumps([read.step_seconds, plain.step_seconds, refused(branch), refused(shape)]))
+copies = sum(name == "aten::_local_scalar_dense (device->host)" for name, *_ in read.lanes)
+print(json.dumps([read.step_seconds, plain.step_seconds, refused(branch), refused(shape), copies]))
 """
     script = tmp_path / "train.py"
     script.write_text(code)
@@ -571,7 +573,8 @@ print(json.dumps([read.step_seconds, plain.step_seconds, refused(branch), refuse
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert lines[:2] == ["loss zuf0 tokens 2*u0 + 1 seen u1", "loss zuf1 tokens 2*u2 + 1 seen u3"]
-    read, plain, branch, shape = json.loads(lines[-1])
+    read, plain, branch, shape, copies = json.loads(lines[-1])
+    assert copies == 3  # each read is charged as the real run's copy to the host: the log's two, the next count
     assert read == pytest.approx(plain, rel=1e-12) and read > 0  # up to the last bit: clock readings differ
     line = {mark: f"train.py:{n} " for n, text in enumerate(code.splitlines(), 1)
             for mark in ("READ", "BRANCH", "SHAPE") if f"# {mark}" in text}

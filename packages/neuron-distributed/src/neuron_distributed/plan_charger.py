@@ -112,8 +112,10 @@ class Charger(TorchDispatchMode):
         if func in _VALUE_READS and not _known(args):
             if self.planner.answers:
                 return next(self.planner.answers[-1])
-            if func is _aten._local_scalar_dense.default:
-                return self.planner.values.read(args[0])
+            if func is _aten._local_scalar_dense.default:  # charged as the real run's copy to the host
+                value = self.planner.values.read(args[0])
+                services.account_planned_op(func, args, kwargs, value)
+                return value
             raise value_read(f"{func.__name__} of a tensor, a branch on its value")
         if any(_traced(leaf, self.planner.fake_mode) for leaf in tree_leaves((args, kwargs))):
             # compile time (a compiler's fakes): run as is, charged nothing; never through a composite kernel of the
