@@ -62,18 +62,24 @@ def run_env(cache: Path, *, cpu: bool = False) -> dict[str, str]:
 
 
 def launch(args: list[str], dump: Path, cache: Path, *, cpu: bool = False, ranks: int = 2,
-           env: dict[str, str] | None = None) -> str:
+           env: dict[str, str] | None = None, entry: list[str] | None = None) -> str:
     """Run torchtitan's trainer on `ranks` processes with the debug configuration, `args` and extra `env`; its output.
-    A failed run fails with its output's tail."""
-    entry = [str(CPU_LAUNCHER)] if cpu else ["-m", "torchtitan.train"]
+    `entry` runs the trainer module through a script of its own (`[script, "-m", "torchtitan.train"]`). A failed
+    run fails with its output's tail."""
+    entry = entry or ([str(CPU_LAUNCHER)] if cpu else ["-m", "torchtitan.train"])
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *entry,
-               "--job.config_file", str(CONFIG), "--job.dump_folder", str(dump), *args]
+               *trainer_args(dump, args)]
     result = subprocess.run(command, env={**run_env(cache, cpu=cpu), **(env or {})}, cwd=dump.parent,
                             capture_output=True, text=True, timeout=RUN_TIMEOUT)
     output = result.stdout + result.stderr
     if result.returncode != 0:
         raise AssertionError(f"torchtitan run failed ({' '.join(args)}):\n{_tail(output)}")
     return output
+
+
+def trainer_args(dump: Path, args: list[str]) -> list[str]:
+    """The trainer's arguments: the debug configuration, the dump folder, then `args`."""
+    return ["--job.config_file", str(CONFIG), "--job.dump_folder", str(dump), *args]
 
 
 def train(args: list[str], dump: Path, cache: Path, **options) -> list[float]:

@@ -706,7 +706,7 @@ def test_start_up_reads_of_a_training_framework_are_planned():
     before the plan began, DTensor random init (its RNG tracker gets, moves and sets `torch.neuron`'s RNG state),
     `nn.init.trunc_normal_` (its rejection loop reads `mask.any()`: answered, the init is outside the step), a
     DataLoader's seed `.item()` (drawn for real) and a strided shard's layout (FSDP over TP: it reads a CPU `arange`);
-    a value read in the step is still refused."""
+    a branch on a value read in the step is still refused."""
     code = """
 import torch, torch.distributed as dist, torch_neuronx
 from torch.distributed.device_mesh import init_device_mesh
@@ -724,7 +724,7 @@ def step():
     strided = _StridedShard(0, split_factor=2).local_shard_size_and_offset(64, 2, 1)
     print("started", weight.to_local().shape[0], batch.shape[0], strided)
     try:
-        weight.to_local().sum().item()
+        bool(weight.to_local().sum().item() > 0)
     except PlanValueError:
         print("refused")
 torch_neuronx.plan(step, world_size=2)
@@ -732,6 +732,61 @@ torch_neuronx.plan(step, world_size=2)
     done = _plan_in_subprocess(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-2:] == ["started 32 2 (32, 16)", "refused"]
+
+
+def test_value_read_for_arithmetic_plans_and_a_branch_on_it_is_refused(tmp_path):
+    """A training step that divides its loss by the all-reduced count of valid tokens (`.item()`, as torchtitan's
+    `train_step` does) plans: the count is a symbol that Python arithmetic, tensor ops and a log line take (and an
+    all-reduced tracked constant, torchtitan's tokens seen, is one too), each read is charged as the real run's copy
+    to the host, and the step is charged what a step dividing by a plain number is. A branch on the count, and a shape made from it, are
+    refused naming the line that needs the value and the line that read it."""
+    code = """
+import json, torch, torch.distributed as dist, torch_neuronx
+from torch.distributed._functional_collectives import all_reduce
+from neuron_distributed.plan_state import PlanValueError
+def train(divisor):
+    def run():
+        dist.init_process_group("neuron")
+        model = torch.nn.Linear(64, 64).to("neuron")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            labels = torch.randint(0, 4, (8,), device="neuron")
+            tokens = all_reduce((labels != 0).sum(), "sum", dist.group.WORLD).item()  # READ
+            loss = model(torch.randn(8, 64, device="neuron")).sum() / divisor(tokens)
+            loss.backward()
+            opt.step()
+            # a collective of a tracked constant (torchtitan's tokens seen): the fake mode ran it for real on the host
+            seen = all_reduce(torch.tensor(16, device="neuron"), "sum", dist.group.WORLD).item()
+            print(f"loss {loss.item():8.5f} tokens {2 * tokens + 1} seen {seen}")
+    return run
+def refused(divisor):
+    try:
+        torch_neuronx.plan(train(divisor), world_size=2)
+    except PlanValueError as error:
+        return str(error)
+def branch(tokens):
+    return tokens if tokens > 0 else 1  # BRANCH
+def shape(tokens):
+    return torch.empty(tokens, device="neuron").sum()  # SHAPE
+read = torch_neuronx.plan(train(lambda tokens: tokens), world_size=2)
+plain = torch_neuronx.plan(train(lambda tokens: 16), world_size=2)
+copies = sum(name == "aten::_local_scalar_dense (device->host)" for name, *_ in read.lanes)
+print(json.dumps([read.step_seconds, plain.step_seconds, refused(branch), refused(shape), copies]))
+"""
+    script = tmp_path / "train.py"
+    script.write_text(code)
+    done = _plan_in_subprocess(f"import runpy; runpy.run_path({str(script)!r})")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[:2] == ["loss zuf0 tokens 2*u0 + 1 seen u1", "loss zuf1 tokens 2*u2 + 1 seen u3"]
+    read, plain, branch, shape, copies = json.loads(lines[-1])
+    assert copies == 3  # each read is charged as the real run's copy to the host: the log's two, the next count
+    assert read == pytest.approx(plain, rel=1e-12) and read > 0  # up to the last bit: clock readings differ
+    line = {mark: f"train.py:{n} " for n, text in enumerate(code.splitlines(), 1)
+            for mark in ("READ", "BRANCH", "SHAPE") if f"# {mark}" in text}
+    assert branch.startswith(f"plan mode: {script}:") and line["BRANCH"] in branch, branch
+    assert "u0 > 0" in branch and line["READ"] in branch, branch
+    assert line["SHAPE"] in shape and line["READ"] in shape, shape
 
 
 def test_preloaded_modules_see_the_scripts_argv(tmp_path):

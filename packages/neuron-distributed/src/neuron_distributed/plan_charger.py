@@ -5,7 +5,9 @@ Each op runs its fake (meta) kernel and is then charged as the real run's kernel
 of the catalogue (`catalogue`) through `costs.charge` as the real process group charges it, and its FLOPs are
 counted with PyTorch's `FlopCounterMode` formulas (`flop_registry`; no `FlopCounterMode` mode or module hooks: its
 `ModuleTracker` keeps checkpointed layers' tensors alive, pytorch/pytorch#139214, and its mode would stop Dynamo
-compiling). A read of a tensor's value is refused (`PlanValueError`, naming the script's line).
+compiling). A read of a tensor's value (`.item()`) is answered with a symbol that refuses a branch on it
+(`plan_values`); an output shape made from one, `bool(t)` and the other reads that return a branch's answer are
+refused (`PlanValueError`, naming the script's line).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import sympy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -26,7 +29,8 @@ from .plan_state import Planner, value_read
 __all__ = ["Charger"]
 
 _aten = torch.ops.aten
-# Ops that read a tensor's values into Python: a fake tensor has none.
+# Ops that read a tensor's values into Python: a fake tensor has none. `_local_scalar_dense` (`.item()`) is answered
+# with a symbol (`plan_values`); the others answer a branch (`bool(t)`, `torch.equal`), refused.
 _VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default,
                           _aten.allclose.default})
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
@@ -136,11 +140,17 @@ class Charger(TorchDispatchMode):
         if func in _VALUE_READS and not _known(args):
             if self.planner.answers:
                 return next(self.planner.answers[-1])
-            raise value_read(f"{func.__name__} of a tensor")
+            if func is _aten._local_scalar_dense.default:  # charged as the real run's copy to the host
+                value = self.planner.values.read(args[0])
+                services.account_planned_op(func, args, kwargs, value)
+                return value
+            raise value_read(f"{func.__name__} of a tensor, a branch on its value")
         if any(_traced(leaf, self.planner.fake_mode) for leaf in tree_leaves((args, kwargs))):
             # compile time (a compiler's fakes): run as is, charged nothing; never through a composite kernel of the
             # plan's, which would mix the compiler's fakes with the plan's (Dynamo's fake SDPA with dropout failed)
             return func(*args, **kwargs)
+        if catalogue.kind_of(func) is not None:
+            self._forget_constants((args, kwargs))
         hop = isinstance(func, torch._ops.HigherOrderOperator)
         whole = _kernel_run_whole(func) if not hop and _on_neuron(args, kwargs) else None
         composite = whole is not None
@@ -158,6 +168,7 @@ class Charger(TorchDispatchMode):
                 self.outer.pop()
         if _traced(result, self.planner.fake_mode):
             return result
+        self._refuse_read_shapes(result)
         formula = flop_registry.get(getattr(func, "_overloadpacket", func))
         if formula is not None and not self.outer:  # as FlopCounterMode counts: the op the script called
             self.planner.flops += formula(*args, **kwargs, out_val=result)
@@ -171,3 +182,21 @@ class Charger(TorchDispatchMode):
             storages = services.account_planned_op(func, args, kwargs, result)
             self.planner.allocated(self.outer[0] if self.outer else func, storages)
         return result
+
+    def _forget_constants(self, tree: Any) -> None:
+        """A collective's inputs are not tracked constants any more (`torch.tensor(n_tokens, device=...)` handed to
+        an all-reduce): their values after it come from the peers, which the plan has none of, and the fake mode
+        would otherwise run the collective for real on the constants (on the host, with no process group there)."""
+        converter = self.planner.fake_mode.fake_tensor_converter
+        for leaf in tree_leaves(tree):
+            if isinstance(leaf, _FakeTensor) and leaf.constant is not None:
+                converter.invalidate_constant_aliases(leaf.constant)
+
+    def _refuse_read_shapes(self, result: Any) -> None:
+        """A tensor whose shape is made from a read value (`torch.empty(n.item())`): its size steers what runs."""
+        for leaf in tree_leaves(result):
+            if isinstance(leaf, torch.Tensor):
+                sizes = [size for size in leaf.shape if isinstance(size, torch.SymInt)]
+                if sizes:
+                    where = self.planner.values.origins(sympy.Add(*(size.node.expr for size in sizes)))
+                    raise value_read(f"a tensor of shape {tuple(leaf.shape)} made from the values {where}")

@@ -18,13 +18,16 @@ with its reason. Nothing here outlives the plan.
 * DTensor's sharding propagation derives an op's global output shape by running it on fakes of the global
   shapes, in the fake mode it detects, else a fresh one: a real run's fresh one allocates nothing, but the plan's would
   be found and charged (the first step of a DTensor model peaked at the global shapes). It runs outside the plan's
-  modes, on a fresh fake mode as in the real run.
+  modes, on a fresh fake mode as in the real run. (Charged, torchtitan's debug model with FSDP 2 planned a peak HBM of
+  2.3 times its real run's: its first clip_grad_norm_ and AdamW step charged full-size temporaries.)
 * a DataLoader iterator's set-up runs outside the plan's modes: it draws and reads its workers' base seed from a
   host generator, as the real run does.
 * Module-level functions are patched in every module that bound them (`patched_everywhere`).
 * `UntypedStorage.resize_`: a planned storage's block in the allocator model follows (FSDP2 frees an unsharded
   parameter by resizing its storage to 0 bytes, and refills it; a fake's storage has no device memory to resize).
 * pipelining schedules: one micro-batch a stage (`plan_pipeline`).
+* `SymInt` / `SymFloat` / `SymBool.__format__`: a value the plan answered with a symbol (`plan_values`) formatted
+  with a spec (a log line's `f"{loss:8.5f}"`) prints as its symbol; torch's raises `TypeError`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from neuron_device import services
 
 from . import envvars, plan_state
 from .plan_pipeline import patched_schedules
+from .plan_values import planned_format
 
 __all__ = ["patched", "patched_everywhere", "patched_torch"]
 
@@ -349,6 +353,8 @@ def patched_torch() -> Iterator[None]:
         ddp = torch.nn.parallel.DistributedDataParallel
         stack.enter_context(patched(ddp, "__init__", _ddp_init(ddp.__init__)))
         stack.enter_context(patched_schedules())
+        for symbolic in (torch.SymInt, torch.SymFloat, torch.SymBool):
+            stack.enter_context(patched(symbolic, "__format__", planned_format(symbolic.__format__)))
         dist.Backend._plugins["NEURON"] = plugin._replace(creator_fn=_fake_neuron_group)
         stack.callback(dist.Backend._plugins.__setitem__, "NEURON", plugin)
         yield

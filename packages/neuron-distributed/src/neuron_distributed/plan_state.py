@@ -26,7 +26,7 @@ from neuron_device import services
 from . import costs
 
 __all__ = ["PlanValueError", "Planner", "RankPlan", "StopPlan", "activated", "active_planner", "answering", "is_planning",
-           "value_read"]
+           "user_frame", "value_read"]
 
 _HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__),
          os.path.dirname(services.__file__))
@@ -49,9 +49,9 @@ class PlanValueError(RuntimeError):
     """A script read a tensor's value in plan mode, where tensors have shapes but no values."""
 
 
-def _user_frame() -> traceback.FrameSummary | None:
-    """The innermost frame of the planned script (not torch, not this package)."""
-    for frame in reversed(traceback.extract_stack()):
+def user_frame(frames: list[traceback.FrameSummary] | None = None) -> traceback.FrameSummary | None:
+    """The innermost frame of the planned script (not torch, not this package) in `frames` (default: the stack)."""
+    for frame in reversed(traceback.extract_stack() if frames is None else frames):
         if not frame.filename.startswith(_HERE) and "site-packages" not in frame.filename and \
                 not frame.filename.startswith("<"):
             return frame
@@ -72,7 +72,7 @@ def answering(*values: Any) -> Iterator[None]:
 
 def value_read(what: str) -> PlanValueError:
     """The error for a value read at the planned script's innermost line."""
-    frame = _user_frame()
+    frame = user_frame()
     where = f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()!r})" if frame else "the script"
     return PlanValueError(
         f"plan mode: {where} reads a tensor's value ({what}), but planned tensors have shapes and no values, so no "
@@ -151,6 +151,7 @@ class Planner:
         self.modules: Any = None
         self.flops = 0  # FLOPs of every op so far, by `FlopCounterMode`'s formulas
         self.fake_mode: Any = None
+        self.values: Any = None  # the symbols answering the script's value reads (`plan_values.PlannedValues`)
         self.answers: list[Iterator[Any]] = []  # the innermost `answering` block's answers to value reads
 
     def record(self, name: str, index: int, stream: int, start: float, end: float) -> None:

@@ -13,9 +13,10 @@ What is PyTorch's and what is ours:
   it, FLOPs counted by PyTorch's formulas. Plan mode changes what is stored, not what is charged.
 
 The planner's parts: `plan_state` (the planned rank, its result), `plan_charger` (the dispatch mode that charges
-each op), `plan_hops` (its rules for higher-order ops), `plan_patches` (what a plan changes in torch), `plan_pipeline`
-(pipelining schedules), `plan_report` and `plan_ranks` (neuron-plan's report and its planned processes), `plan_cli`
-(the command). This module is the entry: `plan_rank` (a script's body as one rank), `plan` (`torch_neuronx.plan`).
+each op), `plan_hops` (its rules for higher-order ops), `plan_values` (the symbols that answer a script's value
+reads), `plan_patches` (what a plan changes in torch), `plan_pipeline` (pipelining schedules), `plan_report` and
+`plan_ranks` (neuron-plan's report and its planned processes), `plan_cli` (the command). This module is the entry:
+`plan_rank` (a script's body as one rank), `plan` (`torch_neuronx.plan`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from . import envvars
 from .plan_charger import Charger
 from .plan_patches import patched, patched_torch
 from .plan_state import Planner, PlanValueError, RankPlan, StopPlan, activated, active_planner, is_planning
+from .plan_values import PlannedValues
 
 __all__ = ["PlanValueError", "RankPlan", "active_planner", "is_planning", "launcher_environment", "plan",
            "plan_rank"]
@@ -54,6 +56,7 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
     # initialised, as a real run's first device op does: fake factories then resolve "neuron" to the current device
     torch.neuron.init()
     planner = Planner(rank, world_size, steps)
+    planner.values = PlannedValues()
     allocator = services.device_allocator(planner.index)
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(allocator, "capacity", 1 << 62))  # over-capacity is recorded, not raised
@@ -71,6 +74,7 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
         planner.fake_mode.__deepcopy__ = lambda memo: planner.fake_mode
         planner.modules = stack.enter_context(ModTracker())
         stack.enter_context(Charger(planner))
+        stack.callback(_destroy_process_group)  # also after a refusal: the next plan in this process starts afresh
         try:
             run()
         except StopPlan:
@@ -79,10 +83,13 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
             if exit_.code not in (None, 0):
                 raise
         result = planner.result()
-        if dist.is_initialized():
-            dist.destroy_process_group()
     sys.stdout.flush()
     return result
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def plan(fn: Callable[[], Any], *, world_size: int | None = None, rank: int = 0, steps: int | None = None) -> RankPlan:

@@ -86,7 +86,9 @@ def account(op: torch._ops.OpOverload, args: tuple, kwargs: dict, result: Any) -
     if not inputs and not outputs:
         return []
     index = _device_index(outputs or inputs)
-    if op in _COPIES:
+    if op is _aten._local_scalar_dense.default:  # `.item()`: one element copied to the host, which waits for it
+        _ledger.transfer("aten::_local_scalar_dense", args[0], args[0], torch.device("cpu"))
+    elif op in _COPIES:
         if op is _aten._to_copy.default:
             _ledger.transfer(_COPIES[op], args[0], result, result.device)
         else:

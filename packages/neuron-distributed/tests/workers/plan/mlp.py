@@ -1,6 +1,6 @@
 """A plain training script whose parallelism is chosen on the command line: ddp, fsdp2, fsdp2_noreshard, hsdp (FSDP2
 on a 2-D mesh: replicated over 4, sharded over 8), zero (DDP with ZeroRedundancyOptimizer), tp, none;
-`--value-read` reads the loss's value, `--width` sizes the model (the OOM tests)."""
+`--value-read` branches on the loss's value, `--width` sizes the model (the OOM tests)."""
 
 import argparse
 import os
@@ -50,7 +50,7 @@ for _ in range(2):
     x = torch.randn(args.batch, args.width, device=device)
     loss = model(x).square().mean()
     loss.backward()
-    if args.value_read:
-        print("loss", loss.item())
+    if args.value_read and loss.item() > 1e6:  # a branch on the loss's value
+        print("diverged")
     optimizer.step()
     optimizer.zero_grad()

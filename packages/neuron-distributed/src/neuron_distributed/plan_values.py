@@ -1,0 +1,72 @@
+"""Plan mode's read values: a read of a planned tensor's value (`.item()`, `.tolist()`, `float(t)`) is answered with
+an unbacked symbol of PyTorch's symbolic shapes (`ShapeEnv.create_unbacked_symint` / `symfloat` / `symbool`, what
+`FakeTensorMode` answers `.item()` with while Dynamo traces). The symbol flows through Python arithmetic and tensor
+ops (`loss_sum / global_valid_tokens`: the op is charged as the real run's, whatever the value), and prints as its
+name (`u0`, `zuf0`). Where the value would steer the run it is refused: a branch on it (`bool`, `if`, `int()`,
+`float()`, indexing a Python container) raises `PlanValueError` naming the line that branches and the line that read
+the value, and so does a tensor shape made from it (the charger refuses it, `plan_charger`). No value is made up.
+
+The symbols' `ShapeEnv` (`PlannedValues`) is the plan's own: the plan's `FakeTensorMode` keeps static shapes, and
+Dynamo compiles with its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sympy
+import torch
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+
+from .plan_state import PlanValueError, user_frame, value_read
+
+__all__ = ["BranchPlanValueError", "PlannedValues", "planned_format"]
+
+
+class BranchPlanValueError(PlanValueError, GuardOnDataDependentSymNode):
+    """A branch on a value the plan answered with a symbol: a `PlanValueError` for the script, and torch's
+    data-dependent guard error for torch code that catches that one to take a value-free path."""
+
+    def __init__(self, cond: sympy.Basic, message: str) -> None:
+        GuardOnDataDependentSymNode.__init__(self, cond, message)
+
+
+class PlannedValues(ShapeEnv):
+    """The symbols that stand for the values a plan's script read; a guard on one (a branch) is refused."""
+
+    def read(self, tensor: torch.Tensor) -> torch.SymInt | torch.SymFloat | torch.SymBool:
+        """A symbol for the value of one-element `tensor`, of its dtype's Python kind."""
+        if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+            return self.create_unbacked_symfloat()
+        if tensor.dtype is torch.bool:
+            return self.create_unbacked_symbool()
+        return self.create_unbacked_symint()
+
+    def origins(self, expr: sympy.Basic) -> str:
+        """Where the script read the values `expr` is made of: `name at file:line ('code')`, one for each."""
+        found = []
+        for symbol in sorted(expr.free_symbols, key=str):
+            stack = self.var_to_stack.get(symbol)
+            frame = user_frame(stack.summary()) if stack is not None else None
+            where = f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()!r})" if frame else "the script"
+            found.append(f"{symbol} read at {where}")
+        return ", ".join(found)
+
+    def _make_data_dependent_error(self, expr: sympy.Basic, unhinted_expr: sympy.Basic, *,
+                                   expr_sym_node_id: int | None = None) -> GuardOnDataDependentSymNode:
+        error = value_read(f"a branch on {unhinted_expr}, where {self.origins(unhinted_expr)}; plan mode answers a "
+                           "read with a symbol that arithmetic and tensor ops take, but not a branch")
+        return BranchPlanValueError(unhinted_expr, str(error))
+
+
+def planned_format(format_: Callable[[Any, str], str]) -> Callable[[Any, str], str]:
+    """`SymInt` / `SymFloat` / `SymBool.__format__` in plan mode: a read value formatted with a spec (a log line's
+    `f"{loss:8.5f}"`) prints as its symbol, as it does without a spec; other symbols format as before."""
+
+    def __format__(self: Any, spec: str) -> str:
+        if spec and isinstance(self.node.shape_env, PlannedValues):
+            return str(self)
+        return format_(self, spec)
+
+    return __format__
