@@ -1,6 +1,6 @@
 """Calibration as code: run the points of ``calibration.md`` §3 in the simulator, print predicted vs published.
 
-    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K2|K3|K8|C1|C2|E|T1] [--json out.json]
+    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K2|K3|K8|C1|C2|E|T1|T2] [--json out.json]
 
 K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf16): the three memory-bound
 kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
@@ -8,7 +8,8 @@ depth each fits in SBUF without liveness-based allocation) and scale by the numb
 one runs whole (about half a minute of CPU). ``--full`` runs all four at the exact size (the hoisted and
 blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K2 the fused Mamba tutorial's three versions; K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); C2 the same over 64 ranks on two trn1.32xlarge; E1/E2 BERT compiled on one trn1 core; T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
 ``neuron-plan`` from a plain HF + DDP script compiled with backend "neuron" (about two minutes of CPU: 64
-micro-batches of BERT-Large in plan mode, their graphs compiled once).
+micro-batches of BERT-Large in plan mode, their graphs compiled once); T2 Llama2-7B pre-training on 16 x trn1.32xlarge
+(TP 8, DP 64, ZeRO-1), planned from a torchtitan-style script (DTensor TP, per-layer compile, checkpointing).
 Every estimate uses the same named parameters (``nki._cost``); nothing here is specific to one kernel.
 """
 
@@ -249,39 +250,62 @@ def t1() -> list[dict]:
     (`AccumulateGrad`'s add per parameter) 15.8 ms; AdamW 0.13 s and the all-reduce 45.6 ms once a step. With
     Dynamo's default DDPOptimizer (`--split-at-buckets`: 38 graphs a pass, split at DDP's buckets): 5.73 s,
     2,857 seq/s (-25.3 %). Eager planning gave 1,888 seq/s (-51 %)."""
+    report = _plan("bert_pretrain_ddp.py", ["--global-batch", "16384", "--steps", "2"], nodes=1)
+    return [{"id": "T1 BERT-Large DP 32 (planned)", "published": T1_PUBLISHED_SEQ_PER_S,
+             "predicted": 16384 / report["step_seconds"], "unit": "seq/s", "breakdown": report["breakdown"]}]
+
+
+def _plan(script: str, args: list[str], nodes: int) -> dict:
+    """neuron-plan's JSON report of plan_scripts/`script` ARGS on `nodes` trn1.32xlarge, second optimizer step."""
     import subprocess
     import tempfile
 
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan_scripts", "bert_pretrain_ddp.py")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan_scripts", script)
     with tempfile.TemporaryDirectory() as scratch:
-        out = os.path.join(scratch, "t1.json")
+        out = os.path.join(scratch, "plan.json")
         subprocess.run([sys.executable, "-m", "neuron_distributed.plan_cli", "--instance", "trn1.32xlarge",
-                        "--steps", "2", "--json", out, "--", "python", script, "--global-batch", "16384",
-                        "--steps", "2"], check=True, stdout=subprocess.DEVNULL,
-                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                        "--nodes", str(nodes), "--steps", "2", "--json", out, "--", "python", path, *args],
+                       check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONWARNINGS": "ignore"})
         with open(out) as handle:
-            report = json.load(handle)
-    return [{"id": "T1 BERT-Large DP 32 (planned)", "published": T1_PUBLISHED_SEQ_PER_S,
-             "predicted": 16384 / report["step_seconds"], "unit": "seq/s"}]
+            return json.load(handle)
+
+
+T2_PUBLISHED_SEQ_PER_S = 101.3  # calibration.md T2: Llama2-7B, 16 x trn1.32xlarge, TP 8, DP 64, ZeRO-1
+
+
+def t2() -> list[dict]:
+    """T2 planned from a torchtitan-style script (plan_scripts/llama_tp_zero1.py: DTensor TP 8, every decoder layer
+    compiled with backend "neuron" and checkpointed, ZeRO-1 over DP 64 with fp32 master weights, 16 micro-batches
+    of one 4,096-token sequence a rank); sequences per second of the second optimizer step."""
+    report = _plan("llama_tp_zero1.py", ["--tp", "8", "--seq", "4096", "--global-batch", "1024", "--steps", "2"],
+                   nodes=16)
+    return [{"id": "T2 Llama2-7B TP 8 DP 64 (planned)", "published": T2_PUBLISHED_SEQ_PER_S,
+             "predicted": 1024 / report["step_seconds"], "unit": "seq/s", "breakdown": report["breakdown"]}]
 
 
 def main() -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
     ap.add_argument("--json", help="also write the table as JSON to this file")
-    ap.add_argument("--only", choices=("K1", "K2", "K3", "K8", "C1", "C2", "E", "T1"), help="run one group of points")
+    ap.add_argument("--only", choices=("K1", "K2", "K3", "K8", "C1", "C2", "E", "T1", "T2"),
+                    help="run one group of points")
     args = ap.parse_args()
     os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
-    groups = {"K1": lambda: k1(args.full), "K2": k2, "K3": k3, "K8": k8, "C1": c1, "C2": c2, "E": e, "T1": t1}
+    groups = {"K1": lambda: k1(args.full), "K2": k2, "K3": k3, "K8": k8, "C1": c1, "C2": c2, "E": e, "T1": t1, "T2": t2}
     if args.only is None and importlib.util.find_spec("transformers") is None:
-        print("E1/E2 and T1 skipped: transformers is not installed (run --only E or --only T1 with it)")
-        del groups["E"], groups["T1"]
+        print("E1/E2, T1 and T2 skipped: transformers is not installed (run --only E, T1 or T2 with it)")
+        del groups["E"], groups["T1"], groups["T2"]
     rows = [r for name, run in groups.items() if args.only in (None, name) for r in run()]
     for r in rows:
         r["error"] = r["predicted"] / r["published"] - 1.0
     print(f"{'point':<40} {'published':>10} {'predicted':>10} {'unit':<6} {'error':>7}")
     for r in rows:
         print(f"{r['id']:<40} {r['published']:>10.2f} {r['predicted']:>10.2f} {r['unit']:<6} {100 * r['error']:>+6.1f}%")
+    for r in rows:
+        if "breakdown" in r:  # a planned step: where it goes
+            step = sum(r["breakdown"].values())
+            print(f"{r['id']}: " + ", ".join(f"{part} {100 * seconds / step:.1f}%"
+                                               for part, seconds in r["breakdown"].items()))
     lat = {r["id"]: r for r in rows if r["id"].startswith("K1")}
     if lat:
         speedup = lat["K1 tiled"]["predicted"] / lat["K1 fully_optimized"]["predicted"]

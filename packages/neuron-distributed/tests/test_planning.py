@@ -301,6 +301,102 @@ print(json.dumps({**after_backward, "flops": plan.flops_per_step, "cpu_flops": o
     assert measured["flops"] == measured["cpu_flops"] > 0  # the total is counted as FlopCounterMode counts it
 
 
+def test_breakdown_parts_sum_to_the_step_and_name_what_it_did():
+    """`breakdown` splits the step by what it went to, and the parts sum to the step: a data-parallel step of
+    checkpointed attention + MLP blocks has matmul, attention, vector/scalar, the optimizer's step, the exposed
+    gradient all-reduce and the recompute; and the recompute is what checkpointing adds to the step."""
+    code = """
+import json, torch, torch.distributed as dist, torch_neuronx
+from torch.utils.checkpoint import checkpoint
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(256, 768), torch.nn.Linear(256, 256)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(4, 128, 3, 4, 64).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(a.transpose(1, 2).reshape(4, 128, 256))
+        return x + self.mlp(torch.nn.functional.layer_norm(x, (256,)))
+def step(recompute):
+    def run():
+        dist.init_process_group("neuron")
+        blocks = torch.nn.ModuleList(Block() for _ in range(2)).to("neuron")
+        opt = torch.optim.AdamW(blocks.parameters(), lr=1e-3)
+        x = torch.randn(4, 128, 256, device="neuron")
+        for block in blocks:
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+        x.square().mean().backward()
+        for p in blocks.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        dist.destroy_process_group()
+    return run
+plans = {str(r): torch_neuronx.plan(step(r), world_size=2) for r in (True, False)}
+print(json.dumps({r: {"step": p.step_seconds, "breakdown": p.breakdown} for r, p in plans.items()}))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    plans = json.loads(done.stdout.strip().splitlines()[-1])
+    for plan in plans.values():
+        assert sum(plan["breakdown"].values()) == pytest.approx(plan["step"], rel=1e-9)
+    parts = plans["True"]["breakdown"]
+    assert {"matmul", "attention", "vector_scalar", "optimizer", "recompute", "collective:allreduce"} <= set(parts)
+    assert all(parts[p] > 0 for p in ("matmul", "attention", "vector_scalar", "optimizer", "recompute"))
+    assert "recompute" not in plans["False"]["breakdown"]
+    added = plans["True"]["step"] - plans["False"]["step"]
+    assert parts["recompute"] == pytest.approx(added, rel=1e-6)
+
+
+def test_pipeline_breakdown_adds_the_micro_batches_and_the_bubble():
+    """A pipeline rank's breakdown: its planned micro-batch's parts once per micro-batch, the rest of its schedule
+    as the bubble; the parts still sum to the step."""
+    costs = [dataclasses.asdict(StageCost(s, 1.0, 2.0, 0, 0, 0.0)) for s in range(4)]
+    order = _single_order("Schedule1F1B", 4, 8)
+    plans = [{"step_seconds": 3.5, "compute_seconds": 3.0, "communication_seconds": 0.0,
+              "exposed_communication_seconds": 0.0, "flops_per_step": 1.0, "peak_hbm_bytes": 0,
+              "peak_allocated_bytes": 0, "hbm_capacity_bytes": 1, "fits": True, "oom": None, "lanes": [],
+              "breakdown": {"matmul": 2.0, "vector_scalar": 1.0, "optimizer": 0.5},
+              "pipeline": {"schedule": "Schedule1F1B", "n_microbatches": 8, "num_stages": 4, "pipeline_rank": s,
+                           "stages": [costs[s]], "stage_ranks": [0, 1, 2, 3], "order": order, "window_start": 0.0,
+                           "window_seconds": 3.0, "window_compute_seconds": 3.0, "window_communication_seconds": 0.0,
+                           "window_exposed_communication_seconds": 0.0, "window_flops": 1.0,
+                           "window_breakdown": {"matmul": 2.0, "vector_scalar": 1.0}}} for s in range(4)]
+    first = combine(plans)[0]
+    assert first["step_seconds"] == pytest.approx(0.5 + (8 + 4 - 1) * 3.0)
+    assert first["breakdown"] == pytest.approx({"matmul": 16.0, "vector_scalar": 8.0, "optimizer": 0.5,
+                                                "pipeline_bubble": 3 * 3.0})
+    assert sum(first["breakdown"].values()) == pytest.approx(first["step_seconds"])
+
+
+@pytest.mark.all_wheels  # needs neuron-compile
+def test_collectives_a_compiled_graph_traced_are_charged():
+    """A compiled graph's collectives (here DTensor's, row-parallel output all-reduced) run in its host code on host
+    aliases of the device's tensors: they are charged to the graph's device, as the process group prices them (they
+    were charged nothing), and the kernel plan does not price them again."""
+    pytest.importorskip("neuron_compile")
+    code = """
+import json, torch, torch.distributed as dist, torch_neuronx
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+def step():
+    dist.init_process_group("neuron")
+    mesh = init_device_mesh("neuron", (2,))
+    mlp = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).to("neuron")
+    parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    compiled = torch.compile(mlp, backend="neuron", fullgraph=True)
+    compiled(torch.randn(64, 256, device="neuron"))
+    dist.destroy_process_group()
+plan = torch_neuronx.plan(step, world_size=2)
+print(json.dumps({"lanes": [name for name, *_ in plan.lanes], "breakdown": plan.breakdown}))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    assert plan["lanes"].count("c10d::allreduce") == 1 and "neuron_compile::graph_forward" in plan["lanes"]
+    assert plan["breakdown"]["collective:allreduce"] > 0 and plan["breakdown"]["matmul"] > 0
+
+
 def _equal_stages(count: int, forward: float = 1.0, backward: float = 2.0, activation: int = 10):
     return {s: StageCost(s, forward, backward, activation, send_bytes=0, send_seconds=0.0) for s in range(count)}
 

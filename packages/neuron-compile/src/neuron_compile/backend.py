@@ -161,6 +161,8 @@ def _compile_static(
         forward_workspace=forward.workspace_bytes if forward else 0,
         backward_workspace=backward.workspace_bytes if backward else 0,
         retain_device=settings.retain_device,
+        forward_parts=forward.parts() if forward else None,
+        backward_parts=backward.parts() if backward else None,
     )
 
 class _PerShape:

@@ -26,8 +26,8 @@ __all__ = ["CompiledGraph"]
 class CompiledGraph:
     """A compiled (or, with fallback execution, eager) graph plus its run-time contract."""
 
-    __slots__ = ("autocopy", "backward_seconds", "backward_workspace", "fn", "forward_seconds", "forward_workspace",
-                 "index", "retain_device")
+    __slots__ = ("autocopy", "backward_parts", "backward_seconds", "backward_workspace", "fn", "forward_parts",
+                 "forward_seconds", "forward_workspace", "index", "retain_device")
 
     def __init__(
         self,
@@ -40,6 +40,8 @@ class CompiledGraph:
         forward_workspace: int = 0,
         backward_workspace: int = 0,
         retain_device: bool = False,
+        forward_parts: dict[str, float] | None = None,
+        backward_parts: dict[str, float] | None = None,
     ) -> None:
         self.fn = fn
         self.autocopy = autocopy
@@ -49,10 +51,12 @@ class CompiledGraph:
         self.forward_workspace = forward_workspace
         self.backward_workspace = backward_workspace
         self.retain_device = retain_device
+        self.forward_parts = forward_parts  # the seconds split by what the kernels do (a planned step's breakdown)
+        self.backward_parts = backward_parts
 
     def _charge_backward(self, grad_outputs: Any) -> None:
         if self.backward_seconds:
-            services.charge(self.index, self.backward_seconds, "neuron_compile::graph_backward")
+            services.charge(self.index, self.backward_seconds, "neuron_compile::graph_backward", self.backward_parts)
         if self.backward_workspace:  # the backward graph runs right after this hook: its peak, checked now
             device = services.device_allocator(self.index)
             device.free(device.malloc(self.backward_workspace))
@@ -94,17 +98,18 @@ class CompiledGraph:
         return to_cpu(outputs)
 
     def _run(self, args: tuple) -> Any:
-        if self.forward_workspace:
-            device = services.device_allocator(self.index)
-            workspace = device.malloc(self.forward_workspace)
-            try:
+        with services.running_host_code(self.index):  # the collectives it traced are charged to its device
+            if self.forward_workspace:
+                device = services.device_allocator(self.index)
+                workspace = device.malloc(self.forward_workspace)
+                try:
+                    outputs = self.fn(*args)
+                finally:
+                    device.free(workspace)
+            else:
                 outputs = self.fn(*args)
-            finally:
-                device.free(workspace)
-        else:
-            outputs = self.fn(*args)
         if self.forward_seconds:
-            services.charge(self.index, self.forward_seconds, "neuron_compile::graph_forward")
+            services.charge(self.index, self.forward_seconds, "neuron_compile::graph_forward", self.forward_parts)
         if self.backward_seconds or self.backward_workspace:
             for output in outputs if isinstance(outputs, (list, tuple)) else (outputs,):
                 if isinstance(output, torch.Tensor) and output.grad_fn is not None:

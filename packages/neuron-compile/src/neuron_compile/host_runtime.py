@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from neuron_device import services
 from neuron_device.services import host_alias
 
-__all__ = ["to_device", "to_host"]
+__all__ = ["device_index", "to_device", "to_host"]
 
 _NEURON = "neuron"
 
@@ -29,7 +29,8 @@ def to_host(inputs: Sequence[Any]) -> list[Any]:
     return [host_alias(v) if isinstance(v, torch.Tensor) and v.device.type == _NEURON else v for v in inputs]
 
 
-def _device_index(inputs: Sequence[Any]) -> int:
+def device_index(inputs: Sequence[Any]) -> int:
+    """The device of a graph's first `neuron` input (else the current device)."""
     for value in inputs:
         if isinstance(value, torch.Tensor) and value.device.type == _NEURON:
             return value.device.index
@@ -75,7 +76,7 @@ def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any
             pointer = _storage_key(output)
             if pointer not in bases:
                 fresh[pointer] = fresh.get(pointer, 0) + 1
-    index = _device_index(inputs)
+    index = device_index(inputs)
     result = []
     for output in outputs:
         if not isinstance(output, torch.Tensor) or output.device.type != "cpu":

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch._inductor.output_code import OutputCode
 
+from neuron_device import services
+
 from . import host_runtime
 from .passes import KernelPlan
 
@@ -67,7 +69,8 @@ class AtenHostCode(OutputCode):
         if not self.device_arguments:
             return self._graph_module.forward(*inputs)
         hosts = host_runtime.to_host(inputs)
-        outputs = self._graph_module.forward(*hosts)
+        with services.running_host_code(host_runtime.device_index(inputs)):  # e.g. a backward's collectives
+            outputs = self._graph_module.forward(*hosts)
         return type(outputs)(host_runtime.to_device(outputs, inputs, hosts))
 
     def prepare_for_serialization(self) -> None:

@@ -52,6 +52,9 @@ _TRANSCENDENTAL = frozenset(
      aten.log1p, aten.expm1, aten.reciprocal, aten.gelu}
 )
 _NO_FUSION_ENGINES = frozenset({"dma", "gpsimd"})
+# A graph's collectives (DTensor's, traced `dist` calls) charge themselves as the process group prices them when the
+# host code runs them (`services.running_host_code`), like a substituted kernel.
+_COLLECTIVES = frozenset({"_c10d_functional", "_c10d_functional_autograd", "c10d"})
 _UNBACKED_SIZE = 8192  # Inductor's `unbacked_symint_fallback`: the size a data-dependent dim is planned with
 
 
@@ -64,6 +67,7 @@ class Kernel:
     hbm_bytes: float
     dtype: torch.dtype
     anchor_engine: str
+    part: str = "other"  # what its time goes to in a step's breakdown (`services.breakdown_part`, or "recompute")
 
     def seconds(self) -> float:
         # kernels of a compiled graph run back to back in one instruction stream: no per-kernel launch
@@ -85,14 +89,21 @@ class KernelPlan:
     @property
     def seconds(self) -> float:
         """The kernels back to back, plus one launch of the graph (the runtime's launch of an op's kernel)."""
+        return sum(self.parts().values())
+
+    def parts(self) -> dict[str, float]:
+        """`seconds` split by what the kernels do (each kernel's `part`; the graph's launch is "other")."""
         if not self.kernels:
-            return 0.0
-        return services.LAUNCH_SECONDS + sum(kernel.seconds() for kernel in self.kernels)
+            return {}
+        parts = {"other": services.LAUNCH_SECONDS}
+        for kernel in self.kernels:
+            parts[kernel.part] = parts.get(kernel.part, 0.0) + kernel.seconds()
+        return parts
 
     def to_json(self) -> dict[str, Any]:
         """JSON-safe form (stored in the compile cache next to the compiled code)."""
         return {"kernels": [{"nodes": k.nodes, "work": k.work, "hbm_bytes": k.hbm_bytes, "dtype": str(k.dtype),
-                             "anchor_engine": k.anchor_engine} for k in self.kernels],
+                             "anchor_engine": k.anchor_engine, "part": k.part} for k in self.kernels],
                 "workspace_bytes": self.workspace_bytes}
 
     @classmethod
@@ -103,7 +114,7 @@ class KernelPlan:
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"bad dtype {k['dtype']!r} in a stored kernel plan")
             kernels.append(Kernel(list(k["nodes"]), {str(e): float(w) for e, w in k["work"].items()},
-                                  float(k["hbm_bytes"]), dtype, str(k["anchor_engine"])))
+                                  float(k["hbm_bytes"]), dtype, str(k["anchor_engine"]), str(k["part"])))
         return cls(kernels, int(data["workspace_bytes"]))
 
 
@@ -204,7 +215,7 @@ def _flex_attention(node: torch.fx.Node) -> dict[str, float]:
 
 def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
     """(kind, engine, work) of a call_function node; kind is "view", "matmul", "fusable", "substituted" (a Neuron
-    kernel put in by `nki_substitution`) or "other"; attention's work is on several engines (`attention_work`)."""
+    kernel put in by `nki_substitution`, or a collective: both charge their own time when they run) or "other"; attention's work is on several engines (`attention_work`)."""
     packet = _packet(node)
     if packet in _VIEWS or node.target in (getattr, operator.getitem):  # getitem: one result of a multi-output op
         return "view", "", 0.0
@@ -218,7 +229,7 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
                                                    aten._softmax, aten._log_softmax, aten.native_layer_norm):
         inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
         return "fusable", "vector", float(sum(_numel(a) for a in inputs[:1]))
-    if str(node.target).startswith("neuron_compile.nki_"):
+    if str(node.target).startswith("neuron_compile.nki_") or getattr(node.target, "namespace", "") in _COLLECTIVES:
         return "substituted", "", 0.0
     if packet in _FLASH_ATTENTION:
         return "matmul", "tensor", _attention(node)
@@ -240,6 +251,7 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
     groups: list[list[torch.fx.Node]] = []
     engines: list[str] = []
     work: list[dict[str, float]] = []
+    parts: list[str] = []  # each kernel's breakdown part: its first node's (attention by name, else its engine)
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -259,6 +271,7 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
             groups.append([])
             engines.append(engine)
             work.append({})
+            parts.append(services.breakdown_part(str(node.target), engine))
         groups[index].append(node)
         group_of[node] = index
         for unit, count in (amount.items() if isinstance(amount, dict) else ((engine, amount),)):
@@ -277,7 +290,7 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
         tensors = services.flat_tensors(members[0].meta.get("val"))
         dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
         amounts = {engine: float(amount) for engine, amount in work[index].items()}  # static: SymFloat -> float
-        kernels.append(Kernel([n.name for n in members], amounts, float(hbm), dtype, engines[index]))
+        kernels.append(Kernel([n.name for n in members], amounts, float(hbm), dtype, engines[index], parts[index]))
         for node, consumers in written.items():
             if all(u.op != "output" for u in consumers):  # a result is the caller's memory, not the graph's
                 last = max((group_of[u] for u in consumers if u in group_of), default=index)

@@ -36,7 +36,7 @@ from .allocator import device as device_allocator
 from .envvars import LOCAL_RANK
 from .fallback import run_on_host, seeded_call
 from .ops import flex_attention
-from .ops.catalogue import OpInfo, op_info
+from .ops.catalogue import OpInfo, breakdown_part, op_info
 from .ops.registry import builtin as builtin_kernels
 from .ops.registry import kernels as registered_kernels
 from .ops.registry import plugin_estimator
@@ -48,13 +48,15 @@ from .simulation.planned import account as account_planned_op
 from .simulation.planned import resize_storage as resize_planned_storage
 from .simulation.planned import track_storage
 from .storage import adopt, host_alias
-from .timeline import charge, timeline
+from .timeline import Part as ChargePart
+from .timeline import charge, host_code_device, running_host_code, timeline
 from .timeline import set_recorder as set_charge_recorder
 from .topology import Topology, topology
 
 __all__ = [
     "LAUNCH_SECONDS",
     "LOCAL_RANK",
+    "ChargePart",
     "KernelEstimate",
     "OpInfo",
     "Topology",
@@ -62,6 +64,7 @@ __all__ = [
     "account_planned_op",
     "adopt",
     "adopt_tracked",
+    "breakdown_part",
     "builtin_kernels",
     "charge",
     "device_allocator",
@@ -70,6 +73,7 @@ __all__ = [
     "flex_attention",
     "hookimpl",
     "host_alias",
+    "host_code_device",
     "matmul_array_flops",
     "op_info",
     "plugin_estimator",
@@ -78,6 +82,7 @@ __all__ = [
     "registered_kernels",
     "resize_planned_storage",
     "run_on_host",
+    "running_host_code",
     "seeded_call",
     "set_charge_recorder",
     "timeline",

@@ -15,17 +15,22 @@ host waits for each op to finish, so host and device time no longer overlap.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from . import envvars
 from .barrier import flush_barrier
 
-__all__ = ["DeviceTimeline", "Recorder", "charge", "current_stream_id", "set_current_stream_id", "set_recorder",
+__all__ = ["DeviceTimeline", "Part", "Recorder", "charge", "current_stream_id", "host_code_device", "running_host_code", "set_current_stream_id", "set_recorder",
            "timeline"]
 
-# Called for every charge while a profiler listens: (name, device index, stream id, start, end), seconds.
-Recorder = Callable[[str, int, int, float, float], None]
+# What a charge's time went to (`ops.catalogue.breakdown_part`): one part's name, or seconds by part for a charge
+# made of several (a compiled graph's kernels); None when unknown.
+Part = str | Mapping[str, float] | None
+# Called for every charge while a profiler listens: (name, device index, stream id, start, end, part), seconds.
+Recorder = Callable[[str, int, int, float, float, Part], None]
 _recorder: Recorder | None = None
 _launch_blocking: bool | None = None  # NEURON_LAUNCH_BLOCKING, read at the first charge (never at `import torch`)
 
@@ -112,9 +117,10 @@ def set_recorder(recorder: Recorder | None) -> Recorder | None:
     return previous
 
 
-def charge(index: int, seconds: float, name: str = "device work") -> float:
+def charge(index: int, seconds: float, name: str = "device work", part: Part = None) -> float:
     """Queue `seconds` of work named `name` on this thread's current stream of device `index`; return its
-    completion time. `name` reaches only an installed recorder (a profiler's device lane)."""
+    completion time. `name` and `part` (what the time went to) reach only an installed recorder (a profiler's
+    device lane, a planner's breakdown)."""
     found = _timelines.get(index) or timeline(index)
     stream_id = _current.ids.get(index, 0)
     end = found.charge(stream_id, seconds)
@@ -124,5 +130,26 @@ def charge(index: int, seconds: float, name: str = "device work") -> float:
     if _launch_blocking:
         found.host_wait(end)
     if _recorder is not None:
-        _recorder(name, index, stream_id, end - seconds, end)
+        _recorder(name, index, stream_id, end - seconds, end, part)
     return end
+
+
+# The device whose compiled graph's host code is running (its ops run on host aliases of the device's tensors).
+_host_code_device: contextvars.ContextVar[int | None] = contextvars.ContextVar("neuron_host_code_device",
+                                                                              default=None)
+
+
+@contextlib.contextmanager
+def running_host_code(index: int) -> Iterator[None]:
+    """A compiled graph of device `index` runs its host code in the block: work it hands to the device on host
+    tensors (the functional collectives a graph traced) is charged to that device (`host_code_device`)."""
+    token = _host_code_device.set(index)
+    try:
+        yield
+    finally:
+        _host_code_device.reset(token)
+
+
+def host_code_device() -> int | None:
+    """The device whose compiled graph's host code is running, or None."""
+    return _host_code_device.get()

@@ -235,6 +235,8 @@ def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], g
     """Queue the collective's simulated time on the current stream of each `neuron` device it touches; `ranks`
     (the group's global ranks, when known) place it, else a group of `group_size` consecutive ranks is assumed."""
     devices = {t.device.index or 0 for t in (*inputs, *outputs) if t.device.type == "neuron"}
+    if not devices and services.host_code_device() is not None:  # a compiled graph's collective, on host aliases
+        devices = {services.host_code_device()}
     if not devices:
         return
     where = placement_of_ranks(ranks) if ranks else None

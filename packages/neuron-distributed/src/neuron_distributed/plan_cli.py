@@ -1,7 +1,7 @@
 """`neuron-plan`: plan a Trainium job at full scale (HBM fit, step time, cost) from an unmodified script.
 
     neuron-plan [--instance trn1.32xlarge] [--nodes N] [--steps N] [--ranks 0,31] [--json FILE] [--trace FILE]
-                [--tokens-per-step N] [--price-per-hour USD] -- python train.py ARGS
+                [--breakdown] [--tokens-per-step N] [--price-per-hour USD] -- python train.py ARGS
     neuron-plan ... -- torchrun --nproc-per-node 32 --nnodes 1 train.py ARGS
 
 Each planned rank runs in its own process (`plan_ranks`), with the environment torchrun would give it on the whole
@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="ranks planned at once (one process each)")
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--trace")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="print the step split by what it went to (matmul, attention, vector/scalar chains, "
+                        "optimizer, recompute, exposed collectives by kind, pipeline bubble, ...); always in --json")
     parser.add_argument("--tokens-per-step", type=int)
     parser.add_argument("--price-per-hour", type=float)
     options = parser.parse_args(argv[:split])
@@ -152,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             ranks, stages_of=0 if options.ranks == "auto" else None)
     report = build_report(plans, instance=options.instance, nodes=options.nodes,
                           tokens_per_step=options.tokens_per_step, price_per_hour=options.price_per_hour)
-    print(format_report(report))
+    print(format_report(report, breakdown=options.breakdown))
     if options.json_path:
         with open(options.json_path, "w") as handle:
             json.dump(report, handle, indent=2)

@@ -244,7 +244,7 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
         "stage_ranks": ranks, "order": _order(schedule),
         "window_start": start, "window_seconds": planner.clock() - start, "window_compute_seconds": compute,
         "window_communication_seconds": communication, "window_exposed_communication_seconds": exposed,
-        "window_flops": float(planner.flops - flops),
+        "window_flops": float(planner.flops - flops), "window_breakdown": planner.breakdown(start, planner.clock()),
     }
     if losses is not None and loss is not None:
         losses.extend([loss.detach()] * micro)
@@ -345,6 +345,17 @@ def combine(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [_combined(plan, stages, finish, peaks, timed) if plan.get("pipeline") else plan for plan in plans]
 
 
+def _pipeline_breakdown(planned: dict[str, float], pipe: dict[str, Any], finish: float) -> dict[str, float]:
+    """The step's breakdown with the schedule laid out: the planned micro-batch's parts once per micro-batch, and
+    the rest of the pipeline rank's schedule (its finish minus its micro-batches' work) as the bubble."""
+    micro, window = pipe["n_microbatches"], pipe["window_seconds"]
+    out = dict(planned)
+    for part, seconds in pipe["window_breakdown"].items():
+        out[part] = out.get(part, 0.0) + (micro - 1) * seconds
+    out["pipeline_bubble"] = finish - micro * window
+    return out
+
+
 def _combined(plan: dict[str, Any], stages: dict[int, StageCost], finish: list[float], peaks: list[int],
               timed: list[Timed]) -> dict[str, Any]:
     pipe = plan["pipeline"]
@@ -363,6 +374,7 @@ def _combined(plan: dict[str, Any], stages: dict[int, StageCost], finish: list[f
         "exposed_communication_seconds": plan["exposed_communication_seconds"]
         + (micro - 1) * pipe["window_exposed_communication_seconds"],
         "flops_per_step": plan["flops_per_step"] + (micro - 1) * pipe["window_flops"],
+        "breakdown": _pipeline_breakdown(plan["breakdown"], pipe, finish[rank]),
         "peak_hbm_bytes": peak, "peak_allocated_bytes": plan["peak_allocated_bytes"] + extra,
         "fits": plan["fits"] and peak <= plan["hbm_capacity_bytes"],
         "pipeline": {**pipe, "finish_seconds": finish[rank], "busy_seconds": busy,

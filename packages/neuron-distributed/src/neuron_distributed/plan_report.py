@@ -39,6 +39,7 @@ def build_report(plans: list[dict[str, Any]], *, instance: str, nodes: int, toke
         "peak_allocated_bytes": max(p["peak_allocated_bytes"] for p in plans),
         "hbm_capacity_bytes": slowest["hbm_capacity_bytes"],
         "fits": all(p["fits"] for p in plans),
+        "breakdown": dict(sorted(slowest["breakdown"].items(), key=lambda item: -item[1])),
     }
     if slowest.get("pipeline"):
         pipe = slowest["pipeline"]
@@ -61,8 +62,8 @@ def build_report(plans: list[dict[str, Any]], *, instance: str, nodes: int, toke
     return report
 
 
-def format_report(report: dict[str, Any]) -> str:
-    """The report as text, one key a line, bytes in GiB."""
+def format_report(report: dict[str, Any], breakdown: bool = False) -> str:
+    """The report as text, one key a line, bytes in GiB; with `breakdown`, the step split by what it went to."""
     lines = [f"neuron-plan: {report['nodes']} x {report['instance']}, world size {report['world_size']} "
              f"(ranks planned: {report['ranks_planned']})"]
     for key in _REPORT_ORDER:
@@ -76,6 +77,11 @@ def format_report(report: dict[str, Any]) -> str:
         else:
             text = str(value)
         lines.append(f"  {key:32s} {text}")
+    if breakdown:
+        step = report["step_seconds"]
+        lines.append("  breakdown of the step (slowest planned rank):")
+        lines += [f"    {part:32s} {seconds * 1e3:12.3f} ms {seconds / step if step else 0.0:7.1%}"
+                  for part, seconds in report["breakdown"].items()]
     if "pipeline" in report:
         pipe = report["pipeline"]
         lines.append(f"  pipeline: {pipe['schedule']}, {pipe['num_stages']} stages, {pipe['n_microbatches']} "

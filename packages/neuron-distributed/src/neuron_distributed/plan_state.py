@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from neuron_device import services
+from neuron_device.services import ChargePart
 
 from . import costs
 
@@ -101,6 +102,8 @@ class RankPlan:
     # micro-batch through its stages, until `plan_pipeline.combine` lays out the schedule with every stage's costs
     pipeline: dict[str, Any] | None
     lanes: list[tuple[str, int, float, float]]  # (name, stream, start, end) of the planned step, for --trace
+    # the step's seconds by what they went to (`Planner.breakdown`); they sum to step_seconds
+    breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -127,6 +130,23 @@ def _uncovered(spans: list[tuple[float, float]], cover: list[tuple[float, float]
     return total
 
 
+def _attribute(out: dict[str, float], seconds: float, compute: dict[int, ChargePart], comm: dict[int, str]) -> None:
+    """Add `seconds` of a step to `out`: to the compute charges running (equal shares), else to the collectives
+    running (exposed), else to idle."""
+    running = compute or comm
+    if not running:
+        out["idle"] = out.get("idle", 0.0) + seconds
+        return
+    share = seconds / len(running)
+    for part in running.values():
+        if isinstance(part, str):
+            out[part] = out.get(part, 0.0) + share
+            continue
+        total = sum(part.values())
+        for name, amount in part.items():
+            out[name] = out.get(name, 0.0) + share * amount / total
+
+
 class StopPlan(BaseException):
     """Raised at the last planned optimizer step: the rest of the script is not needed."""
 
@@ -144,6 +164,7 @@ class Planner:
         self.boundaries: list[float] = [self.clock()]
         self.flops_at: list[float] = [0.0]
         self.charges: list[tuple[str, int, float, float]] = []
+        self.parts: list[ChargePart] = []  # each charge's part of the step (`_part`), beside `charges`
         self.live: dict[int, tuple[weakref.ref, int, str, str]] = {}
         self.oom: dict[str, Any] | None = None
         self.pipeline: dict[str, Any] | None = None
@@ -154,9 +175,22 @@ class Planner:
         self.values: Any = None  # the symbols answering the script's value reads (`plan_values.PlannedValues`)
         self.answers: list[Iterator[Any]] = []  # the innermost `answering` block's answers to value reads
 
-    def record(self, name: str, index: int, stream: int, start: float, end: float) -> None:
+    def record(self, name: str, index: int, stream: int, start: float, end: float, part: ChargePart = None) -> None:
         if index == self.index:
             self.charges.append((name, stream, start, end))
+            self.parts.append(self._part(name, part))
+
+    def _part(self, name: str, part: ChargePart) -> ChargePart:
+        """What a charge's time went to, by context first: a collective's kind, the optimizer's step, the recompute
+        of activation checkpointing (forward work run inside a backward with gradients enabled, as
+        `torch.utils.checkpoint` reruns a block, eager or compiled), else the kernel's own part."""
+        if costs.is_collective_charge(name):
+            return "collective:" + name.removeprefix(costs.LABEL_PREFIX)
+        if self.optimizer_depth > 0:
+            return "optimizer"
+        if torch._C._current_graph_task_id() != -1 and torch.is_grad_enabled():
+            return "recompute"
+        return "other" if part is None else part
 
     def clock(self) -> float:
         return max(services.timeline(self.index).clocks.values())
@@ -207,11 +241,40 @@ class Planner:
             flops_per_step=self.flops_at[-1] - self.flops_at[-2], peak_hbm_bytes=reserved,
             peak_allocated_bytes=torch.neuron.max_memory_allocated(self.index), hbm_capacity_bytes=self.capacity,
             fits=self.oom is None and reserved <= self.capacity, oom=self.oom, pipeline=self.pipeline,
-            lanes=self.window(start, end))
+            lanes=self.window(start, end), breakdown=self.breakdown(start, end))
 
     def window(self, start: float, end: float) -> list[tuple[str, int, float, float]]:
         """The charges between two clock readings, clipped to them."""
         return [(n, s, max(a, start), min(b, end)) for n, s, a, b in self.charges if b > start and a < end]
+
+    def breakdown(self, start: float, end: float) -> dict[str, float]:
+        """The seconds between two clock readings by what they went to; they sum to `end - start`. Each instant
+        goes to the compute charges running then (shared equally, a charge of several parts split in its
+        proportions); with none, to the collectives running then, as exposed collectives by kind
+        ("collective:all_reduce"); with neither, to "idle" (the device waits, e.g. for the host)."""
+        events = []
+        for i, (_, _, a, b) in enumerate(self.charges):
+            a, b = max(a, start), min(b, end)
+            if b > a:
+                events += [(a, 1, i), (b, 0, i)]  # at equal times, ends before starts
+        events.sort()
+        out: dict[str, float] = {}
+        compute: dict[int, ChargePart] = {}
+        comm: dict[int, str] = {}
+        at = start
+        for when, starts, i in events:
+            if when > at:
+                _attribute(out, when - at, compute, comm)
+                at = when
+            part = self.parts[i]
+            active = comm if isinstance(part, str) and part.startswith("collective:") else compute
+            if starts:
+                active[i] = part
+            else:
+                active.pop(i, None)
+        if end > at:
+            _attribute(out, end - at, compute, comm)
+        return out
 
     def split(self, start: float, end: float) -> tuple[float, float, float]:
         """Compute, communication and exposed communication seconds between two clock readings."""

@@ -18,7 +18,7 @@ import torch
 
 from ..simulation import costmodel as _costmodel
 
-__all__ = ["NATIVE", "OpInfo", "attention_flops", "op_info"]
+__all__ = ["BREAKDOWN_PARTS", "NATIVE", "OpInfo", "attention_flops", "breakdown_part", "op_info"]
 
 _Flops = Callable[[tuple, Any], float]
 
@@ -239,3 +239,23 @@ def op_info(op: torch._ops.OpOverload) -> OpInfo:
         engine = _engine(op, base)
         info = _infos[op] = OpInfo(_name(op), engine, _TENSOR.get(base) if engine == "tensor" else None)
     return info
+
+
+# What a step's device time went to (`neuron-plan --breakdown`): the part of each charge, by the engine that bounds
+# the kernel's work. Attention is its own part, whichever engine bounds it; copies, gathers and other GpSimd or DMA
+# work are data movement; a fallback's host-link copies are host transfers. neuron-plan adds, by context, the
+# optimizer's step, the recompute of activation checkpointing, exposed collectives by kind, the pipeline bubble
+# and idle time.
+BREAKDOWN_PARTS = ("matmul", "attention", "vector_scalar", "data_movement", "host_transfers", "other")
+_PART_OF_ENGINE = {"tensor": "matmul", "vector": "vector_scalar", "scalar": "vector_scalar",
+                   "gpsimd": "data_movement", "dma": "data_movement", None: "host_transfers"}
+
+
+def breakdown_part(name: str, engine: str | None) -> str:
+    """The part of a step a kernel named `name` whose work is bound by `engine` ("tensor", "vector", ...; None: a
+    CPU fallback) belongs to: attention by name (SDPA, flash and flex attention, NKI attention kernels), else by
+    engine."""
+    lowered = name.lower()
+    if "attention" in lowered or "flash" in lowered:
+        return "attention"
+    return _PART_OF_ENGINE.get(engine, "other")

@@ -34,6 +34,7 @@ from .. import numerics as _numerics
 from .. import timeline as _timeline
 from .. import topology as _topology
 from ..barrier import flush_barrier
+from ..ops import catalogue as _catalogue
 from ..ops.catalogue import OpInfo
 from . import costmodel as _costmodel
 
@@ -141,7 +142,8 @@ _launches: dict[tuple, Launch] = {}
 _works: dict[tuple, Work] = {}  # signature -> its work, beside the cached seconds in `_kernels` / `_seconds`
 # `charge`'s one lookup for a signature it has seen since the last clear of either: its Launch and cached seconds.
 # Both clears empty it, so a hit means the kernel is cached, the op is recorded as executed and the Launch is live.
-_charged: dict[tuple, tuple[Launch, float]] = {}
+_charged: dict[tuple, tuple[Launch, float, str]] = {}  # ... and its breakdown part
+_parts: dict[tuple, str] = {}  # a recorded kernel's signature -> its breakdown part
 
 
 def _launch(key: tuple, name: str, seconds: float) -> None:
@@ -219,13 +221,14 @@ def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> 
     if charged is None:
         seconds = _seconds_of(info, key, args, kwargs, result)
         _launch(key, name, seconds)
-        _charged[key] = (_launches[key], seconds)
+        part = _catalogue.breakdown_part(name, engine)
+        _charged[key] = (_launches[key], seconds, part)
     else:  # the common call: one lookup
-        launch, seconds = charged
+        launch, seconds, part = charged
         launch.calls += 1
         if engine is not None:
             _cache_hits += 1
-    end = _timeline.charge(index, seconds, name)
+    end = _timeline.charge(index, seconds, name, part)
     if engine is None:
         _timeline.timeline(index).host_wait(end)  # the host ran the op: it waited for its inputs and outputs
 
@@ -250,7 +253,19 @@ def record_kernel(name: str, index: int, signature: Hashable, seconds: float, wo
         if work is not None:
             _works[key] = work
     _launch(key, name, seconds)
-    _timeline.charge(index, seconds, name)
+    part = _parts.get(key)
+    if part is None:
+        part = _parts[key] = _catalogue.breakdown_part(name, _busiest_engine(work))
+    _timeline.charge(index, seconds, name, part)
+
+
+def _busiest_engine(work: Work | None) -> str:
+    """The engine a recorded kernel spends the most time on ("other" when its work is not given)."""
+    if work is None or not work.engines:
+        return "other"
+    estimate = _costmodel.estimate_kernel(dict(work.engines), work.hbm_bytes, dtype=work.dtype,
+                                          target=_topology.topology().target)
+    return max(estimate.engine_seconds, key=estimate.engine_seconds.get)
 
 
 def transfer(name: str, src: torch.Tensor, dst: torch.Tensor, device: torch.device | None = None) -> None:
@@ -271,7 +286,7 @@ def transfer(name: str, src: torch.Tensor, dst: torch.Tensor, device: torch.devi
             work = _works[key] = Work(hbm_bytes=2 * nbytes)
             seconds = _seconds[key] = work.seconds(_topology.topology().target)
         _launch(key, name, seconds)
-        _timeline.charge(device.index, seconds, name)
+        _timeline.charge(device.index, seconds, name, "data_movement")
     elif src_on_device or device.type == _NEURON:
         direction = "device->host" if src_on_device else "host->device"
         index = src.device.index if src_on_device else device.index
@@ -281,7 +296,7 @@ def transfer(name: str, src: torch.Tensor, dst: torch.Tensor, device: torch.devi
             work = _works[key] = Work(host_copies=(nbytes,))
             seconds = _seconds[key] = work.seconds(_topology.topology().target)
         _launch(key, f"{name} ({direction})", seconds)
-        end = _timeline.charge(index, seconds, f"{name} ({direction})")
+        end = _timeline.charge(index, seconds, f"{name} ({direction})", "host_transfers")
         if src_on_device:
             _timeline.timeline(index).host_wait(end)
 
@@ -349,6 +364,7 @@ def clear_compilation_cache() -> None:
     _seconds.clear()
     _works.clear()
     _charged.clear()
+    _parts.clear()
     clear_compilation_counters()
 
 

@@ -101,10 +101,10 @@ class NeuronProfiler(torch.profiler.profile):
         self.device_records: list[_Record] = []
         self._previous: _timeline.Recorder | None = None
 
-    def _record(self, name: str, index: int, stream: int, start: float, end: float) -> None:
+    def _record(self, name: str, index: int, stream: int, start: float, end: float, part: _timeline.Part) -> None:
         self.device_records.append((name, index, stream, start, end, time.time_ns()))
-        if self._previous is not None:  # an enclosing profiler keeps recording
-            self._previous(name, index, stream, start, end)
+        if self._previous is not None:  # an enclosing profiler (or a planner) keeps recording
+            self._previous(name, index, stream, start, end, part)
 
     def start_trace(self) -> None:
         self.device_records = []

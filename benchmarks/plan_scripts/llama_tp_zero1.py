@@ -1,0 +1,97 @@
+"""Llama pre-training as torchtitan-style users write it: DTensor tensor parallelism (`parallelize_module`,
+column-sharded q/k/v/gate/up, row-sharded o/down) on mesh["tp"], every decoder layer wrapped for activation
+checkpointing and compiled on its own (`torch.compile(block, backend="neuron")`), bf16 weights, gradient
+accumulation over micro-batches, and ZeRO-1 over mesh["dp"] as NeuronX Distributed runs it: the bf16 gradients
+reduce-scattered once a step, AdamW on this rank's fp32 master shard, the updated bf16 weights all-gathered.
+
+calibration.md T2 (Llama2-7B, 16 x trn1.32xlarge, TP 8, DP 64, micro-batch 1, global batch 1,024, seq 4096):
+
+    neuron-plan --instance trn1.32xlarge --nodes 16 --steps 2 -- python llama_tp_zero1.py --tp 8 \\
+        --global-batch 1024 --seq 4096
+"""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    loss_parallel,
+    parallelize_module,
+)
+from torch.nn import functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+SIZES = {  # config.json of meta-llama/Llama-2-7b-hf; "tiny" for tests
+    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, vocab_size=32000),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=256),
+}
+parser = argparse.ArgumentParser()
+parser.add_argument("--model", default="llama2-7b", choices=sorted(SIZES))
+parser.add_argument("--tp", type=int, default=8)
+parser.add_argument("--seq", type=int, default=4096)
+parser.add_argument("--micro-batch", type=int, default=1)
+parser.add_argument("--global-batch", type=int, default=1024)
+parser.add_argument("--steps", type=int, default=2)
+parser.add_argument("--eager", action="store_true", help="do not compile the decoder layers")
+args = parser.parse_args()
+
+dist.init_process_group("neuron")
+device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
+torch.neuron.set_device(device)
+dp = dist.get_world_size() // args.tp
+mesh = init_device_mesh("neuron", (dp, args.tp), mesh_dim_names=("dp", "tp"))
+config = LlamaConfig(max_position_embeddings=args.seq, attn_implementation="sdpa", use_cache=False,
+                     **SIZES[args.model])
+model = LlamaForCausalLM(config).to(device, torch.bfloat16)
+# torchtitan's plan outside the layers: vocabulary-sharded embedding and head, the loss on the sharded logits
+parallelize_module(model, mesh["tp"], {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+                                       "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)})
+layers = model.model.layers
+for i, layer in enumerate(layers):
+    parallelize_module(layer, mesh["tp"], {**{f"self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")},
+                                           "self_attn.o_proj": RowwiseParallel(),
+                                           "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                                           "mlp.down_proj": RowwiseParallel()})
+    # compiled, then checkpointed (the backward recomputes the compiled forward): compiling torchtitan's order (the
+    # checkpointed block) puts SDPA, a seeded random op, in AOT's run_and_save_rng_state, which has no neuron kernel
+    block = layer if args.eager else torch.compile(layer, backend="neuron", fullgraph=True)
+    layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+# ZeRO-1: this rank's fp32 master shard of the flattened local (TP-sharded) weights, and AdamW on it
+parameters = list(model.parameters())
+local = [p.to_local() if isinstance(p, DTensor) else p for p in parameters]
+numel = sum(t.numel() for t in local)
+shard = -(-numel // dp)
+dp_group, dp_rank = mesh["dp"].get_group(), mesh["dp"].get_local_rank()
+flat = torch.cat([t.detach().reshape(-1) for t in local] + [local[0].new_zeros(shard * dp - numel)])
+master = flat[dp_rank * shard:(dp_rank + 1) * shard].float().requires_grad_()
+optimizer = torch.optim.AdamW([master], lr=1e-5)
+accumulation = args.global_batch // (dp * args.micro_batch)
+for _ in range(args.steps):
+    for _ in range(accumulation):
+        ids = torch.randint(0, config.vocab_size, (args.micro_batch, args.seq), device=device)
+        logits = model.lm_head(model.model(input_ids=ids).last_hidden_state)
+        with loss_parallel():  # cross-entropy on the vocabulary shards (labels: the next token)
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten()) / accumulation
+            loss.backward()
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in parameters]
+    flat_grad = torch.cat([g.reshape(-1) for g in grads] + [grads[0].new_zeros(shard * dp - numel)])
+    grad_shard = flat_grad.new_empty(shard)
+    dist.reduce_scatter_tensor(grad_shard, flat_grad, group=dp_group)
+    master.grad = grad_shard.float()
+    optimizer.step()
+    optimizer.zero_grad()
+    model.zero_grad()
+    updated = flat.new_empty(shard * dp)
+    dist.all_gather_into_tensor(updated, master.detach().to(torch.bfloat16), group=dp_group)
+    with torch.no_grad():
+        torch._foreach_copy_(local, [v.view_as(t) for v, t in zip(updated[:numel].split([t.numel() for t in local]), local)])
+dist.destroy_process_group()
