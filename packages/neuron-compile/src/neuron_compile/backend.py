@@ -161,6 +161,7 @@ def _compile_static(
         forward_workspace=forward.workspace_bytes if forward else 0,
         backward_workspace=backward.workspace_bytes if backward else 0,
         retain_device=settings.retain_device,
+        constant_bytes=forward.constant_bytes if forward else 0,
     )
 
 class _PerShape:
