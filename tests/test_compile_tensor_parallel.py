@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -97,12 +98,13 @@ def test_tensor_parallel_blocks_compiled_per_block_train_as_cpu_eager(tp_mesh):
     assert torch.neuron.get_dynamo_metrics()  # compiled by the neuron backend, not run eagerly
 
 
-def _two_ranks(device: str) -> list[float]:
-    """The losses rank 0 prints running `workers_compile/tp_fsdp_compiled.py` on two ranks (torchrun's variables)."""
+def _two_ranks(device: str, worker: str = "tp_fsdp_compiled.py", timeout: float = 300) -> Any:
+    """The JSON line rank 0 prints last running `workers_compile/<worker>` on two ranks (torchrun's variables),
+    each killed after `timeout` seconds."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    script = Path(__file__).parent / "workers_compile" / "tp_fsdp_compiled.py"
+    script = Path(__file__).parent / "workers_compile" / worker
     procs = [subprocess.Popen([sys.executable, "-W", "ignore", str(script), device], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
@@ -111,10 +113,10 @@ def _two_ranks(device: str) -> list[float]:
     outputs = []
     for proc in procs:
         try:
-            outputs.append(proc.communicate(timeout=300)[0])
+            outputs.append(proc.communicate(timeout=timeout)[0])
         except subprocess.TimeoutExpired:
             proc.kill()
-            outputs.append(proc.communicate()[0] + "\n[killed after 300 s]")
+            outputs.append(proc.communicate()[0] + f"\n[killed after {timeout} s]")
     assert all(proc.returncode == 0 for proc in procs), "\n".join(out[-3000:] for out in outputs)
     return json.loads(outputs[0].strip().splitlines()[-1])
 
@@ -125,3 +127,20 @@ def test_two_ranks_tp_compiled_per_block_then_fsdp_match_cpu_gloo(tmp_path, monk
     the losses of the same recipe run eagerly on the CPU with Gloo."""
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "cache"))
     torch.testing.assert_close(_two_ranks("neuron"), _two_ranks("cpu"), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.optional
+def test_two_ranks_tp_llama_generate_static_cache_matches_cpu(tmp_path, monkeypatch):
+    """Issue 38: a DTensor tensor-parallel Llama calling `generate(..., cache_implementation="static")`, whose decode
+    transformers compiles, failed with `Cannot call numel() on tensor with symbolic sizes/strides` (the root of issue
+    #39 item 1). On two ranks its greedy tokens are the CPU's, and the neuron backend compiled the decode."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "cache"))
+    expected = subprocess.run([sys.executable, "-W", "ignore",
+                               str(Path(__file__).parent / "workers_compile" / "tp_generate_static.py"), "cpu"],
+                              capture_output=True, text=True, timeout=300, check=True).stdout.strip().splitlines()[-1]
+    result = _two_ranks("neuron", "tp_generate_static.py", timeout=900)  # each rank compiles the decode
+    assert result["tokens"] == json.loads(expected)["tokens"]
+    assert result["graphs"] > 0

@@ -73,7 +73,7 @@ def test_aten_cache_hit_reuses_the_stored_kernel_plans(tmp_path, monkeypatch) ->
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path))
     planned = []
     plan_kernels = passes.plan_kernels
-    monkeypatch.setattr(passes, "plan_kernels", lambda gm: planned.append(gm) or plan_kernels(gm))
+    monkeypatch.setattr(passes, "plan_kernels", lambda gm, *args: planned.append(gm) or plan_kernels(gm, *args))
     x = torch.randn(16, device="neuron")
     results = []
     for _ in range(2):

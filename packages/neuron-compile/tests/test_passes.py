@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -217,3 +219,66 @@ def test_flex_attention_is_priced_as_a_flash_kernel() -> None:
     with graph.graph.inserting_after(forward):  # the backward op's query, key and value come first as well
         node = graph.graph.call_function(torch.ops.higher_order.flex_attention_backward, forward.args[:3])
     assert _classify(node) == ("matmul", "tensor", attention_work(8, 128, 128, 64, causal=False, backward=True))
+
+
+class _Cached(torch.nn.Module):
+    """Two linear layers and a buffer the forward writes (as a static KV cache is written)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)
+        self.register_buffer("cache", torch.zeros(4, 256))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.cache.copy_(x)
+        return self.second(torch.relu(self.first(self.cache)))
+
+
+def _compiled_plan(monkeypatch: pytest.MonkeyPatch, mode: str):
+    """The kernel plan of `_Cached` compiled with backend "neuron" under bf16 autocast (fp32 weights), and the
+    AOT graph's casts of its 2-D inputs (the two weights and x, which the graph writes into the buffer)."""
+    from neuron_compile import passes
+
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_NEFF_CACHE", "1")  # planned afresh in every case
+    captured = []
+    plan_kernels_ = passes.plan_kernels
+    monkeypatch.setattr(passes, "plan_kernels",
+                        lambda gm, *args: captured.append((gm, args, plan_kernels_(gm, *args))) or captured[-1][2])
+    model = _Cached().to("neuron")
+    if mode == "requires_grad_(False)":
+        model.requires_grad_(False)
+    x = torch.randn(4, 256, device="neuron")
+    grad = {"no_grad": torch.no_grad(), "inference_mode": torch.inference_mode()}.get(mode, contextlib.nullcontext())
+    with grad, torch.autocast("neuron", dtype=torch.bfloat16):
+        out = torch.compile(model, backend="neuron")(x)
+    gm, args, plan = captured[0]
+    written = {n.args[0] for n in gm.graph.nodes if n.target == torch.ops.aten.copy_.default}
+    assert len(written) == 1 and not written & set(*args or [()])  # the buffer is no constant
+    casts = {n.name for n in gm.graph.nodes if n.target == torch.ops.prims.convert_element_type.default
+             and n.args[0].op == "placeholder" and n.args[0].meta["val"].dim() == 2}
+    return plan, casts, out
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "requires_grad_(False)"])
+def test_an_inference_graph_folds_the_work_on_its_frozen_weights(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Issue 38: neuronx-cc takes an inference graph's weights as constants, so the bf16 casts of an fp32 model's
+    weights under autocast are done once, at compile time. The per-call plan has no cast of a weight (the buffer
+    the graph writes is no constant), the matmuls read the weights as bf16, and the folded copies are the graph's
+    constants."""
+    plan, casts, out = _compiled_plan(monkeypatch, mode)
+    assert out.dtype == torch.bfloat16
+    planned = {name for kernel in plan.kernels for name in kernel.nodes}
+    assert len(casts) == 3  # both weights and x (the graph reads the buffer as x, which it writes there)
+    assert len(casts & planned) == 1  # x's
+    weights = 256 * 512 * 2
+    assert plan.constant_bytes == 2 * (weights + 512 + 256)  # bf16 copies of both weights and biases
+    bytes_read = sum(k.hbm_bytes for k in plan.kernels)
+    assert bytes_read < 4 * weights  # the fp32 weights are not read per call
+
+
+def test_a_training_graph_charges_the_casts_of_its_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parameters that require grad are not constants: their casts run (and are planned) every call."""
+    plan, casts, _ = _compiled_plan(monkeypatch, "train")
+    planned = {name for kernel in plan.kernels for name in kernel.nodes}
+    assert len(casts) == 3 and casts <= planned
+    assert plan.constant_bytes == 0

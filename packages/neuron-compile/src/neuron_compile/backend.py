@@ -163,6 +163,7 @@ def _compile_static(
         retain_device=settings.retain_device,
         forward_parts=forward.parts() if forward else None,
         backward_parts=backward.parts() if backward else None,
+        constant_bytes=forward.constant_bytes if forward else 0,
     )
 
 class _PerShape:

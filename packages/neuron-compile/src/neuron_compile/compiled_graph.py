@@ -5,11 +5,14 @@ kernels are charged when autograd runs the graph's backward).
 
 The graph's intermediates live in host buffers Inductor allocates, which the device allocator never sees; each run
 therefore takes the plan's workspace (`KernelPlan.workspace_bytes`) from the device allocator while the graph runs,
-so `max_memory_allocated` and out-of-memory account for them as in eager mode.
+so `max_memory_allocated` and out-of-memory account for them as in eager mode. The graph's constants (the frozen
+weights' folded copies, `KernelPlan.constant_bytes`) are taken once, when the graph is made, and given back when it
+is collected, as the runtime loads a compiled graph's constants with it.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +29,8 @@ __all__ = ["CompiledGraph"]
 class CompiledGraph:
     """A compiled (or, with fallback execution, eager) graph plus its run-time contract."""
 
-    __slots__ = ("autocopy", "backward_parts", "backward_seconds", "backward_workspace", "fn", "forward_parts",
-                 "forward_seconds", "forward_workspace", "index", "retain_device")
+    __slots__ = ("__weakref__", "autocopy", "backward_parts", "backward_seconds", "backward_workspace", "fn",
+                 "forward_parts", "forward_seconds", "forward_workspace", "index", "retain_device")
 
     def __init__(
         self,
@@ -42,7 +45,11 @@ class CompiledGraph:
         retain_device: bool = False,
         forward_parts: dict[str, float] | None = None,
         backward_parts: dict[str, float] | None = None,
+        constant_bytes: int = 0,
     ) -> None:
+        if constant_bytes:
+            device = services.device_allocator(index)
+            weakref.finalize(self, device.free, device.malloc(constant_bytes))
         self.fn = fn
         self.autocopy = autocopy
         self.index = index

@@ -111,7 +111,26 @@ def _with_device_autocast(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
         return None
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    return make_fx(gm, tracing_mode="fake")(*example_inputs)
+    retraced = make_fx(gm, tracing_mode="fake")(*example_inputs)
+    _keep_dynamo_inputs(gm, retraced)
+    return retraced
+
+
+def _keep_dynamo_inputs(dynamo: torch.fx.GraphModule, retraced: torch.fx.GraphModule) -> None:
+    """Give a retrace of a Dynamo graph the Dynamo metadata of its inputs (the graph's compile id, its parameters'
+    sources, each placeholder's source and static-input mark), which AOTAutograd reads to tell parameters and
+    buffers from other inputs (`static_input_indices`): without it, an autocast graph's weights would be inputs like
+    any other, and an inference graph would not fold them (`passes.frozen_inputs`). The retrace has the same
+    placeholders in the same order."""
+    if "dynamo_compile_id" not in dynamo.meta or not hasattr(dynamo, "_param_name_to_source"):
+        return
+    old, new = (list(g.graph.find_nodes(op="placeholder")) for g in (dynamo, retraced))
+    for before, after in zip(old, new, strict=True):
+        after._dynamo_source = before._dynamo_source  # Dynamo gives every placeholder one (AOTAutograd asserts it)
+        if "tensor_dict" in before.meta:
+            after.meta["tensor_dict"] = before.meta["tensor_dict"]
+    retraced.meta["dynamo_compile_id"] = dynamo.meta["dynamo_compile_id"]
+    retraced._param_name_to_source = dynamo._param_name_to_source
 
 
 def _host_example(value: Any, traced: Any) -> Any:
@@ -176,7 +195,9 @@ def _inner_compile(
             rms_norm.fuse_rms_norm(gm)
         nki_substitution.substitute(gm)
         rng.seed_from_device(gm)
-        plans[stage] = passes.plan_kernels(gm)
+        # an inference graph's parameters and buffers are constants of the compiled graph (`passes.frozen_inputs`)
+        frozen = passes.frozen_inputs(gm, kwargs.get("static_input_idxs", ())) if stage == "inference" else set()
+        plans[stage] = passes.plan_kernels(gm, frozen)
     artifacts.write_graph(stage, gm)
     with metrics.phase("lower"):
         if host_code == "aten":

@@ -21,6 +21,13 @@ Other Tensor-engine ops without a formula here are priced by eager's FLOP formul
 
 The plan also gives the graph's workspace: the peak bytes of kernel results that later kernels read, each live from
 the kernel that writes it to the last kernel that reads it (results the graph returns belong to the caller).
+
+Frozen weights (`frozen_inputs`): an inference graph's parameters and buffers that it does not write are constants
+of the compiled graph, as neuronx-cc treats an inference model's weights. Work that depends on nothing else (the
+bf16 cast of an fp32 weight under autocast, a transposed weight, an embedding of a position-ids buffer) is done
+once at compile time: it is not planned per call, and its results are the graph's constants (`constant_bytes`),
+resident in HBM next to the originals, which the user's model still holds. Kernels read the folded copies (a
+matmul under bf16 autocast reads its weight as bf16). A training graph's parameters require grad: nothing folds.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import torch
@@ -37,7 +44,7 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from neuron_device import services
 from neuron_spec.costs import PE_SIZE
 
-__all__ = ["Kernel", "KernelPlan", "attention_work", "plan_kernels"]
+__all__ = ["Kernel", "KernelPlan", "attention_work", "frozen_inputs", "plan_kernels"]
 
 aten = torch.ops.aten
 
@@ -80,11 +87,13 @@ class KernelPlan:
 
     `workspace_bytes`: the most device memory the graph's intermediates hold at once (kernel results read by a
     later kernel, but not returned). A run of the graph takes it from the device allocator for its duration, so
-    peak memory and out-of-memory see what eager mode would have allocated for them.
+    peak memory and out-of-memory see what eager mode would have allocated for them. `constant_bytes`: the results
+    of work on frozen weights done at compile time (`frozen_inputs`), held in device memory while the graph lives.
     """
 
     kernels: list[Kernel]
     workspace_bytes: int = 0
+    constant_bytes: int = 0
 
     @property
     def seconds(self) -> float:
@@ -104,7 +113,7 @@ class KernelPlan:
         """JSON-safe form (stored in the compile cache next to the compiled code)."""
         return {"kernels": [{"nodes": k.nodes, "work": k.work, "hbm_bytes": k.hbm_bytes, "dtype": str(k.dtype),
                              "anchor_engine": k.anchor_engine, "part": k.part} for k in self.kernels],
-                "workspace_bytes": self.workspace_bytes}
+                "workspace_bytes": self.workspace_bytes, "constant_bytes": self.constant_bytes}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KernelPlan:
@@ -115,7 +124,7 @@ class KernelPlan:
                 raise ValueError(f"bad dtype {k['dtype']!r} in a stored kernel plan")
             kernels.append(Kernel(list(k["nodes"]), {str(e): float(w) for e, w in k["work"].items()},
                                   float(k["hbm_bytes"]), dtype, str(k["anchor_engine"]), str(k["part"])))
-        return cls(kernels, int(data["workspace_bytes"]))
+        return cls(kernels, int(data["workspace_bytes"]), int(data["constant_bytes"]))
 
 
 def _size(value: int | torch.SymInt) -> int:
@@ -244,16 +253,57 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
                                         aten.gather, aten.scatter, aten.index_put) else "gpsimd", float(_numel(node))
 
 
-def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
-    """Partition `gm` (an AOT graph with `val` metadata) into fused kernels."""
+def _written_inputs(node: torch.fx.Node) -> list[Any]:
+    """The arguments `node` writes in place (its schema's mutable arguments)."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return []
+    written = []
+    for position, argument in enumerate(node.target._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            written.append(node.args[position] if position < len(node.args) else node.kwargs.get(argument.name))
+    return written
+
+
+def frozen_inputs(gm: torch.fx.GraphModule, static_indices: Sequence[int]) -> set[torch.fx.Node]:
+    """The placeholders of an inference graph that are frozen weights: its static inputs (`static_indices`, the
+    parameters and buffers Dynamo lifted, as Inductor's `static_input_idxs`) that the graph does not write (a
+    static KV cache is a buffer the graph updates: an input, not a constant)."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    frozen = {placeholders[i] for i in static_indices if i < len(placeholders)}
+    for node in gm.graph.nodes:
+        for value in _written_inputs(node):
+            while isinstance(value, torch.fx.Node) and _packet(value) in _VIEWS and value.args:
+                value = value.args[0]  # a write through a view writes its base
+            frozen.discard(value)
+    return frozen
+
+
+def _foldable(node: torch.fx.Node, constants: set[torch.fx.Node]) -> bool:
+    """Whether `node` is work on constants only, which a compiler does once at compile time: a pure ATen op (not
+    random, writing nothing) whose inputs are all constants."""
+    target = node.target
+    if not (isinstance(target, torch._ops.OpOverload) and target.namespace in ("aten", "prims")):
+        return False
+    if torch.Tag.nondeterministic_seeded in target.tags or _written_inputs(node):
+        return False
+    return bool(node.all_input_nodes) and all(a in constants for a in node.all_input_nodes)
+
+
+def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozenset()) -> KernelPlan:
+    """Partition `gm` (an AOT graph with `val` metadata) into fused kernels. `frozen`: its placeholders that are
+    constants (`frozen_inputs`); the work on them alone is folded at compile time, not planned."""
     source: dict[torch.fx.Node, torch.fx.Node] = {}  # view node -> the node whose memory it reads
     group_of: dict[torch.fx.Node, int] = {}
     groups: list[list[torch.fx.Node]] = []
     engines: list[str] = []
     work: list[dict[str, float]] = []
     parts: list[str] = []  # each kernel's breakdown part: its first node's (attention by name, else its engine)
+    constants = set(frozen)
     for node in gm.graph.nodes:
         if node.op != "call_function":
+            continue
+        if _foldable(node, constants):
+            constants.add(node)
             continue
         kind, engine, amount = _classify(node)
         inputs = [source.get(a, a) for a in node.all_input_nodes]
@@ -295,7 +345,20 @@ def plan_kernels(gm: torch.fx.GraphModule) -> KernelPlan:
             if all(u.op != "output" for u in consumers):  # a result is the caller's memory, not the graph's
                 last = max((group_of[u] for u in consumers if u in group_of), default=index)
                 lifetimes.append((index, last, _nbytes(node)))
-    return KernelPlan(kernels, _peak_live_bytes(lifetimes, len(groups)))
+    return KernelPlan(kernels, _peak_live_bytes(lifetimes, len(groups)), _folded_bytes(constants - set(frozen), group_of))
+
+
+def _folded_bytes(folded: set[torch.fx.Node], group_of: Mapping[torch.fx.Node, int]) -> int:
+    """Device bytes of the folded results the planned kernels read: each one's base (a view of a folded result, or
+    of a weight, holds no memory of its own) counted once."""
+    kept = set()
+    for node in folded:
+        if any(u in group_of for u in node.users):
+            while node in folded and _packet(node) in _VIEWS and node.args:
+                node = node.args[0]
+            if node in folded:
+                kept.add(node)
+    return sum(_nbytes(n) for n in kept)
 
 
 def _peak_live_bytes(lifetimes: list[tuple[int, int, int]], count: int) -> int:
