@@ -40,6 +40,10 @@ TEST_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
 # worksteal: a worker that runs out of tests takes queued ones from the other, so the session does not wait on
 # one worker's queue behind a long test (the OpInfo sweep's shards, the compiled-model tests).
 WORKERS = ("-n", "2", "--dist", "worksteal")
+# Tests marked `optional` need a library no wheel declares (transformers, accelerate): the sessions of the wheels and
+# `all` leave them out, and the session that installs those libraries (hf) runs them from every test folder, so none
+# is skipped for a missing library.
+NOT_OPTIONAL = "not optional"
 
 
 def _install(session: nox.Session, *requirements: str) -> None:
@@ -70,7 +74,7 @@ def _install_alone(session: nox.Session, package: str) -> None:
 def _package_session(package: str):
     def session_function(session: nox.Session) -> None:
         _install_alone(session, package)
-        _pytest(session, f"{PATHS[package]}/tests")
+        _pytest(session, f"{PATHS[package]}/tests", marks=NOT_OPTIONAL)
 
     session_function.__doc__ = f"neuron-{package} alone, with only its declared dependencies."
     return nox.session(python=PYTHON, name=package)(session_function)
@@ -85,7 +89,7 @@ def compile_alone(session: nox.Session) -> None:
     """neuron-compile alone, with only its declared dependencies; then compile-inductor's tests in the same
     virtualenv (arguments after `--` run in both host codes)."""
     _install_alone(session, "compile")
-    _pytest(session, f"{PATHS['compile']}/tests")
+    _pytest(session, f"{PATHS['compile']}/tests", marks=NOT_OPTIONAL)
     _inductor_host_code_tests(session)
 
 
@@ -103,8 +107,8 @@ def _inductor_host_code_tests(session: nox.Session) -> None:
     (`NEURON_COMPILE_HOST_CODE=inductor`: Inductor's C++ code generation; the `compile` session's first run tests the
     default "aten" host code). Not slow tests, to keep the C++ compiles few: the slow ones compile C++ or set the host
     code themselves (`nox -s compile-inductor -- -m slow` runs them)."""
-    _pytest(session, f"{PATHS['compile']}/tests", "tests/test_concatenation_fused.py", marks="not slow",
-            env={"NEURON_COMPILE_HOST_CODE": "inductor"})
+    _pytest(session, f"{PATHS['compile']}/tests", "tests/test_concatenation_fused.py",
+            marks=f"not slow and {NOT_OPTIONAL}", env={"NEURON_COMPILE_HOST_CODE": "inductor"})
 
 
 @nox.session(python=PYTHON, name="compile-inductor")
@@ -128,7 +132,8 @@ def all_packages(session: nox.Session) -> None:
     _install(session, *TEST_TOOLS, *PATHS.values(), TORCH_NEURONX)
     # One pytest run over every test folder, so the two workers share all of it (test modules have distinct basenames:
     # pytest imports each folder's modules by their bare names).
-    _pytest(session, *(f"{path}/tests" for path in PATHS.values()), "tests", marks="all_wheels and not slow")
+    _pytest(session, *(f"{path}/tests" for path in PATHS.values()), "tests",
+            marks=f"all_wheels and not slow and {NOT_OPTIONAL}")
 
 
 @nox.session(python=PYTHON)
@@ -140,7 +145,8 @@ def hf(session: nox.Session) -> None:
     compiled pair; 75 s of CPU time, measured on a loaded machine)."""
     _install(session, *TEST_TOOLS, *PATHS.values(), TORCH_NEURONX, "-r", "requirements-hf.txt")
     session.env["HF_HUB_OFFLINE"] = "1"
-    _pytest(session, "tests/hf")
+    # tests/hf (all `optional`) and the wheels' tests that need these libraries (their sessions leave them out)
+    _pytest(session, "tests/hf", *(f"{path}/tests" for path in PATHS.values()), marks="optional")
 
 
 @nox.session(python=PYTHON)
