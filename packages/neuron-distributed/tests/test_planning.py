@@ -219,7 +219,8 @@ def test_factories_are_charged_as_the_real_run_fills():
     `arange`, `randperm`) reach a plan's dispatch mode whole, where a real run runs their composite kernel: an
     allocation plus `fill_`, `zero_`, `normal_`, `uniform_`, `random_` or an `out=` kernel. The plan charges those
     kernels, with no false "fell back to CPU" warning (it warned for `randn` and `randint` and charged them as CPU
-    fallbacks)."""
+    fallbacks). `torch.tensor(data, device="neuron")` is its copy from the host (the plan charged a clone too: the
+    fake mode's copy of the small tensor it keeps as a constant)."""
     code = """
 import collections, json, torch, torch_neuronx, warnings
 from neuron_device.simulation import kernels
@@ -230,6 +231,7 @@ def fills():
     torch.randn(4, 4, device="neuron"), torch.rand(4, device="neuron"), torch.randint(0, 9, (4,), device="neuron")
     torch.randn_like(x), torch.randint(9, (4,), device="neuron"), torch.randperm(8, device="neuron")
     torch.arange(8, device="neuron"), torch.empty_like(x)
+    torch.tensor([], device="neuron"), torch.tensor(3.0, device="neuron"), torch.tensor([1.0, 2.0], device="neuron")
 kernels.clear_op_tracking()
 fills()
 real = collections.Counter()
@@ -246,7 +248,7 @@ print(json.dumps({"real": real, "planned": planned, "warnings": [str(w.message) 
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["planned"] == result["real"] == {
         "aten::fill_.Scalar": 6, "aten::zero_": 3, "aten::normal_": 2, "aten::uniform_": 1, "aten::random_.from": 2,
-        "aten::randperm.generator_out": 1, "aten::arange.start_out": 1}
+        "aten::randperm.generator_out": 1, "aten::arange.start_out": 1, "aten::_to_copy (host->device)": 3}
     assert not [w for w in result["warnings"] if "fell back to CPU" in w]
 
 
