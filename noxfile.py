@@ -12,6 +12,10 @@ pinned (2.13.0) by neuron-device's own metadata, so pip takes the CPU build from
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+from pathlib import Path
+
 import nox
 
 nox.options.reuse_existing_virtualenvs = True
@@ -149,17 +153,53 @@ def hf(session: nox.Session) -> None:
     _pytest(session, "tests/hf", *(f"{path}/tests" for path in PATHS.values()), marks="optional")
 
 
+# What the torchtitan session exercises: the four wheels (sources, metadata), its tests and requirements, this file.
+# CI skips the session when none of it changed since its last pass (issue 39): it is the longest session (about 8
+# minutes on a quiet 2-core machine), and its outcome is a function of these files alone.
+TORCHTITAN_COVERS = (":(glob)packages/*/src/**", ":(glob)packages/*/pyproject.toml", "tests/torchtitan",
+                     "requirements-torchtitan.txt", "noxfile.py")
+
+
+def _content_key(paths: tuple[str, ...]) -> str | None:
+    """A hash of the committed content of `paths` (git pathspecs), or None when it cannot stand for what runs: not
+    a git checkout, or a change not committed (edited or untracked files under them)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args, "--", *paths], capture_output=True, text=True, check=True).stdout
+
+    try:
+        if git("status", "--porcelain", "--untracked-files=all"):
+            return None
+        return hashlib.sha256(git("ls-files", "--stage").encode()).hexdigest()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _passed_before(session: nox.Session, paths: tuple[str, ...]) -> tuple[Path, str | None]:
+    """(the record of the session's last pass, the content key of `paths` now); skips the session when its last pass
+    on this machine (the record in nox's cache directory, kept with the virtualenvs) was on the same content.
+    `nox -s NAME -- ...` (arguments given) always runs."""
+    record, key = session.cache_dir / f"{session.name}.passed", _content_key(paths)
+    if key is not None and not session.posargs and record.is_file() and record.read_text() == key:
+        session.skip(f"nothing it covers changed since its last pass ({', '.join(paths)}; key {key[:12]}): "
+                     f"delete {record} or give pytest arguments (`nox -s {session.name} -- -x`) to run it")
+    return record, key
+
+
 @nox.session(python=PYTHON)
 def torchtitan(session: nox.Session) -> None:
     """torchtitan as a client: its own entry point (`torchrun -m torchtitan.train`) trains its debug models on 2
     ranks of `neuron` (FSDP, TP, eager and compiled with the "neuron" backend), checked against the same runs on the
     CPU with Gloo. torchtitan 0.2.2 and its dependencies come from the package index, pinned in
     requirements-torchtitan.txt; the tokenizer and data set are made by the tests (no downloads). About 6 minutes of
-    CPU time, mostly the start-up of each rank (measured: 13m57s on a loaded 2-core machine)."""
+    CPU time, mostly the start-up of each rank (measured: 13m57s on a loaded 2-core machine). Skipped when nothing
+    it covers (`TORCHTITAN_COVERS`) changed since its last pass on this machine."""
+    record, key = _passed_before(session, TORCHTITAN_COVERS)
     _install(session, *TEST_TOOLS, *PATHS.values(), TORCH_NEURONX, "-r", "requirements-torchtitan.txt")
     session.env["HF_HUB_OFFLINE"] = "1"
     session.env["HF_DATASETS_OFFLINE"] = "1"
     _pytest(session, "tests/torchtitan")
+    if key is not None:
+        record.write_text(key)
 
 
 @nox.session(python=PYTHON)
