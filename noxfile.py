@@ -1,13 +1,15 @@
 """Test sessions: each wheel alone (with only its declared dependencies), all four together, and lint.
 
 Where each test runs (tests/README.md, "Which session runs what"): a wheel's session runs all of its folder's tests
-(slow and multi-process included), with only that wheel and its declared dependencies installed; `all` runs the
+(slow and multi-process included, `optional` ones aside), with only that wheel and its declared dependencies
+installed; `hf` runs the `optional` ones (they need transformers or accelerate); `all` runs the
 cross-package tests of `tests/` and, from the wheels' folders, only the tests marked `all_wheels`: those that need a
 sibling wheel (they skip alone) or whose outcome can differ when the other wheels' plugins are active. A test whose
 outcome cannot differ runs once, in its wheel's session.
 
-`nox` runs them all (what CI runs); `nox -s device` runs one. Virtualenvs are reused between runs, and torch is
-pinned (2.13.0) by neuron-device's own metadata, so pip takes the CPU build from the local wheel cache.
+`nox` runs them all (what CI runs); `nox -s device` runs one. Virtualenvs are reused between runs (`.ci/run` keeps
+them outside the checkout, keyed by what decides their contents), and torch is pinned (2.13.0) by neuron-device's own
+metadata, so pip takes the CPU build from the local wheel cache.
 """
 
 from __future__ import annotations
