@@ -77,27 +77,3 @@ def test_visible_cores_honoured(check):
     """With NEURON_RT_VISIBLE_CORES=2-3 each process sees two devices and rank r works on neuron:r (core 2 + r)."""
     assert_check(*_run("neuron", *SHORT, cores="cores 2-3"), check)
 
-
-def test_all_reduce_future_holds_the_device_tensors():
-    """An all-reduce's future resolves to the `neuron` tensors it reduced (NCCL's does; Gloo's held the host
-    aliases), so DDP's reducer copies the reduced bucket back into each gradient on the device: a one-process DDP
-    step charges no copy from the host after its backward (it charged one a gradient, under the real run's time)."""
-    import torch
-    import torch.distributed as dist
-
-    from neuron_device.simulation import kernels
-
-    dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        tensor = torch.ones(4, device="neuron")
-        value = dist.all_reduce(tensor, async_op=True).get_future().wait()
-        assert value[0] is tensor
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8).to("neuron"))
-        model(torch.ones(2, 8, device="neuron")).sum().backward()  # the first step builds the buckets
-        model.zero_grad()
-        out = model(torch.ones(2, 8, device="neuron")).sum()
-        kernels.clear_op_tracking()
-        out.backward()
-        assert not [launch.name for launch in kernels.launches() if "host->device" in launch.name]
-    finally:
-        dist.destroy_process_group()

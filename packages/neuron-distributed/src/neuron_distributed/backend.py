@@ -70,18 +70,6 @@ def _premul_as_sum(opts: Any, factory: Callable[[], Any], host: list[torch.Tenso
     return _with_sum(opts, factory), scaled
 
 
-def _resolving_to(work: Work, tensors: list[torch.Tensor]) -> Work:
-    """`work`, whose future's value is `tensors` (on `neuron`), as NCCL's is its device tensors, not Gloo's host
-    aliases: DDP's reducer copies each gradient back from that value, which on the aliases was charged as a copy
-    from the host instead of on the device. An error of `work` still fails the future."""
-
-    def on_device(done: torch.futures.Future) -> list[torch.Tensor]:
-        done.wait()
-        return tensors
-
-    return _create_work_from_future(work.get_future().then(on_device))
-
-
 class NeuronProcessGroup(dist.ProcessGroup):
     """Process group of backend `neuron`. One process per NeuronCore; tensors may be on `neuron` or `cpu`."""
 
@@ -116,9 +104,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: AllreduceOptions = AllreduceOptions()) -> Work:  # noqa: B008
         opts, host = _premul_as_sum(opts, AllreduceOptions, to_host(tensors), in_place=True)
-        return _resolving_to(
-            self._issue("allreduce", tensors, tensors, lambda: self._gloo.allreduce(host, opts), same=host), tensors
-        )
+        return self._issue("allreduce", tensors, tensors, lambda: self._gloo.allreduce(host, opts), same=host)
 
     def allreduce_coalesced(
         self,
@@ -126,14 +112,13 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts: AllreduceCoalescedOptions = AllreduceCoalescedOptions(),  # noqa: B008
     ) -> Work:
         opts, host = _premul_as_sum(opts, AllreduceCoalescedOptions, to_host(tensors), in_place=True)
-        work = self._issue(
+        return self._issue(
             "allreduce_coalesced",
             tensors,
             tensors,
             lambda: self._gloo.allreduce_coalesced(host, opts),
             same=host,
         )
-        return _resolving_to(work, tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions = ReduceOptions()) -> Work:  # noqa: B008
         opts, host = _premul_as_sum(opts, ReduceOptions, to_host(tensors), in_place=True)
