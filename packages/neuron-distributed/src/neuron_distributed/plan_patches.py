@@ -53,7 +53,8 @@ def _planned_allreduce(group: Any, bucket: dist.GradBucket) -> torch.futures.Fut
     tensor.div_(group.size())
     dist.all_reduce(tensor, group=group)
     future: torch.futures.Future = torch.futures.Future()
-    future.set_result(torch.empty_like(tensor, device="cpu"))  # a fake: no memory, no charge
+    # a CPU fake (no memory, no charge; made from no `neuron` tensor, which would charge it as an op on the device)
+    future.set_result(torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu"))
     return future
 
 
