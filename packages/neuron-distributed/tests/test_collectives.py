@@ -76,4 +76,3 @@ def test_other_init_forms(form, check):
 def test_visible_cores_honoured(check):
     """With NEURON_RT_VISIBLE_CORES=2-3 each process sees two devices and rank r works on neuron:r (core 2 + r)."""
     assert_check(*_run("neuron", *SHORT, cores="cores 2-3"), check)
-
