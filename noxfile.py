@@ -1,16 +1,22 @@
 """Test sessions: each wheel alone (with only its declared dependencies), all four together, and lint.
 
 Where each test runs (tests/README.md, "Which session runs what"): a wheel's session runs all of its folder's tests
-(slow and multi-process included), with only that wheel and its declared dependencies installed; `all` runs the
+(slow and multi-process included, `optional` ones aside), with only that wheel and its declared dependencies
+installed; `hf` runs the `optional` ones (they need transformers or accelerate); `all` runs the
 cross-package tests of `tests/` and, from the wheels' folders, only the tests marked `all_wheels`: those that need a
 sibling wheel (they skip alone) or whose outcome can differ when the other wheels' plugins are active. A test whose
 outcome cannot differ runs once, in its wheel's session.
 
-`nox` runs them all (what CI runs); `nox -s device` runs one. Virtualenvs are reused between runs, and torch is
-pinned (2.13.0) by neuron-device's own metadata, so pip takes the CPU build from the local wheel cache.
+`nox` runs them all (what CI runs); `nox -s device` runs one. Virtualenvs are reused between runs (`.ci/run` keeps
+them outside the checkout, keyed by what decides their contents), and torch is pinned (2.13.0) by neuron-device's own
+metadata, so pip takes the CPU build from the local wheel cache.
 """
 
 from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
 
 import nox
 
@@ -40,6 +46,10 @@ TEST_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
 # worksteal: a worker that runs out of tests takes queued ones from the other, so the session does not wait on
 # one worker's queue behind a long test (the OpInfo sweep's shards, the compiled-model tests).
 WORKERS = ("-n", "2", "--dist", "worksteal")
+# Tests marked `optional` need a library no wheel declares (transformers, accelerate): the sessions of the wheels and
+# `all` leave them out, and the session that installs those libraries (hf) runs them from every test folder, so none
+# is skipped for a missing library.
+NOT_OPTIONAL = "not optional"
 
 
 def _install(session: nox.Session, *requirements: str) -> None:
@@ -70,7 +80,7 @@ def _install_alone(session: nox.Session, package: str) -> None:
 def _package_session(package: str):
     def session_function(session: nox.Session) -> None:
         _install_alone(session, package)
-        _pytest(session, f"{PATHS[package]}/tests")
+        _pytest(session, f"{PATHS[package]}/tests", marks=NOT_OPTIONAL)
 
     session_function.__doc__ = f"neuron-{package} alone, with only its declared dependencies."
     return nox.session(python=PYTHON, name=package)(session_function)
@@ -85,7 +95,7 @@ def compile_alone(session: nox.Session) -> None:
     """neuron-compile alone, with only its declared dependencies; then compile-inductor's tests in the same
     virtualenv (arguments after `--` run in both host codes)."""
     _install_alone(session, "compile")
-    _pytest(session, f"{PATHS['compile']}/tests")
+    _pytest(session, f"{PATHS['compile']}/tests", marks=NOT_OPTIONAL)
     _inductor_host_code_tests(session)
 
 
@@ -103,8 +113,8 @@ def _inductor_host_code_tests(session: nox.Session) -> None:
     (`NEURON_COMPILE_HOST_CODE=inductor`: Inductor's C++ code generation; the `compile` session's first run tests the
     default "aten" host code). Not slow tests, to keep the C++ compiles few: the slow ones compile C++ or set the host
     code themselves (`nox -s compile-inductor -- -m slow` runs them)."""
-    _pytest(session, f"{PATHS['compile']}/tests", "tests/test_adaptive_eager_fused.py", marks="not slow",
-            env={"NEURON_COMPILE_HOST_CODE": "inductor"})
+    _pytest(session, f"{PATHS['compile']}/tests", "tests/test_adaptive_eager_fused.py",
+            marks=f"not slow and {NOT_OPTIONAL}", env={"NEURON_COMPILE_HOST_CODE": "inductor"})
 
 
 @nox.session(python=PYTHON, name="compile-inductor")
@@ -128,7 +138,8 @@ def all_packages(session: nox.Session) -> None:
     _install(session, *TEST_TOOLS, *PATHS.values(), TORCH_NEURONX)
     # One pytest run over every test folder, so the two workers share all of it (test modules have distinct basenames:
     # pytest imports each folder's modules by their bare names).
-    _pytest(session, *(f"{path}/tests" for path in PATHS.values()), "tests", marks="all_wheels and not slow")
+    _pytest(session, *(f"{path}/tests" for path in PATHS.values()), "tests",
+            marks=f"all_wheels and not slow and {NOT_OPTIONAL}")
 
 
 @nox.session(python=PYTHON)
@@ -140,7 +151,40 @@ def hf(session: nox.Session) -> None:
     compiled pair; 75 s of CPU time, measured on a loaded machine)."""
     _install(session, *TEST_TOOLS, *PATHS.values(), TORCH_NEURONX, "-r", "requirements-hf.txt")
     session.env["HF_HUB_OFFLINE"] = "1"
-    _pytest(session, "tests/hf")
+    # tests/hf (all `optional`) and the wheels' tests that need these libraries (their sessions leave them out)
+    _pytest(session, "tests/hf", *(f"{path}/tests" for path in PATHS.values()), marks="optional")
+
+
+# What the torchtitan session exercises: the four wheels (sources, metadata), its tests and requirements, this file.
+# CI skips the session when none of it changed since its last pass (issue 39): it is the longest session (about 8
+# minutes on a quiet 2-core machine), and its outcome is a function of these files alone.
+TORCHTITAN_COVERS = (":(glob)packages/*/src/**", ":(glob)packages/*/pyproject.toml", "tests/torchtitan",
+                     "requirements-torchtitan.txt", "noxfile.py")
+
+
+def _content_key(paths: tuple[str, ...]) -> str | None:
+    """A hash of the committed content of `paths` (git pathspecs), or None when it cannot stand for what runs: not
+    a git checkout, or a change not committed (edited or untracked files under them)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args, "--", *paths], capture_output=True, text=True, check=True).stdout
+
+    try:
+        if git("status", "--porcelain", "--untracked-files=all"):
+            return None
+        return hashlib.sha256(git("ls-files", "--stage").encode()).hexdigest()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _passed_before(session: nox.Session, paths: tuple[str, ...]) -> tuple[Path, str | None]:
+    """(the record of the session's last pass, the content key of `paths` now); skips the session when its last pass
+    on this machine (the record in nox's cache directory, kept with the virtualenvs) was on the same content.
+    `nox -s NAME -- ...` (arguments given) always runs."""
+    record, key = session.cache_dir / f"{session.name}.passed", _content_key(paths)
+    if key is not None and not session.posargs and record.is_file() and record.read_text() == key:
+        session.skip(f"nothing it covers changed since its last pass ({', '.join(paths)}; key {key[:12]}): "
+                     f"delete {record} or give pytest arguments (`nox -s {session.name} -- -x`) to run it")
+    return record, key
 
 
 @nox.session(python=PYTHON)
@@ -149,11 +193,15 @@ def torchtitan(session: nox.Session) -> None:
     ranks of `neuron` (FSDP, TP, eager and compiled with the "neuron" backend), checked against the same runs on the
     CPU with Gloo. torchtitan 0.2.2 and its dependencies come from the package index, pinned in
     requirements-torchtitan.txt; the tokenizer and data set are made by the tests (no downloads). About 6 minutes of
-    CPU time, mostly the start-up of each rank (measured: 13m57s on a loaded 2-core machine)."""
+    CPU time, mostly the start-up of each rank (measured: 13m57s on a loaded 2-core machine). Skipped when nothing
+    it covers (`TORCHTITAN_COVERS`) changed since its last pass on this machine."""
+    record, key = _passed_before(session, TORCHTITAN_COVERS)
     _install(session, *TEST_TOOLS, *PATHS.values(), TORCH_NEURONX, "-r", "requirements-torchtitan.txt")
     session.env["HF_HUB_OFFLINE"] = "1"
     session.env["HF_DATASETS_OFFLINE"] = "1"
     _pytest(session, "tests/torchtitan")
+    if key is not None:
+        record.write_text(key)
 
 
 @nox.session(python=PYTHON)

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +35,9 @@ class _RecordingSession:
         self.posargs: list[str] = []
         self.env: dict[str, str] = {}
         self.runs: list[tuple[list[str], dict[str, str]]] = []
+        # nox's cache directory, where a session may keep a record of its last pass: an empty one, so that no
+        # session is skipped (and none is recorded where a real run would read it)
+        self.cache_dir = Path(tempfile.mkdtemp(prefix="selection-cache-"))
 
     def install(self, *args, **kwargs) -> None:
         pass

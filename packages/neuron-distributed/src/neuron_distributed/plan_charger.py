@@ -71,6 +71,16 @@ def _rng_wrappers() -> tuple[Any, Any]:
     return run_and_save_rng_state, run_with_rng_state
 
 
+def _lifted_as_is(func: torch._ops.OpOverload, args: tuple, mode: Any) -> Any:
+    """`torch.tensor(data, device="neuron")` lifts the real tensor it made (copied from the host, charged as the real
+    run's copy) into the fake mode, which keeps a small one as its constant by cloning it: a `neuron` kernel the real
+    run never runs (a tiny Llama's KV-cache set-up charged one a layer). The tensor is `torch.tensor`'s own, so it is
+    the constant itself: the fake the mode would make, without the clone. None for any other op."""
+    if func is not _aten.lift_fresh.default or type(args[0]) is not torch.Tensor or args[0].device.type != "neuron":
+        return None
+    return mode.fake_tensor_converter.from_real_tensor(mode, args[0], make_constant=mode.may_turn_const(args[0]))
+
+
 def _on_neuron(args: tuple, kwargs: dict) -> bool:
     """The op runs on `neuron` (its `device=` or its first tensor's): only there does a real run take its composite
     kernel; a CPU op inside a compiled graph (a `scalar_tensor` constant) stays whole on the plan's fakes, as before."""
@@ -149,6 +159,9 @@ class Charger(TorchDispatchMode):
             # compile time (a compiler's fakes): run as is, charged nothing; never through a composite kernel of the
             # plan's, which would mix the compiler's fakes with the plan's (Dynamo's fake SDPA with dropout failed)
             return func(*args, **kwargs)
+        lifted = _lifted_as_is(func, args, self.planner.fake_mode)
+        if lifted is not None:
+            return lifted
         if catalogue.kind_of(func) is not None:
             self._forget_constants((args, kwargs))
         hop = isinstance(func, torch._ops.HigherOrderOperator)
