@@ -789,6 +789,26 @@ print(json.dumps([read.step_seconds, plain.step_seconds, refused(branch), refuse
     assert line["SHAPE"] in shape and line["READ"] in shape, shape
 
 
+
+def test_scalar_overloads_run_whole_plan():
+    """`x % 3` on `neuron`: the real run takes `remainder.Scalar`'s composite kernel, which calls `remainder.Tensor`
+    with a wrapped number that Python dispatch hands over as an `int` (refused by the op before the fix); the plan
+    charges the `Tensor` overload the real run runs, with the real run's result dtypes."""
+    code = """
+import json, torch, torch_neuronx
+def step():
+    x = torch.arange(6, device="neuron")
+    half = torch.randn(4, device="neuron").bfloat16()
+    print(json.dumps([str(t.dtype) for t in (x % 3, x % 2.5, torch.fmod(x, 2), half % 2.5)]))
+plan = torch_neuronx.plan(step, world_size=1)
+print(json.dumps(sorted({name for name, *_ in plan.lanes})))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    dtypes, lanes = map(json.loads, done.stdout.strip().splitlines()[-2:])
+    assert dtypes == ["torch.int64", "torch.float32", "torch.int64", "torch.bfloat16"]
+    assert any(name.startswith("aten::remainder") for name in lanes), lanes
+
 def test_preloaded_modules_see_the_scripts_argv(tmp_path):
     """The modules `neuron-plan` imports once for all ranks see the script's argv, as under `python`: torchtitan's
     `ConfigManager.parse_args(args=sys.argv[1:])` default is evaluated at import (it parsed the zygote's)."""
