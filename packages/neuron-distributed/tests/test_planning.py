@@ -809,6 +809,35 @@ print(json.dumps(sorted({name for name, *_ in plan.lanes})))
     assert dtypes == ["torch.int64", "torch.float32", "torch.int64", "torch.bfloat16"]
     assert any(name.startswith("aten::remainder") for name in lanes), lanes
 
+
+def test_read_value_formats_feeds_a_tensor_and_an_index_is_refused(tmp_path):
+    """A read value in plan mode: a 0-d planned tensor formatted with a spec prints as the symbol its read is answered
+    with (torch raised TypeError), `torch.tensor` of a read value is a planned 0-d tensor that arithmetic takes (was
+    refused as a branch), and indexing with one is a `PlanValueError` naming the line (was torch's IndexError)."""
+    code = """
+import torch, torch_neuronx
+from neuron_distributed.plan_state import PlanValueError
+def step():
+    t = torch.randn(8, device="neuron")
+    i = t.argmax().item()  # READ
+    scale = torch.tensor(t.sum().item(), device="neuron")
+    print(f"loss {t.sum():.3f}", tuple((t * scale).shape), scale.dtype)
+    try:
+        t[i]  # INDEX
+    except PlanValueError as error:
+        print(error)
+torch_neuronx.plan(step, world_size=1)
+"""
+    script = tmp_path / "read.py"
+    script.write_text(code)
+    done = _plan_in_subprocess(f"import runpy; runpy.run_path({str(script)!r})")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[-2] == "loss zuf1 (8,) torch.float32"
+    line = {mark: f"read.py:{n} " for n, text in enumerate(code.splitlines(), 1)
+            for mark in ("READ", "INDEX") if f"# {mark}" in text}
+    assert line["INDEX"] in lines[-1] and line["READ"] in lines[-1] and "an index" in lines[-1], lines[-1]
+
 def test_preloaded_modules_see_the_scripts_argv(tmp_path):
     """The modules `neuron-plan` imports once for all ranks see the script's argv, as under `python`: torchtitan's
     `ConfigManager.parse_args(args=sys.argv[1:])` default is evaluated at import (it parsed the zygote's)."""

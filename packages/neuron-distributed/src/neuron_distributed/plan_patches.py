@@ -27,7 +27,11 @@ with its reason. Nothing here outlives the plan.
   parameter by resizing its storage to 0 bytes, and refills it; a fake's storage has no device memory to resize).
 * pipelining schedules: one micro-batch a stage (`plan_pipeline`).
 * `SymInt` / `SymFloat` / `SymBool.__format__`: a value the plan answered with a symbol (`plan_values`) formatted
-  with a spec (a log line's `f"{loss:8.5f}"`) prints as its symbol; torch's raises `TypeError`.
+  with a spec (a log line's `f"{loss:8.5f}"`) prints as its symbol; torch's raises `TypeError`. So does a planned
+  0-d tensor's (`Tensor.__format__`: torch formats only a plain `Tensor`'s value).
+* `Tensor.__getitem__` / `__setitem__` with an index made from a read value: refused naming the line
+  (`PlanValueError`); torch's own error is an `IndexError` about the index's type.
+* `torch.tensor` of a read value: a planned 0-d tensor (torch's converts the symbol to a number, a branch on it).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from neuron_device import services
 
 from . import envvars, plan_state
 from .plan_pipeline import patched_schedules
-from .plan_values import planned_format
+from .plan_values import planned_format, planned_index, planned_tensor, planned_tensor_format
 
 __all__ = ["patched", "patched_everywhere", "patched_torch"]
 
@@ -355,6 +359,10 @@ def patched_torch() -> Iterator[None]:
         stack.enter_context(patched_schedules())
         for symbolic in (torch.SymInt, torch.SymFloat, torch.SymBool):
             stack.enter_context(patched(symbolic, "__format__", planned_format(symbolic.__format__)))
+        stack.enter_context(patched(torch.Tensor, "__format__", planned_tensor_format(torch.Tensor.__format__)))
+        stack.enter_context(patched(torch, "tensor", planned_tensor(torch.tensor)))
+        for name in ("__getitem__", "__setitem__"):
+            stack.enter_context(patched(torch.Tensor, name, planned_index(getattr(torch.Tensor, name))))
         dist.Backend._plugins["NEURON"] = plugin._replace(creator_fn=_fake_neuron_group)
         stack.callback(dist.Backend._plugins.__setitem__, "NEURON", plugin)
         yield
