@@ -929,6 +929,83 @@ print(json.dumps([read.step_seconds, plain.step_seconds, refused(branch), refuse
     assert line["SHAPE"] in shape and line["READ"] in shape, shape
 
 
+
+def test_scalar_overloads_run_whole_plan():
+    """`x % 3` on `neuron`: the real run takes `remainder.Scalar`'s composite kernel, which calls `remainder.Tensor`
+    with a wrapped number that Python dispatch hands over as an `int` (refused by the op before the fix); the plan
+    charges the `Tensor` overload the real run runs, with the real run's result dtypes."""
+    code = """
+import json, torch, torch_neuronx
+def step():
+    x = torch.arange(6, device="neuron")
+    half = torch.randn(4, device="neuron").bfloat16()
+    print(json.dumps([str(t.dtype) for t in (x % 3, x % 2.5, torch.fmod(x, 2), half % 2.5)]))
+plan = torch_neuronx.plan(step, world_size=1)
+print(json.dumps(sorted({name for name, *_ in plan.lanes})))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    dtypes, lanes = map(json.loads, done.stdout.strip().splitlines()[-2:])
+    assert dtypes == ["torch.int64", "torch.float32", "torch.int64", "torch.bfloat16"]
+    assert any(name.startswith("aten::remainder") for name in lanes), lanes
+
+
+def test_read_value_formats_feeds_a_tensor_and_an_index_is_refused(tmp_path):
+    """A read value in plan mode: a 0-d planned tensor formatted with a spec prints as the symbol its read is answered
+    with (torch raised TypeError), `torch.tensor` of a read value is a planned 0-d tensor that arithmetic takes (was
+    refused as a branch), and indexing with one is a `PlanValueError` naming the line (was torch's IndexError)."""
+    code = """
+import torch, torch_neuronx
+from neuron_distributed.plan_state import PlanValueError
+def step():
+    t = torch.randn(8, device="neuron")
+    i = t.argmax().item()  # READ
+    scale = torch.tensor(t.sum().item(), device="neuron")
+    print(f"loss {t.sum():.3f}", tuple((t * scale).shape), scale.dtype)
+    try:
+        t[i]  # INDEX
+    except PlanValueError as error:
+        print(error)
+torch_neuronx.plan(step, world_size=1)
+"""
+    script = tmp_path / "read.py"
+    script.write_text(code)
+    done = _plan_in_subprocess(f"import runpy; runpy.run_path({str(script)!r})")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[-2] == "loss zuf1 (8,) torch.float32"
+    line = {mark: f"read.py:{n} " for n, text in enumerate(code.splitlines(), 1)
+            for mark in ("READ", "INDEX") if f"# {mark}" in text}
+    assert line["INDEX"] in lines[-1] and line["READ"] in lines[-1] and "an index" in lines[-1], lines[-1]
+
+
+@pytest.mark.optional
+def test_triton_kernel_on_planned_tensors_is_refused_naming_it():
+    """A Triton kernel launched on planned tensors (torchtitan's MoE token permutation under TRITON_INTERPRET=1)
+    needs their memory: refused with a PlanValueError naming the kernel; the process died of a segmentation fault
+    after torch's "Accessing the data pointer of FakeTensor" warning before."""
+    pytest.importorskip("triton")
+    code = """
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, torch_neuronx, triton, triton.language as tl
+from neuron_distributed.plan_state import PlanValueError
+@triton.jit
+def double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * 2, mask=offsets < n)
+def step():
+    x = torch.randn(16, device="neuron")
+    try:
+        double_kernel[(1,)](x, torch.empty_like(x), 16, BLOCK=16)
+    except PlanValueError as error:
+        print(error)
+torch_neuronx.plan(step, world_size=1)
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    assert "the Triton kernel 'double_kernel'" in done.stdout, done.stdout
+
 def test_preloaded_modules_see_the_scripts_argv(tmp_path):
     """The modules `neuron-plan` imports once for all ranks see the script's argv, as under `python`: torchtitan's
     `ConfigManager.parse_args(args=sys.argv[1:])` default is evaluated at import (it parsed the zygote's)."""

@@ -65,6 +65,26 @@ def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
     return _DEVICE if op.namespace != "prim" and not own and has(name, "PrivateUse1") else None
 
 
+def _rewrapped(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """`args` / `kwargs` with each Python number a `Tensor` argument of `func` holds made a 0-d tensor again. A
+    composite kernel run whole wraps a Scalar overload's number (`remainder.Scalar` calls `remainder.Tensor` with
+    `wrapped_scalar_tensor(3)`); Python dispatch hands the wrapped number to the charger as a plain `int`, which the
+    op's Python binding refuses for most ops (all but `add` / `mul`'s kind). The tensor has the dtype the wrapped
+    number promotes to with the op's first tensor, so the result's dtype is the real run's."""
+    first = next((t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
+
+    def tensor(value: Any, argument: Any) -> Any:
+        if not isinstance(argument.type, torch.TensorType) or type(value) not in (bool, int, float, complex):
+            return value
+        dtype = torch.result_type(first, value) if first is not None else None
+        return torch.scalar_tensor(value, dtype=dtype)
+
+    schema = func._schema.arguments
+    args = tuple(tensor(value, argument) for value, argument in zip(args, schema, strict=False))
+    named = {argument.name: argument for argument in schema}
+    return args, {name: tensor(value, named[name]) if name in named else value for name, value in kwargs.items()}
+
+
 def _rng_wrappers() -> tuple[Any, Any]:
     from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
@@ -172,6 +192,9 @@ class Charger(TorchDispatchMode):
                 self.outer.append(func)
                 with self:
                     result = func._op_dk(whole, *args, **kwargs)
+            elif self.outer and not hop:  # inside a kernel run whole: its wrapped numbers are Python numbers here
+                inner_args, inner_kwargs = _rewrapped(func, args, kwargs)
+                result = func(*inner_args, **inner_kwargs)
             else:
                 result = func(*args, **kwargs)
         except torch._subclasses.fake_tensor.DynamicOutputShapeException as error:

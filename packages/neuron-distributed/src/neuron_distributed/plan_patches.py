@@ -27,13 +27,20 @@ with its reason. Nothing here outlives the plan.
   parameter by resizing its storage to 0 bytes, and refills it; a fake's storage has no device memory to resize).
 * pipelining schedules: one micro-batch a stage (`plan_pipeline`).
 * `SymInt` / `SymFloat` / `SymBool.__format__`: a value the plan answered with a symbol (`plan_values`) formatted
-  with a spec (a log line's `f"{loss:8.5f}"`) prints as its symbol; torch's raises `TypeError`.
+  with a spec (a log line's `f"{loss:8.5f}"`) prints as its symbol; torch's raises `TypeError`. So does a planned
+  0-d tensor's (`Tensor.__format__`: torch formats only a plain `Tensor`'s value).
+* `Tensor.__getitem__` / `__setitem__` with an index made from a read value: refused naming the line
+  (`PlanValueError`); torch's own error is an `IndexError` about the index's type.
+* Triton's kernel launch (`JITFunction.run`, `InterpretedFunction.run`) on planned tensors: refused naming the
+  kernel (it needs their memory; torch only warns on a fake's data pointer, and the process then crashed).
+* `torch.tensor` of a read value: a planned 0-d tensor (torch's converts the symbol to a number, a branch on it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,7 +52,7 @@ from neuron_device import services
 
 from . import envvars, plan_state
 from .plan_pipeline import patched_schedules
-from .plan_values import planned_format
+from .plan_values import planned_format, planned_index, planned_tensor, planned_tensor_format
 
 __all__ = ["patched", "patched_everywhere", "patched_torch"]
 
@@ -317,6 +324,35 @@ def _fake_neuron_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
     return FakeProcessGroup._create_internal(rank, size)
 
 
+def _refused_launch(run: Callable[..., Any]) -> Callable[..., Any]:
+    """A Triton kernel's launch (`JITFunction.run`, and `InterpretedFunction.run` under `TRITON_INTERPRET=1`) on
+    planned tensors: refused naming the kernel. The kernel reads and writes its tensors through their data pointers,
+    and a planned tensor has no memory (torch only warns "Accessing the data pointer of FakeTensor"; the interpreter
+    then read address 0 and the process died of a segmentation fault, torchtitan's MoE token permutation)."""
+
+    @functools.wraps(run)
+    def launch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(leaf, torch._subclasses.fake_tensor.FakeTensor) for leaf in (*args, *kwargs.values())):
+            name = getattr(getattr(self, "fn", None), "__name__", None) or repr(self)
+            raise plan_state.value_read(
+                f"the Triton kernel {name!r}, which reads and writes its tensors through their data pointers: a "
+                "planned tensor has no memory, and plan mode charges ATen ops, not Triton kernels")
+        return run(self, *args, **kwargs)
+
+    return launch
+
+
+def _triton_launchers() -> list[Any]:
+    """Triton's kernel classes whose `run` launches a kernel, if Triton is installed (imported for the patch: a script
+    may import it inside the plan)."""
+    if importlib.util.find_spec("triton") is None:
+        return []
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    return [JITFunction, InterpretedFunction]
+
+
 @contextlib.contextmanager
 def patched_torch() -> Iterator[None]:
     """torch patched for a plan (see the module's doc), restored after the block."""
@@ -359,6 +395,12 @@ def patched_torch() -> Iterator[None]:
         stack.enter_context(patched_schedules())
         for symbolic in (torch.SymInt, torch.SymFloat, torch.SymBool):
             stack.enter_context(patched(symbolic, "__format__", planned_format(symbolic.__format__)))
+        stack.enter_context(patched(torch.Tensor, "__format__", planned_tensor_format(torch.Tensor.__format__)))
+        stack.enter_context(patched(torch, "tensor", planned_tensor(torch.tensor)))
+        for launcher in _triton_launchers():
+            stack.enter_context(patched(launcher, "run", _refused_launch(launcher.run)))
+        for name in ("__getitem__", "__setitem__"):
+            stack.enter_context(patched(torch.Tensor, name, planned_index(getattr(torch.Tensor, name))))
         dist.Backend._plugins["NEURON"] = plugin._replace(creator_fn=_fake_neuron_group)
         stack.callback(dist.Backend._plugins.__setitem__, "NEURON", plugin)
         yield

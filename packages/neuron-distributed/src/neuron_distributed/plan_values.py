@@ -18,10 +18,12 @@ from typing import Any
 import sympy
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+from torch.utils._pytree import tree_leaves
 
 from .plan_state import PlanValueError, user_frame, value_read
 
-__all__ = ["BranchPlanValueError", "PlannedValues", "planned_format"]
+__all__ = ["BranchPlanValueError", "PlannedValues", "planned_format", "planned_index", "planned_tensor",
+           "planned_tensor_format"]
 
 
 class BranchPlanValueError(PlanValueError, GuardOnDataDependentSymNode):
@@ -70,3 +72,54 @@ def planned_format(format_: Callable[[Any, str], str]) -> Callable[[Any, str], s
         return format_(self, spec)
 
     return __format__
+
+
+def _read(value: Any) -> bool:
+    """`value` is a symbol the plan answered a read with."""
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and \
+        isinstance(value.node.shape_env, PlannedValues)
+
+
+def planned_tensor_format(format_: Callable[[Any, str], str]) -> Callable[[Any, str], str]:
+    """`Tensor.__format__` in plan mode: a planned 0-d tensor formatted with a spec (`f"{loss:.3f}"`) prints as the
+    symbol its read (`.item()`, charged as the real run's) is answered with; torch's formats only a plain `Tensor`'s
+    value and raises `TypeError` for a fake's."""
+
+    def __format__(self: torch.Tensor, spec: str) -> str:
+        if spec and self.dim() == 0 and isinstance(self, torch._subclasses.fake_tensor.FakeTensor):
+            return format(self.detach().item(), spec)
+        return format_(self, spec)
+
+    return __format__
+
+
+def planned_index(index_: Callable[..., Any]) -> Callable[..., Any]:
+    """`Tensor.__getitem__` / `__setitem__` in plan mode: an index made from a read value (`t[i]`, `i = x.item()`)
+    picks the elements by the value, which the plan has none of: refused naming the line (torch's own error is an
+    `IndexError` about the index's type)."""
+
+    def indexed(self: torch.Tensor, index: Any, *rest: Any) -> Any:
+        read = [leaf for leaf in tree_leaves(index) if _read(leaf)]
+        if read:
+            shape_env = read[0].node.shape_env
+            where = shape_env.origins(sympy.Add(*(leaf.node.expr for leaf in read)))
+            raise value_read(f"an index made from the values {where}")
+        return index_(self, index, *rest)
+
+    return indexed
+
+
+def planned_tensor(tensor_: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`torch.tensor` in plan mode: a read value made a 0-d tensor again (`torch.tensor(loss.item(), device=...)`,
+    to feed arithmetic or a collective) is a planned 0-d tensor of the value's dtype (`torch.full`, whose fill the
+    fake mode takes as a symbol); torch's converts the value to a Python number, a branch on it. A list of read
+    values is still refused so."""
+
+    def tensor(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if _read(data) and not args:
+            requires_grad = kwargs.pop("requires_grad", False)
+            kwargs.pop("pin_memory", None)
+            return torch.full((), data, **kwargs).requires_grad_(requires_grad)
+        return tensor_(data, *args, **kwargs)
+
+    return tensor
