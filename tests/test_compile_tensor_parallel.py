@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -82,13 +83,20 @@ def tp_mesh(monkeypatch, tmp_path):
         torch._dynamo.reset()
 
 
-def test_tensor_parallel_blocks_compiled_per_block_train_as_cpu_eager(tp_mesh):
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
+def test_tensor_parallel_blocks_compiled_per_block_train_as_cpu_eager(tp_mesh, checkpointed):
+    """`checkpointed`: torchtitan's order, each TP block in `checkpoint_wrapper`, then compiled. Its forward saves the
+    mesh and attention's generator state for the backward; it stopped in AOTAutograd's `save_from_forward` (the mesh
+    taken for a tensor) until neuron-compile's `_patches.rng_states_saved_as_tensors`."""
     torch.manual_seed(0)
     reference = nn.Sequential(Block(), Block())
     model = copy.deepcopy(reference).to("neuron")
-    for block in model:
+    for index, block in enumerate(model):
         parallelize_module(block, tp_mesh, PLAN)
-        block.compile(backend="neuron")
+        if checkpointed:
+            model[index] = torch.compile(checkpoint_wrapper(block), backend="neuron")
+        else:
+            block.compile(backend="neuron")
     assert isinstance(model[0].q.weight, DTensor)
     losses, grads = train(model, "neuron")
     expected_losses, expected_grads = train(reference, "cpu")

@@ -29,9 +29,11 @@ ONE_RANK = ["--parallelism.data_parallel_shard_degree", "1"]
 # torchtitan 0.2.2's MoE reorders tokens with a Triton kernel (generate_permute_indices): Triton's interpreter runs it
 TRITON_INTERPRETER = {"TRITON_INTERPRET": "1"}
 # what still stops a case (each a strict xfail: it fails until its fix lands, then must pass)
-TP_COMPILE_AC = ("TP blocks compiled under torchtitan's selective activation checkpointing: AOTAutograd's partitioner "
-                 "saves the block's DeviceMesh among the tensors it checks ('expected all tensors_saved_with_vc_check "
-                 "to be Tensors'), the same on the CPU with backend aot_eager: a torch 2.13 limit; without checkpointing, TP blocks compile per block and train as on the CPU "
+TP_COMPILE_AC = ("TP blocks compiled under torchtitan's selective activation checkpointing: the forward runs (the "
+                 "generator state is saved among the tensors, neuron_compile._patches.rng_states_saved_as_tensors); "
+                 "the first backward stops in DTensor's Redistribute.backward, given a plain Tensor gradient "
+                 "(\"'Tensor' object has no attribute '_local_tensor'\" in NestedRedistribute.forward), not isolated; "
+                 "one process, TP blocks checkpointed then compiled train as on the CPU "
                  "(tests/test_compile_tensor_parallel.py)")
 EP_SAC = ("expert parallelism under torchtitan's selective (op) activation checkpointing: the recompute in backward "
           "calls profiler._record_function_enter_new once more than the forward did (FSDP2's record_function in the "

@@ -841,6 +841,48 @@ print(json.dumps({"lanes": sorted({name for name, *_ in plan.lanes}), "flops": p
     assert plan["flops"] == 3 * 2 * 32 * 64 * 192
 
 
+@pytest.mark.all_wheels  # needs neuron-compile
+def test_checkpointed_tensor_parallel_attention_compiled_plans():
+    """torchtitan's llama3 70B order on a 1-rank TP mesh: DTensor TP, `checkpoint_wrapper`, then `torch.compile`.
+    The compiled forward saves for the backward both the TP mesh (an opaque object: the DTensor weights'
+    gradients are rebuilt on it) and attention's generator state (`run_and_save_rng_state`); AOTAutograd's
+    partitioner put the state after the mesh, so the runtime took the mesh for a tensor and the 70B plan stopped in
+    its first forward ("expected all tensors_saved_with_vc_check to be Tensors, got types: [..., DeviceMesh]",
+    neuron-compile's `_patches.rng_states_saved_as_tensors`; a real run stopped there too)."""
+    pytest.importorskip("neuron_compile")
+    code = """
+import json, torch, torch.distributed as dist, torch.nn.functional as F, torch_neuronx
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(64, 64, bias=False) for _ in range(3))
+        self.o = torch.nn.Linear(64, 64, bias=False)
+    def forward(self, x):
+        q, k, v = (p(x).view(2, 16, -1, 16).transpose(1, 2) for p in (self.q, self.k, self.v))
+        return x + self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 16, -1))
+def step():
+    dist.init_process_group("neuron")
+    block = Attention().to("neuron")
+    parallelize_module(block, init_device_mesh("neuron", (1,)), {"q": ColwiseParallel(), "k": ColwiseParallel(),
+                                                                "v": ColwiseParallel(), "o": RowwiseParallel()})
+    compiled = torch.compile(checkpoint_wrapper(block), backend="neuron")
+    opt = torch.optim.SGD(block.parameters(), lr=0.1)
+    for _ in range(2):
+        compiled(torch.randn(2, 16, 64, device="neuron")).sum().backward()
+        opt.step()
+    dist.destroy_process_group()
+plan = torch_neuronx.plan(step, world_size=1)
+print(json.dumps({"lanes": sorted({name for name, *_ in plan.lanes}), "steps": plan.steps_observed}))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"neuron_compile::graph_forward", "neuron_compile::graph_backward"} <= set(plan["lanes"])
+
+
 def test_start_up_reads_of_a_training_framework_are_planned():
     """What torchtitan does before its first step plans (issue #39): `init_device_mesh` bound by a `from` import
     before the plan began, DTensor random init (its RNG tracker gets, moves and sets `torch.neuron`'s RNG state),

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 __all__ = ["inductor_decompositions", "lazy_trace_log_headers", "patch_current_backend", "patch_scheduler_host_check",
-           "register_stream_functions", "warn_on_recompile_limit"]
+           "register_stream_functions", "rng_states_saved_as_tensors", "warn_on_recompile_limit"]
 
 DEVICE = "neuron"
 
@@ -111,6 +111,49 @@ def inductor_decompositions(select_decomp_table: Callable[[], dict]) -> Iterator
     from torch._inductor import compile_fx as compile_fx_module
 
     with mock.patch.object(compile_fx_module, "select_decomp_table", select_decomp_table):
+        yield
+
+
+@contextlib.contextmanager
+def rng_states_saved_as_tensors() -> Iterator[None]:
+    """AOTAutograd's forward graph returns what it saves for the backward in a fixed order: tensors (those version
+    counter-checked, then the others), opaque objects (a DTensor's `DeviceMesh`), symbolic ints; the runtime slices
+    them by their counts from the end. With activation checkpointing inside a compiled graph, the partitioner's
+    `functionalize_rng_ops` saves each recomputed random op's generator state (attention is one:
+    `run_and_save_rng_state`) just before the symbolic ints, after the opaque objects, and takes it in the backward
+    just before the gradients, after them. A block with both, a checkpointed tensor-parallel attention block as
+    torchtitan compiles it, failed its first forward in `save_from_forward` ("expected all
+    tensors_saved_with_vc_check to be Tensors, got types: [..., DeviceMesh]"; torch 2.13, with `aot_eager` too):
+    the mesh was counted among the tensors and the state among the opaque objects. The states are tensors: they
+    go after the checked tensors, in both graphs, while one graph compiles."""
+    from unittest import mock
+
+    from torch._functorch import partitioners
+
+    original = partitioners.functionalize_rng_ops
+
+    def after_checked_tensors(node: torch.fx.Node) -> bool:
+        return partitioners.is_opaque_node(node) or node.meta.get("saved_tensor_with_no_vc_check", False)
+
+    def functionalize_rng_ops(joint_module: torch.fx.GraphModule, fw_module: torch.fx.GraphModule,
+                              bw_module: torch.fx.GraphModule, num_sym_nodes: int) -> tuple[Any, Any]:
+        outputs = next(iter(fw_module.graph.find_nodes(op="output"))).args[0]
+        saved = outputs[:len(outputs) - num_sym_nodes]
+        trailing = 0
+        while trailing < len(saved) and after_checked_tensors(saved[-1 - trailing]):
+            trailing += 1
+        before = {node.name for node in bw_module.graph.find_nodes(op="placeholder")}
+        fw_module, bw_module = original(joint_module, fw_module, bw_module, num_sym_nodes + trailing)
+        placeholders = list(bw_module.graph.find_nodes(op="placeholder"))
+        first = next((node for node in placeholders if node.name in before and after_checked_tensors(node)), None)
+        if first is not None:
+            for node in placeholders:
+                if node.name not in before:  # a generator state the original added before the gradients
+                    first.prepend(node)
+            bw_module.recompile()
+        return fw_module, bw_module
+
+    with mock.patch.object(partitioners, "functionalize_rng_ops", functionalize_rng_ops):
         yield
 
 

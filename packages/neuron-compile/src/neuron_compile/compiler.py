@@ -254,6 +254,7 @@ def compile_graph(
     # be wrapped in an object Inductor's FX-graph cache cannot key, and every graph would bypass that cache.
     with (torch._functorch.config.patch(force_non_lazy_backward_lowering=True),
           _patches.inductor_decompositions(neuron_decompositions),
+          _patches.rng_states_saved_as_tensors(),
           _inductor_caches(cache_key, host_code),
           collecting(plans)):
         compiled = compile_fx_module.compile_fx(gm, inputs, inner_compile=inner)
