@@ -188,7 +188,8 @@ def test_bad_options_are_refused_before_planning(monkeypatch, options, message):
 def test_price_is_required_where_none_is_cited():
     plans = [{"rank": 0, "world_size": 2, "steps_observed": 1, "step_seconds": 2.0, "compute_seconds": 1.5,
               "communication_seconds": 0.5, "exposed_communication_seconds": 0.5, "flops_per_step": 1e12,
-              "peak_hbm_bytes": 1, "peak_allocated_bytes": 1, "hbm_capacity_bytes": 2, "fits": True, "oom": None}]
+              "peak_hbm_bytes": 1, "peak_allocated_bytes": 1, "hbm_capacity_bytes": 2, "fits": True, "oom": None,
+              "breakdown": {"matmul": 1.5, "collective:all_reduce": 0.5}}]
     report = build_report(plans, instance="trn2.48xlarge", nodes=2, tokens_per_step=None, price_per_hour=None)
     assert "cost_per_step_usd" not in report  # no cited price: no made-up cost
     report = build_report(plans, instance="trn2.48xlarge", nodes=2, tokens_per_step=1000, price_per_hour=36.0)

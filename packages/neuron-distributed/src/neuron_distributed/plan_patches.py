@@ -34,6 +34,9 @@ with its reason. Nothing here outlives the plan.
 * Triton's kernel launch (`JITFunction.run`, `InterpretedFunction.run`) on planned tensors: refused naming the
   kernel (it needs their memory; torch only warns on a fake's data pointer, and the process then crashed).
 * `torch.tensor` of a read value: a planned 0-d tensor (torch's converts the symbol to a number, a branch on it).
+  TorchScript still takes the patched function for its builtin `aten::tensor` (`_scripted_as_builtin`): modules
+  scripted while the plan runs (`torch.distributed.optim`'s functional optimizers, imported by a script's
+  `ZeroRedundancyOptimizer`) call `torch.tensor`, and TorchScript cannot compile a Python wrapper.
 """
 
 from __future__ import annotations
@@ -157,6 +160,17 @@ def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
         yield
     finally:
         setattr(obj, name, old)
+
+
+@contextlib.contextmanager
+def _scripted_as_builtin(patch: Callable, original: Callable) -> Iterator[None]:
+    """TorchScript compiles a call of `patch` as the builtin op of `original`, for a block."""
+    table = torch.jit._builtins._get_builtin_table()
+    table[id(patch)] = table[id(original)]
+    try:
+        yield
+    finally:
+        del table[id(patch)]
 
 
 @contextlib.contextmanager
@@ -396,7 +410,9 @@ def patched_torch() -> Iterator[None]:
         for symbolic in (torch.SymInt, torch.SymFloat, torch.SymBool):
             stack.enter_context(patched(symbolic, "__format__", planned_format(symbolic.__format__)))
         stack.enter_context(patched(torch.Tensor, "__format__", planned_tensor_format(torch.Tensor.__format__)))
-        stack.enter_context(patched(torch, "tensor", planned_tensor(torch.tensor)))
+        tensor = planned_tensor(torch.tensor)
+        stack.enter_context(_scripted_as_builtin(tensor, torch.tensor))
+        stack.enter_context(patched(torch, "tensor", tensor))
         for launcher in _triton_launchers():
             stack.enter_context(patched(launcher, "run", _refused_launch(launcher.run)))
         for name in ("__getitem__", "__setitem__"):
