@@ -397,7 +397,8 @@ def test_compiled_graphs_price_attention_as_the_compilers_lowering(fresh_estimat
     passes = pytest.importorskip("neuron_compile.passes")
 
     plans = []
-    monkeypatch.setattr(passes, "plan_kernels", lambda gm, plan=passes.plan_kernels: plans.append(plan(gm)) or plans[-1])
+    monkeypatch.setattr(passes, "plan_kernels",
+                        lambda gm, *frozen, plan=passes.plan_kernels: plans.append(plan(gm, *frozen)) or plans[-1])
     monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "1")
     torch._dynamo.reset()
     torch.manual_seed(0)
