@@ -282,6 +282,10 @@ def t2() -> list[dict]:
              "predicted": 1024 / report["step_seconds"], "unit": "seq/s", "breakdown": report["breakdown"]}]
 
 
+def _row(r: dict) -> str:
+    return f"{r['id']:<40} {r['published']:>10.2f} {r['predicted']:>10.2f} {r['unit']:<6} {100 * r['error']:>+6.1f}%"
+
+
 def main() -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
@@ -294,12 +298,20 @@ def main() -> list[dict]:
     if args.only is None and importlib.util.find_spec("transformers") is None:
         print("E1/E2, T1 and T2 skipped: transformers is not installed (run --only E, T1 or T2 with it)")
         del groups["E"], groups["T1"], groups["T2"]
-    rows = [r for name, run in groups.items() if args.only in (None, name) for r in run()]
+    header = f"{'point':<40} {'published':>10} {'predicted':>10} {'unit':<6} {'error':>7}"
+    print(header, flush=True)
+    rows = []
+    for name, run in groups.items():  # each group's rows as it ends: a long run shows (and keeps) its progress
+        if args.only not in (None, name):
+            continue
+        group = run()
+        for r in group:
+            r["error"] = r["predicted"] / r["published"] - 1.0
+            print(_row(r), flush=True)
+        rows += group
+    print("\n" + header)
     for r in rows:
-        r["error"] = r["predicted"] / r["published"] - 1.0
-    print(f"{'point':<40} {'published':>10} {'predicted':>10} {'unit':<6} {'error':>7}")
-    for r in rows:
-        print(f"{r['id']:<40} {r['published']:>10.2f} {r['predicted']:>10.2f} {r['unit']:<6} {100 * r['error']:>+6.1f}%")
+        print(_row(r))
     for r in rows:
         if "breakdown" in r:  # a planned step: where it goes
             step = sum(r["breakdown"].values())
