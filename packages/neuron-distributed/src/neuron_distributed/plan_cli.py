@@ -3,6 +3,7 @@
     neuron-plan [--instance trn1.32xlarge] [--nodes N] [--steps N] [--ranks 0,31] [--json FILE] [--trace FILE]
                 [--breakdown] [--tokens-per-step N] [--price-per-hour USD] -- python train.py ARGS
     neuron-plan ... -- torchrun --nproc-per-node 32 --nnodes 1 train.py ARGS
+    neuron-plan --search space.toml [--axis NAME=V1,V2] ... -- python train.py --tp {tp} ...   (`plan_search`)
 
 Each planned rank runs in its own process (`plan_ranks`), with the environment torchrun would give it on the whole
 cluster; the report (`plan_report`) takes the slowest rank's step and the largest per-core HBM peak. Ranks that do the same work need planning once: by default
@@ -122,6 +123,10 @@ def _positive(option: str, value: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
+    if any(arg.split("=", 1)[0] in ("--search", "--axis") for arg in argv[:split]):
+        from .plan_search import main as search
+
+        return search(argv)
     parser = argparse.ArgumentParser(prog="neuron-plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--instance", default="trn1.32xlarge")
     parser.add_argument("--nodes", type=int, default=1)
