@@ -36,6 +36,7 @@ from typing import Any
 from neuron_spec.hardware import INSTANCE_TYPES
 from neuron_spec.machine import INSTANCE, read_topology
 
+from .plan_command import parse_command, positive, writable
 from .plan_ranks import Ranks, Roles, Zygote
 from .plan_report import build_report
 
@@ -258,8 +259,6 @@ def search(configs: list[Configuration], *, steps: int, jobs: int, prices: dict[
     """Plan every pending configuration as `neuron-plan` plans it alone, sharing rank plans between ranks that run
     the same thing (`reuse`); a failure is recorded in its configuration and the search goes on. Returns the
     counts of rank plans run and reused."""
-    from .plan_cli import parse_command
-
     pending = [c for c in configs if c.status == "pending"]
     started, done = time.monotonic(), 0
     with tempfile.TemporaryDirectory(prefix="neuron-plan-search-") as scratch:
@@ -327,7 +326,6 @@ def _prices(given: list[str]) -> dict[str | None, float]:
 
 def main(argv: list[str]) -> int:
     """`neuron-plan --search ...` (plan_cli hands the command line over when it holds `--search`)."""
-    from .plan_cli import _positive, _writable
     from .plan_search_report import format_table, rank, write_html
 
     split = argv.index("--") if "--" in argv else len(argv)
@@ -353,9 +351,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-reuse", action="store_true", help="plan every rank role of every configuration")
     options = parser.parse_args(argv[:split])
     for option, value in (("--nodes", options.nodes), ("--steps", options.steps), ("--jobs", options.jobs)):
-        _positive(option, value)
-    _writable("--json", options.json_path)
-    _writable("--html", options.html_path)
+        positive(option, value)
+    writable("--json", options.json_path)
+    writable("--html", options.html_path)
     command = argv[split + 1:]
     if not command:
         raise SystemExit("neuron-plan: give the command after '--', e.g. -- python train.py --tp {tp}")
