@@ -287,6 +287,10 @@ def search(configs: list[Configuration], *, steps: int, jobs: int, prices: dict[
                     stop.code)
             except Exception as error:  # the report of a broken plan: that configuration's row, not the search's end
                 config.status, config.reason = "failed", f"{type(error).__name__}: {error}"
+            for key, zygote in list(zygotes.items()):  # one that ended (crashed) is not asked again
+                if zygote.process.poll() is not None:
+                    zygote.stop(kill=False)
+                    del zygotes[key]
             after = (roles.run, roles.reused) if roles is not None else (0, 0)
             config.rank_plans, config.reused = after[0] - before[0], after[1] - before[1]
             if roles is None and config.report is not None:
