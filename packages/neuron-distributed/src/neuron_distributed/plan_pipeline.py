@@ -27,12 +27,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from neuron_device import services
 from neuron_device.services import flat_tensors
 
 from . import costs
 from .plan_state import active_planner
 
-__all__ = ["StageCost", "announcing_stage_ranks", "combine", "exchanging_stage_outputs", "lay_out", "patched_schedules"]
+__all__ = ["RoleReused", "StageCost", "announcing_stage_ranks", "combine", "exchanging_stage_outputs",
+           "identifying_roles", "lay_out", "patched_schedules"]
 
 _COMPUTE = {"F": "forward", "B": "backward"}
 _IGNORED = frozenset({"REDUCE_GRAD", "UNSHARD", "RESHARD", "SEND_F", "RECV_F", "SEND_B", "RECV_B"})
@@ -149,6 +151,8 @@ def _stage_ranks(schedule: Any, stages: list[Any]) -> list[int]:
 
 
 _announce: list[Callable[[list[int]], None]] = []  # told each stage's rank as soon as a schedule steps
+# asked, when a schedule steps, whether a plan of this rank's role exists (`identifying_roles`)
+_identify: list[Callable[[str, dict[str, Any]], bool]] = []
 # (send, receive): a stage's output metadata to the next stage's planned rank, and back (`exchanging_stage_outputs`)
 _exchange: list[tuple[Callable[[int, list[dict[str, Any]]], None], Callable[[int, int], list[dict[str, Any]]]]] = []
 
@@ -162,6 +166,89 @@ def announcing_stage_ranks(callback: Callable[[list[int]], None]) -> Iterator[No
         yield
     finally:
         _announce.remove(callback)
+
+
+class RoleReused(Exception):
+    """Raised out of a planned rank's first schedule step when a plan of its role exists: the rank stops there."""
+
+    def __init__(self, key: str, probe: dict[str, Any]) -> None:
+        super().__init__(key)
+        self.key, self.probe = key, probe
+
+
+@contextlib.contextmanager
+def identifying_roles(decide: Callable[[str, dict[str, Any]], bool]) -> Iterator[None]:
+    """At a schedule's planned step, before its micro-batch runs, call `decide(key, probe)` with the rank's role key
+    (`_role_key`: what the rank runs from here) and what the step's layout needs of this rank (its stages, pipeline
+    rank, micro-batches, action lists); when it answers True the step raises `RoleReused`. A rank whose role cannot
+    be told before it runs (a later stage whose input shapes come from another rank) is not asked."""
+    _identify.append(decide)
+    try:
+        yield
+    finally:
+        _identify.remove(decide)
+
+
+def _specs(tensors: Any) -> list[Any]:
+    return [[list(t.shape), list(t.stride()), str(t.dtype), t.requires_grad] for t in flat_tensors(tensors)]
+
+
+def _hooks(module: torch.nn.Module) -> list[Any]:
+    """The hooks of a module and its submodules, by their functions' qualified names (they run in its forward)."""
+    out = []
+    for name, sub in module.named_modules():
+        for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks"):
+            found = [getattr(h, "__qualname__", type(h).__qualname__) for h in getattr(sub, kind, {}).values()]
+            if found:
+                out.append([name, kind, found])
+    return out
+
+
+def _role_key(schedule: Any, stages: list[Any], args_split: Any, kwargs_split: Any, target: Any,
+              ranks: list[int]) -> str | None:
+    """What this rank runs from its first schedule step on, as a hash: its stages (modules, parameters, buffers,
+    hooks, inputs, first or last), the schedule's kind and loss, the target's shape, every process group it is in
+    (size and placement, which price its collectives), where its stages' neighbours are (which prices the
+    transfers), the world, the machine, and the rank's state so far (simulated clock, FLOPs, HBM). Not the
+    stage's index nor the number of micro-batches: a stage's per-micro-batch costs depend on neither. None when a
+    stage's input shapes will come from another rank (not known here)."""
+    import hashlib
+    import json
+
+    from torch.distributed import distributed_c10d
+
+    planner = active_planner()
+    rank, index = dist.get_rank(), planner.index
+    described = []
+    for stage in stages:
+        if stage.is_first:
+            inputs = [_specs(args_split[0]), {k: _specs(v) for k, v in sorted(kwargs_split[0].items())}]
+        elif stage._user_meta.inputs is not None:
+            inputs = [[list(m.shape), list(m.stride), str(m.dtype), m.requires_grad] for m in stage._user_meta.inputs]
+        elif any(s.stage_index == stage.stage_index - 1 for s in stages):
+            inputs = "the previous stage's outputs, on this rank"
+        else:
+            return None
+        neighbours = [costs.placement_of_ranks((ranks[stage.stage_index], ranks[other]))
+                      for other in (stage.stage_index - 1, stage.stage_index + 1) if 0 <= other < len(ranks)]
+        described.append({
+            "first": stage.is_first, "last": stage.is_last, "module": repr(stage.submod),
+            "parameters": [[n, list(p.shape), str(p.dtype), p.requires_grad] for n, p in stage.submod.named_parameters()],
+            "buffers": [[n, list(b.shape), str(b.dtype)] for n, b in stage.submod.named_buffers()],
+            "hooks": _hooks(stage.submod), "inputs": inputs, "neighbours": neighbours})
+    groups = sorted([len(members), costs.placement_of_ranks(list(members)),
+                     costs.ranks_on_each_instance(list(members))]
+                    for members in distributed_c10d._world.pg_group_ranks.values() if rank in members)
+    key = {
+        "stages": described, "schedule": type(schedule).__name__, "backward": schedule._has_backward,
+        "loss": getattr(schedule._loss_fn, "__qualname__", repr(schedule._loss_fn)),
+        "target": _specs(target) if target is not None else None, "groups": groups,
+        "world": dist.get_world_size(), "machine": repr(services.topology()), "steps": planner.steps,
+        "state": [planner.clock(), float(planner.flops), torch.neuron.memory_allocated(index),
+                  torch.neuron.max_memory_allocated(index), torch.neuron.memory_reserved(index),
+                  torch.neuron.max_memory_reserved(index), len(planner.boundaries)],
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
 @contextlib.contextmanager
@@ -210,6 +297,13 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
     ranks = _stage_ranks(schedule, stages)
     for callback in _announce:
         callback(ranks)
+    if _identify:
+        key = _role_key(schedule, stages, args_split, kwargs_split, target_mb, ranks)
+        probe = {"stage_indices": [s.stage_index for s in stages], "pipeline_rank": stages[0].group_rank,
+                 "num_stages": stages[0].num_stages, "n_microbatches": micro, "stage_ranks": ranks,
+                 "order": _order(schedule)}
+        if key is not None and _identify[-1](key, probe):
+            raise RoleReused(key, probe)
     previous: dict[int, Any] = {}  # this rank's stages' outputs, by stage index
     for stage in stages:
         before_clock, before_bytes = planner.clock(), torch.neuron.memory_allocated(index)

@@ -3,7 +3,7 @@ state), forked from one zygote that imported what every rank needs, with the env
 the whole cluster. `Ranks` plans a list of ranks, up to `--jobs` at once; with `--ranks auto` the other pipeline
 stages' ranks join as soon as rank 0's schedule names them.
 
-The zygote is `python -m neuron_distributed.plan_ranks REQUESTS REPLIES WORLD PER_NODE STEPS SCRIPT...`.
+The zygote is `python -m neuron_distributed.plan_ranks REQUESTS REPLIES STEPS SCRIPT...`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import copy
 import importlib
 import importlib.util
 import json
@@ -27,13 +28,15 @@ from typing import Any
 from neuron_spec.machine import INSTANCE
 
 from . import envvars
-from .plan_pipeline import announcing_stage_ranks, exchanging_stage_outputs
+from .plan_pipeline import RoleReused, announcing_stage_ranks, exchanging_stage_outputs, identifying_roles
 from .planning import launcher_environment
 
-__all__ = ["STAGES", "WANTS", "Ranks", "run_script"]
+__all__ = ["ROLE", "STAGES", "VERDICT", "WANTS", "Ranks", "Roles", "Zygote", "run_script"]
 
 STAGES = ".stages"  # suffix of the file in which a planned pipeline rank names every stage's rank
 WANTS = ".wants"  # suffix of the file in which a planned rank names the rank whose stage outputs it waits for
+ROLE = ".role"  # suffix of the file in which a pipeline rank gives its role's key at its first step (`Roles`)
+VERDICT = ".verdict"  # ... and of the answer it waits for: "plan" (go on) or "reuse" (stop: the role is planned)
 
 
 def run_script(script: list[str]) -> None:
@@ -58,19 +61,44 @@ def _write_whole(path: str, value: Any) -> None:
     os.replace(path + ".partial", path)
 
 
-def _plan_one(rank: int, steps: int | None, out: str, script: list[str]) -> None:
+def _plan_one(rank: int, steps: int | None, out: str, script: list[str], roles: bool = False) -> None:
     """Child process: plan `rank` (the environment is already the rank's) and write its plan as JSON; a pipeline
     rank first writes its stages' ranks to `out + STAGES` as soon as its schedule steps, and exchanges stage output
-    shapes with the other planned ranks through files beside `out` (`_send_outputs`, `_receive_outputs`)."""
+    shapes with the other planned ranks through files beside `out` (`_send_outputs`, `_receive_outputs`). With
+    `roles`, a pipeline rank gives its role's key at its first step and stops there when told its role is planned
+    (`Roles`): its JSON is then the key and what the step's layout needs of it."""
     from .planning import plan_rank
 
     scratch = os.path.dirname(out)
-    with announcing_stage_ranks(lambda ranks: _write_whole(out + STAGES, ranks)), \
-            exchanging_stage_outputs(lambda stage, metas: _write_whole(_outputs_file(scratch, stage), metas),
-                                     lambda stage, peer: _receive_outputs(scratch, stage, peer, out)):
-        plan = plan_rank(lambda: run_script(script), rank=rank, world_size=envvars.WORLD_SIZE.read(), steps=steps)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(announcing_stage_ranks(lambda ranks: _write_whole(out + STAGES, ranks)))
+        stack.enter_context(exchanging_stage_outputs(
+            lambda stage, metas: _write_whole(_outputs_file(scratch, stage), metas),
+            lambda stage, peer: _receive_outputs(scratch, stage, peer, out)))
+        if roles:
+            stack.enter_context(identifying_roles(lambda key, probe: _ask_role(out, key, probe)))
+        try:
+            plan = plan_rank(lambda: run_script(script), rank=rank, world_size=envvars.WORLD_SIZE.read(),
+                             steps=steps)
+        except RoleReused as reused:
+            # a later stage planned beside this one may wait for this stage's outputs: neuron-plan copies them from
+            # the rank that planned the role; this rank's plan file appears only once they are there
+            for stage in reused.probe["stage_indices"]:
+                while stage + 1 < reused.probe["num_stages"] and not os.path.exists(_outputs_file(scratch, stage)):
+                    time.sleep(Ranks.POLL_SECONDS)
+            _write_whole(out, {"reused": reused.key, "probe": reused.probe})
+            return
     with open(out, "w") as handle:
         json.dump({**plan.as_dict(), "lanes": plan.lanes}, handle)
+
+
+def _ask_role(out: str, key: str, probe: dict[str, Any]) -> bool:
+    """Give neuron-plan this rank's role key and wait for its verdict: True when the role is planned already."""
+    _write_whole(out + ROLE, {"key": key, "probe": probe})
+    while not os.path.exists(out + VERDICT):
+        time.sleep(Ranks.POLL_SECONDS)
+    with open(out + VERDICT) as handle:
+        return json.load(handle) == "reuse"
 
 
 def _outputs_file(scratch: str, stage: int) -> str:
@@ -129,12 +157,16 @@ def _preload(script: list[str]) -> None:
                 continue
 
 
-def _zygote(requests: int, replies: int, world: int, per_node: int, steps: str, script: list[str]) -> None:
+def _zygote(requests: int, replies: int, steps: str, script: list[str]) -> None:
     """Child process: imports what every rank needs once (`_preload`), then forks a process per rank asked for on
-    the `requests` pipe (a JSON line `[rank, out]`), and writes `[rank, exit code]` on `replies` as each ends. A
-    rank forked from here skips the 5 s of imports a fresh interpreter pays (torch, transformers)."""
+    the `requests` pipe (a JSON line `[rank, out, roles, world, per_node, script, log]`: its plan file, whether it
+    gives its role's key, the job's world and ranks a node, the script with its arguments, and a file for its
+    output or null), and writes `[plan file, exit code]` on `replies` as each ends; `"kill"` ends every rank it
+    runs. A rank forked from here skips the
+    5 s of imports a fresh interpreter pays (torch, transformers); `neuron-plan --search` plans every configuration
+    of a script from one."""
     _preload(script)
-    children: dict[int, int] = {}
+    children: dict[int, str] = {}  # pid -> the rank's plan file
     pending, open_ = b"", True
     with os.fdopen(replies, "w", buffering=1) as outbox:
         while open_ or children:
@@ -144,13 +176,19 @@ def _zygote(requests: int, replies: int, world: int, per_node: int, steps: str, 
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    rank, out = json.loads(line)
+                    request = json.loads(line)
+                    if request == "kill":  # a plan failed: its other ranks end (their replies come as usual)
+                        for pid in children:
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(pid, signal.SIGKILL)
+                        continue
+                    rank, out, roles, world, per_node, rank_script, log = request
                     pid = os.fork()
                     if pid == 0:
                         os.close(requests)
                         outbox.close()
-                        _forked_rank(rank, world, per_node, steps, out, script)
-                    children[pid] = rank
+                        _forked_rank(rank, world, per_node, steps, out, rank_script, roles, log)
+                    children[pid] = out
             elif not open_:
                 time.sleep(Ranks.POLL_SECONDS)
             while children:
@@ -160,14 +198,22 @@ def _zygote(requests: int, replies: int, world: int, per_node: int, steps: str, 
                 outbox.write(json.dumps([children.pop(pid), os.waitstatus_to_exitcode(status)]) + "\n")
 
 
-def _forked_rank(rank: int, world: int, per_node: int, steps: str, out: str, script: list[str]) -> None:
+def _forked_rank(rank: int, world: int, per_node: int, steps: str, out: str, script: list[str], roles: bool,
+                 log: str | None) -> None:
     """A forked rank: its launcher environment, its plan, then exit (never returns)."""
     code = 1
     try:
         with open(os.devnull) as stdin:
             os.dup2(stdin.fileno(), 0)
+        if log is not None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            handle = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            os.dup2(handle, 1)
+            os.dup2(handle, 2)
+            os.close(handle)
         with launcher_environment(rank, world, per_node):
-            _plan_one(rank, int(steps) if steps != "all" else None, out, script)
+            _plan_one(rank, int(steps) if steps != "all" else None, out, script, roles)
         code = 0
     except SystemExit as stop:  # as the interpreter ends on it: a number is the exit code, anything else is printed
         code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
@@ -181,6 +227,42 @@ def _forked_rank(rank: int, world: int, per_node: int, steps: str, out: str, scr
         os._exit(code)
 
 
+class Zygote:
+    """The process that forks the planned ranks (`_zygote`), and its two pipes."""
+
+    def __init__(self, interpreter: list[str], instance: str, steps: str, script: list[str]) -> None:
+        requests, self.requests = os.pipe()
+        self.replies, replies = os.pipe()
+        command = [*interpreter, "-m", "neuron_distributed.plan_ranks", str(requests), str(replies), steps, *script]
+        with INSTANCE.overridden(instance):
+            self.process = subprocess.Popen(command, pass_fds=(requests, replies), start_new_session=True)
+        os.close(requests)
+        os.close(replies)
+        self.unread = b""  # the start of a reply line not read whole yet
+
+    def ask(self, request: list[Any]) -> None:
+        os.write(self.requests, (json.dumps(request) + "\n").encode())
+
+    def finished(self) -> list[tuple[str, int]]:
+        """(plan file, exit code) of the ranks that ended since the last call (waits up to POLL_SECONDS for one)."""
+        if not select.select([self.replies], [], [], Ranks.POLL_SECONDS)[0]:
+            return []
+        chunk = os.read(self.replies, 1 << 16)
+        if not chunk:
+            raise SystemExit(f"neuron-plan: the process planning the ranks ended (exit code {self.process.wait()})")
+        self.unread += chunk
+        *lines, self.unread = self.unread.split(b"\n")
+        return [tuple(json.loads(line)) for line in lines]
+
+    def stop(self, kill: bool) -> None:
+        os.close(self.requests)
+        if kill:
+            with contextlib.suppress(ProcessLookupError):  # the zygote ended already (e.g. its import failed)
+                os.killpg(self.process.pid, signal.SIGKILL)  # the zygote and the ranks it forked: a session of theirs
+        self.process.wait()
+        os.close(self.replies)
+
+
 class Ranks:
     """Plans ranks in processes forked from one zygote (`_zygote`), up to `--jobs` at once; a rank that fails stops
     the plan. With `--ranks auto` the other stages' ranks join the queue as soon as rank 0's schedule names them
@@ -189,56 +271,66 @@ class Ranks:
     POLL_SECONDS = 0.05
 
     def __init__(self, scratch: str, interpreter: list[str], script: list[str], options: argparse.Namespace,
-                 world: int, per_node: int) -> None:
+                 world: int, per_node: int, *, log: str | None = None, roles: Roles | None = None,
+                 zygotes: dict[tuple, Zygote] | None = None) -> None:
         self.scratch, self.script, self.options, self.world, self.per_node = scratch, script, options, world, per_node
         self.interpreter = interpreter  # the command's python and its options: the ranks run under it
-        self.zygote: subprocess.Popen | None = None
-        self.unread = b""  # the start of a reply line not read whole yet
+        self.log = log  # a file for the ranks' output (default: this process's stdout and stderr)
+        self.roles = roles  # rank plans shared by role (`Roles`); None: every rank asked for is planned
+        # zygotes shared with other `Ranks` (a search's configurations), by interpreter, instance and steps; kept
+        # running after a plan that succeeds. None: this plan's own, stopped at its end.
+        self.shared = zygotes is not None
+        self.zygotes: dict[tuple, Zygote] = zygotes if zygotes is not None else {}
+        self.zygote: Zygote | None = None
+        self.copies: list[tuple[str, str]] = []  # stage outputs to copy from a role's planned rank (source, target)
 
     def _out(self, rank: int) -> str:
         return os.path.join(self.scratch, f"rank{rank}.json")
 
     def _start(self, rank: int) -> None:
         if self.zygote is None:
-            requests, self.requests = os.pipe()
-            self.replies, replies = os.pipe()
-            command = [*self.interpreter, "-m", "neuron_distributed.plan_ranks", str(requests), str(replies),
-                       str(self.world), str(self.per_node), str(self.options.steps), *self.script]
-            with INSTANCE.overridden(self.options.instance):
-                self.zygote = subprocess.Popen(command, pass_fds=(requests, replies), start_new_session=True)
-            os.close(requests)
-            os.close(replies)
-        os.write(self.requests, (json.dumps([rank, self._out(rank)]) + "\n").encode())
+            key = (tuple(self.interpreter), self.options.instance, str(self.options.steps))
+            if key not in self.zygotes:
+                self.zygotes[key] = Zygote(self.interpreter, self.options.instance, str(self.options.steps),
+                                           self.script)
+            self.zygote = self.zygotes[key]
+        self.zygote.ask([rank, self._out(rank), self.roles is not None, self.world, self.per_node, self.script,
+                         self.log])
 
     def _finished(self) -> list[tuple[int, int]]:
-        """(rank, exit code) of the ranks that ended since the last call (waits up to POLL_SECONDS for one)."""
-        if not select.select([self.replies], [], [], self.POLL_SECONDS)[0]:
+        """(rank, exit code) of this plan's ranks that ended since the last call (a shared zygote's replies for an
+        earlier plan's killed ranks are not this plan's)."""
+        if self.zygote is None:
             return []
-        chunk = os.read(self.replies, 1 << 16)
-        if not chunk:
-            raise SystemExit(f"neuron-plan: the process planning the ranks ended (exit code {self.zygote.wait()})")
-        self.unread += chunk
-        *lines, self.unread = self.unread.split(b"\n")
-        return [tuple(json.loads(line)) for line in lines]
+        return [(int(os.path.basename(out)[len("rank"):-len(".json")]), code) for out, code in self.zygote.finished()
+                if os.path.dirname(out) == self.scratch]
 
     def _stop(self, kill: bool) -> None:
         if self.zygote is None:
             return
-        os.close(self.requests)
-        if kill:
-            with contextlib.suppress(ProcessLookupError):  # the zygote ended already (e.g. its import failed)
-                os.killpg(self.zygote.pid, signal.SIGKILL)  # the zygote and the ranks it forked: a session of theirs
-        self.zygote.wait()
-        os.close(self.replies)
+        if self.shared:  # the zygote goes on for the next plan; a failed plan's ranks are ended
+            if kill:
+                self.zygote.ask("kill")
+            return
+        self.zygote.stop(kill)
 
     def __call__(self, ranks: list[int], *, stages_of: int | None = None) -> list[dict[str, Any]]:
         """The plans of `ranks`, and of the stage ranks rank `stages_of` announces (in rank order after them)."""
         plans: dict[int, dict[str, Any]] = {}
         order, pending, running = list(ranks), list(ranks), set()
         announced = self._out(stages_of) + STAGES if stages_of is not None else None
+        reused: dict[int, dict[str, Any]] = {}  # ranks stopped at their first step: their role's key and probe
         failed = True
         try:
-            while pending or running:
+            while pending or running or reused:
+                if self.roles is not None:
+                    for rank in list(running):
+                        self._judge(rank)
+                    self._copy_outputs()
+                    for rank, stopped in list(reused.items()):
+                        if stopped["reused"] in self.roles.plans:
+                            plans[rank] = self.roles.relabelled(stopped["reused"], stopped["probe"], rank)
+                            del reused[rank]
                 while pending and len(running) < max(1, self.options.jobs):
                     rank = pending.pop(0)
                     self._start(rank)
@@ -266,13 +358,93 @@ class Ranks:
                     if code != 0:
                         raise SystemExit(f"neuron-plan: planning rank {rank} failed (exit code {code})")
                     with open(self._out(rank)) as handle:
-                        plans[rank] = json.load(handle)
+                        plan = json.load(handle)
+                    if "reused" in plan:
+                        reused[rank] = plan
+                        self.roles.reused += 1
+                        continue
+                    if self.roles is not None:
+                        self.roles.planned(self.scratch, rank, plan)
+                    plans[rank] = plan
             failed = False
         finally:
             self._stop(kill=failed)
+            if failed and self.roles is not None:
+                self.roles.release(self.scratch)
         return [plans[rank] for rank in order]
+
+    def _judge(self, rank: int) -> None:
+        """Answer a rank that gave its role's key (`ROLE`): plan it when no rank has its role, else stop it (and copy
+        the outputs the role's planned rank publishes, for a later stage that waits for them)."""
+        asked_path = self._out(rank) + ROLE
+        if not os.path.exists(asked_path):
+            return
+        with open(asked_path) as handle:
+            asked = json.load(handle)
+        os.remove(asked_path)
+        owner = self.roles.owner(asked["key"])
+        if owner is None:
+            self.roles.claim(asked["key"], asked["probe"], self.scratch, rank)
+        else:
+            scratch, probe = owner
+            self.copies += [(os.path.join(scratch, f"stage{theirs}.outputs.json"), _outputs_file(self.scratch, mine))
+                            for theirs, mine in zip(probe["stage_indices"], asked["probe"]["stage_indices"])]
+        _write_whole(self._out(rank) + VERDICT, "plan" if owner is None else "reuse")
+
+    def _copy_outputs(self) -> None:
+        for source, target in list(self.copies):
+            if os.path.exists(source):
+                with open(source) as handle:
+                    _write_whole(target, json.load(handle))
+                self.copies.remove((source, target))
+
+
+class Roles:
+    """Rank plans shared between ranks that run the same thing: a pipeline rank gives, at its first schedule step,
+    the key of what it runs from there (`plan_pipeline._role_key`: its stages, their inputs, its groups and their
+    placement, its state so far; not its stage index nor the number of micro-batches); the first rank with a key is
+    planned, the others stop there and take its plan, their stage indices, pipeline rank and schedule put in
+    (`relabelled`). Shared by every `Ranks` given it (every configuration of a search)."""
+
+    def __init__(self) -> None:
+        self.plans: dict[str, dict[str, Any]] = {}  # key -> the planned rank's plan
+        self.claims: dict[str, tuple[str, int, dict[str, Any]]] = {}  # key -> (scratch, rank, probe) planning it
+        self.run = 0  # rank plans run (with or without a key)
+        self.reused = 0  # ranks that took another rank's plan
+
+    def owner(self, key: str) -> tuple[str, dict[str, Any]] | None:
+        """(scratch, probe) of the rank that has or is planning `key`'s role, or None."""
+        found = self.claims.get(key)
+        return None if found is None else (found[0], found[2])
+
+    def claim(self, key: str, probe: dict[str, Any], scratch: str, rank: int) -> None:
+        self.claims[key] = (scratch, rank, probe)
+
+    def planned(self, scratch: str, rank: int, plan: dict[str, Any]) -> None:
+        """A rank's plan is done: counted, and kept as its role's plan if it claimed one."""
+        self.run += 1
+        for key, (where, who, _) in self.claims.items():
+            if (where, who) == (scratch, rank):
+                self.plans[key] = plan
+
+    def release(self, scratch: str) -> None:
+        """Forget the claims of a plan that failed (in folder `scratch`) whose ranks did not finish."""
+        for key in [k for k, (where, _, _) in self.claims.items() if where == scratch and k not in self.plans]:
+            del self.claims[key]
+
+    def relabelled(self, key: str, probe: dict[str, Any], rank: int) -> dict[str, Any]:
+        """The role's plan as rank `rank`'s: its stage indices, pipeline rank, stages' ranks, micro-batches and the
+        schedule's action lists (from `probe`, what that rank's own schedule gave)."""
+        plan = copy.deepcopy(self.plans[key])
+        mapping = dict(zip(self.claims[key][2]["stage_indices"], probe["stage_indices"]))
+        pipe = plan["pipeline"]
+        pipe["stages"] = [{**cost, "stage_index": mapping[cost["stage_index"]]} for cost in pipe["stages"]]
+        pipe.update({name: probe[name] for name in ("pipeline_rank", "num_stages", "n_microbatches", "stage_ranks",
+                                                   "order")})
+        plan["rank"] = rank
+        return plan
 
 
 if __name__ == "__main__":  # the zygote
-    requests, replies, world, per_node, steps, *script = sys.argv[1:]
-    _zygote(int(requests), int(replies), int(world), int(per_node), steps, script)
+    requests, replies, steps, *script = sys.argv[1:]
+    _zygote(int(requests), int(replies), steps, script)
