@@ -42,7 +42,12 @@ TEST_TOOLS = ["pytest", "pytest-xdist", "expecttest", "hypothesis"]
 # Tests run on two pytest-xdist workers (CI's two cores), each with one intra-op thread: two workers with torch's
 # default of a thread per core would oversubscribe the cores. Tests that launch several processes run after them,
 # in one process, so their ranks have the cores.
-TEST_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+#
+# Bytecode is written (PYTHONDONTWRITEBYTECODE unset: None removes a variable in nox): a machine that sets it (this
+# one's image does) otherwise compiles every imported module from source in every process: `import torch` 3.7 s of
+# CPU against 1.4 s with its .pyc files, paid again by each pytest worker, subprocess test and rank. The modules a
+# session imports are compiled once, into its virtualenv (installed with --no-compile: only those are compiled).
+TEST_ENV: dict[str, str | None] = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": None}
 # worksteal: a worker that runs out of tests takes queued ones from the other, so the session does not wait on
 # one worker's queue behind a long test (the OpInfo sweep's shards, the compiled-model tests).
 WORKERS = ("-n", "2", "--dist", "worksteal")
@@ -58,7 +63,7 @@ def _install(session: nox.Session, *requirements: str) -> None:
     session.install("--no-compile", *requirements)
 
 
-def _pytest(session: nox.Session, *tests: str, marks: str = "", env: dict[str, str] | None = None) -> None:
+def _pytest(session: nox.Session, *tests: str, marks: str = "", env: dict[str, str | None] | None = None) -> None:
     """pytest over `tests` (folders or files): the tests `marks` selects (all by default) that run in one process, on
     the workers, then those that launch several processes. Arguments after `--` replace the selection, and
     everything runs in one process."""
