@@ -268,8 +268,8 @@ def measure(ranks: int, script: str, *args: str, env: dict) -> dict[int, tuple[f
 def test_a_real_run_that_measures_nothing_fails_with_its_output():
     """A real run whose ranks crash fails the plan = real test with their output (it stopped at a bare
     StopIteration, which hid the compiled cases' missing backend in neuron-distributed's own session)."""
-    with pytest.raises(AssertionError, match="(?s)rank 0 of the real run measured nothing.*unrecognized arguments: "
-                       "--no-such-option"):
+    with pytest.raises(AssertionError, match=r"(?s)rank 0 of the real run measured nothing.*unrecognized arguments: "
+                       r"--no-such-option"):
         measure(2, "fsdp_tp.py", "--no-such-option", env={})
 
 
