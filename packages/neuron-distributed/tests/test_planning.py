@@ -16,7 +16,7 @@ from launcher import WORKERS, launch
 
 from neuron_distributed import plan_cli, plan_ranks
 from neuron_distributed.plan_cli import cores_per_node, parse_command
-from neuron_distributed.plan_pipeline import StageCost, _single_order, combine, lay_out
+from neuron_distributed.plan_pipeline import StageCost, _single_programs, combine, lay_out
 from neuron_distributed.plan_report import build_report
 
 PLAN = WORKERS / "plan"
@@ -418,13 +418,13 @@ def test_pipeline_breakdown_adds_the_micro_batches_and_the_bubble():
     """A pipeline rank's breakdown: its planned micro-batch's parts once per micro-batch, the rest of its schedule
     as the bubble; the parts still sum to the step."""
     costs = [dataclasses.asdict(StageCost(s, 1.0, 2.0, 0, 0, 0.0)) for s in range(4)]
-    order = _single_order("Schedule1F1B", 4, 8)
+    programs = _single_programs("Schedule1F1B", 4, 8)
     plans = [{"step_seconds": 3.5, "compute_seconds": 3.0, "communication_seconds": 0.0,
               "exposed_communication_seconds": 0.0, "flops_per_step": 1.0, "peak_hbm_bytes": 0,
               "peak_allocated_bytes": 0, "hbm_capacity_bytes": 1, "fits": True, "oom": None, "lanes": [],
               "breakdown": {"matmul": 2.0, "vector_scalar": 1.0, "optimizer": 0.5},
               "pipeline": {"schedule": "Schedule1F1B", "n_microbatches": 8, "num_stages": 4, "pipeline_rank": s,
-                           "stages": [costs[s]], "stage_ranks": [0, 1, 2, 3], "order": order, "window_start": 0.0,
+                           "stages": [costs[s]], "stage_ranks": [0, 1, 2, 3], "programs": programs, "window_start": 0.0,
                            "window_seconds": 3.0, "window_compute_seconds": 3.0, "window_communication_seconds": 0.0,
                            "window_exposed_communication_seconds": 0.0, "window_flops": 1.0,
                            "window_breakdown": {"matmul": 2.0, "vector_scalar": 1.0}}} for s in range(4)]
@@ -472,7 +472,8 @@ def test_schedule_of_equal_stages_has_the_textbook_bubble(schedule):
     """P equal stages, M micro-batches, no transfer time: both schedules take (M + P - 1)(f + b), a bubble of
     (P - 1) / (M + P - 1); GPipe keeps all M micro-batches' activations on stage 0, 1F1B at most P."""
     stages, micro = 4, 8
-    finish, peaks, _ = lay_out(_single_order(schedule, stages, micro), _equal_stages(stages))
+    layout = lay_out(_single_programs(schedule, stages, micro), _equal_stages(stages))
+    finish, peaks = layout.finish, layout.peaks
     assert max(finish) == pytest.approx((micro + stages - 1) * 3.0)
     assert peaks[0] == (micro if schedule == "ScheduleGPipe" else stages) * 10
     assert peaks[-1] == (micro if schedule == "ScheduleGPipe" else 1) * 10
@@ -482,28 +483,41 @@ def test_schedule_waits_for_the_transfer_between_stages():
     """A transfer of t between every pair of stages delays the first forward of the last stage by (P - 1) t and
     the first backward of stage 0 by (P - 1) t more: one micro-batch takes P(f + b) + 2(P - 1) t."""
     stages = {s: StageCost(s, 1.0, 2.0, 0, send_bytes=1, send_seconds=0.5) for s in range(3)}
-    finish, _, _ = lay_out(_single_order("Schedule1F1B", 3, 1), stages)
+    finish = lay_out(_single_programs("Schedule1F1B", 3, 1), stages).finish
     assert finish[0] == pytest.approx(3 * 3.0 + 2 * 2 * 0.5)
+
+
+def test_schedule_waits_for_its_sends_where_pytorch_waits():
+    """1F1B over 2 stages, 2 micro-batches, f = 1, b = 2, transfers of 5: a rank's transfers run one after another
+    on its transfer stream, and its program waits for a send where PyTorch's `_step_microbatches` waits: stage 0
+    for its first forward's send after its second forward (its second send starts at 6, arrives at 11), stage 1 for
+    its first backward's send (issued with the second forward's receive, waited with it) before that forward. The
+    last backward of stage 0 starts at 22 (without the waits: 17)."""
+    stages = {s: StageCost(s, 1.0, 2.0, 0, send_bytes=1, send_seconds=5.0) for s in range(2)}
+    layout = lay_out(_single_programs("Schedule1F1B", 2, 2), stages)
+    assert layout.finish == [24.0, 17.0]
+    assert [t[4:] for t in layout.timed if t[0] == 1] == [(6.0, 7.0), (7.0, 9.0), (14.0, 15.0), (15.0, 17.0)]
+    assert [t[4:] for t in layout.transfers] == [(1.0, 6.0), (6.0, 11.0), (9.0, 14.0), (17.0, 22.0)]
 
 
 def test_slowest_stage_sets_the_steady_state():
     """1F1B with one slow stage: after the fill, a micro-batch goes by every f + b of the slowest stage."""
     stages = _equal_stages(4)
     stages[2] = StageCost(2, 2.0, 4.0, 10, 0, 0.0)
-    short, _, _ = lay_out(_single_order("Schedule1F1B", 4, 8), stages)
-    longer, _, _ = lay_out(_single_order("Schedule1F1B", 4, 16), stages)
+    short = lay_out(_single_programs("Schedule1F1B", 4, 8), stages).finish
+    longer = lay_out(_single_programs("Schedule1F1B", 4, 16), stages).finish
     assert max(longer) - max(short) == pytest.approx(8 * 6.0)
 
 
 def test_deadlocked_schedule_is_refused():
-    order = [[("B", 0, 0), ("F", 0, 0)], [("F", 1, 0), ("B", 1, 0)]]
+    programs = [[("run", "B", 0, 0), ("run", "F", 0, 0)], [("run", "F", 1, 0), ("run", "B", 1, 0)]]
     with pytest.raises(RuntimeError, match="deadlocks"):
-        lay_out(order, _equal_stages(2))
+        lay_out(programs, _equal_stages(2))
 
 
 def test_unplanned_stage_is_named():
     plan = {"pipeline": {"num_stages": 2, "stage_ranks": [0, 8], "stages": [dataclasses.asdict(StageCost(
-        0, 1.0, 1.0, 0, 0, 0.0))], "order": []}}
+        0, 1.0, 1.0, 0, 0, 0.0))], "programs": []}}
     with pytest.raises(RuntimeError, match=r"stages \[1\] were not planned; plan their ranks too: \[8\]"):
         combine([plan])
 
