@@ -51,6 +51,8 @@ class StageCost:
     activation_bytes: int  # kept alive from the stage's forward of a micro-batch to its backward
     send_bytes: int  # the forward's output, sent to the next stage (its gradient comes back the same size)
     send_seconds: float  # that transfer, priced by the cost model for the two stages' placement
+    # the step's first backward through the stage: it creates the gradients, the later ones accumulate into them
+    first_backward_seconds: float | None = None
 
 
 def _planned_input(meta: Any, device: torch.device, has_backward: bool) -> torch.Tensor:
@@ -253,24 +255,57 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
     stages = sorted(getattr(schedule, "_stages", None) or [schedule._stage], key=lambda s: s.stage_index)
     micro = schedule._n_microbatches
     args_split, kwargs_split = schedule._split_inputs(args, kwargs)
-    target_mb = next(iter(_split_tensor(target, _TARGET_CHUNK_SPEC, micro))) if target is not None else None
-    index = planner.index
-    start, flops = planner.clock(), planner.flops
-    kept, loss, output = [], None, None
+    targets = list(_split_tensor(target, _TARGET_CHUNK_SPEC, micro)) if target is not None else None
     ranks = _stage_ranks(schedule, stages)
     for callback in _announce:
         callback(ranks)
+    # the step's first micro-batch (its backward creates the gradients), then one that accumulates into them
+    start = planner.clock()
+    first, _, _ = _micro_batch(schedule, stages, ranks, 0, args_split, kwargs_split, targets, loss_kwargs)
+    second_start, flops = planner.clock(), planner.flops
+    steady, loss, output = _micro_batch(schedule, stages, ranks, min(1, micro - 1), args_split, kwargs_split, targets,
+                                        loss_kwargs)
+    end = planner.clock()
+    for cost, planned_first in zip(steady, first, strict=True):
+        cost.first_backward_seconds = planned_first.backward_seconds
+    compute, communication, exposed = planner.split(second_start, end)
+    planner.pipeline = {
+        "schedule": type(schedule).__name__, "n_microbatches": micro, "num_stages": stages[0].num_stages,
+        "pipeline_rank": stages[0].group_rank,
+        "stages": [dataclasses.asdict(c) for c in sorted(steady, key=lambda c: c.stage_index)],
+        "stage_ranks": ranks, "programs": _programs(schedule),
+        "window_start": start, "planned_seconds": end - start, "window_seconds": end - second_start,
+        "window_compute_seconds": compute, "window_communication_seconds": communication,
+        "window_exposed_communication_seconds": exposed, "window_flops": float(planner.flops - flops),
+        "window_breakdown": planner.breakdown(second_start, end),
+    }
+    for stage in stages:  # as the schedules end a step: FSDP's post-backward, the gradients scaled
+        stage.perform_reduce_grad(micro if schedule.scale_grads else 1)
+    if losses is not None and loss is not None:
+        losses.extend([loss.detach()] * micro)
+    if return_outputs and stages[-1].is_last:
+        return schedule._merge_outputs([output] * micro)
+    return None
+
+
+def _micro_batch(schedule: Any, stages: list[Any], ranks: list[int], mb: int, args_split: list, kwargs_split: list,
+                 targets: list | None, loss_kwargs: dict | None) -> tuple[list[StageCost], Any, Any]:
+    """Micro-batch `mb` through this rank's stages, forward then backward; return each stage's cost (last stage
+    first), the loss and the last stage's output."""
+    planner = active_planner()
+    index = planner.index
+    kept, loss, output = [], None, None
     previous: dict[int, Any] = {}  # this rank's stages' outputs, by stage index
     for stage in stages:
         before_clock, before_bytes = planner.clock(), torch.neuron.memory_allocated(index)
-        inputs = args_split[0] if stage.is_first else _stage_inputs(
+        inputs = args_split[mb] if stage.is_first else _stage_inputs(
             stage, schedule._has_backward, previous.get(stage.stage_index - 1), ranks)
-        output = stage.submod(*inputs, **(kwargs_split[0] if stage.is_first else {}))
+        output = stage.submod(*inputs, **(kwargs_split[mb] if stage.is_first else {}))
         previous[stage.stage_index] = output
-        if not stage.is_last and _exchange:
+        if not stage.is_last and _exchange and mb == 0:
             _exchange[-1][0](stage.stage_index, _outputs_meta(output, stage.stage_index))
         if stage.is_last and schedule._loss_fn is not None:
-            loss = schedule._compute_loss(output, target_mb, loss_kwargs)
+            loss = schedule._compute_loss(output, targets[mb] if targets is not None else None, loss_kwargs)
         kept.append([stage, output, planner.clock() - before_clock,
                      torch.neuron.memory_allocated(index) - before_bytes])
     costs_by_stage = []
@@ -284,23 +319,10 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
                 torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
         sent = 0 if stage.is_last else sum(t.numel() * t.element_size() for t in flat_tensors(out))
         pair = (ranks[stage.stage_index], ranks[min(stage.stage_index + 1, len(ranks) - 1)])
-        costs_by_stage.append(StageCost(stage.stage_index, forward, planner.clock() - before_clock,
-                                        max(0, activation), sent, costs.transfer_seconds(sent, pair)))
-    compute, communication, exposed = planner.split(start, planner.clock())
-    planner.pipeline = {
-        "schedule": type(schedule).__name__, "n_microbatches": micro, "num_stages": stages[0].num_stages,
-        "pipeline_rank": stages[0].group_rank,
-        "stages": [dataclasses.asdict(c) for c in sorted(costs_by_stage, key=lambda c: c.stage_index)],
-        "stage_ranks": ranks, "programs": _programs(schedule),
-        "window_start": start, "window_seconds": planner.clock() - start, "window_compute_seconds": compute,
-        "window_communication_seconds": communication, "window_exposed_communication_seconds": exposed,
-        "window_flops": float(planner.flops - flops), "window_breakdown": planner.breakdown(start, planner.clock()),
-    }
-    if losses is not None and loss is not None:
-        losses.extend([loss.detach()] * micro)
-    if return_outputs and stages[-1].is_last:
-        return schedule._merge_outputs([output] * micro)
-    return None
+        backward = planner.clock() - before_clock
+        costs_by_stage.append(StageCost(stage.stage_index, forward, backward, max(0, activation), sent,
+                                        costs.transfer_seconds(sent, pair), backward))
+    return costs_by_stage, loss, output
 
 
 @contextlib.contextmanager
@@ -344,6 +366,7 @@ def lay_out(programs: list[list[Op]], stages: dict[int, StageCost]) -> Layout:
     rank_of = {op[2]: rank for rank, ops in enumerate(programs) for op in ops if op[0] == "run"}
     done: dict[tuple[str, int, int], float] = {}
     arrived: dict[tuple[str, int, int], float] = {}  # transfers' completion, by the output they carry
+    backed: set[int] = set()  # stages whose first backward of the step ran
     clock = [0.0] * len(programs)
     sending = [0.0] * len(programs)  # each rank's transfer stream: when its last transfer completes
     position = [0] * len(programs)
@@ -376,6 +399,10 @@ def lay_out(programs: list[list[Op]], stages: dict[int, StageCost]) -> Layout:
                         break
                     begin = max(clock[rank], ready)
                     cost = stages[stage].forward_seconds if kind == "F" else stages[stage].backward_seconds
+                    if kind == "B" and stage not in backed and stages[stage].first_backward_seconds is not None:
+                        cost = stages[stage].first_backward_seconds
+                    if kind == "B":
+                        backed.add(stage)
                     done[key] = clock[rank] = begin + cost
                     timed.append((rank, kind, stage, micro, begin, begin + cost))
                 elif op == "send" and crosses(kind, stage):
@@ -421,19 +448,20 @@ def combine(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _pipeline_breakdown(planned: dict[str, float], pipe: dict[str, Any], finish: float) -> dict[str, float]:
-    """The step's breakdown with the schedule laid out: the planned micro-batch's parts once per micro-batch, and
-    the rest of the pipeline rank's schedule (its finish minus its micro-batches' work) as the bubble."""
-    micro, window = pipe["n_microbatches"], pipe["window_seconds"]
+    """The step's breakdown with the schedule laid out: the planned first micro-batch's parts once, the planned
+    second's once per later micro-batch, and the rest of the pipeline rank's schedule (its finish minus its
+    micro-batches' work) as the bubble."""
+    more = pipe["n_microbatches"] - 2  # micro-batches beyond the two planned
     out = dict(planned)
     for part, seconds in pipe["window_breakdown"].items():
-        out[part] = out.get(part, 0.0) + (micro - 1) * seconds
-    out["pipeline_bubble"] = finish - micro * window
+        out[part] = out.get(part, 0.0) + more * seconds
+    out["pipeline_bubble"] = finish - pipe["planned_seconds"] - more * pipe["window_seconds"]
     return out
 
 
 def _combined(plan: dict[str, Any], stages: dict[int, StageCost], layout: Layout) -> dict[str, Any]:
     pipe = plan["pipeline"]
-    rank, micro = pipe["pipeline_rank"], pipe["n_microbatches"]
+    rank, more = pipe["pipeline_rank"], pipe["n_microbatches"] - 2  # micro-batches beyond the two planned
     finish, peaks = layout.finish, layout.peaks
     mine = [c["stage_index"] for c in pipe["stages"]]
     mine_timed = [t for t in layout.timed if t[0] == rank]
@@ -442,13 +470,12 @@ def _combined(plan: dict[str, Any], stages: dict[int, StageCost], layout: Layout
     sends = sum(end - begin for sender, *_, begin, end in layout.transfers if sender == rank)
     peak = plan["peak_hbm_bytes"] + extra
     out = {
-        **plan, "step_seconds": plan["step_seconds"] - pipe["window_seconds"] + finish[rank],
-        "compute_seconds": plan["compute_seconds"] + (micro - 1) * pipe["window_compute_seconds"],
-        "communication_seconds": plan["communication_seconds"] + (micro - 1) * pipe["window_communication_seconds"]
-        + sends,
+        **plan, "step_seconds": plan["step_seconds"] - pipe["planned_seconds"] + finish[rank],
+        "compute_seconds": plan["compute_seconds"] + more * pipe["window_compute_seconds"],
+        "communication_seconds": plan["communication_seconds"] + more * pipe["window_communication_seconds"] + sends,
         "exposed_communication_seconds": plan["exposed_communication_seconds"]
-        + (micro - 1) * pipe["window_exposed_communication_seconds"],
-        "flops_per_step": plan["flops_per_step"] + (micro - 1) * pipe["window_flops"],
+        + more * pipe["window_exposed_communication_seconds"],
+        "flops_per_step": plan["flops_per_step"] + more * pipe["window_flops"],
         "breakdown": _pipeline_breakdown(plan["breakdown"], pipe, finish[rank]),
         "peak_hbm_bytes": peak, "peak_allocated_bytes": plan["peak_allocated_bytes"] + extra,
         "fits": plan["fits"] and peak <= plan["hbm_capacity_bytes"],
@@ -457,10 +484,10 @@ def _combined(plan: dict[str, Any], stages: dict[int, StageCost], layout: Layout
     }
     out["pipeline"].pop("programs")
     # the trace: the whole schedule on a lane of its own where the planned micro-batch ran, what came after later
-    start, delay = pipe["window_start"], finish[rank] - pipe["window_seconds"]
+    start, delay = pipe["window_start"], finish[rank] - pipe["planned_seconds"]
     out["schedule_lanes"] = [(f"{kind} stage {stage} micro-batch {micro}", start + begin, start + end)
                              for _, kind, stage, micro, begin, end in mine_timed]
-    after = start + pipe["window_seconds"]
+    after = start + pipe["planned_seconds"]
     out["lanes"] = [(name, stream, a + delay, b + delay) if a >= after else (name, stream, a, b)
                     for name, stream, a, b in plan["lanes"]]
     if out["oom"] is None and not out["fits"]:
