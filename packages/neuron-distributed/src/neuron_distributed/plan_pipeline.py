@@ -1,20 +1,22 @@
-"""Pipeline parallelism in plan mode: one micro-batch through a rank's stages, then the schedule from the costs.
+"""Pipeline parallelism in plan mode: two micro-batches through a rank's stages, then the schedule from the costs.
 
 A `torch.distributed.pipelining` schedule's `step` would run every micro-batch through the stage, exchanging
 activations with the neighbouring stages' ranks. A planned rank has no neighbours and each micro-batch costs the
-same, so plan mode runs one micro-batch's forward and backward through each of the rank's stages (charged as a real
-run charges them, on this rank's timeline) and keeps, per stage: forward seconds, backward seconds, the bytes its
-forward keeps alive until the backward, and the bytes it sends to the next stage. Plan mode then lays out the step
+same but the first (its backward creates the gradients, the later ones accumulate into them), so plan mode runs two
+micro-batches' forward and backward through each of the rank's stages (charged as a real run charges them, on this
+rank's timeline), ends the step as the schedules do (`perform_reduce_grad`) and keeps, per stage: forward seconds,
+backward seconds (the first apart), the bytes its forward keeps alive until the backward, and the bytes it sends to
+the next stage. Plan mode then lays out the step
 from those costs and the schedule itself (`schedule.pipeline_order`, PyTorch's list of actions of every pipeline
 rank, the one a real run executes, or for GPipe and 1F1B the order their `_step_microbatches` runs), with the
 point-to-point transfers where the schedule's code issues them and the waits for them where it waits (a real run
 times them so: `p2p`): an action starts when its rank is free and its input has arrived (the previous stage's
 forward, or the next stage's backward, plus its transfer when the stages are on different ranks); a transfer starts
 when it is issued, after the sender's earlier transfers; the bubble comes out of the dependencies. The cost of
-planning is one micro-batch per stage, whatever the number of micro-batches or the world size.
+planning is two micro-batches per stage, whatever the number of micro-batches or the world size.
 
 What is PyTorch's: the schedules, their action lists and stage-to-rank mapping, the input splitting. Ours: running
-one micro-batch instead of all, and timing each rank's program of actions, transfers and waits (`lay_out`).
+two micro-batches instead of all, and timing each rank's program of actions, transfers and waits (`lay_out`).
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ def exchanging_stage_outputs(send: Callable[[int, list[dict[str, Any]]], None],
 
 
 def _planned_step(schedule: Any, *args: Any, **kwargs: Any) -> Any:
-    """`schedule.step(...)` in plan mode: one micro-batch through this rank's stages (see the module's doc).
+    """`schedule.step(...)` in plan mode: two micro-batches through this rank's stages (see the module's doc).
 
     Cyclic garbage is collected first and the collector held off meanwhile: a stage's activation bytes are the
     allocator's live bytes across its forward, and a collection landing inside one (when it lands depends on how many
