@@ -79,11 +79,12 @@ def test_visible_cores_honoured(check):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("check", ["transfer_is_off_the_compute_stream", "stream_waits_for_the_transfer"])
+@pytest.mark.parametrize("check", ["transfer_is_off_the_compute_stream", "stream_waits_for_the_transfer",
+                                   "recv_from_any_source"])
 def test_point_to_point_transfer_is_timed_as_the_hardware_moves_it(check):
     """A send is a DMA on the sender's transfer stream, from when its data is produced; the receiver's stream waits
     for it to complete (the receiver was charged the transfer on its compute stream, and never waited for the
-    sender: a pipeline's real run had no bubble)."""
+    sender: a pipeline's real run had no bubble); a receive from any source names its sender."""
     assert_check(*_p2p_run(), check)
 
 

@@ -44,6 +44,17 @@ def stream_waits_for_the_transfer() -> None:
     assert seen[RANK][1] == produced + transfer, (seen, transfer)
 
 
+def recv_from_any_source() -> None:
+    """`dist.recv` without a source names the sender (it asks the Work for `_source_rank`)."""
+    if RANK == 0:
+        dist.send(torch.full((4,), 7.0, device=device), dst=1)
+        return
+    got = torch.empty(4, device=device)
+    assert dist.recv(got) == 0
+    assert got.tolist() == [7.0] * 4
+
+
 run_checks({"transfer_is_off_the_compute_stream": transfer_is_off_the_compute_stream,
-            "stream_waits_for_the_transfer": stream_waits_for_the_transfer})
+            "stream_waits_for_the_transfer": stream_waits_for_the_transfer,
+            "recv_from_any_source": recv_from_any_source})
 finish()
