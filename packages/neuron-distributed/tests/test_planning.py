@@ -232,19 +232,37 @@ def test_plan_matches_the_real_run_at_two_ranks(tmp_path, script, args):
         pytest.importorskip("transformers")
     if script == "bert_compiled.py" or "--compile" in args:
         pytest.importorskip("neuron_compile", reason="the Dynamo backend \"neuron\" is neuron-compile's")
-    env = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
-    measured = measure(2, script, *args, env=env)
-    code, report, output = plan(tmp_path, *args, script=script,
-                                options=("--instance", "trn1.2xlarge", "--ranks", "0,1", "--steps", "3"))
+    # compiled DTensor blocks: the plan peaks 40 to 80 KiB higher, not isolated (Limits)
+    _plan_matches_the_real_run(tmp_path, script, args, 2, "trn1.2xlarge", "0,1", allocated="--compile" not in args)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_plan_matches_the_real_run_at_four_ranks(tmp_path):
+    """FSDP2 over dp 2 after TP 2 (`fsdp_tp.py --dp 2`) on the four logical cores of a trn2.3xlarge: the plan of
+    rank 0 (the ranks' roles are equal) and the real run agree within 2 % (measured -1.4 %, HBM equal). neuron-nki's
+    kernels are off: a real run takes its LayerNorm kernels where a plan charges aten's (Limits: -4.1 % with them)."""
+    _plan_matches_the_real_run(tmp_path, "fsdp_tp.py", ("--dp", "2"), 4, "trn2.3xlarge", "auto",
+                               env={"NEURON_NKI_NATIVE_KERNELS": "0"})
+
+
+def _plan_matches_the_real_run(tmp_path, script: str, args: tuple[str, ...], ranks: int, instance: str,
+                               planned: str, env: dict | None = None, allocated: bool = True) -> None:
+    """`script ARGS` run for real on `ranks` ranks of one `instance` and planned (`--ranks planned`): the same step
+    time and peak HBM (and peak allocated bytes, with `allocated`) within 2 %, and some communication."""
+    env = {"NEURON_SIM_INSTANCE_TYPE": instance, **(env or {})}
+    measured = measure(ranks, script, *args, env=env)
+    code, report, output = plan(tmp_path, *args, script=script, env=env,
+                                options=("--instance", instance, "--ranks", planned, "--steps", "3"))
     assert code == 0, output
-    step, reserved, allocated = max(measured.values())
-    assert report["world_size"] == 2
+    step, reserved, peak_allocated = max(measured.values())
+    assert report["world_size"] == ranks
     # with FSDP2 over one rank, TP compiled without SP communicates only inside the compiled graphs, charged too
     assert report["communication_seconds"] > 0
     assert report["step_seconds"] == pytest.approx(step, rel=0.02)
     assert report["peak_hbm_bytes"] == pytest.approx(reserved, rel=0.02)
-    if "--compile" not in args:  # compiled DTensor blocks: the plan peaks 40 to 80 KiB higher, not isolated (Limits)
-        assert report["peak_allocated_bytes"] == pytest.approx(allocated, rel=0.02)
+    if allocated:
+        assert report["peak_allocated_bytes"] == pytest.approx(peak_allocated, rel=0.02)
 
 
 def measure(ranks: int, script: str, *args: str, env: dict) -> dict[int, tuple[float, int, int]]:
