@@ -76,3 +76,18 @@ def test_other_init_forms(form, check):
 def test_visible_cores_honoured(check):
     """With NEURON_RT_VISIBLE_CORES=2-3 each process sees two devices and rank r works on neuron:r (core 2 + r)."""
     assert_check(*_run("neuron", *SHORT, cores="cores 2-3"), check)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("check", ["transfer_is_off_the_compute_stream", "stream_waits_for_the_transfer",
+                                   "recv_from_any_source"])
+def test_point_to_point_transfer_is_timed_as_the_hardware_moves_it(check):
+    """A send is a DMA on the sender's transfer stream, from when its data is produced; the receiver's stream waits
+    for it to complete (the receiver was charged the transfer on its compute stream, and never waited for the
+    sender: a pipeline's real run had no bubble); a receive from any source names its sender."""
+    assert_check(*_p2p_run(), check)
+
+
+@functools.cache
+def _p2p_run():
+    return launch("p2p_time.py", 2, timeout=240)

@@ -14,7 +14,8 @@ Running on the host
     `flat_tensors` (every tensor in nested lists and tuples), `run_on_host` (the CPU fallback: any op on `neuron` tensors), `seeded_call` (call a random op with the device's
     generator).
 Simulated time
-    `charge` (queue device seconds on the current stream), `record_kernel` (account one launch of a kernel: the
+    `charge` (queue device seconds on the current stream, or a given one), `current_stream_id` (this thread's
+    current stream of a device), `record_kernel` (account one launch of a kernel: the
     compile cache, the report), `estimate_kernel` (the cost model), `matmul_array_flops` (a matmul's Tensor-engine occupancy as it tiles onto
     the 128 x 128 array), `LAUNCH_SECONDS` (the runtime's launch of one kernel), `topology` (the simulated machine; its
     figures are the hardware spec's, `neuron_spec.hardware`, which siblings import directly), `timeline` (one
@@ -49,7 +50,7 @@ from .simulation.planned import resize_storage as resize_planned_storage
 from .simulation.planned import track_storage
 from .storage import adopt, host_alias
 from .timeline import Part as ChargePart
-from .timeline import charge, host_code_device, running_host_code, timeline
+from .timeline import charge, current_stream_id, host_code_device, running_host_code, timeline
 from .timeline import set_recorder as set_charge_recorder
 from .topology import Topology, topology
 
@@ -67,6 +68,7 @@ __all__ = [
     "breakdown_part",
     "builtin_kernels",
     "charge",
+    "current_stream_id",
     "device_allocator",
     "estimate_kernel",
     "flat_tensors",

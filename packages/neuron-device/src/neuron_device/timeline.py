@@ -117,12 +117,14 @@ def set_recorder(recorder: Recorder | None) -> Recorder | None:
     return previous
 
 
-def charge(index: int, seconds: float, name: str = "device work", part: Part = None) -> float:
-    """Queue `seconds` of work named `name` on this thread's current stream of device `index`; return its
-    completion time. `name` and `part` (what the time went to) reach only an installed recorder (a profiler's
-    device lane, a planner's breakdown)."""
+def charge(index: int, seconds: float, name: str = "device work", part: Part = None, *,
+           stream: int | None = None) -> float:
+    """Queue `seconds` of work named `name` on this thread's current stream of device `index` (or on stream id
+    `stream`: a queue of the device's own, such as its point-to-point transfers'); return its completion time.
+    `name` and `part` (what the time went to) reach only an installed recorder (a profiler's device lane, a
+    planner's breakdown)."""
     found = _timelines.get(index) or timeline(index)
-    stream_id = _current.ids.get(index, 0)
+    stream_id = _current.ids.get(index, 0) if stream is None else stream
     end = found.charge(stream_id, seconds)
     global _launch_blocking
     if _launch_blocking is None:

@@ -34,6 +34,7 @@ from torch._C._distributed_c10d import (
 )
 
 from . import costs, matching, p2p
+from .catalogue import group_ranks
 from .hostmap import flat_tensors, to_host
 
 __all__ = ["BACKEND_NAME", "NeuronProcessGroup", "create_process_group", "register_backend"]
@@ -297,22 +298,18 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # Point to point and synchronisation ----------------------------------------------------------------------------
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:
-        host = to_host(tensors)
-        if not matching.enabled():
-            return self._issue("send", tensors, [], lambda: self._gloo.send(host, dst, tag))
-        return self._issue("send", tensors, [], lambda: p2p.checked_send(self._gloo, host, dst, tag))
+        return p2p.send(self._gloo, tensors, to_host(tensors), dst, tag, self._pair(dst))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Work:
-        host = to_host(tensors)
-        if not matching.enabled():
-            return self._issue("recv", [], tensors, lambda: self._gloo.recv(host, src, tag))
-        return self._issue("recv", [], tensors, lambda: p2p.checked_recv(self._gloo, host, src, tag))
+        return p2p.recv(self._gloo, tensors, to_host(tensors), src, tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Work:
-        host = to_host(tensors)
-        if not matching.enabled():
-            return self._issue("recv", [], tensors, lambda: self._gloo.recv_anysource(host, tag))
-        return self._issue("recv", [], tensors, lambda: p2p.checked_recv(self._gloo, host, None, tag))
+        return p2p.recv(self._gloo, tensors, to_host(tensors), None, tag)
+
+    def _pair(self, peer: int) -> tuple[int, int] | None:
+        """The global ranks of this rank and group rank `peer` (None for a group this process did not register)."""
+        ranks = group_ranks(self)
+        return (ranks[self.rank()], ranks[peer]) if ranks is not None else None
 
     def barrier(self, opts: BarrierOptions = BarrierOptions()) -> Work:  # noqa: B008
         return self._gloo.barrier(opts)

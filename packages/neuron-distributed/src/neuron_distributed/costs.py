@@ -49,8 +49,9 @@ from neuron_spec.hardware import INSTANCE_TYPES, Instance, Target, resolve_targe
 from . import envvars
 
 __all__ = ["COLLECTIVE_LAUNCH_SECONDS", "HOP_SECONDS_ACROSS_NODES", "HOP_SECONDS_INSIDE_NODE", "LABEL_PREFIX",
-           "LINK_EFFICIENCY", "algorithm", "buckets", "charge", "collective_seconds", "is_collective_charge",
-           "placement", "placement_of_ranks", "ranks_on_each_instance"]
+           "LINK_EFFICIENCY", "TRANSFER_STREAM", "algorithm", "buckets", "charge", "charge_transfer",
+           "collective_seconds", "is_collective_charge", "placement", "placement_of_ranks", "ranks_on_each_instance",
+           "transfer_seconds"]
 
 # Fitted on C1's plateau: a 2-rank fp32 all-reduce of 1-256 KiB takes 58-60 us whatever its size, minus its two
 # transfers (one DMA and one hop each); C2's 8-64 B floor (520-525 us) is this plus 32 inter-node hops (+2.4 %).
@@ -68,6 +69,9 @@ LINKS_PER_CHIP = 4
 LINK_EFFICIENCY = 0.65
 # A collective's charge is named LABEL_PREFIX + its kind: a profiler's "collective" lane, a plan's communication.
 LABEL_PREFIX = "c10d::"
+# The stream of a device's point-to-point transfers: its DMA queue to other devices, apart from the compute streams
+# (a negative id: `torch.neuron.Stream`'s pool never hands it out).
+TRANSFER_STREAM = -1
 MESH_BELOW_BYTES = 1_000_000  # C4: mesh below 1 MB ...
 RING_ABOVE_BYTES = 56_000_000  # ... recursive halving-doubling up to 56 MB, ring above
 FLAT_RING_TARGETS = frozenset({"trn1"})  # internode-collective-comm.rst: "We only enable Flat Ring on Trn1"
@@ -246,6 +250,28 @@ def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], g
                                  ranks_per_instance=per_instance, itemsize=itemsize)
     for index in devices:
         services.charge(index, seconds, LABEL_PREFIX + kind)
+
+
+def transfer_seconds(nbytes: int, ranks: tuple[int, int] | None) -> float:
+    """One point-to-point transfer of `nbytes` between two global ranks (placed as torchrun places them; None: two
+    neighbouring ranks), the cost model's send; nothing between a rank and itself."""
+    if ranks is not None and ranks[0] == ranks[1]:
+        return 0.0
+    return collective_seconds("send", nbytes, 2, where=placement_of_ranks(ranks) if ranks is not None else None)
+
+
+def charge_transfer(tensors: list[torch.Tensor], ranks: tuple[int, int] | None) -> tuple[int, float] | None:
+    """Queue a point-to-point transfer of `tensors` (the sender's) on its device's `TRANSFER_STREAM`, after the
+    work the current stream has queued (the data's producer) and the transfers queued before; return (device
+    index, completion time), or None for tensors on no `neuron` device (they have no timeline)."""
+    devices = {t.device.index or 0 for t in tensors if t.device.type == "neuron"}
+    if not devices:
+        return None
+    (index,) = devices  # Gloo's send takes one tensor
+    line = services.timeline(index)
+    line.wait_until(TRANSFER_STREAM, line.ready(services.current_stream_id(index)))
+    seconds = transfer_seconds(_nbytes(tensors), ranks)
+    return index, services.charge(index, seconds, LABEL_PREFIX + "send", stream=TRANSFER_STREAM)
 
 
 def is_collective_charge(name: str) -> bool:

@@ -25,7 +25,7 @@ with its reason. Nothing here outlives the plan.
 * Module-level functions are patched in every module that bound them (`patched_everywhere`).
 * `UntypedStorage.resize_`: a planned storage's block in the allocator model follows (FSDP2 frees an unsharded
   parameter by resizing its storage to 0 bytes, and refills it; a fake's storage has no device memory to resize).
-* pipelining schedules: one micro-batch a stage (`plan_pipeline`).
+* pipelining schedules: two micro-batches a stage (`plan_pipeline`).
 * `SymInt` / `SymFloat` / `SymBool.__format__`: a value the plan answered with a symbol (`plan_values`) formatted
   with a spec (a log line's `f"{loss:8.5f}"`) prints as its symbol; torch's raises `TypeError`. So does a planned
   0-d tensor's (`Tensor.__format__`: torch formats only a plain `Tensor`'s value).

@@ -1,18 +1,22 @@
-"""Pipeline parallelism in plan mode: one micro-batch through a rank's stages, then the schedule from the costs.
+"""Pipeline parallelism in plan mode: two micro-batches through a rank's stages, then the schedule from the costs.
 
 A `torch.distributed.pipelining` schedule's `step` would run every micro-batch through the stage, exchanging
 activations with the neighbouring stages' ranks. A planned rank has no neighbours and each micro-batch costs the
-same, so plan mode runs one micro-batch's forward and backward through each of the rank's stages (charged as a real
-run charges them, on this rank's timeline) and keeps, per stage: forward seconds, backward seconds, the bytes its
-forward keeps alive until the backward, and the bytes it sends to the next stage. Plan mode then lays out the step
+same but the first (its backward creates the gradients, the later ones accumulate into them), so plan mode runs two
+micro-batches' forward and backward through each of the rank's stages (charged as a real run charges them, on this
+rank's timeline), ends the step as the schedules do (`perform_reduce_grad`) and keeps, per stage: forward seconds,
+backward seconds (the first apart), the bytes its forward keeps alive until the backward, and the bytes it sends to
+the next stage. Plan mode then lays out the step
 from those costs and the schedule itself (`schedule.pipeline_order`, PyTorch's list of actions of every pipeline
-rank, the one a real run executes): an action starts when its rank is free and its input has arrived (the previous
-stage's forward, or the next stage's backward, plus the point-to-point transfer when the stages are on different
-ranks); the bubble comes out of the dependencies. The cost of planning is one micro-batch per stage, whatever the
-number of micro-batches or the world size.
+rank, the one a real run executes, or for GPipe and 1F1B the order their `_step_microbatches` runs), with the
+point-to-point transfers where the schedule's code issues them and the waits for them where it waits (a real run
+times them so: `p2p`): an action starts when its rank is free and its input has arrived (the previous stage's
+forward, or the next stage's backward, plus its transfer when the stages are on different ranks); a transfer starts
+when it is issued, after the sender's earlier transfers; the bubble comes out of the dependencies. The cost of
+planning is two micro-batches per stage, whatever the number of micro-batches or the world size.
 
 What is PyTorch's: the schedules, their action lists and stage-to-rank mapping, the input splitting. Ours: running
-one micro-batch instead of all, and timing the action lists (`lay_out`).
+two micro-batches instead of all, and timing each rank's program of actions, transfers and waits (`lay_out`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from neuron_device.services import flat_tensors
 from . import costs
 from .plan_state import active_planner
 
-__all__ = ["RoleReused", "StageCost", "announcing_stage_ranks", "combine", "exchanging_stage_outputs",
+__all__ = ["Layout", "RoleReused", "StageCost", "announcing_stage_ranks", "combine", "exchanging_stage_outputs",
            "identifying_roles", "lay_out", "patched_schedules"]
 
 _COMPUTE = {"F": "forward", "B": "backward"}
@@ -50,6 +54,8 @@ class StageCost:
     activation_bytes: int  # kept alive from the stage's forward of a micro-batch to its backward
     send_bytes: int  # the forward's output, sent to the next stage (its gradient comes back the same size)
     send_seconds: float  # that transfer, priced by the cost model for the two stages' placement
+    # the step's first backward through the stage: it creates the gradients, the later ones accumulate into them
+    first_backward_seconds: float | None = None
 
 
 def _planned_input(meta: Any, device: torch.device, has_backward: bool) -> torch.Tensor:
@@ -96,27 +102,73 @@ def _stage_inputs(stage: Any, has_backward: bool, previous: Any, ranks: list[int
     return tuple(_planned_input(meta, stage.device, has_backward) for meta in metas)
 
 
-def _single_order(kind: str, stages: int, micro: int) -> list[list[tuple[str, int, int]]]:
-    """Each rank's actions of a single-stage schedule, as its `_step_microbatches` runs them (its
-    `pipeline_order` is a drawing: 1F1B's skips micro-batch 0 on the last rank). GPipe: every forward, then every
-    backward. 1F1B: `min(micro, stages - stage)` forwards, then a backward and a forward in turn, then the rest of
-    the backwards."""
-    order = []
+Op = tuple[str, str, int, int]  # ("run" | "send" | "wait", "F" | "B", stage, micro-batch)
+
+
+def _single_programs(kind: str, stages: int, micro: int) -> list[list[Op]]:
+    """Each rank's program under a single-stage schedule, as its `_step_microbatches` runs it (its
+    `pipeline_order` is a drawing: 1F1B's skips micro-batch 0 on the last rank): the compute actions ("run"), where
+    it issues each output's transfer to the neighbouring stage ("send") and where it waits for one to complete
+    ("wait"). GPipe: every forward, each sent at once, the sends waited; then the same for the backwards. 1F1B:
+    `min(micro, stages - stage)` forwards, each send waited after the next forward, the last one sent with the first
+    backward's receive and waited with it; then a backward and a forward in turn, each send waited with the next
+    receive; then the rest of the backwards, each send waited after the next backward (the last one not at all)."""
+    programs = []
     for stage in range(stages):
+        ops: list[Op] = []
+
+        def run(k: str, m: int, ops: list[Op] = ops, stage: int = stage) -> None:
+            ops.append(("run", k, stage, m))
+
+        def send(k: str, m: int, ops: list[Op] = ops, stage: int = stage) -> None:
+            ops.append(("send", k, stage, m))
+
+        def wait(k: str, m: int, ops: list[Op] = ops, stage: int = stage) -> None:
+            ops.append(("wait", k, stage, m))
+
         if kind == "ScheduleGPipe":
-            order.append([("F", stage, m) for m in range(micro)] + [("B", stage, m) for m in range(micro)])
+            for k in ("F", "B"):
+                for m in range(micro):
+                    run(k, m)
+                    send(k, m)
+                for m in range(micro):
+                    wait(k, m)
+            programs.append(ops)
             continue
         warmup = min(micro, stages - stage)
-        actions = [("F", stage, m) for m in range(warmup)]
-        for m in range(micro - warmup):
-            actions += [("B", stage, m), ("F", stage, warmup + m)]
-        actions += [("B", stage, m) for m in range(micro - warmup, micro)]
-        order.append(actions)
-    return order
+        for m in range(warmup):
+            run("F", m)
+            if m > 0:  # the previous forward's send
+                wait("F", m - 1)
+            if m != warmup - 1:
+                send("F", m)
+        forward, backward = warmup, 0
+        deferred: int | None = warmup - 1
+        while True:
+            if deferred is not None:  # the forward's send, issued and waited with the backward's receive
+                send("F", deferred)
+                wait("F", deferred)
+            run("B", backward)
+            backward += 1
+            if forward == micro:
+                break
+            send("B", backward - 1)  # issued and waited with the next forward's receive
+            wait("B", backward - 1)
+            run("F", forward)
+            deferred, forward = forward, forward + 1
+        send("B", backward - 1)
+        for m in range(backward, micro):
+            run("B", m)
+            wait("B", m - 1)
+            send("B", m)
+        programs.append(ops)
+    return programs
 
 
-def _order(schedule: Any) -> list[list[tuple[str, int, int]]]:
-    """The schedule's compute actions per pipeline rank: (F or B, stage, micro-batch)."""
+def _programs(schedule: Any) -> list[list[Op]]:
+    """The schedule's program per pipeline rank (see `_single_programs`). A multi-stage schedule's runtime
+    (`_PipelineScheduleRuntime`) runs its compute actions in `pipeline_order`, issues each output's transfer after
+    its action and waits for every transfer at the end of the step."""
     from torch.distributed.pipelining import schedules
 
     name = type(schedule).__name__
@@ -124,22 +176,23 @@ def _order(schedule: Any) -> list[list[tuple[str, int, int]]]:
         if name not in ("ScheduleGPipe", "Schedule1F1B"):
             raise NotImplementedError(f"plan mode: pipeline schedule {name} is not planned (GPipe, 1F1B and the "
                                       "multi-stage schedules of forward and full-backward actions are)")
-        return _single_order(name, schedule._num_stages, schedule._n_microbatches)
-    order: list[list[tuple[str, int, int]]] = []
+        return _single_programs(name, schedule._num_stages, schedule._n_microbatches)
+    programs: list[list[Op]] = []
     for _, actions in sorted(schedule.pipeline_order.items()):
-        kept = []
+        ops: list[Op] = []
         for action in actions:
             if action is None:
                 continue
             kind = action.computation_type.value
             if kind in _COMPUTE:
-                kept.append((kind, action.stage_index, action.microbatch_index))
+                ops += [("run", kind, action.stage_index, action.microbatch_index),
+                        ("send", kind, action.stage_index, action.microbatch_index)]
             elif kind not in _IGNORED:
                 raise NotImplementedError(
                     f"plan mode: pipeline schedule {name} uses action {kind!r} (split backward, zero-bubble "
                     "schedules); only forward (F) and full backward (B) actions are planned")
-        order.append(kept)
-    return order
+        programs.append(ops + [("wait", *op[1:]) for op in ops if op[0] == "send"])
+    return programs
 
 
 def _stage_ranks(schedule: Any, stages: list[Any]) -> list[int]:
@@ -266,7 +319,7 @@ def exchanging_stage_outputs(send: Callable[[int, list[dict[str, Any]]], None],
 
 
 def _planned_step(schedule: Any, *args: Any, **kwargs: Any) -> Any:
-    """`schedule.step(...)` in plan mode: one micro-batch through this rank's stages (see the module's doc).
+    """`schedule.step(...)` in plan mode: two micro-batches through this rank's stages (see the module's doc).
 
     Cyclic garbage is collected first and the collector held off meanwhile: a stage's activation bytes are the
     allocator's live bytes across its forward, and a collection landing inside one (when it lands depends on how many
@@ -290,31 +343,65 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
     stages = sorted(getattr(schedule, "_stages", None) or [schedule._stage], key=lambda s: s.stage_index)
     micro = schedule._n_microbatches
     args_split, kwargs_split = schedule._split_inputs(args, kwargs)
-    target_mb = next(iter(_split_tensor(target, _TARGET_CHUNK_SPEC, micro))) if target is not None else None
-    index = planner.index
-    start, flops = planner.clock(), planner.flops
-    kept, loss, output = [], None, None
+    targets = list(_split_tensor(target, _TARGET_CHUNK_SPEC, micro)) if target is not None else None
     ranks = _stage_ranks(schedule, stages)
     for callback in _announce:
         callback(ranks)
     if _identify:
-        key = _role_key(schedule, stages, args_split, kwargs_split, target_mb, ranks)
+        key = _role_key(schedule, stages, args_split, kwargs_split, targets[0] if targets is not None else None,
+                        ranks)
         probe = {"stage_indices": [s.stage_index for s in stages], "pipeline_rank": stages[0].group_rank,
                  "num_stages": stages[0].num_stages, "n_microbatches": micro, "stage_ranks": ranks,
-                 "order": _order(schedule)}
+                 "programs": _programs(schedule)}
         if key is not None and _identify[-1](key, probe):
             raise RoleReused(key, probe)
+    # the step's first micro-batch (its backward creates the gradients), then one that accumulates into them
+    start = planner.clock()
+    first, _, _ = _micro_batch(schedule, stages, ranks, 0, args_split, kwargs_split, targets, loss_kwargs)
+    second_start, flops = planner.clock(), planner.flops
+    steady, loss, output = _micro_batch(schedule, stages, ranks, min(1, micro - 1), args_split, kwargs_split, targets,
+                                        loss_kwargs)
+    end = planner.clock()
+    for cost, planned_first in zip(steady, first, strict=True):
+        cost.first_backward_seconds = planned_first.backward_seconds
+    compute, communication, exposed = planner.split(second_start, end)
+    planner.pipeline = {
+        "schedule": type(schedule).__name__, "n_microbatches": micro, "num_stages": stages[0].num_stages,
+        "pipeline_rank": stages[0].group_rank,
+        "stages": [dataclasses.asdict(c) for c in sorted(steady, key=lambda c: c.stage_index)],
+        "stage_ranks": ranks, "programs": _programs(schedule),
+        "window_start": start, "planned_seconds": end - start, "window_seconds": end - second_start,
+        "window_compute_seconds": compute, "window_communication_seconds": communication,
+        "window_exposed_communication_seconds": exposed, "window_flops": float(planner.flops - flops),
+        "window_breakdown": planner.breakdown(second_start, end),
+    }
+    for stage in stages:  # as the schedules end a step: FSDP's post-backward, the gradients scaled
+        stage.perform_reduce_grad(micro if schedule.scale_grads else 1)
+    if losses is not None and loss is not None:
+        losses.extend([loss.detach()] * micro)
+    if return_outputs and stages[-1].is_last:
+        return schedule._merge_outputs([output] * micro)
+    return None
+
+
+def _micro_batch(schedule: Any, stages: list[Any], ranks: list[int], mb: int, args_split: list, kwargs_split: list,
+                 targets: list | None, loss_kwargs: dict | None) -> tuple[list[StageCost], Any, Any]:
+    """Micro-batch `mb` through this rank's stages, forward then backward; return each stage's cost (last stage
+    first), the loss and the last stage's output."""
+    planner = active_planner()
+    index = planner.index
+    kept, loss, output = [], None, None
     previous: dict[int, Any] = {}  # this rank's stages' outputs, by stage index
     for stage in stages:
         before_clock, before_bytes = planner.clock(), torch.neuron.memory_allocated(index)
-        inputs = args_split[0] if stage.is_first else _stage_inputs(
+        inputs = args_split[mb] if stage.is_first else _stage_inputs(
             stage, schedule._has_backward, previous.get(stage.stage_index - 1), ranks)
-        output = stage.submod(*inputs, **(kwargs_split[0] if stage.is_first else {}))
+        output = stage.submod(*inputs, **(kwargs_split[mb] if stage.is_first else {}))
         previous[stage.stage_index] = output
-        if not stage.is_last and _exchange:
+        if not stage.is_last and _exchange and mb == 0:
             _exchange[-1][0](stage.stage_index, _outputs_meta(output, stage.stage_index))
         if stage.is_last and schedule._loss_fn is not None:
-            loss = schedule._compute_loss(output, target_mb, loss_kwargs)
+            loss = schedule._compute_loss(output, targets[mb] if targets is not None else None, loss_kwargs)
         kept.append([stage, output, planner.clock() - before_clock,
                      torch.neuron.memory_allocated(index) - before_bytes])
     costs_by_stage = []
@@ -328,23 +415,10 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
                 torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
         sent = 0 if stage.is_last else sum(t.numel() * t.element_size() for t in flat_tensors(out))
         pair = (ranks[stage.stage_index], ranks[min(stage.stage_index + 1, len(ranks) - 1)])
-        costs_by_stage.append(StageCost(stage.stage_index, forward, planner.clock() - before_clock,
-                                        max(0, activation), sent, _transfer_seconds(sent, pair)))
-    compute, communication, exposed = planner.split(start, planner.clock())
-    planner.pipeline = {
-        "schedule": type(schedule).__name__, "n_microbatches": micro, "num_stages": stages[0].num_stages,
-        "pipeline_rank": stages[0].group_rank,
-        "stages": [dataclasses.asdict(c) for c in sorted(costs_by_stage, key=lambda c: c.stage_index)],
-        "stage_ranks": ranks, "order": _order(schedule),
-        "window_start": start, "window_seconds": planner.clock() - start, "window_compute_seconds": compute,
-        "window_communication_seconds": communication, "window_exposed_communication_seconds": exposed,
-        "window_flops": float(planner.flops - flops), "window_breakdown": planner.breakdown(start, planner.clock()),
-    }
-    if losses is not None and loss is not None:
-        losses.extend([loss.detach()] * micro)
-    if return_outputs and stages[-1].is_last:
-        return schedule._merge_outputs([output] * micro)
-    return None
+        backward = planner.clock() - before_clock
+        costs_by_stage.append(StageCost(stage.stage_index, forward, backward, max(0, activation), sent,
+                                        costs.transfer_seconds(sent, pair), backward))
+    return costs_by_stage, loss, output
 
 
 @contextlib.contextmanager
@@ -362,62 +436,93 @@ def patched_schedules() -> Iterator[None]:
             cls.step = old
 
 
-def _transfer_seconds(nbytes: int, ranks: tuple[int, int]) -> float:
-    """One point-to-point transfer of `nbytes` between two global ranks (the cost model's send, by placement)."""
-    if ranks[0] == ranks[1]:
-        return 0.0
-    return costs.collective_seconds("send", nbytes, 2, where=costs.placement_of_ranks(ranks))
-
-
 Timed = tuple[int, str, int, int, float, float]  # pipeline rank, F or B, stage, micro-batch, start, end
 
 
-def lay_out(order: list[list[tuple[str, int, int]]],
-            stages: dict[int, StageCost]) -> tuple[list[float], list[int], list[Timed]]:
-    """Time a schedule's action lists from per-stage costs: each pipeline rank runs its actions in order; an action
-    waits for its input (previous stage's forward / next stage's backward of the same micro-batch, plus the transfer
-    when the two stages are on different ranks). Returns each pipeline rank's finish time, its peak of activation
-    bytes in flight (forwards whose backward has not run), and the timed actions."""
+@dataclasses.dataclass
+class Layout:
+    """A schedule laid out: per pipeline rank its finish (its compute stream's clock at the end of its program)
+    and its peak of activation bytes in flight (forwards whose backward has not run); the timed compute actions
+    and the timed transfers (rank: the sender's)."""
+
+    finish: list[float]
+    peaks: list[int]
+    timed: list[Timed]
+    transfers: list[Timed]
+
+
+def lay_out(programs: list[list[Op]], stages: dict[int, StageCost]) -> Layout:
+    """Time each pipeline rank's program (`_single_programs`, `_programs`) from per-stage costs, as a real run's
+    point-to-point transfers go (`p2p`): an action starts when its rank is free and its input is there (the
+    previous stage's forward, or the next stage's backward, of the same micro-batch: when that stage is on another
+    rank, once its transfer completed); a transfer starts when its sender issues it, after the sender's earlier
+    transfers, and takes the stage's `send_seconds` (a gradient: the size of the activation it answers); a wait
+    holds the rank until its transfer completed. Stages on one rank hand their outputs over for free."""
     last = max(stages)
+    rank_of = {op[2]: rank for rank, ops in enumerate(programs) for op in ops if op[0] == "run"}
     done: dict[tuple[str, int, int], float] = {}
-    free = [0.0] * len(order)
-    position = [0] * len(order)
+    arrived: dict[tuple[str, int, int], float] = {}  # transfers' completion, by the output they carry
+    backed: set[int] = set()  # stages whose first backward of the step ran
+    clock = [0.0] * len(programs)
+    sending = [0.0] * len(programs)  # each rank's transfer stream: when its last transfer completes
+    position = [0] * len(programs)
     timed: list[Timed] = []
-    remaining = sum(len(actions) for actions in order)
+    transfers: list[Timed] = []
+
+    def crosses(kind: str, stage: int) -> bool:
+        """Whether the output of `kind` on `stage` goes to a stage on another rank."""
+        to = stage + 1 if kind == "F" else stage - 1
+        return 0 <= to <= last and rank_of.get(to, rank_of[stage]) != rank_of[stage]
+
+    def input_ready(kind: str, stage: int, micro: int) -> float | None:
+        """When the input of an action is there (None: not yet known)."""
+        if kind == "F" and stage == 0:
+            return 0.0
+        source = ("F", stage - 1, micro) if kind == "F" else ("B", stage + 1, micro) if stage < last else (
+            "F", stage, micro)
+        return (arrived if crosses(*source[:2]) else done).get(source)
+
+    remaining = sum(len(ops) for ops in programs)
     while remaining:
         progressed = False
-        for rank, actions in enumerate(order):
-            while position[rank] < len(actions):
-                kind, stage, micro = actions[position[rank]]
-                if kind == "F":
-                    need, peer = (("F", stage - 1, micro), stage - 1) if stage > 0 else (None, stage)
-                elif stage < last:
-                    need, peer = ("B", stage + 1, micro), stage + 1
-                else:
-                    need, peer = ("F", stage, micro), stage
-                if need is not None and need not in done:
-                    break
-                ready = 0.0 if need is None else done[need]
-                if peer != stage:  # the activation (or its gradient) crosses between the two stages
-                    ready += stages[min(stage, peer)].send_seconds
-                begin = max(free[rank], ready)
-                cost = stages[stage].forward_seconds if kind == "F" else stages[stage].backward_seconds
-                done[(kind, stage, micro)] = free[rank] = begin + cost
-                timed.append((rank, kind, stage, micro, begin, begin + cost))
+        for rank, ops in enumerate(programs):
+            while position[rank] < len(ops):
+                op, kind, stage, micro = ops[position[rank]]
+                key = (kind, stage, micro)
+                if op == "run":
+                    ready = input_ready(kind, stage, micro)
+                    if ready is None:
+                        break
+                    begin = max(clock[rank], ready)
+                    cost = stages[stage].forward_seconds if kind == "F" else stages[stage].backward_seconds
+                    if kind == "B" and stage not in backed and stages[stage].first_backward_seconds is not None:
+                        cost = stages[stage].first_backward_seconds
+                    if kind == "B":
+                        backed.add(stage)
+                    done[key] = clock[rank] = begin + cost
+                    timed.append((rank, kind, stage, micro, begin, begin + cost))
+                elif op == "send" and crosses(kind, stage):
+                    begin = max(clock[rank], sending[rank])
+                    seconds = stages[stage if kind == "F" else stage - 1].send_seconds
+                    arrived[key] = sending[rank] = begin + seconds
+                    transfers.append((rank, kind, stage, micro, begin, begin + seconds))
+                elif op == "wait" and key in arrived:
+                    clock[rank] = max(clock[rank], arrived[key])
                 position[rank] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
-            stuck = {r: order[r][position[r]] for r in range(len(order)) if position[r] < len(order[r])}
+            stuck = {r: programs[r][position[r]] for r in range(len(programs)) if position[r] < len(programs[r])}
             raise RuntimeError(f"pipeline schedule deadlocks: next actions per rank {stuck}")
     peaks = []
-    for actions in order:
+    for ops in programs:
         live = peak = 0
-        for kind, stage, _ in actions:
-            live += stages[stage].activation_bytes if kind == "F" else -stages[stage].activation_bytes
-            peak = max(peak, live)
+        for op, kind, stage, _ in ops:
+            if op == "run":
+                live += stages[stage].activation_bytes if kind == "F" else -stages[stage].activation_bytes
+                peak = max(peak, live)
         peaks.append(peak)
-    return free, peaks, timed
+    return Layout(clock, peaks, timed, transfers)
 
 
 def combine(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -434,52 +539,51 @@ def combine(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if missing:
         ranks = sorted({first["stage_ranks"][s] for s in missing})
         raise RuntimeError(f"pipeline stages {missing} were not planned; plan their ranks too: {ranks}")
-    order = [[tuple(a) for a in actions] for actions in first["order"]]
-    finish, peaks, timed = lay_out(order, stages)
-    return [_combined(plan, stages, finish, peaks, timed) if plan.get("pipeline") else plan for plan in plans]
+    layout = lay_out([[tuple(op) for op in ops] for ops in first["programs"]], stages)
+    return [_combined(plan, stages, layout) if plan.get("pipeline") else plan for plan in plans]
 
 
 def _pipeline_breakdown(planned: dict[str, float], pipe: dict[str, Any], finish: float) -> dict[str, float]:
-    """The step's breakdown with the schedule laid out: the planned micro-batch's parts once per micro-batch, and
-    the rest of the pipeline rank's schedule (its finish minus its micro-batches' work) as the bubble."""
-    micro, window = pipe["n_microbatches"], pipe["window_seconds"]
+    """The step's breakdown with the schedule laid out: the planned first micro-batch's parts once, the planned
+    second's once per later micro-batch, and the rest of the pipeline rank's schedule (its finish minus its
+    micro-batches' work) as the bubble."""
+    more = pipe["n_microbatches"] - 2  # micro-batches beyond the two planned
     out = dict(planned)
     for part, seconds in pipe["window_breakdown"].items():
-        out[part] = out.get(part, 0.0) + (micro - 1) * seconds
-    out["pipeline_bubble"] = finish - micro * window
+        out[part] = out.get(part, 0.0) + more * seconds
+    out["pipeline_bubble"] = finish - pipe["planned_seconds"] - more * pipe["window_seconds"]
     return out
 
 
-def _combined(plan: dict[str, Any], stages: dict[int, StageCost], finish: list[float], peaks: list[int],
-              timed: list[Timed]) -> dict[str, Any]:
+def _combined(plan: dict[str, Any], stages: dict[int, StageCost], layout: Layout) -> dict[str, Any]:
     pipe = plan["pipeline"]
-    rank, micro = pipe["pipeline_rank"], pipe["n_microbatches"]
+    rank, more = pipe["pipeline_rank"], pipe["n_microbatches"] - 2  # micro-batches beyond the two planned
+    finish, peaks = layout.finish, layout.peaks
     mine = [c["stage_index"] for c in pipe["stages"]]
-    mine_timed = [t for t in timed if t[0] == rank]
+    mine_timed = [t for t in layout.timed if t[0] == rank]
     busy = sum(end - begin for *_, begin, end in mine_timed)
     extra = max(0, peaks[rank] - sum(stages[s].activation_bytes for s in mine))
-    sends = sum(2 * stages[s].send_seconds for s in mine)  # activation forward, its gradient back
+    sends = sum(end - begin for sender, *_, begin, end in layout.transfers if sender == rank)
     peak = plan["peak_hbm_bytes"] + extra
     out = {
-        **plan, "step_seconds": plan["step_seconds"] - pipe["window_seconds"] + finish[rank],
-        "compute_seconds": plan["compute_seconds"] + (micro - 1) * pipe["window_compute_seconds"],
-        "communication_seconds": plan["communication_seconds"] + (micro - 1) * pipe["window_communication_seconds"]
-        + micro * sends,
+        **plan, "step_seconds": plan["step_seconds"] - pipe["planned_seconds"] + finish[rank],
+        "compute_seconds": plan["compute_seconds"] + more * pipe["window_compute_seconds"],
+        "communication_seconds": plan["communication_seconds"] + more * pipe["window_communication_seconds"] + sends,
         "exposed_communication_seconds": plan["exposed_communication_seconds"]
-        + (micro - 1) * pipe["window_exposed_communication_seconds"],
-        "flops_per_step": plan["flops_per_step"] + (micro - 1) * pipe["window_flops"],
+        + more * pipe["window_exposed_communication_seconds"],
+        "flops_per_step": plan["flops_per_step"] + more * pipe["window_flops"],
         "breakdown": _pipeline_breakdown(plan["breakdown"], pipe, finish[rank]),
         "peak_hbm_bytes": peak, "peak_allocated_bytes": plan["peak_allocated_bytes"] + extra,
         "fits": plan["fits"] and peak <= plan["hbm_capacity_bytes"],
         "pipeline": {**pipe, "finish_seconds": finish[rank], "busy_seconds": busy,
                      "bubble_fraction": 1 - busy / max(finish), "activation_peak_bytes": peaks[rank]},
     }
-    out["pipeline"].pop("order")
+    out["pipeline"].pop("programs")
     # the trace: the whole schedule on a lane of its own where the planned micro-batch ran, what came after later
-    start, delay = pipe["window_start"], finish[rank] - pipe["window_seconds"]
+    start, delay = pipe["window_start"], finish[rank] - pipe["planned_seconds"]
     out["schedule_lanes"] = [(f"{kind} stage {stage} micro-batch {micro}", start + begin, start + end)
                              for _, kind, stage, micro, begin, end in mine_timed]
-    after = start + pipe["window_seconds"]
+    after = start + pipe["planned_seconds"]
     out["lanes"] = [(name, stream, a + delay, b + delay) if a >= after else (name, stream, a, b)
                     for name, stream, a, b in plan["lanes"]]
     if out["oom"] is None and not out["fits"]:

@@ -434,13 +434,13 @@ class Roles:
 
     def relabelled(self, key: str, probe: dict[str, Any], rank: int) -> dict[str, Any]:
         """The role's plan as rank `rank`'s: its stage indices, pipeline rank, stages' ranks, micro-batches and the
-        schedule's action lists (from `probe`, what that rank's own schedule gave)."""
+        schedule's programs (from `probe`, what that rank's own schedule gave)."""
         plan = copy.deepcopy(self.plans[key])
         mapping = dict(zip(self.claims[key][2]["stage_indices"], probe["stage_indices"]))
         pipe = plan["pipeline"]
         pipe["stages"] = [{**cost, "stage_index": mapping[cost["stage_index"]]} for cost in pipe["stages"]]
         pipe.update({name: probe[name] for name in ("pipeline_rank", "num_stages", "n_microbatches", "stage_ranks",
-                                                   "order")})
+                                                   "programs")})
         plan["rank"] = rank
         return plan
 
