@@ -24,7 +24,7 @@ from torch.utils.flop_counter import flop_registry
 from neuron_device import services
 
 from . import catalogue, plan_hops
-from .plan_state import Planner, value_read
+from .plan_state import UNANSWERED, Planner, value_read
 
 __all__ = ["Charger"]
 
@@ -168,8 +168,10 @@ class Charger(TorchDispatchMode):
             # a DTensor's op (global shapes): it runs ops on its local shards, which come back here to be charged
             return NotImplemented
         if func in _VALUE_READS and not _known(args):
-            if self.planner.answers:
-                return next(self.planner.answers[-1])
+            answer = self.planner.answers[-1]() if self.planner.answers else UNANSWERED
+            if answer is not UNANSWERED:  # charged as the real run's copy of the value to the host
+                services.account_planned_op(_aten._local_scalar_dense.default, args[:1], {}, answer)
+                return answer
             if func is _aten._local_scalar_dense.default:  # charged as the real run's copy to the host
                 value = self.planner.values.read(args[0])
                 services.account_planned_op(func, args, kwargs, value)

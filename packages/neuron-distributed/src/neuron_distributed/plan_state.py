@@ -16,7 +16,7 @@ import itertools
 import os
 import traceback
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,12 +26,13 @@ from neuron_device.services import ChargePart
 
 from . import costs
 
-__all__ = ["PlanValueError", "Planner", "RankPlan", "StopPlan", "activated", "active_planner", "answering", "is_planning",
-           "user_frame", "value_read"]
+__all__ = ["UNANSWERED", "PlanValueError", "Planner", "RankPlan", "StopPlan", "activated", "active_planner",
+           "answering", "answering_by", "is_planning", "user_frame", "value_read"]
 
 _HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__),
          os.path.dirname(services.__file__))
 _active: Planner | None = None
+UNANSWERED = object()  # what a rule of `answering_by` returns for a read it does not answer
 
 
 def is_planning() -> bool:
@@ -63,8 +64,17 @@ def user_frame(frames: list[traceback.FrameSummary] | None = None) -> traceback.
 def answering(*values: Any) -> Iterator[None]:
     """Value reads of planned tensors in the block get `values` in turn (the last one repeats): only for a read plan
     mode knows cannot change the reported step (see `plan_patches._trunc_normal`)."""
+    answers = itertools.chain(values, itertools.repeat(values[-1]))
+    with answering_by(lambda: next(answers)):
+        yield
+
+
+@contextlib.contextmanager
+def answering_by(rule: Callable[[], Any]) -> Iterator[None]:
+    """Value reads of planned tensors in the block are answered by `rule()`, unless it returns `UNANSWERED` (the read
+    then goes on as any other: a symbol, a branch on it refused). Only for reads plan mode knows the meaning of."""
     answers = active_planner().answers
-    answers.append(itertools.chain(values, itertools.repeat(values[-1])))
+    answers.append(rule)
     try:
         yield
     finally:
@@ -104,6 +114,9 @@ class RankPlan:
     lanes: list[tuple[str, int, float, float]]  # (name, stream, start, end) of the planned step, for --trace
     # the step's seconds by what they went to (`Planner.breakdown`); they sum to step_seconds
     breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
+    # a script that generates (transformers' `generate`): time to first token, per output token, KV cache
+    # (`plan_generate.Serving.figures`)
+    serving: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -173,7 +186,8 @@ class Planner:
         self.flops = 0  # FLOPs of every op so far, by `FlopCounterMode`'s formulas
         self.fake_mode: Any = None
         self.values: Any = None  # the symbols answering the script's value reads (`plan_values.PlannedValues`)
-        self.answers: list[Iterator[Any]] = []  # the innermost `answering` block's answers to value reads
+        self.answers: list[Callable[[], Any]] = []  # the innermost `answering_by` block's rule answers value reads
+        self.serving: dict[str, Any] | None = None  # a `generate` call's figures (`plan_generate`), the last one
 
     def record(self, name: str, index: int, stream: int, start: float, end: float, part: ChargePart = None) -> None:
         if index == self.index:
@@ -241,7 +255,7 @@ class Planner:
             flops_per_step=self.flops_at[-1] - self.flops_at[-2], peak_hbm_bytes=reserved,
             peak_allocated_bytes=torch.neuron.max_memory_allocated(self.index), hbm_capacity_bytes=self.capacity,
             fits=self.oom is None and reserved <= self.capacity, oom=self.oom, pipeline=self.pipeline,
-            lanes=self.window(start, end), breakdown=self.breakdown(start, end))
+            lanes=self.window(start, end), breakdown=self.breakdown(start, end), serving=self.serving)
 
     def window(self, start: float, end: float) -> list[tuple[str, int, float, float]]:
         """The charges between two clock readings, clipped to them."""

@@ -34,6 +34,7 @@ from neuron_device import services
 
 from . import envvars
 from .plan_charger import Charger
+from .plan_generate import Serving, generation_patches
 from .plan_patches import patched, patched_torch
 from .plan_state import Planner, PlanValueError, RankPlan, StopPlan, activated, active_planner, is_planning
 from .plan_values import PlannedValues
@@ -61,6 +62,9 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(allocator, "capacity", 1 << 62))  # over-capacity is recorded, not raised
         stack.enter_context(patched_torch())
+        serving = Serving(planner.index)
+        for owner, name, value in generation_patches(serving, rules=True):
+            stack.enter_context(patched(owner, name, value))
         previous = services.set_charge_recorder(planner.record)
         stack.callback(services.set_charge_recorder, previous)
         for handle in (register_optimizer_step_pre_hook(planner.optimizer_stepping),
@@ -82,6 +86,7 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
         except SystemExit as exit_:
             if exit_.code not in (None, 0):
                 raise
+        planner.serving = serving.figures()
         result = planner.result()
     sys.stdout.flush()
     return result
