@@ -25,9 +25,8 @@ import ast
 import contextlib
 import functools
 import inspect
-import textwrap
-import os
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,7 +49,6 @@ RULES = {
 # prompt of valid token ids, unpadded
 _PROMPT_READS = {"generate": (("== 1).all()", True), ("[:, -1] == 0", False), ("has_right_padding", False)),
                  "_get_logits_processor": (("< 0).any()", False),)}
-_OURS = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(services.__file__))
 
 
 class Serving:
@@ -117,7 +115,7 @@ def _prompt_answer(reads: dict[Any, tuple], serving: Serving) -> Any:
     """The answer of the rule 'prompts of valid token ids, unpadded' to a read made by one of generate's own checks of
     the prompt (`reads`: code object -> (text of the condition, answer)...), else none."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_OURS):
+    while frame is not None and frame.f_code.co_filename.startswith(plan_state.INTERNALS):
         frame = frame.f_back
     checks = reads.get(frame.f_code) if frame is not None else None
     condition = _condition(frame) if checks else ""
@@ -208,6 +206,8 @@ def generation_patches(serving: Serving, rules: bool) -> list[tuple[Any, str, An
 @contextlib.contextmanager
 def marking(index: int) -> Iterator[Serving]:
     """A real run's `generate` marks on core `index`, for a block: the figures a plan reports, measured."""
+    import transformers.generation.utils  # noqa: F401  (a script run in the block imports it after this)
+
     serving = Serving(index)
     with contextlib.ExitStack() as stack:
         for owner, name, value in generation_patches(serving, rules=False):

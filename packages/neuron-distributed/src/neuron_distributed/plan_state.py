@@ -26,11 +26,13 @@ from neuron_device.services import ChargePart
 
 from . import costs
 
-__all__ = ["UNANSWERED", "PlanValueError", "Planner", "RankPlan", "StopPlan", "activated", "active_planner",
-           "answering", "answering_by", "is_planning", "user_frame", "value_read"]
+__all__ = ["INTERNALS", "UNANSWERED", "PlanValueError", "Planner", "RankPlan", "StopPlan", "activated", "active_planner",
+           "answering", "answering_by", "code_site", "is_planning", "user_frame", "value_read"]
 
 _HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__),
          os.path.dirname(services.__file__))
+# torch, this package and neuron-device: a frame outside them is the code an op was called from (`code_site`)
+INTERNALS = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(services.__file__))
 _active: Planner | None = None
 UNANSWERED = object()  # what a rule of `answering_by` returns for a read it does not answer
 
@@ -58,6 +60,15 @@ def user_frame(frames: list[traceback.FrameSummary] | None = None) -> traceback.
                 not frame.filename.startswith("<"):
             return frame
     return None
+
+
+def code_site() -> str:
+    """The innermost line outside torch and plan mode (a library's or the script's) on the stack: `file:line in
+    function ('code')`."""
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(INTERNALS) and not frame.filename.startswith("<"):
+            return f"{frame.filename}:{frame.lineno} in {frame.name} ({(frame.line or '').strip()!r})"
+    return "the script"
 
 
 @contextlib.contextmanager
@@ -217,7 +228,8 @@ class Planner:
             ref = weakref.ref(storage, lambda r: self.live.pop(id(r), None))
             self.live[id(ref)] = (ref, storage.nbytes(), module, str(op))
         if self.oom is None and torch.neuron.memory_reserved(self.index) > self.capacity:
-            self.oom = {"op": str(op), "module": module, "reserved_bytes": torch.neuron.memory_reserved(self.index),
+            self.oom = {"op": str(op), "module": module, "code": code_site(),
+                        "reserved_bytes": torch.neuron.memory_reserved(self.index),
                         "largest_live_tensors_by_module": self._largest_live()}
 
     def _largest_live(self, top: int = 10) -> list[dict[str, Any]]:
