@@ -17,7 +17,7 @@ from launcher import WORKERS, launch
 from neuron_distributed import plan_cli, plan_ranks
 from neuron_distributed.plan_cli import cores_per_node, parse_command
 from neuron_distributed.plan_pipeline import StageCost, _single_order, combine, lay_out
-from neuron_distributed.plan_report import build_report
+from neuron_distributed.plan_report import build_report, format_report
 
 PLAN = WORKERS / "plan"
 REPORT_KEYS = {"world_size": int, "step_seconds": float, "compute_seconds": float, "communication_seconds": float,
@@ -195,6 +195,26 @@ def test_price_is_required_where_none_is_cited():
     report = build_report(plans, instance="trn2.48xlarge", nodes=2, tokens_per_step=1000, price_per_hour=36.0)
     assert report["cost_per_step_usd"] == pytest.approx(2.0 * 36.0 * 2 / 3600)
     assert report["mfu"] == pytest.approx(1e12 / (2.0 * 79e12 * 2))  # a trn2 logical core is 2 physical cores
+
+
+def test_serving_report_takes_the_slowest_rank_and_prices_output_tokens():
+    """A generating script's report: the slowest planned rank's time to first token and per output token, the batch's
+    output tokens a second in the steady decode (batch / time per token), the largest KV cache a core, and the cost of
+    a million output tokens at the instance's price; the rules that answered reads are listed once."""
+    base = {"world_size": 2, "steps_observed": 0, "step_seconds": 1.0, "compute_seconds": 1.0,
+            "communication_seconds": 0.0, "exposed_communication_seconds": 0.0, "flops_per_step": 1.0,
+            "peak_hbm_bytes": 1, "peak_allocated_bytes": 1, "hbm_capacity_bytes": 2, "fits": True, "oom": None,
+            "breakdown": {}}
+    plans = [{**base, "rank": rank, "serving": {"batch_size": 4, "output_tokens": 8, "ttft_seconds": ttft,
+                                                "tpot_seconds": tpot, "kv_cache_bytes": kv, "assumed": ["rule"]}}
+             for rank, ttft, tpot, kv in ((0, 0.1, 0.02, 100), (1, 0.2, 0.01, 200))]
+    report = build_report(plans, instance="trn1.32xlarge", nodes=1, tokens_per_step=None, price_per_hour=None)
+    assert (report["ttft_seconds"], report["tpot_seconds"], report["kv_cache_bytes"]) == (0.2, 0.02, 200)
+    assert report["output_tokens_per_second"] == pytest.approx(4 / 0.02)
+    assert report["cost_per_million_output_tokens_usd"] == pytest.approx(21.50 / 3600 / 200 * 1e6)
+    assert report["assumed"] == ["rule"]
+    text = format_report(report)
+    assert "tpot_seconds" in text and "assumed: rule" in text
 
 
 # Skipped: after this round's merges (compiled graphs' traced collectives charged, AOTAutograd's RNG-state order
