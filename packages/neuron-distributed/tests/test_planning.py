@@ -1136,6 +1136,27 @@ def test_kv_cache_that_cannot_fit_is_reported_at_its_allocation():
     assert "cache_utils.py" in result["oom"]["code"] and "lazy_initialization" in result["oom"]["code"]
 
 
+def test_op_on_neuron_constants_is_charged_once():
+    """`torch.tensor(2, device="neuron")` is a constant the fake mode tracks, and it runs an op on constants for real
+    (constant propagation) on the device, whose kernel charges it as the real run's: the plan charged such an op a
+    second time (`generate`'s `(eos_token_tensor < 0).any()` and its read: its time to first token 2.7 % over the
+    real run's). Once each, as a real run; an op on a planned tensor is charged as before."""
+    code = """
+import torch, torch_neuronx
+def step():
+    constant = torch.tensor(2, device="neuron")
+    bool((constant < 0).any())
+    (torch.zeros(2, device="neuron") < 0).any()
+plan = torch_neuronx.plan(step, world_size=1)
+print([name for name, *_ in plan.lanes])
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    lanes = done.stdout.strip().splitlines()[-1]
+    assert lanes.count("aten::lt.Scalar") == 2 and lanes.count("aten::any") == 2
+    assert lanes.count("aten::_local_scalar_dense") == 1
+
+
 def _serving_measured(outputs: dict[int, str]) -> dict:
     return json.loads(next(line for line in outputs[0].splitlines() if line.startswith("SERVING")).split(" ", 1)[1])
 
@@ -1148,9 +1169,7 @@ def _serving_measured(outputs: dict[int, str]) -> dict:
 def test_generate_plan_matches_the_real_run_at_two_ranks(tmp_path, args):
     """Serving planned unmodified: a tiny Llama, TP 2 (DTensor), greedy `generate` with a static cache, eager and with
     the decode compiled by transformers (backend "neuron"), on trn1.2xlarge. The real run's greedy tokens are the
-    CPU's; plan and real run agree on the time per output token and the peak HBM within 2 %; the time to first token
-    within 3 % (measured +2.7 %: the plan charges `generate`'s preamble, its checks of the prompt on tiny tensors
-    (`isin`, `any`, `lt`), 22 us more than the real run, not diagnosed; the prefill and first token agree within 0.5 %)."""
+    CPU's; plan and real run agree on the time to first token, per output token and the peak HBM within 2 %."""
     pytest.importorskip("transformers")
     script = PLAN / "llama_generate.py"
     cpu = subprocess.run([sys.executable, "-W", "ignore", str(script), "--cpu"], capture_output=True, text=True,
@@ -1166,6 +1185,6 @@ def test_generate_plan_matches_the_real_run_at_two_ranks(tmp_path, args):
     assert report["output_tokens"] == real["output_tokens"] == 8
     assert report["kv_cache_bytes"] == real["kv_cache_bytes"]
     assert report["tpot_seconds"] == pytest.approx(real["tpot_seconds"], rel=0.02)
-    assert report["ttft_seconds"] == pytest.approx(real["ttft_seconds"], rel=0.03)
+    assert report["ttft_seconds"] == pytest.approx(real["ttft_seconds"], rel=0.02)
     assert report["peak_hbm_bytes"] == pytest.approx(real["peak_hbm_bytes"], rel=0.02)
     assert report["peak_allocated_bytes"] == pytest.approx(real["peak_allocated_bytes"], rel=0.02)

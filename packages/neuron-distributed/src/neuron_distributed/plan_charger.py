@@ -187,6 +187,7 @@ class Charger(TorchDispatchMode):
         if catalogue.kind_of(func) is not None:
             self._forget_constants((args, kwargs))
         hop = isinstance(func, torch._ops.HigherOrderOperator)
+        charged = len(self.planner.charges)
         whole = _kernel_run_whole(func) if not hop and _on_neuron(args, kwargs) else None
         composite = whole is not None
         try:
@@ -216,7 +217,11 @@ class Charger(TorchDispatchMode):
             self.planner.allocated(func, plan_hops.charge(func, args, kwargs, result))
         elif catalogue.kind_of(func) is not None:
             catalogue.charge(func, args, result)
-        else:
+        elif len(self.planner.charges) == charged:
+            # (else charged inside: the fake mode ran the op for real on its inputs' tracked constants, constant
+            # propagation, and a constant on `neuron` (`torch.tensor(data, device="neuron")`, `_lifted_as_is`) ran the
+            # device's kernel, which charged it as the real run's: `generate`'s `(eos < 0).any()` and its read were
+            # charged twice)
             storages = services.account_planned_op(func, args, kwargs, result)
             self.planner.allocated(self.outer[0] if self.outer else func, storages)
         return result
