@@ -17,7 +17,7 @@ from launcher import WORKERS, launch
 from neuron_distributed import plan_cli, plan_ranks
 from neuron_distributed.plan_cli import cores_per_node, parse_command
 from neuron_distributed.plan_pipeline import StageCost, _single_programs, combine, lay_out
-from neuron_distributed.plan_report import build_report
+from neuron_distributed.plan_report import build_report, format_report
 
 PLAN = WORKERS / "plan"
 REPORT_KEYS = {"world_size": int, "step_seconds": float, "compute_seconds": float, "communication_seconds": float,
@@ -195,6 +195,26 @@ def test_price_is_required_where_none_is_cited():
     report = build_report(plans, instance="trn2.48xlarge", nodes=2, tokens_per_step=1000, price_per_hour=36.0)
     assert report["cost_per_step_usd"] == pytest.approx(2.0 * 36.0 * 2 / 3600)
     assert report["mfu"] == pytest.approx(1e12 / (2.0 * 79e12 * 2))  # a trn2 logical core is 2 physical cores
+
+
+def test_serving_report_takes_the_slowest_rank_and_prices_output_tokens():
+    """A generating script's report: the slowest planned rank's time to first token and per output token, the batch's
+    output tokens a second in the steady decode (batch / time per token), the largest KV cache a core, and the cost of
+    a million output tokens at the instance's price; the rules that answered reads are listed once."""
+    base = {"world_size": 2, "steps_observed": 0, "step_seconds": 1.0, "compute_seconds": 1.0,
+            "communication_seconds": 0.0, "exposed_communication_seconds": 0.0, "flops_per_step": 1.0,
+            "peak_hbm_bytes": 1, "peak_allocated_bytes": 1, "hbm_capacity_bytes": 2, "fits": True, "oom": None,
+            "breakdown": {}}
+    plans = [{**base, "rank": rank, "serving": {"batch_size": 4, "output_tokens": 8, "ttft_seconds": ttft,
+                                                "tpot_seconds": tpot, "kv_cache_bytes": kv, "assumed": ["rule"]}}
+             for rank, ttft, tpot, kv in ((0, 0.1, 0.02, 100), (1, 0.2, 0.01, 200))]
+    report = build_report(plans, instance="trn1.32xlarge", nodes=1, tokens_per_step=None, price_per_hour=None)
+    assert (report["ttft_seconds"], report["tpot_seconds"], report["kv_cache_bytes"]) == (0.2, 0.02, 200)
+    assert report["output_tokens_per_second"] == pytest.approx(4 / 0.02)
+    assert report["cost_per_million_output_tokens_usd"] == pytest.approx(21.50 / 3600 / 200 * 1e6)
+    assert report["assumed"] == ["rule"]
+    text = format_report(report)
+    assert "tpot_seconds" in text and "assumed: rule" in text
 
 
 # torchtitan's pattern: TP 2 with FSDP2 over a 1-rank dp mesh, each block compiled with "neuron". They need
@@ -1121,3 +1141,101 @@ print(sys.modules["reads_argv"].ARGS)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "['--job.config_file', 'x.toml']"
+
+
+_GENERATE = """
+import json, sys, torch, torch_neuronx, transformers
+config = transformers.LlamaConfig(vocab_size=128, hidden_size={hidden}, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads={heads}, num_key_value_heads={heads}, pad_token_id=0,
+                                  bos_token_id=1, eos_token_id=2)
+def serve():
+    model = transformers.LlamaForCausalLM(config).eval().to("neuron")
+    prompt = torch.randint(3, 128, ({batch}, 8), device="neuron")
+    model.generate(prompt, max_new_tokens={new}, do_sample=False, cache_implementation="static", disable_compile=True)
+plan = torch_neuronx.plan(serve, world_size=1)
+print(json.dumps({{"serving": plan.serving, "fits": plan.fits, "oom": plan.oom}}))
+"""
+
+
+@pytest.mark.optional
+def test_generate_plans_to_max_new_tokens_under_named_rules():
+    """Issue 38: `generate` was refused in plan mode (its padding checks and its stop check read values). A plan now
+    decodes exactly max_new_tokens tokens (the stop check answered by the length limit alone: no sequence ends on
+    EOS) and names the rules that answered its reads; the KV cache is the static cache's bytes."""
+    pytest.importorskip("transformers")
+    done = _plan_in_subprocess(_GENERATE.format(hidden=64, heads=4, batch=2, new=5))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    serving = result["serving"]
+    assert result["fits"] is True and serving["output_tokens"] == 5 and serving["batch_size"] == 2
+    assert serving["ttft_seconds"] > serving["tpot_seconds"] > 0
+    # 2 layers x (keys, values) x batch 2 x 4 heads x (8 + 5 - 1 positions) x 16 dims x 4 bytes
+    assert serving["kv_cache_bytes"] == 2 * 2 * 2 * 4 * 12 * 16 * 4
+    assert any("max_new_tokens" in rule for rule in serving["assumed"])
+    assert any("unpadded" in rule for rule in serving["assumed"])
+
+
+@pytest.mark.optional
+def test_kv_cache_that_cannot_fit_is_reported_at_its_allocation():
+    """A static cache larger than a core (batch 2048 x 143 positions x 2 layers x 32 heads x 128 dims x 2 x 4 B =
+    19.2 GB > trn1's 16 GiB) does not fit, and the plan says where: the cache's allocation in transformers' code."""
+    pytest.importorskip("transformers")
+    done = _plan_in_subprocess(_GENERATE.format(hidden=4096, heads=32, batch=2048, new=136))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["fits"] is False
+    assert "cache_utils.py" in result["oom"]["code"] and "lazy_initialization" in result["oom"]["code"]
+
+
+def test_op_on_neuron_constants_is_charged_once():
+    """`torch.tensor(2, device="neuron")` is a constant the fake mode tracks, and it runs an op on constants for real
+    (constant propagation) on the device, whose kernel charges it as the real run's: the plan charged such an op a
+    second time (`generate`'s `(eos_token_tensor < 0).any()` and its read: its time to first token 2.7 % over the
+    real run's). Once each, as a real run; an op on a planned tensor is charged as before."""
+    code = """
+import torch, torch_neuronx
+def step():
+    constant = torch.tensor(2, device="neuron")
+    bool((constant < 0).any())
+    (torch.zeros(2, device="neuron") < 0).any()
+plan = torch_neuronx.plan(step, world_size=1)
+print([name for name, *_ in plan.lanes])
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    lanes = done.stdout.strip().splitlines()[-1]
+    assert lanes.count("aten::lt.Scalar") == 2 and lanes.count("aten::any") == 2
+    assert lanes.count("aten::_local_scalar_dense") == 1
+
+
+def _serving_measured(outputs: dict[int, str]) -> dict:
+    return json.loads(next(line for line in outputs[0].splitlines() if line.startswith("SERVING")).split(" ", 1)[1])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.optional
+@pytest.mark.all_wheels  # the compiled decode needs neuron-compile
+@pytest.mark.parametrize("args", [("--eager",), ()], ids=["eager", "compiled"])
+def test_generate_plan_matches_the_real_run_at_two_ranks(tmp_path, args):
+    """Serving planned unmodified: a tiny Llama, TP 2 (DTensor), greedy `generate` with a static cache, eager and with
+    the decode compiled by transformers (backend "neuron"), on trn1.2xlarge. The real run's greedy tokens are the
+    CPU's; plan and real run agree on the time to first token, per output token and the peak HBM within 2 %."""
+    pytest.importorskip("transformers")
+    script = PLAN / "llama_generate.py"
+    cpu = subprocess.run([sys.executable, "-W", "ignore", str(script), "--cpu"], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    _, outputs = launch("plan/measure.py", 2, str(script), *args, timeout=600,
+                        env={"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"})
+    tokens = [line for line in outputs[0].splitlines() if line.startswith("TOKENS")]
+    assert tokens == [line for line in cpu.splitlines() if line.startswith("TOKENS")], outputs[0][-3000:]
+    real = _serving_measured(outputs)
+    code, report, output = plan(tmp_path, *args, script="llama_generate.py",
+                                options=("--instance", "trn1.2xlarge"))
+    assert code == 0, output
+    assert report["output_tokens"] == real["output_tokens"] == 8
+    assert report["kv_cache_bytes"] == real["kv_cache_bytes"]
+    assert report["tpot_seconds"] == pytest.approx(real["tpot_seconds"], rel=0.02)
+    assert report["ttft_seconds"] == pytest.approx(real["ttft_seconds"], rel=0.02)
+    assert report["peak_hbm_bytes"] == pytest.approx(real["peak_hbm_bytes"], rel=0.02)
+    assert report["peak_allocated_bytes"] == pytest.approx(real["peak_allocated_bytes"], rel=0.02)

@@ -24,7 +24,7 @@ from torch.utils.flop_counter import flop_registry
 from neuron_device import services
 
 from . import catalogue, plan_hops
-from .plan_state import Planner, value_read
+from .plan_state import UNANSWERED, Planner, value_read
 
 __all__ = ["Charger"]
 
@@ -168,8 +168,10 @@ class Charger(TorchDispatchMode):
             # a DTensor's op (global shapes): it runs ops on its local shards, which come back here to be charged
             return NotImplemented
         if func in _VALUE_READS and not _known(args):
-            if self.planner.answers:
-                return next(self.planner.answers[-1])
+            answer = self.planner.answers[-1]() if self.planner.answers else UNANSWERED
+            if answer is not UNANSWERED:  # charged as the real run's copy of the value to the host
+                services.account_planned_op(_aten._local_scalar_dense.default, args[:1], {}, answer)
+                return answer
             if func is _aten._local_scalar_dense.default:  # charged as the real run's copy to the host
                 value = self.planner.values.read(args[0])
                 services.account_planned_op(func, args, kwargs, value)
@@ -185,6 +187,7 @@ class Charger(TorchDispatchMode):
         if catalogue.kind_of(func) is not None:
             self._forget_constants((args, kwargs))
         hop = isinstance(func, torch._ops.HigherOrderOperator)
+        charged = len(self.planner.charges)
         whole = _kernel_run_whole(func) if not hop and _on_neuron(args, kwargs) else None
         composite = whole is not None
         try:
@@ -214,7 +217,11 @@ class Charger(TorchDispatchMode):
             self.planner.allocated(func, plan_hops.charge(func, args, kwargs, result))
         elif catalogue.kind_of(func) is not None:
             catalogue.charge(func, args, result)
-        else:
+        elif len(self.planner.charges) == charged:
+            # (else charged inside: the fake mode ran the op for real on its inputs' tracked constants, constant
+            # propagation, and a constant on `neuron` (`torch.tensor(data, device="neuron")`, `_lifted_as_is`) ran the
+            # device's kernel, which charged it as the real run's: `generate`'s `(eos < 0).any()` and its read were
+            # charged twice)
             storages = services.account_planned_op(func, args, kwargs, result)
             self.planner.allocated(self.outer[0] if self.outer else func, storages)
         return result

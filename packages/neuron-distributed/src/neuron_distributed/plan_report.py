@@ -14,7 +14,9 @@ __all__ = ["build_report", "format_report", "write_trace"]
 
 _REPORT_ORDER = ("world_size", "step_seconds", "compute_seconds", "communication_seconds",
                  "exposed_communication_seconds", "flops_per_step", "mfu", "peak_hbm_bytes", "peak_allocated_bytes",
-                 "hbm_capacity_bytes", "fits", "tokens_per_second", "cost_per_step_usd", "cost_per_million_tokens_usd")
+                 "hbm_capacity_bytes", "fits", "tokens_per_second", "cost_per_step_usd", "cost_per_million_tokens_usd",
+                 "batch_size", "output_tokens", "ttft_seconds", "tpot_seconds", "output_tokens_per_second",
+                 "kv_cache_bytes", "cost_per_million_output_tokens_usd")
 
 
 def build_report(plans: list[dict[str, Any]], *, instance: str, nodes: int, tokens_per_step: int | None,
@@ -59,7 +61,26 @@ def build_report(plans: list[dict[str, Any]], *, instance: str, nodes: int, toke
         report["cost_per_step_usd"] = step * price_per_hour * nodes / 3600
         if tokens_per_step:
             report["cost_per_million_tokens_usd"] = report["cost_per_step_usd"] / tokens_per_step * 1e6
+    report.update(_serving(plans, price_per_hour, nodes))
     return report
+
+
+def _serving(plans: list[dict[str, Any]], price_per_hour: float | None, nodes: int) -> dict[str, Any]:
+    """A generating script's figures (`plan_generate`): the slowest planned rank's time to first token and per
+    output token (the ranks of a tensor-parallel model wait for each other), the steady decode's output tokens a
+    second of the whole batch (batch / time per token), the largest KV cache a core, the rules that answered reads."""
+    served = [p["serving"] for p in plans if p.get("serving")]
+    if not served:
+        return {}
+    tpot = max(s["tpot_seconds"] for s in served)
+    out = {"batch_size": served[0]["batch_size"], "output_tokens": served[0]["output_tokens"],
+           "ttft_seconds": max(s["ttft_seconds"] for s in served), "tpot_seconds": tpot,
+           "output_tokens_per_second": served[0]["batch_size"] / tpot if tpot > 0 else 0.0,
+           "kv_cache_bytes": max(s["kv_cache_bytes"] for s in served),
+           "assumed": sorted({rule for s in served for rule in s["assumed"]})}
+    if price_per_hour is not None and out["output_tokens_per_second"] > 0:
+        out["cost_per_million_output_tokens_usd"] = price_per_hour * nodes / 3600 / out["output_tokens_per_second"] * 1e6
+    return out
 
 
 def format_report(report: dict[str, Any], breakdown: bool = False) -> str:
@@ -89,9 +110,11 @@ def format_report(report: dict[str, Any], breakdown: bool = False) -> str:
         lines += [f"    stage {c['stage_index']:3d}: forward {c['forward_seconds'] * 1e3:9.3f} ms, backward "
                   f"{c['backward_seconds'] * 1e3:9.3f} ms, activations {c['activation_bytes'] / 2**30:7.2f} GiB a "
                   "micro-batch" for c in pipe["stages"]]
+    lines += [f"  assumed: {rule}" for rule in report.get("assumed", ())]
     if "oom" in report:
         oom = report["oom"]
-        lines.append(f"  out of HBM on rank {oom['rank']} at {oom['op']} in {oom['module']}; largest live tensors:")
+        lines.append(f"  out of HBM on rank {oom['rank']} at {oom['op']} in {oom['module']}, called at {oom['code']}; "
+                     "largest live tensors:")
         lines += [f"    {e['module']:60s} {e['bytes'] / 2**30:8.2f} GiB in {e['tensors']} tensors"
                   for e in oom["largest_live_tensors_by_module"]]
     return "\n".join(lines)

@@ -16,7 +16,7 @@ import itertools
 import os
 import traceback
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,12 +26,15 @@ from neuron_device.services import ChargePart
 
 from . import costs
 
-__all__ = ["PlanValueError", "Planner", "RankPlan", "StopPlan", "activated", "active_planner", "answering", "is_planning",
-           "user_frame", "value_read"]
+__all__ = ["INTERNALS", "UNANSWERED", "PlanValueError", "Planner", "RankPlan", "StopPlan", "activated", "active_planner",
+           "answering", "answering_by", "code_site", "is_planning", "user_frame", "value_read"]
 
 _HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__),
          os.path.dirname(services.__file__))
+# torch, this package and neuron-device: a frame outside them is the code an op was called from (`code_site`)
+INTERNALS = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(services.__file__))
 _active: Planner | None = None
+UNANSWERED = object()  # what a rule of `answering_by` returns for a read it does not answer
 
 
 def is_planning() -> bool:
@@ -59,12 +62,30 @@ def user_frame(frames: list[traceback.FrameSummary] | None = None) -> traceback.
     return None
 
 
+def code_site() -> str:
+    """The innermost line outside torch and plan mode (a library's or the script's) on the stack: `file:line in
+    function ('code')`."""
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(INTERNALS) and not frame.filename.startswith("<"):
+            return f"{frame.filename}:{frame.lineno} in {frame.name} ({(frame.line or '').strip()!r})"
+    return "the script"
+
+
 @contextlib.contextmanager
 def answering(*values: Any) -> Iterator[None]:
     """Value reads of planned tensors in the block get `values` in turn (the last one repeats): only for a read plan
     mode knows cannot change the reported step (see `plan_patches._trunc_normal`)."""
+    answers = itertools.chain(values, itertools.repeat(values[-1]))
+    with answering_by(lambda: next(answers)):
+        yield
+
+
+@contextlib.contextmanager
+def answering_by(rule: Callable[[], Any]) -> Iterator[None]:
+    """Value reads of planned tensors in the block are answered by `rule()`, unless it returns `UNANSWERED` (the read
+    then goes on as any other: a symbol, a branch on it refused). Only for reads plan mode knows the meaning of."""
     answers = active_planner().answers
-    answers.append(itertools.chain(values, itertools.repeat(values[-1])))
+    answers.append(rule)
     try:
         yield
     finally:
@@ -104,6 +125,9 @@ class RankPlan:
     lanes: list[tuple[str, int, float, float]]  # (name, stream, start, end) of the planned step, for --trace
     # the step's seconds by what they went to (`Planner.breakdown`); they sum to step_seconds
     breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
+    # a script that generates (transformers' `generate`): time to first token, per output token, KV cache
+    # (`plan_generate.Serving.figures`)
+    serving: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -173,7 +197,8 @@ class Planner:
         self.flops = 0  # FLOPs of every op so far, by `FlopCounterMode`'s formulas
         self.fake_mode: Any = None
         self.values: Any = None  # the symbols answering the script's value reads (`plan_values.PlannedValues`)
-        self.answers: list[Iterator[Any]] = []  # the innermost `answering` block's answers to value reads
+        self.answers: list[Callable[[], Any]] = []  # the innermost `answering_by` block's rule answers value reads
+        self.serving: dict[str, Any] | None = None  # a `generate` call's figures (`plan_generate`), the last one
 
     def record(self, name: str, index: int, stream: int, start: float, end: float, part: ChargePart = None) -> None:
         if index == self.index:
@@ -203,7 +228,8 @@ class Planner:
             ref = weakref.ref(storage, lambda r: self.live.pop(id(r), None))
             self.live[id(ref)] = (ref, storage.nbytes(), module, str(op))
         if self.oom is None and torch.neuron.memory_reserved(self.index) > self.capacity:
-            self.oom = {"op": str(op), "module": module, "reserved_bytes": torch.neuron.memory_reserved(self.index),
+            self.oom = {"op": str(op), "module": module, "code": code_site(),
+                        "reserved_bytes": torch.neuron.memory_reserved(self.index),
                         "largest_live_tensors_by_module": self._largest_live()}
 
     def _largest_live(self, top: int = 10) -> list[dict[str, Any]]:
@@ -241,7 +267,7 @@ class Planner:
             flops_per_step=self.flops_at[-1] - self.flops_at[-2], peak_hbm_bytes=reserved,
             peak_allocated_bytes=torch.neuron.max_memory_allocated(self.index), hbm_capacity_bytes=self.capacity,
             fits=self.oom is None and reserved <= self.capacity, oom=self.oom, pipeline=self.pipeline,
-            lanes=self.window(start, end), breakdown=self.breakdown(start, end))
+            lanes=self.window(start, end), breakdown=self.breakdown(start, end), serving=self.serving)
 
     def window(self, start: float, end: float) -> list[tuple[str, int, float, float]]:
         """The charges between two clock readings, clipped to them."""

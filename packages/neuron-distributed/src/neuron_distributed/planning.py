@@ -14,9 +14,10 @@ What is PyTorch's and what is ours:
 
 The planner's parts: `plan_state` (the planned rank, its result), `plan_charger` (the dispatch mode that charges
 each op), `plan_hops` (its rules for higher-order ops), `plan_values` (the symbols that answer a script's value
-reads), `plan_patches` (what a plan changes in torch), `plan_pipeline` (pipelining schedules), `plan_report` and
-`plan_ranks` (neuron-plan's report and its planned processes), `plan_cli` (the command), `plan_search` and
-`plan_search_report` (`neuron-plan --search`). This module is the entry:
+reads), `plan_generate` (transformers' `generate`: its reads answered by rule, its serving figures), `plan_patches`
+(what a plan changes in torch), `plan_pipeline` (pipelining schedules), `plan_report` and `plan_ranks` (neuron-plan's
+report and its planned processes), `plan_cli` (the command), `plan_search` and `plan_search_report`
+(`neuron-plan --search`). This module is the entry:
 `plan_rank` (a script's body as one rank), `plan` (`torch_neuronx.plan`).
 """
 
@@ -35,6 +36,7 @@ from neuron_device import services
 
 from . import envvars
 from .plan_charger import Charger
+from .plan_generate import Serving, generation_patches
 from .plan_patches import patched, patched_torch
 from .plan_state import Planner, PlanValueError, RankPlan, StopPlan, activated, active_planner, is_planning
 from .plan_values import PlannedValues
@@ -62,6 +64,9 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(allocator, "capacity", 1 << 62))  # over-capacity is recorded, not raised
         stack.enter_context(patched_torch())
+        serving = Serving(planner.index)
+        for owner, name, value in generation_patches(serving, rules=True):
+            stack.enter_context(patched(owner, name, value))
         previous = services.set_charge_recorder(planner.record)
         stack.callback(services.set_charge_recorder, previous)
         for handle in (register_optimizer_step_pre_hook(planner.optimizer_stepping),
@@ -83,6 +88,7 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
         except SystemExit as exit_:
             if exit_.code not in (None, 0):
                 raise
+        planner.serving = serving.figures()
         result = planner.result()
     sys.stdout.flush()
     return result
