@@ -7,7 +7,8 @@ counted with PyTorch's `FlopCounterMode` formulas (`flop_registry`; no `FlopCoun
 `ModuleTracker` keeps checkpointed layers' tensors alive, pytorch/pytorch#139214, and its mode would stop Dynamo
 compiling). A read of a tensor's value (`.item()`) is answered with a symbol that refuses a branch on it
 (`plan_values`); an output shape made from one, `bool(t)` and the other reads that return a branch's answer are
-refused (`PlanValueError`, naming the script's line).
+refused (`PlanValueError`, naming the script's line), but for all-to-all split sizes read from values, planned as a
+balanced router's and reported (`plan_values.balanced_splits`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch.utils.flop_counter import flop_registry
 
 from neuron_device import services
 
-from . import catalogue, plan_hops
+from . import catalogue, plan_hops, plan_values
 from .plan_state import Planner, value_read
 
 __all__ = ["Charger"]
@@ -184,6 +185,9 @@ class Charger(TorchDispatchMode):
             return lifted
         if catalogue.kind_of(func) is not None:
             self._forget_constants((args, kwargs))
+            args, assumed = plan_values.balanced_splits(func, args)
+            if assumed:
+                self.planner.assumptions.add(plan_values.BALANCED_ALL_TO_ALL)
         hop = isinstance(func, torch._ops.HigherOrderOperator)
         whole = _kernel_run_whole(func) if not hop and _on_neuron(args, kwargs) else None
         composite = whole is not None

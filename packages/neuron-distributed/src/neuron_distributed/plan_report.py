@@ -40,6 +40,7 @@ def build_report(plans: list[dict[str, Any]], *, instance: str, nodes: int, toke
         "hbm_capacity_bytes": slowest["hbm_capacity_bytes"],
         "fits": all(p["fits"] for p in plans),
         "breakdown": dict(sorted(slowest["breakdown"].items(), key=lambda item: -item[1])),
+        "assumptions": sorted({a for p in plans for a in p.get("assumptions", [])}),
     }
     if slowest.get("pipeline"):
         pipe = slowest["pipeline"]
@@ -77,6 +78,7 @@ def format_report(report: dict[str, Any], breakdown: bool = False) -> str:
         else:
             text = str(value)
         lines.append(f"  {key:32s} {text}")
+    lines += [f"  assumed: {assumption}" for assumption in report.get("assumptions", [])]
     if breakdown:
         step = report["step_seconds"]
         lines.append("  breakdown of the step (slowest planned rank):")

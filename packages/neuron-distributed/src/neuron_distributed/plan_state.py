@@ -104,6 +104,8 @@ class RankPlan:
     lanes: list[tuple[str, int, float, float]]  # (name, stream, start, end) of the planned step, for --trace
     # the step's seconds by what they went to (`Planner.breakdown`); they sum to step_seconds
     breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
+    # what the plan assumed where the script's values steer the run (`plan_values`), reported with the figures
+    assumptions: list[str] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -174,6 +176,7 @@ class Planner:
         self.fake_mode: Any = None
         self.values: Any = None  # the symbols answering the script's value reads (`plan_values.PlannedValues`)
         self.answers: list[Iterator[Any]] = []  # the innermost `answering` block's answers to value reads
+        self.assumptions: set[str] = set()  # the values the plan assumed (`plan_values.balanced_splits`)
 
     def record(self, name: str, index: int, stream: int, start: float, end: float, part: ChargePart = None) -> None:
         if index == self.index:
@@ -241,7 +244,7 @@ class Planner:
             flops_per_step=self.flops_at[-1] - self.flops_at[-2], peak_hbm_bytes=reserved,
             peak_allocated_bytes=torch.neuron.max_memory_allocated(self.index), hbm_capacity_bytes=self.capacity,
             fits=self.oom is None and reserved <= self.capacity, oom=self.oom, pipeline=self.pipeline,
-            lanes=self.window(start, end), breakdown=self.breakdown(start, end))
+            lanes=self.window(start, end), breakdown=self.breakdown(start, end), assumptions=sorted(self.assumptions))
 
     def window(self, start: float, end: float) -> list[tuple[str, int, float, float]]:
         """The charges between two clock readings, clipped to them."""

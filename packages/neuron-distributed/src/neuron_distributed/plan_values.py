@@ -4,7 +4,12 @@ an unbacked symbol of PyTorch's symbolic shapes (`ShapeEnv.create_unbacked_symin
 ops (`loss_sum / global_valid_tokens`: the op is charged as the real run's, whatever the value), and prints as its
 name (`u0`, `zuf0`). Where the value would steer the run it is refused: a branch on it (`bool`, `if`, `int()`,
 `float()`, indexing a Python container) raises `PlanValueError` naming the line that branches and the line that read
-the value, and so does a tensor shape made from it (the charger refuses it, `plan_charger`). No value is made up.
+the value, and so does a tensor shape made from it (the charger refuses it, `plan_charger`). No value is made up, but for one stated assumption:
+
+* All-to-all split sizes read from values (`all_to_all_single` with split sizes from `.tolist()`: an MoE's tokens
+  per expert, exchanged for expert parallelism) are planned as a balanced router's: each rank sends an equal share
+  of its rows to every peer and receives as many as it sends (`balanced_splits`). Every plan that assumes it says so
+  in its report (`assumptions`).
 
 The symbols' `ShapeEnv` (`PlannedValues`) is the plan's own: the plan's `FakeTensorMode` keeps static shapes, and
 Dynamo compiles with its own.
@@ -22,7 +27,7 @@ from torch.utils._pytree import tree_leaves
 
 from .plan_state import PlanValueError, user_frame, value_read
 
-__all__ = ["BranchPlanValueError", "PlannedValues", "planned_format", "planned_index", "planned_tensor",
+__all__ = ["BALANCED_ALL_TO_ALL", "BranchPlanValueError", "PlannedValues", "balanced_splits", "planned_format", "planned_index", "planned_tensor",
            "planned_tensor_format"]
 
 
@@ -94,12 +99,12 @@ def planned_tensor_format(format_: Callable[[Any, str], str]) -> Callable[[Any, 
 
 
 def planned_index(index_: Callable[..., Any]) -> Callable[..., Any]:
-    """`Tensor.__getitem__` / `__setitem__` in plan mode: an index made from a read value (`t[i]`, `i = x.item()`)
+    """`Tensor.__getitem__` / `__setitem__` in plan mode: an index made from a read value (`t[i]`, `t[:i]`, `i = x.item()`)
     picks the elements by the value, which the plan has none of: refused naming the line (torch's own error is an
     `IndexError` about the index's type)."""
 
     def indexed(self: torch.Tensor, index: Any, *rest: Any) -> Any:
-        read = [leaf for leaf in tree_leaves(index) if _read(leaf)]
+        read = [leaf for leaf in tree_leaves(_sliced(index)) if _read(leaf)]
         if read:
             shape_env = read[0].node.shape_env
             where = shape_env.origins(sympy.Add(*(leaf.node.expr for leaf in read)))
@@ -107,6 +112,15 @@ def planned_index(index_: Callable[..., Any]) -> Callable[..., Any]:
         return index_(self, index, *rest)
 
     return indexed
+
+
+def _sliced(index: Any) -> Any:
+    """`index` with each slice made its bounds and step (`x[: sum(sizes)]`): `tree_leaves` takes a slice whole."""
+    if isinstance(index, slice):
+        return [index.start, index.stop, index.step]
+    if isinstance(index, (tuple, list)):
+        return [_sliced(part) for part in index]
+    return index
 
 
 def planned_tensor(tensor_: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -123,3 +137,23 @@ def planned_tensor(tensor_: Callable[..., torch.Tensor]) -> Callable[..., torch.
         return tensor_(data, *args, **kwargs)
 
     return tensor
+
+
+BALANCED_ALL_TO_ALL = ("all-to-all split sizes read from values (an MoE's tokens per expert) planned as a balanced "
+                       "router's: each rank sends an equal share of its rows to every peer and receives as many")
+_ALL_TO_ALL = torch.ops._c10d_functional.all_to_all_single.default
+
+
+def balanced_splits(func: Any, args: tuple) -> tuple[tuple, bool]:
+    """`all_to_all_single`'s arguments with split sizes made from read values (`input_splits.tolist()`, tokens per
+    expert) replaced by a balanced router's: the input's rows split evenly among the group's ranks (the first
+    `rows % ranks` one more), and the same from each peer, so the output has the input's rows (a list of given
+    sizes is kept). The output's size
+    steers the rest of the step, and the values are the router's choices, which a plan has none of: this is the
+    plan's one assumed value, returned as True to be reported. Any other call is returned as it is, with False."""
+    if func is not _ALL_TO_ALL or not any(_read(size) for sizes in args[1:3] for size in sizes):
+        return args, False
+    rows, ranks = args[0].shape[0], len(args[1]) or len(args[2])
+    balanced = [rows // ranks + (rank < rows % ranks) for rank in range(ranks)]
+    output, input_ = (balanced if any(_read(size) for size in sizes) else sizes for sizes in args[1:3])
+    return (args[0], output, input_, *args[3:]), True
