@@ -1,7 +1,8 @@
-"""Plan mode on a mixture of experts with expert parallelism (torchtitan's deepseek_v3): the all-to-all whose split
-sizes the router's tokens per expert give (read values, planned as a balanced router's and reported), the token
-permutation's Triton kernel run by Triton's interpreter (charged as the real run's copies), and a compiled Triton
-kernel or a slice made from read values, refused by name."""
+"""Plan mode on a mixture of experts with expert parallelism (torchtitan's deepseek_v3): the router's tokens per
+expert assumed a balanced router's (a uniform histogram, reported) and the values computed from them (the
+all-to-all's split sizes, each local expert's tokens) read exactly, the token permutation's Triton kernel run by
+Triton's interpreter (charged as the real run's copies), and a compiled Triton kernel or a slice made from read
+values, refused by name."""
 
 from __future__ import annotations
 
@@ -11,12 +12,9 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from neuron_distributed.plan_report import build_report, format_report
-from neuron_distributed.plan_values import BALANCED_ALL_TO_ALL, PlannedValues, balanced_splits
-
-_ALL_TO_ALL = torch.ops._c10d_functional.all_to_all_single.default
+from neuron_distributed.plan_values import BALANCED_ROUTER
 
 _KERNEL = """
 import json, os, sys
@@ -89,48 +87,42 @@ def test_compiled_triton_kernel_on_planned_tensors_is_refused_naming_it(tmp_path
     assert "the Triton kernel 'double_kernel'" in done.stdout, done.stdout
 
 
-def test_balanced_splits_share_the_rows_and_keep_given_sizes():
-    """The balanced router's split sizes: the input's rows evenly among the ranks, the first `rows % ranks` one
-    more; a list of given sizes is kept, and a call without read sizes is left as it is."""
-    values = PlannedValues()
-    read = [values.read(torch.zeros((), dtype=torch.int64)) for _ in range(4)]
-    rows = torch.empty(10, 3, device="meta")
-    args, assumed = balanced_splits(_ALL_TO_ALL, (rows, read, [4, 2, 2, 2], "0"))
-    assert assumed and args[1:] == ([3, 3, 2, 2], [4, 2, 2, 2], "0")
-    given = (rows, [1, 2, 3, 4], [4, 3, 2, 1], "0")
-    assert balanced_splits(_ALL_TO_ALL, given) == (given, False)
-    assert balanced_splits(torch.ops.aten.add.Tensor, (rows, rows)) == ((rows, rows), False)
-
-
-def test_all_to_all_split_sizes_read_from_values_are_balanced_and_reported():
-    """Expert parallelism's token dispatch (torchtitan's `ExpertParallel._token_dispatch`): the tokens per expert are
-    all-to-all'ed, their per-rank sums read (`.tolist()`) and given as the all-to-all's split sizes. The plan takes
-    them as a balanced router's (the output has the input's rows), charges the all-to-all, and says so in the plan's
-    assumptions. It was refused: a tensor shape made from read values."""
+def test_balanced_router_gives_the_expert_parallel_split_sizes_and_is_reported():
+    """Expert parallelism as torchtitan's `TokenChoiceTopKRouter` and `ExpertParallel._token_dispatch` run it: the
+    router counts tokens per expert (`histc` of its top-k choices), the counts are all-to-all'ed, their per-rank sums
+    read (`.tolist()`) as the all-to-all's split sizes, and the tokens each local expert gets are read again. The plan
+    assumes a balanced router (a uniform histogram, the same on every rank), computes those values from it exactly,
+    and says so in its assumptions. They were refused: a tensor shape made from read values."""
     code = """
 import json, torch, torch.distributed as dist, torch_neuronx
 from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
 def step():
     dist.init_process_group("neuron")
     group = dist.group.WORLD
-    counts = torch.randint(0, 5, (8,), device="neuron")
+    top_k, experts = 3, 8
+    routed_input = torch.randn(13 * top_k, 16, device="neuron", requires_grad=True)
+    choices = torch.randn(13, experts, device="neuron").topk(top_k, dim=-1).indices
+    counts = torch.histc(choices.view(-1).float(), bins=experts, min=0, max=experts)
     received = torch.ops._c10d_functional.wait_tensor(all_to_all_single(counts, None, None, group=group))
-    input_splits = counts.view(2, -1).sum(dim=1).to("cpu").tolist()
-    output_splits = received.view(2, -1).sum(dim=1).to("cpu").tolist()
-    tokens = torch.randn(11, 16, device="neuron", requires_grad=True)
-    routed = all_to_all_single_autograd(tokens, output_splits, input_splits, group)
-    back = all_to_all_single_autograd(routed * 2, input_splits, output_splits, group)
+    input_splits = counts.view(2, -1).sum(dim=1).to("cpu").int().tolist()
+    output_splits = received.view(2, -1).sum(dim=1).to("cpu").int().tolist()
+    routed = all_to_all_single_autograd(routed_input, output_splits, input_splits, group)
+    per_expert = received.view(2, -1).sum(dim=0).int().tolist()
+    outputs = [chunk * 2 for chunk in routed.split(per_expert)]
+    back = all_to_all_single_autograd(torch.cat(outputs), input_splits, output_splits, group)
     back.sum().backward()
-    print(json.dumps([list(routed.shape), list(back.shape)]))
+    print(json.dumps([input_splits, output_splits, per_expert, list(back.shape)]))
 plan = torch_neuronx.plan(step, world_size=2, rank=1)
 print(json.dumps(plan.as_dict()["assumptions"]))
 print(json.dumps(sorted({name for name, *_ in plan.lanes if "all_to_all" in name or "alltoall" in name})))
 """
     done = _python(code)
     assert done.returncode == 0, done.stderr
-    shapes, assumptions, collectives = map(json.loads, done.stdout.strip().splitlines()[-3:])
-    assert shapes == [[11, 16], [11, 16]]
-    assert assumptions == [BALANCED_ALL_TO_ALL]
+    values, assumptions, collectives = map(json.loads, done.stdout.strip().splitlines()[-3:])
+    # 13 tokens x top 3 = 39 choices over 8 experts: 4 each, the first 7 one more; every rank routes alike, so rank 1
+    # receives experts 4 to 7's counts (5, 5, 5, 4) from each of the 2 ranks
+    assert values == [[20, 19], [19, 19], [10, 10, 10, 8], [39, 16]]
+    assert assumptions == [BALANCED_ROUTER]
     assert collectives, done.stdout
 
 
@@ -161,8 +153,8 @@ def test_report_lists_the_plans_assumptions():
     rank = {"rank": 0, "world_size": 2, "steps_observed": 1, "step_seconds": 1.0, "compute_seconds": 1.0,
             "communication_seconds": 0.0, "exposed_communication_seconds": 0.0, "flops_per_step": 1.0,
             "peak_hbm_bytes": 1, "peak_allocated_bytes": 1, "hbm_capacity_bytes": 2, "fits": True, "oom": None,
-            "pipeline": None, "breakdown": {}, "assumptions": [BALANCED_ALL_TO_ALL]}
+            "pipeline": None, "breakdown": {}, "assumptions": [BALANCED_ROUTER]}
     report = build_report([rank, {**rank, "rank": 1}], instance="trn1.2xlarge", nodes=1, tokens_per_step=None,
                           price_per_hour=1.0)
-    assert report["assumptions"] == [BALANCED_ALL_TO_ALL]
-    assert f"assumed: {BALANCED_ALL_TO_ALL}" in format_report(report)
+    assert report["assumptions"] == [BALANCED_ROUTER]
+    assert f"assumed: {BALANCED_ROUTER}" in format_report(report)

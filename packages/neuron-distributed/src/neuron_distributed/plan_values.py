@@ -6,13 +6,10 @@ name (`u0`, `zuf0`). Where the value would steer the run it is refused: a branch
 `float()`, indexing a Python container) raises `PlanValueError` naming the line that branches and the line that read
 the value, and so does a tensor shape made from it (the charger refuses it, `plan_charger`). No value is made up, but for one stated assumption:
 
-* All-to-all split sizes read from values (`all_to_all_single` with split sizes from `.tolist()`: an MoE's tokens
-  per expert, exchanged for expert parallelism) are planned as a balanced router's: each rank sends an equal share
-  of its rows to every peer and receives as many as it sends (`balanced_splits`). Every plan that assumes it says so
-  in its report (`assumptions`).
-
-The symbols' `ShapeEnv` (`PlannedValues`) is the plan's own: the plan's `FakeTensorMode` keeps static shapes, and
-Dynamo compiles with its own.
+* A **balanced router**: a histogram of planned values (`torch.histc`: an MoE router's tokens per expert) is
+  uniform, and the same on every rank (`AssumedValues`). Its value, and the values computed from it (the split sizes
+  of expert parallelism's all-to-all, the tokens each local expert gets), are computed on the host, so reading them
+  is exact under the assumption. Every plan that assumes it says so in its report (`assumptions`).
 """
 
 from __future__ import annotations
@@ -23,11 +20,13 @@ from typing import Any
 import sympy
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
-from torch.utils._pytree import tree_leaves
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .plan_state import PlanValueError, user_frame, value_read
 
-__all__ = ["BALANCED_ALL_TO_ALL", "BranchPlanValueError", "PlannedValues", "balanced_splits", "planned_format", "planned_index", "planned_tensor",
+__all__ = ["BALANCED_ROUTER", "AssumedValues", "BranchPlanValueError", "PlannedValues", "planned_format", "planned_index", "planned_tensor",
            "planned_tensor_format"]
 
 
@@ -139,21 +138,95 @@ def planned_tensor(tensor_: Callable[..., torch.Tensor]) -> Callable[..., torch.
     return tensor
 
 
-BALANCED_ALL_TO_ALL = ("all-to-all split sizes read from values (an MoE's tokens per expert) planned as a balanced "
-                       "router's: each rank sends an equal share of its rows to every peer and receives as many")
-_ALL_TO_ALL = torch.ops._c10d_functional.all_to_all_single.default
+
+BALANCED_ROUTER = ("a balanced router: a histogram of planned values (torch.histc, an MoE router's tokens per expert) "
+                   "is uniform and the same on every rank; values computed from it (all-to-all split sizes, tokens "
+                   "per local expert) are computed from it")
+_ops = torch.ops
+_HISTOGRAM = _ops.aten.histc.default
+_WAIT = _ops._c10d_functional.wait_tensor.default
+_ALL_TO_ALL = _ops._c10d_functional.all_to_all_single.default
 
 
-def balanced_splits(func: Any, args: tuple) -> tuple[tuple, bool]:
-    """`all_to_all_single`'s arguments with split sizes made from read values (`input_splits.tolist()`, tokens per
-    expert) replaced by a balanced router's: the input's rows split evenly among the group's ranks (the first
-    `rows % ranks` one more), and the same from each peer, so the output has the input's rows (a list of given
-    sizes is kept). The output's size
-    steers the rest of the step, and the values are the router's choices, which a plan has none of: this is the
-    plan's one assumed value, returned as True to be reported. Any other call is returned as it is, with False."""
-    if func is not _ALL_TO_ALL or not any(_read(size) for sizes in args[1:3] for size in sizes):
-        return args, False
-    rows, ranks = args[0].shape[0], len(args[1]) or len(args[2])
-    balanced = [rows // ranks + (rank < rows % ranks) for rank in range(ranks)]
-    output, input_ = (balanced if any(_read(size) for size in sizes) else sizes for sizes in args[1:3])
-    return (args[0], output, input_, *args[3:]), True
+class AssumedValues:
+    """The values the plan assumes for planned tensors, on the host, by planned tensor: a histogram's (`histc`), and
+    those of ops run on tensors whose values are all assumed (computed for real on the host values). An op that
+    writes a tensor from ones without a value leaves it without one. A balanced router routes as evenly from every
+    rank, so an all-to-all of an assumed value receives from each peer what the rank sends itself."""
+
+    def __init__(self) -> None:
+        self._values = WeakIdKeyDictionary()
+        self.assumed = False  # a histogram was assumed uniform: the plan reports `BALANCED_ROUTER`
+
+    def reported(self) -> list[str]:
+        """What the plan assumed, for its report."""
+        return [BALANCED_ROUTER] if self.assumed else []
+
+    def get(self, tensor: Any) -> torch.Tensor | None:
+        """The assumed host value of `tensor`, or None."""
+        return self._values.get(tensor) if isinstance(tensor, torch.Tensor) else None
+
+    def ran(self, func: Any, args: tuple, kwargs: dict, result: Any) -> None:
+        """Op `func` ran on the planned tensors `args` / `kwargs`, giving `result`: record the values it assumes or
+        computes, and forget those of tensors it wrote from values the plan has none of."""
+        if func is _HISTOGRAM and self.get(args[0]) is None:
+            self._values[result] = _uniform(args[0].numel(), result)
+            self.assumed = True
+            return
+        if not self._values:
+            return
+        known = [self.get(leaf) for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+        if all(value is None for value in known):
+            return
+        values = self.computed(func, args, kwargs)
+        outputs = [leaf for leaf in tree_leaves(result) if isinstance(leaf, torch.Tensor)]
+        written = [arg for arg, argument in zip(args, func._schema.arguments, strict=False)
+                   if argument.alias_info is not None and argument.alias_info.is_write]
+        for tensor in (*outputs, *written):
+            self._values.pop(tensor, None)
+        if values is not None:
+            for tensor, value in zip(outputs, [v for v in tree_leaves(values) if isinstance(v, torch.Tensor)],
+                                     strict=False):
+                self._values[tensor] = value
+
+    def computed(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """`func` run on the host values of its tensors (a read, `.item()`, returns the value); None where one has no
+        assumed value or the plan cannot say what it computes (a collective other than an evenly split
+        all-to-all)."""
+        tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+        if not tensors or any(self.get(leaf) is None for leaf in tensors):
+            return None
+        if func is _WAIT:
+            return self.get(args[0])
+        if func is _ALL_TO_ALL:
+            return self._all_to_all(*args)
+        if func.namespace not in ("aten", "prims"):
+            return None
+
+        def host(leaf: Any) -> Any:
+            if isinstance(leaf, torch.Tensor):
+                return self.get(leaf)
+            return torch.device("cpu") if isinstance(leaf, torch.device) and leaf.type == "neuron" else leaf
+
+        kwargs = {k: "cpu" if k == "device" and v is not None else v for k, v in kwargs.items()}
+        with _disable_current_modes():
+            return func(*tree_map(host, args), **tree_map(host, kwargs))
+
+    def _all_to_all(self, tensor: torch.Tensor, output_splits: list, input_splits: list, group_name: str) -> Any:
+        """An all-to-all of an assumed value: every rank holds the same value (a balanced router's), so each peer
+        sends this rank the chunk this rank sends itself."""
+        group = torch.distributed.distributed_c10d._resolve_process_group(group_name)
+        if any(_read(size) for size in (*output_splits, *input_splits)) or len(set(input_splits)) > 1 \
+                or list(output_splits) != list(input_splits):
+            return None
+        with _disable_current_modes():
+            own = self.get(tensor).split(list(input_splits))[group.rank()]
+            return torch.cat([own] * group.size())
+
+
+def _uniform(count: int, histogram: torch.Tensor) -> torch.Tensor:
+    """`count` values spread evenly over the bins of `histogram` (the first `count % bins` one more)."""
+    bins = histogram.numel()
+    with _disable_current_modes():
+        spread = torch.full((bins,), count // bins, dtype=torch.int64) + (torch.arange(bins) < count % bins)
+        return spread.to(histogram.dtype).reshape(histogram.shape)
