@@ -158,3 +158,4 @@ def test_report_lists_the_plans_assumptions():
                           price_per_hour=1.0)
     assert report["assumptions"] == [BALANCED_ROUTER]
     assert f"assumed: {BALANCED_ROUTER}" in format_report(report)
+
