@@ -31,9 +31,9 @@ MACHINE = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
 # as the plan assumes (torchtitan's round-robin `--debug.moe_force_load_balance`: a balanced router).
 MOE = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel", "--parallelism.expert_parallel_degree", "2",
        "--activation_checkpoint.mode", "none", "--debug.moe_force_load_balance"]
-MOE_STEP = ("the MoE's planned step is 9 % over its real run's (18.99 ms against 17.37 ms; peak HBM within 2 %), the "
-            "same with the router balanced or not; not isolated. One difference found: the plan charges select_backward "
-            "(the gradient of the experts' w1[expert]) as a CPU fallback where the real run runs its "
+MOE_STEP = ("the MoE's planned step is 9 % over its real run's (18.99 ms against 17.37 ms; peak HBM within 2 %), "
+            "the same with the router balanced or not; not isolated. One difference found: the plan charges "
+            "select_backward (the gradient of the experts' w1[expert]) as a CPU fallback where the real run runs its "
             "CompositeExplicitAutogradNonFunctional kernel (zero_ and a copy); how much of the gap it is, not measured")
 
 

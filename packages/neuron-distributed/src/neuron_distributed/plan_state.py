@@ -176,7 +176,7 @@ class Planner:
         self.fake_mode: Any = None
         self.values: Any = None  # the symbols answering the script's value reads (`plan_values.PlannedValues`)
         self.answers: list[Iterator[Any]] = []  # the innermost `answering` block's answers to value reads
-        self.assumed: Any = None  # the values the plan assumes, and those computed from them (`plan_values.AssumedValues`)
+        self.assumed: Any = None  # the values the plan assumes and computes from them (`plan_values.AssumedValues`)
 
     def record(self, name: str, index: int, stream: int, start: float, end: float, part: ChargePart = None) -> None:
         if index == self.index:
@@ -244,7 +244,8 @@ class Planner:
             flops_per_step=self.flops_at[-1] - self.flops_at[-2], peak_hbm_bytes=reserved,
             peak_allocated_bytes=torch.neuron.max_memory_allocated(self.index), hbm_capacity_bytes=self.capacity,
             fits=self.oom is None and reserved <= self.capacity, oom=self.oom, pipeline=self.pipeline,
-            lanes=self.window(start, end), breakdown=self.breakdown(start, end), assumptions=self.assumed.reported() if self.assumed is not None else [])
+            lanes=self.window(start, end), breakdown=self.breakdown(start, end),
+            assumptions=self.assumed.reported() if self.assumed is not None else [])
 
     def window(self, start: float, end: float) -> list[tuple[str, int, float, float]]:
         """The charges between two clock readings, clipped to them."""

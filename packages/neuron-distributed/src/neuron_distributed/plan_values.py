@@ -4,12 +4,16 @@ an unbacked symbol of PyTorch's symbolic shapes (`ShapeEnv.create_unbacked_symin
 ops (`loss_sum / global_valid_tokens`: the op is charged as the real run's, whatever the value), and prints as its
 name (`u0`, `zuf0`). Where the value would steer the run it is refused: a branch on it (`bool`, `if`, `int()`,
 `float()`, indexing a Python container) raises `PlanValueError` naming the line that branches and the line that read
-the value, and so does a tensor shape made from it (the charger refuses it, `plan_charger`). No value is made up, but for one stated assumption:
+the value, and so does a tensor shape made from it (the charger refuses it, `plan_charger`). No value is made up,
+but for one stated assumption:
 
 * A **balanced router**: a histogram of planned values (`torch.histc`: an MoE router's tokens per expert) is
   uniform, and the same on every rank (`AssumedValues`). Its value, and the values computed from it (the split sizes
   of expert parallelism's all-to-all, the tokens each local expert gets), are computed on the host, so reading them
   is exact under the assumption. Every plan that assumes it says so in its report (`assumptions`).
+
+The symbols' `ShapeEnv` (`PlannedValues`) is the plan's own: the plan's `FakeTensorMode` keeps static shapes, and
+Dynamo compiles with its own.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .plan_state import PlanValueError, user_frame, value_read
 
-__all__ = ["BALANCED_ROUTER", "AssumedValues", "BranchPlanValueError", "PlannedValues", "planned_format", "planned_index", "planned_tensor",
-           "planned_tensor_format"]
+__all__ = ["BALANCED_ROUTER", "AssumedValues", "BranchPlanValueError", "PlannedValues", "planned_format",
+           "planned_index", "planned_tensor", "planned_tensor_format"]
 
 
 class BranchPlanValueError(PlanValueError, GuardOnDataDependentSymNode):
@@ -98,9 +102,9 @@ def planned_tensor_format(format_: Callable[[Any, str], str]) -> Callable[[Any, 
 
 
 def planned_index(index_: Callable[..., Any]) -> Callable[..., Any]:
-    """`Tensor.__getitem__` / `__setitem__` in plan mode: an index made from a read value (`t[i]`, `t[:i]`, `i = x.item()`)
-    picks the elements by the value, which the plan has none of: refused naming the line (torch's own error is an
-    `IndexError` about the index's type)."""
+    """`Tensor.__getitem__` / `__setitem__` in plan mode: an index made from a read value (`t[i]`, `t[:i]`,
+    `i = x.item()`) picks the elements by the value, which the plan has none of: refused naming the line (torch's
+    own error is an `IndexError` about the index's type)."""
 
     def indexed(self: torch.Tensor, index: Any, *rest: Any) -> Any:
         read = [leaf for leaf in tree_leaves(_sliced(index)) if _read(leaf)]
