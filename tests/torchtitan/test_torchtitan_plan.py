@@ -25,14 +25,32 @@ MEASURE = Path(__file__).resolve().parents[2] / "packages/neuron-distributed/tes
 MACHINE = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
 
 
-def test_debugmodel_plan_matches_its_real_run(tmp_path):
+# torchtitan's deepseek_v3 debug model (MoE: 8 routed experts, top 3) with expert parallelism 2 and no activation
+# checkpointing (under torchtitan's selective one its backward stops in a real run and a plan alike: EP_SAC of
+# test_torchtitan_train); its token permutation is a Triton kernel, run by Triton's interpreter. The real run routes
+# as the plan assumes (torchtitan's round-robin `--debug.moe_force_load_balance`: a balanced router).
+MOE = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel", "--parallelism.expert_parallel_degree", "2",
+       "--activation_checkpoint.mode", "none", "--debug.moe_force_load_balance"]
+MOE_STEP = ("the MoE's planned step is 9 % over its real run's (18.99 ms against 17.37 ms; peak HBM within 2 %), "
+            "the same with the router balanced or not; not isolated. One difference found: the plan charges "
+            "select_backward (the gradient of the experts' w1[expert]) as a CPU fallback where the real run runs its "
+            "CompositeExplicitAutogradNonFunctional kernel (zero_ and a copy); how much of the gap it is, not measured")
+
+
+@pytest.mark.parametrize("model, env", [
+    ([], {}),
+    pytest.param(MOE, {"TRITON_INTERPRET": "1"}, marks=pytest.mark.xfail(strict=True, reason=MOE_STEP))],
+    ids=["llama3", "deepseek_v3-ep"])
+def test_debugmodel_plan_matches_its_real_run(tmp_path, model, env):
     """3 steps of FSDP 2 (torchtitan's debug configuration): the last step's simulated seconds and the peak reserved
     and allocated HBM up to it in the real run (`measure.py`, as `test_planning`'s plan = real tests; torchtitan
-    resets the peaks after logging each step) against `neuron-plan --steps 3`."""
+    resets the peaks after logging each step) against `neuron-plan --steps 3`. The MoE's plan assumes a balanced
+    router (`docs/planning.md`), which the real run's routing of a fresh model only approaches."""
     tokenizer, data = make_assets(tmp_path / "assets")
     args = ["--model.hf_assets_path", str(tokenizer), "--training.dataset_path", str(data), "--debug.seed", "0",
-            "--parallelism.data_parallel_shard_degree", "2"]
-    output = launch(args, tmp_path / "real", tmp_path / "cache", env=MACHINE,
+            "--parallelism.data_parallel_shard_degree", "2", *model]
+    env = {**MACHINE, **env}
+    output = launch(args, tmp_path / "real", tmp_path / "cache", env=env,
                     entry=[str(MEASURE), "-m", "torchtitan.train"])
     measured = [line.split() for line in output.splitlines() if line.startswith("MEASURED")]
     assert len(measured) == 2, _tail(output)
@@ -43,11 +61,10 @@ def test_debugmodel_plan_matches_its_real_run(tmp_path):
     command = [sys.executable, "-m", "neuron_distributed.plan_cli", "--instance", "trn1.2xlarge", "--ranks", "0,1",
                "--steps", "3", "--json", str(out), "--", "torchrun", "--nproc-per-node", "2", "-m",
                "torchtitan.train", *trainer_args(tmp_path / "plan", args)]
-    done = subprocess.run(command, env={**run_env(tmp_path / "cache"), **MACHINE}, cwd=tmp_path, capture_output=True,
+    done = subprocess.run(command, env={**run_env(tmp_path / "cache"), **env}, cwd=tmp_path, capture_output=True,
                           text=True, timeout=RUN_TIMEOUT, check=False)
     assert done.returncode == 0, _tail(done.stdout + done.stderr)
     report = json.loads(out.read_text())
     assert report["world_size"] == 2 and report["steps_observed"] == 3 and report["communication_seconds"] > 0
-    assert report["step_seconds"] == pytest.approx(step, rel=0.02)
-    assert report["peak_hbm_bytes"] == pytest.approx(reserved, rel=0.02)
-    assert report["peak_allocated_bytes"] == pytest.approx(allocated, rel=0.02)
+    planned = (report["step_seconds"], report["peak_hbm_bytes"], report["peak_allocated_bytes"])
+    assert planned == pytest.approx((step, reserved, allocated), rel=0.02)

@@ -7,7 +7,8 @@ counted with PyTorch's `FlopCounterMode` formulas (`flop_registry`; no `FlopCoun
 `ModuleTracker` keeps checkpointed layers' tensors alive, pytorch/pytorch#139214, and its mode would stop Dynamo
 compiling). A read of a tensor's value (`.item()`) is answered with a symbol that refuses a branch on it
 (`plan_values`); an output shape made from one, `bool(t)` and the other reads that return a branch's answer are
-refused (`PlanValueError`, naming the script's line).
+refused (`PlanValueError`, naming the script's line), but for the values the plan assumes (a balanced router's
+histogram) and those computed from them (`plan_values.AssumedValues`), read exactly.
 """
 
 from __future__ import annotations
@@ -168,6 +169,10 @@ class Charger(TorchDispatchMode):
             # a DTensor's op (global shapes): it runs ops on its local shards, which come back here to be charged
             return NotImplemented
         if func in _VALUE_READS and not _known(args):
+            assumed = self.planner.assumed.computed(func, args, kwargs)
+            if assumed is not None:  # a value the plan assumes (`plan_values.AssumedValues`), read as the real run's
+                services.account_planned_op(func, args, kwargs, assumed)
+                return assumed
             answer = self.planner.answers[-1]() if self.planner.answers else UNANSWERED
             if answer is not UNANSWERED:  # charged as the real run's copy of the value to the host
                 services.account_planned_op(_aten._local_scalar_dense.default, args[:1], {}, answer)
@@ -208,6 +213,8 @@ class Charger(TorchDispatchMode):
         if _traced(result, self.planner.fake_mode):
             return result
         self._refuse_read_shapes(result)
+        if not hop:
+            self.planner.assumed.ran(func, args, kwargs, result)
         formula = flop_registry.get(getattr(func, "_overloadpacket", func))
         if formula is not None and not self.outer:  # as FlopCounterMode counts: the op the script called
             self.planner.flops += formula(*args, **kwargs, out_val=result)

@@ -31,8 +31,10 @@ with its reason. Nothing here outlives the plan.
   0-d tensor's (`Tensor.__format__`: torch formats only a plain `Tensor`'s value).
 * `Tensor.__getitem__` / `__setitem__` with an index made from a read value: refused naming the line
   (`PlanValueError`); torch's own error is an `IndexError` about the index's type.
-* Triton's kernel launch (`JITFunction.run`, `InterpretedFunction.run`) on planned tensors: refused naming the
-  kernel (it needs their memory; torch only warns on a fake's data pointer, and the process then crashed).
+* Triton's kernel launch on planned tensors: a compiled kernel's (`JITFunction.run`) is refused naming the kernel
+  (it needs their memory; torch only warns on a fake's data pointer, and the process then crashed); one Triton's
+  interpreter runs (`InterpretedFunction.run`, `TRITON_INTERPRET=1`) is charged as the real run's: each tensor
+  argument's storage copied to the host and back, the kernel's own work on the host.
 * `torch.tensor` of a read value: a planned 0-d tensor (torch's converts the symbol to a number, a branch on it).
   TorchScript still takes the patched function for its builtin `aten::tensor` (`_scripted_as_builtin`): modules
   scripted while the plan runs (`torch.distributed.optim`'s functional optimizers, imported by a script's
@@ -338,33 +340,64 @@ def _fake_neuron_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
     return FakeProcessGroup._create_internal(rank, size)
 
 
+def _planned(leaves: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in leaves if isinstance(leaf, torch._subclasses.fake_tensor.FakeTensor)]
+
+
 def _refused_launch(run: Callable[..., Any]) -> Callable[..., Any]:
-    """A Triton kernel's launch (`JITFunction.run`, and `InterpretedFunction.run` under `TRITON_INTERPRET=1`) on
-    planned tensors: refused naming the kernel. The kernel reads and writes its tensors through their data pointers,
-    and a planned tensor has no memory (torch only warns "Accessing the data pointer of FakeTensor"; the interpreter
-    then read address 0 and the process died of a segmentation fault, torchtitan's MoE token permutation)."""
+    """A compiled Triton kernel's launch (`JITFunction.run`) on planned tensors: refused naming the kernel. It reads
+    and writes its tensors through their data pointers, which a planned tensor does not have (torch only warns
+    "Accessing the data pointer of FakeTensor", then the process crashed); a real run on `neuron` has no GPU driver
+    to launch it either."""
 
     @functools.wraps(run)
     def launch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if any(isinstance(leaf, torch._subclasses.fake_tensor.FakeTensor) for leaf in (*args, *kwargs.values())):
+        if _planned((*args, *kwargs.values())):
             name = getattr(getattr(self, "fn", None), "__name__", None) or repr(self)
             raise plan_state.value_read(
                 f"the Triton kernel {name!r}, which reads and writes its tensors through their data pointers: a "
-                "planned tensor has no memory, and plan mode charges ATen ops, not Triton kernels")
+                "planned tensor has no memory, and plan mode charges ATen ops and Triton's interpreter "
+                "(TRITON_INTERPRET=1), not compiled Triton kernels")
         return run(self, *args, **kwargs)
 
     return launch
 
 
-def _triton_launchers() -> list[Any]:
-    """Triton's kernel classes whose `run` launches a kernel, if Triton is installed (imported for the patch: a script
-    may import it inside the plan)."""
+def _interpreted_launch(run: Callable[..., Any]) -> Callable[..., Any]:
+    """A Triton kernel run by Triton's interpreter (`InterpretedFunction.run`, `TRITON_INTERPRET=1`) on planned
+    tensors: charged as a real run on `neuron` charges it. The interpreter copies each tensor argument's storage to
+    the host (`UntypedStorage.cpu()`), runs the kernel there with NumPy (host time, no device time), and copies every
+    storage back (`copy_`); the plan charges the two copies of each storage and does not run the kernel, whose work is
+    on the values (torchtitan 0.2.2's MoE token permutation, `generate_permute_indices`: indices computed from the
+    tokens per expert). What it writes stays planned (valueless), as every planned tensor is."""
+
+    @functools.wraps(run)
+    def launch(self: Any, *args: Any, grid: Any = None, warmup: bool = False, **kwargs: Any) -> Any:
+        planned = _planned((*args, *kwargs.values()))
+        if not planned:
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        storages = {}
+        for tensor in planned:  # one copy of each storage, as the interpreter makes
+            storages.setdefault(tensor.untyped_storage()._cdata, tensor)
+        for tensor in storages.values():
+            whole = tensor.detach().as_strided((tensor.untyped_storage().nbytes() // tensor.element_size(),), (1,), 0)
+            host = torch.empty(whole.shape, dtype=whole.dtype, device="cpu")  # made from no `neuron` tensor: no charge
+            host.copy_(whole)  # `UntypedStorage.cpu()`: a `copy_` to the host, as the real run charges it
+            whole.copy_(host)
+        return None
+
+    return launch
+
+
+def _triton_launchers() -> list[tuple[Any, Callable[[Callable], Callable]]]:
+    """Triton's kernel classes whose `run` launches a kernel, each with its plan-mode launch, if Triton is installed
+    (imported for the patch: a script may import it inside the plan)."""
     if importlib.util.find_spec("triton") is None:
         return []
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    return [JITFunction, InterpretedFunction]
+    return [(JITFunction, _refused_launch), (InterpretedFunction, _interpreted_launch)]
 
 
 @contextlib.contextmanager
@@ -413,8 +446,8 @@ def patched_torch() -> Iterator[None]:
         tensor = planned_tensor(torch.tensor)
         stack.enter_context(_scripted_as_builtin(tensor, torch.tensor))
         stack.enter_context(patched(torch, "tensor", tensor))
-        for launcher in _triton_launchers():
-            stack.enter_context(patched(launcher, "run", _refused_launch(launcher.run)))
+        for launcher, planned_launch in _triton_launchers():
+            stack.enter_context(patched(launcher, "run", planned_launch(launcher.run)))
         for name in ("__getitem__", "__setitem__"):
             stack.enter_context(patched(torch.Tensor, name, planned_index(getattr(torch.Tensor, name))))
         dist.Backend._plugins["NEURON"] = plugin._replace(creator_fn=_fake_neuron_group)

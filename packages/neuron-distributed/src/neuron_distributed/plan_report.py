@@ -42,6 +42,9 @@ def build_report(plans: list[dict[str, Any]], *, instance: str, nodes: int, toke
         "hbm_capacity_bytes": slowest["hbm_capacity_bytes"],
         "fits": all(p["fits"] for p in plans),
         "breakdown": dict(sorted(slowest["breakdown"].items(), key=lambda item: -item[1])),
+        # what the plan assumed where values steer the run: `plan_values`' and the rules that answered `generate`'s reads
+        "assumptions": sorted({a for p in plans for a in p.get("assumptions", [])}
+                              | {rule for p in plans for rule in (p.get("serving") or {}).get("assumed", [])}),
     }
     if slowest.get("pipeline"):
         pipe = slowest["pipeline"]
@@ -68,7 +71,8 @@ def build_report(plans: list[dict[str, Any]], *, instance: str, nodes: int, toke
 def _serving(plans: list[dict[str, Any]], price_per_hour: float | None, nodes: int) -> dict[str, Any]:
     """A generating script's figures (`plan_generate`): the slowest planned rank's time to first token and per
     output token (the ranks of a tensor-parallel model wait for each other), the steady decode's output tokens a
-    second of the whole batch (batch / time per token), the largest KV cache a core, the rules that answered reads."""
+    second of the whole batch (batch / time per token), the largest KV cache a core (the rules that answered reads
+    are among the report's `assumptions`)."""
     served = [p["serving"] for p in plans if p.get("serving")]
     if not served:
         return {}
@@ -76,8 +80,7 @@ def _serving(plans: list[dict[str, Any]], price_per_hour: float | None, nodes: i
     out = {"batch_size": served[0]["batch_size"], "output_tokens": served[0]["output_tokens"],
            "ttft_seconds": max(s["ttft_seconds"] for s in served), "tpot_seconds": tpot,
            "output_tokens_per_second": served[0]["batch_size"] / tpot if tpot > 0 else 0.0,
-           "kv_cache_bytes": max(s["kv_cache_bytes"] for s in served),
-           "assumed": sorted({rule for s in served for rule in s["assumed"]})}
+           "kv_cache_bytes": max(s["kv_cache_bytes"] for s in served)}
     if price_per_hour is not None and out["output_tokens_per_second"] > 0:
         out["cost_per_million_output_tokens_usd"] = price_per_hour * nodes / 3600 / out["output_tokens_per_second"] * 1e6
     return out
@@ -98,6 +101,7 @@ def format_report(report: dict[str, Any], breakdown: bool = False) -> str:
         else:
             text = str(value)
         lines.append(f"  {key:32s} {text}")
+    lines += [f"  assumed: {assumption}" for assumption in report.get("assumptions", [])]
     if breakdown:
         step = report["step_seconds"]
         lines.append("  breakdown of the step (slowest planned rank):")
@@ -110,7 +114,6 @@ def format_report(report: dict[str, Any], breakdown: bool = False) -> str:
         lines += [f"    stage {c['stage_index']:3d}: forward {c['forward_seconds'] * 1e3:9.3f} ms, backward "
                   f"{c['backward_seconds'] * 1e3:9.3f} ms, activations {c['activation_bytes'] / 2**30:7.2f} GiB a "
                   "micro-batch" for c in pipe["stages"]]
-    lines += [f"  assumed: {rule}" for rule in report.get("assumed", ())]
     if "oom" in report:
         oom = report["oom"]
         lines.append(f"  out of HBM on rank {oom['rank']} at {oom['op']} in {oom['module']}, called at {oom['code']}; "

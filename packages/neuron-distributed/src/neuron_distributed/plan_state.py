@@ -128,6 +128,8 @@ class RankPlan:
     # a script that generates (transformers' `generate`): time to first token, per output token, KV cache
     # (`plan_generate.Serving.figures`)
     serving: dict[str, Any] | None = None
+    # what the plan assumed where the script's values steer the run (`plan_values`), reported with the figures
+    assumptions: list[str] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -199,6 +201,7 @@ class Planner:
         self.values: Any = None  # the symbols answering the script's value reads (`plan_values.PlannedValues`)
         self.answers: list[Callable[[], Any]] = []  # the innermost `answering_by` block's rule answers value reads
         self.serving: dict[str, Any] | None = None  # a `generate` call's figures (`plan_generate`), the last one
+        self.assumed: Any = None  # the values the plan assumes and computes from them (`plan_values.AssumedValues`)
 
     def record(self, name: str, index: int, stream: int, start: float, end: float, part: ChargePart = None) -> None:
         if index == self.index:
@@ -267,7 +270,8 @@ class Planner:
             flops_per_step=self.flops_at[-1] - self.flops_at[-2], peak_hbm_bytes=reserved,
             peak_allocated_bytes=torch.neuron.max_memory_allocated(self.index), hbm_capacity_bytes=self.capacity,
             fits=self.oom is None and reserved <= self.capacity, oom=self.oom, pipeline=self.pipeline,
-            lanes=self.window(start, end), breakdown=self.breakdown(start, end), serving=self.serving)
+            lanes=self.window(start, end), breakdown=self.breakdown(start, end), serving=self.serving,
+            assumptions=self.assumed.reported() if self.assumed is not None else [])
 
     def window(self, start: float, end: float) -> list[tuple[str, int, float, float]]:
         """The charges between two clock readings, clipped to them."""

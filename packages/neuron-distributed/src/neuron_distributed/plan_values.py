@@ -4,7 +4,13 @@ an unbacked symbol of PyTorch's symbolic shapes (`ShapeEnv.create_unbacked_symin
 ops (`loss_sum / global_valid_tokens`: the op is charged as the real run's, whatever the value), and prints as its
 name (`u0`, `zuf0`). Where the value would steer the run it is refused: a branch on it (`bool`, `if`, `int()`,
 `float()`, indexing a Python container) raises `PlanValueError` naming the line that branches and the line that read
-the value, and so does a tensor shape made from it (the charger refuses it, `plan_charger`). No value is made up.
+the value, and so does a tensor shape made from it (the charger refuses it, `plan_charger`). No value is made up,
+but for one stated assumption:
+
+* A **balanced router**: a histogram of planned values (`torch.histc`: an MoE router's tokens per expert) is
+  uniform, and the same on every rank (`AssumedValues`). Its value, and the values computed from it (the split sizes
+  of expert parallelism's all-to-all, the tokens each local expert gets), are computed on the host, so reading them
+  is exact under the assumption. Every plan that assumes it says so in its report (`assumptions`).
 
 The symbols' `ShapeEnv` (`PlannedValues`) is the plan's own: the plan's `FakeTensorMode` keeps static shapes, and
 Dynamo compiles with its own.
@@ -18,12 +24,14 @@ from typing import Any
 import sympy
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
-from torch.utils._pytree import tree_leaves
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .plan_state import PlanValueError, user_frame, value_read
 
-__all__ = ["BranchPlanValueError", "PlannedValues", "planned_format", "planned_index", "planned_tensor",
-           "planned_tensor_format"]
+__all__ = ["BALANCED_ROUTER", "AssumedValues", "BranchPlanValueError", "PlannedValues", "planned_format",
+           "planned_index", "planned_tensor", "planned_tensor_format"]
 
 
 class BranchPlanValueError(PlanValueError, GuardOnDataDependentSymNode):
@@ -94,12 +102,12 @@ def planned_tensor_format(format_: Callable[[Any, str], str]) -> Callable[[Any, 
 
 
 def planned_index(index_: Callable[..., Any]) -> Callable[..., Any]:
-    """`Tensor.__getitem__` / `__setitem__` in plan mode: an index made from a read value (`t[i]`, `i = x.item()`)
-    picks the elements by the value, which the plan has none of: refused naming the line (torch's own error is an
-    `IndexError` about the index's type)."""
+    """`Tensor.__getitem__` / `__setitem__` in plan mode: an index made from a read value (`t[i]`, `t[:i]`,
+    `i = x.item()`) picks the elements by the value, which the plan has none of: refused naming the line (torch's
+    own error is an `IndexError` about the index's type)."""
 
     def indexed(self: torch.Tensor, index: Any, *rest: Any) -> Any:
-        read = [leaf for leaf in tree_leaves(index) if _read(leaf)]
+        read = [leaf for leaf in tree_leaves(_sliced(index)) if _read(leaf)]
         if read:
             shape_env = read[0].node.shape_env
             where = shape_env.origins(sympy.Add(*(leaf.node.expr for leaf in read)))
@@ -107,6 +115,15 @@ def planned_index(index_: Callable[..., Any]) -> Callable[..., Any]:
         return index_(self, index, *rest)
 
     return indexed
+
+
+def _sliced(index: Any) -> Any:
+    """`index` with each slice made its bounds and step (`x[: sum(sizes)]`): `tree_leaves` takes a slice whole."""
+    if isinstance(index, slice):
+        return [index.start, index.stop, index.step]
+    if isinstance(index, (tuple, list)):
+        return [_sliced(part) for part in index]
+    return index
 
 
 def planned_tensor(tensor_: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -123,3 +140,97 @@ def planned_tensor(tensor_: Callable[..., torch.Tensor]) -> Callable[..., torch.
         return tensor_(data, *args, **kwargs)
 
     return tensor
+
+
+
+BALANCED_ROUTER = ("a balanced router: a histogram of planned values (torch.histc, an MoE router's tokens per expert) "
+                   "is uniform and the same on every rank; values computed from it (all-to-all split sizes, tokens "
+                   "per local expert) are computed from it")
+_ops = torch.ops
+_HISTOGRAM = _ops.aten.histc.default
+_WAIT = _ops._c10d_functional.wait_tensor.default
+_ALL_TO_ALL = _ops._c10d_functional.all_to_all_single.default
+
+
+class AssumedValues:
+    """The values the plan assumes for planned tensors, on the host, by planned tensor: a histogram's (`histc`), and
+    those of ops run on tensors whose values are all assumed (computed for real on the host values). An op that
+    writes a tensor from ones without a value leaves it without one. A balanced router routes as evenly from every
+    rank, so an all-to-all of an assumed value receives from each peer what the rank sends itself."""
+
+    def __init__(self) -> None:
+        self._values = WeakIdKeyDictionary()
+        self.assumed = False  # a histogram was assumed uniform: the plan reports `BALANCED_ROUTER`
+
+    def reported(self) -> list[str]:
+        """What the plan assumed, for its report."""
+        return [BALANCED_ROUTER] if self.assumed else []
+
+    def get(self, tensor: Any) -> torch.Tensor | None:
+        """The assumed host value of `tensor`, or None."""
+        return self._values.get(tensor) if isinstance(tensor, torch.Tensor) else None
+
+    def ran(self, func: Any, args: tuple, kwargs: dict, result: Any) -> None:
+        """Op `func` ran on the planned tensors `args` / `kwargs`, giving `result`: record the values it assumes or
+        computes, and forget those of tensors it wrote from values the plan has none of."""
+        if func is _HISTOGRAM and self.get(args[0]) is None:
+            self._values[result] = _uniform(args[0].numel(), result)
+            self.assumed = True
+            return
+        if not self._values:
+            return
+        known = [self.get(leaf) for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+        if all(value is None for value in known):
+            return
+        values = self.computed(func, args, kwargs)
+        outputs = [leaf for leaf in tree_leaves(result) if isinstance(leaf, torch.Tensor)]
+        written = [arg for arg, argument in zip(args, func._schema.arguments, strict=False)
+                   if argument.alias_info is not None and argument.alias_info.is_write]
+        for tensor in (*outputs, *written):
+            self._values.pop(tensor, None)
+        if values is not None:
+            for tensor, value in zip(outputs, [v for v in tree_leaves(values) if isinstance(v, torch.Tensor)],
+                                     strict=False):
+                self._values[tensor] = value
+
+    def computed(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """`func` run on the host values of its tensors (a read, `.item()`, returns the value); None where one has no
+        assumed value or the plan cannot say what it computes (a collective other than an evenly split
+        all-to-all)."""
+        tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+        if not tensors or any(self.get(leaf) is None for leaf in tensors):
+            return None
+        if func is _WAIT:
+            return self.get(args[0])
+        if func is _ALL_TO_ALL:
+            return self._all_to_all(*args)
+        if func.namespace not in ("aten", "prims"):
+            return None
+
+        def host(leaf: Any) -> Any:
+            if isinstance(leaf, torch.Tensor):
+                return self.get(leaf)
+            return torch.device("cpu") if isinstance(leaf, torch.device) and leaf.type == "neuron" else leaf
+
+        kwargs = {k: "cpu" if k == "device" and v is not None else v for k, v in kwargs.items()}
+        with _disable_current_modes():
+            return func(*tree_map(host, args), **tree_map(host, kwargs))
+
+    def _all_to_all(self, tensor: torch.Tensor, output_splits: list, input_splits: list, group_name: str) -> Any:
+        """An all-to-all of an assumed value: every rank holds the same value (a balanced router's), so each peer
+        sends this rank the chunk this rank sends itself."""
+        group = torch.distributed.distributed_c10d._resolve_process_group(group_name)
+        if any(_read(size) for size in (*output_splits, *input_splits)) or len(set(input_splits)) > 1 \
+                or list(output_splits) != list(input_splits):
+            return None
+        with _disable_current_modes():
+            own = self.get(tensor).split(list(input_splits))[group.rank()]
+            return torch.cat([own] * group.size())
+
+
+def _uniform(count: int, histogram: torch.Tensor) -> torch.Tensor:
+    """`count` values spread evenly over the bins of `histogram` (the first `count % bins` one more)."""
+    bins = histogram.numel()
+    with _disable_current_modes():
+        spread = torch.full((bins,), count // bins, dtype=torch.int64) + (torch.arange(bins) < count % bins)
+        return spread.to(histogram.dtype).reshape(histogram.shape)

@@ -39,7 +39,7 @@ from .plan_charger import Charger
 from .plan_generate import Serving, generation_patches
 from .plan_patches import patched, patched_torch
 from .plan_state import Planner, PlanValueError, RankPlan, StopPlan, activated, active_planner, is_planning
-from .plan_values import PlannedValues
+from .plan_values import AssumedValues, PlannedValues
 
 __all__ = ["PlanValueError", "RankPlan", "active_planner", "is_planning", "launcher_environment", "plan",
            "plan_rank"]
@@ -60,6 +60,7 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
     torch.neuron.init()
     planner = Planner(rank, world_size, steps)
     planner.values = PlannedValues()
+    planner.assumed = AssumedValues()
     allocator = services.device_allocator(planner.index)
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(allocator, "capacity", 1 << 62))  # over-capacity is recorded, not raised
