@@ -212,7 +212,7 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
         callback(ranks)
     previous: dict[int, Any] = {}  # this rank's stages' outputs, by stage index
     for stage in stages:
-        before_clock, before_bytes = planner.clock(), torch.neuron.memory_allocated(index)
+        before_clock, before_bytes, before_sizes = planner.clock(), torch.neuron.memory_allocated(index), _sizes(planner)
         inputs = args_split[0] if stage.is_first else _stage_inputs(
             stage, schedule._has_backward, previous.get(stage.stage_index - 1), ranks)
         output = stage.submod(*inputs, **(kwargs_split[0] if stage.is_first else {}))
@@ -221,17 +221,22 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
             _exchange[-1][0](stage.stage_index, _outputs_meta(output, stage.stage_index))
         if stage.is_last and schedule._loss_fn is not None:
             loss = schedule._compute_loss(output, target_mb, loss_kwargs)
+        own = {t.untyped_storage()._cdata for t in flat_tensors((inputs, output, loss if stage.is_last else None))}
+        grown = {key: (ref, size - before_sizes.get(key, (None, 0))[1]) for key, (ref, size) in _sizes(planner).items()
+                 if size > before_sizes.get(key, (None, 0))[1] and ref()._cdata not in own}
         kept.append([stage, output, planner.clock() - before_clock,
-                     torch.neuron.memory_allocated(index) - before_bytes])
+                     torch.neuron.memory_allocated(index) - before_bytes, grown, before_sizes])
     costs_by_stage = []
-    for stage, out, forward, activation in reversed(kept):
+    for stage, out, forward, activation, grown, before_sizes in reversed(kept):
         before_clock = planner.clock()
         if schedule._has_backward:
-            if stage.is_last and loss is not None:
-                loss.backward()
-            else:
-                outs = [t for t in flat_tensors(out) if t.requires_grad]
-                torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
+            with _micro_batch_backward(stage):
+                if stage.is_last and loss is not None:
+                    loss.backward()
+                else:
+                    outs = [t for t in flat_tensors(out) if t.requires_grad]
+                    torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
+                activation -= _still_grown(grown, before_sizes)
         sent = 0 if stage.is_last else sum(t.numel() * t.element_size() for t in flat_tensors(out))
         pair = (ranks[stage.stage_index], ranks[min(stage.stage_index + 1, len(ranks) - 1)])
         costs_by_stage.append(StageCost(stage.stage_index, forward, planner.clock() - before_clock,
@@ -266,6 +271,43 @@ def patched_schedules() -> Iterator[None]:
     finally:
         for cls, old in olds:
             cls.step = old
+
+
+def _sizes(planner: Any) -> dict[int, tuple[Any, int]]:
+    """The planner's live storages (key: (weak reference, bytes now)): FSDP2 frees and refills a storage by resizing
+    it, so a storage's bytes, not its being alive, say what it holds."""
+    return {key: (ref, storage.nbytes()) for key, (ref, *_) in list(planner.live.items())
+            if (storage := ref()) is not None}
+
+
+def _still_grown(grown: dict[int, tuple[Any, int]], before: dict[int, tuple[Any, int]]) -> int:
+    """Bytes of what a stage's forward allocated (or grew) that its backward left in place, beyond the micro-batch's
+    own inputs, outputs and loss: not the micro-batch's to keep until its backward, but the stage's, kept once
+    whatever the micro-batches in flight (FSDP's unsharded parameters, which stay so until the schedule's last
+    backward: torchtitan's reshard_after_forward=False under PP)."""
+    total = 0
+    for key, (ref, growth) in grown.items():
+        storage = ref()
+        if storage is not None:
+            total += max(0, min(growth, storage.nbytes() - before.get(key, (None, 0))[1]))
+    return total
+
+
+@contextlib.contextmanager
+def _micro_batch_backward(stage: Any) -> Iterator[None]:
+    """A micro-batch's backward as the schedule runs every one (`backward_maybe_with_nosync`: an FSDP stage keeps its
+    parameters unsharded and its gradients unreduced), then the FSDP post-backward the schedule runs once after the
+    last (`perform_reduce_grad`: the reduce-scatter, the reshard), its time charged to this backward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(stage.submod, FSDPModule):
+        yield
+        return
+    stage.submod.set_is_last_backward(False)
+    stage.submod.set_reshard_after_backward(False)
+    stage.submod.set_requires_gradient_sync(False)
+    yield
+    stage.perform_reduce_grad(1)
 
 
 def _transfer_seconds(nbytes: int, ranks: tuple[int, int]) -> float:
