@@ -230,27 +230,32 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
     for stage, out, forward, activation, grown, before_sizes in reversed(kept):
         before_clock = planner.clock()
         if schedule._has_backward:
-            with _micro_batch_backward(stage):
-                if stage.is_last and loss is not None:
-                    loss.backward()
-                else:
-                    outs = [t for t in flat_tensors(out) if t.requires_grad]
-                    torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
-                activation -= _still_grown(grown, before_sizes)
+            _backward_without_sync(stage)
+            if stage.is_last and loss is not None:
+                loss.backward()
+            else:
+                outs = [t for t in flat_tensors(out) if t.requires_grad]
+                torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
+            activation -= _still_grown(grown, before_sizes)
         sent = 0 if stage.is_last else sum(t.numel() * t.element_size() for t in flat_tensors(out))
         pair = (ranks[stage.stage_index], ranks[min(stage.stage_index + 1, len(ranks) - 1)])
         costs_by_stage.append(StageCost(stage.stage_index, forward, planner.clock() - before_clock,
                                         max(0, activation), sent, _transfer_seconds(sent, pair)))
-    compute, communication, exposed = planner.split(start, planner.clock())
+    end = planner.clock()
+    compute, communication, exposed = planner.split(start, end)
     planner.pipeline = {
         "schedule": type(schedule).__name__, "n_microbatches": micro, "num_stages": stages[0].num_stages,
         "pipeline_rank": stages[0].group_rank,
         "stages": [dataclasses.asdict(c) for c in sorted(costs_by_stage, key=lambda c: c.stage_index)],
         "stage_ranks": ranks, "order": _order(schedule),
-        "window_start": start, "window_seconds": planner.clock() - start, "window_compute_seconds": compute,
+        "window_start": start, "window_seconds": end - start, "window_compute_seconds": compute,
         "window_communication_seconds": communication, "window_exposed_communication_seconds": exposed,
-        "window_flops": float(planner.flops - flops), "window_breakdown": planner.breakdown(start, planner.clock()),
+        "window_flops": float(planner.flops - flops), "window_breakdown": planner.breakdown(start, end),
     }
+    if schedule._has_backward:  # once a step, after the last micro-batch's backward, as the schedule runs it
+        for stage in stages:
+            if _is_fsdp(stage):
+                stage.perform_reduce_grad(1)
     if losses is not None and loss is not None:
         losses.extend([loss.detach()] * micro)
     if return_outputs and stages[-1].is_last:
@@ -293,21 +298,20 @@ def _still_grown(grown: dict[int, tuple[Any, int]], before: dict[int, tuple[Any,
     return total
 
 
-@contextlib.contextmanager
-def _micro_batch_backward(stage: Any) -> Iterator[None]:
-    """A micro-batch's backward as the schedule runs every one (`backward_maybe_with_nosync`: an FSDP stage keeps its
-    parameters unsharded and its gradients unreduced), then the FSDP post-backward the schedule runs once after the
-    last (`perform_reduce_grad`: the reduce-scatter, the reshard), its time charged to this backward."""
+def _is_fsdp(stage: Any) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
-    if not isinstance(stage.submod, FSDPModule):
-        yield
-        return
-    stage.submod.set_is_last_backward(False)
-    stage.submod.set_reshard_after_backward(False)
-    stage.submod.set_requires_gradient_sync(False)
-    yield
-    stage.perform_reduce_grad(1)
+    return isinstance(stage.submod, FSDPModule)
+
+
+def _backward_without_sync(stage: Any) -> None:
+    """A micro-batch's backward as the schedule runs every one (`backward_maybe_with_nosync`): an FSDP stage keeps its
+    parameters unsharded and its gradients unreduced; the schedule reduces and reshards once, after the last
+    micro-batch (`perform_reduce_grad`, run after the planned window: charged once a step)."""
+    if _is_fsdp(stage):
+        stage.submod.set_is_last_backward(False)
+        stage.submod.set_reshard_after_backward(False)
+        stage.submod.set_requires_gradient_sync(False)
 
 
 def _transfer_seconds(nbytes: int, ranks: tuple[int, int]) -> float:
