@@ -375,8 +375,9 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
         "window_exposed_communication_seconds": exposed, "window_flops": float(planner.flops - flops),
         "window_breakdown": planner.breakdown(second_start, end),
     }
-    for stage in stages:  # as the schedules end a step: FSDP's post-backward, the gradients scaled
-        stage.perform_reduce_grad(micro if schedule.scale_grads else 1)
+    if schedule._has_backward:  # once a step, after the last micro-batch's backward, as the schedules end a step:
+        for stage in stages:  # FSDP's post-backward (reduce-scatter, reshard), the gradients scaled
+            stage.perform_reduce_grad(micro if schedule.scale_grads else 1)
     if losses is not None and loss is not None:
         losses.extend([loss.detach()] * micro)
     if return_outputs and stages[-1].is_last:
@@ -393,7 +394,7 @@ def _micro_batch(schedule: Any, stages: list[Any], ranks: list[int], mb: int, ar
     kept, loss, output = [], None, None
     previous: dict[int, Any] = {}  # this rank's stages' outputs, by stage index
     for stage in stages:
-        before_clock, before_bytes = planner.clock(), torch.neuron.memory_allocated(index)
+        before_clock, before_bytes, before_sizes = planner.clock(), torch.neuron.memory_allocated(index), _sizes(planner)
         inputs = args_split[mb] if stage.is_first else _stage_inputs(
             stage, schedule._has_backward, previous.get(stage.stage_index - 1), ranks)
         output = stage.submod(*inputs, **(kwargs_split[mb] if stage.is_first else {}))
@@ -402,17 +403,22 @@ def _micro_batch(schedule: Any, stages: list[Any], ranks: list[int], mb: int, ar
             _exchange[-1][0](stage.stage_index, _outputs_meta(output, stage.stage_index))
         if stage.is_last and schedule._loss_fn is not None:
             loss = schedule._compute_loss(output, targets[mb] if targets is not None else None, loss_kwargs)
+        own = {t.untyped_storage()._cdata for t in flat_tensors((inputs, output, loss if stage.is_last else None))}
+        grown = {key: (ref, size - before_sizes.get(key, (None, 0))[1]) for key, (ref, size) in _sizes(planner).items()
+                 if size > before_sizes.get(key, (None, 0))[1] and ref()._cdata not in own}
         kept.append([stage, output, planner.clock() - before_clock,
-                     torch.neuron.memory_allocated(index) - before_bytes])
+                     torch.neuron.memory_allocated(index) - before_bytes, grown, before_sizes])
     costs_by_stage = []
-    for stage, out, forward, activation in reversed(kept):
+    for stage, out, forward, activation, grown, before_sizes in reversed(kept):
         before_clock = planner.clock()
         if schedule._has_backward:
+            _backward_without_sync(stage)
             if stage.is_last and loss is not None:
                 loss.backward()
             else:
                 outs = [t for t in flat_tensors(out) if t.requires_grad]
                 torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
+            activation -= _still_grown(grown, before_sizes)
         sent = 0 if stage.is_last else sum(t.numel() * t.element_size() for t in flat_tensors(out))
         pair = (ranks[stage.stage_index], ranks[min(stage.stage_index + 1, len(ranks) - 1)])
         backward = planner.clock() - before_clock
@@ -434,6 +440,42 @@ def patched_schedules() -> Iterator[None]:
     finally:
         for cls, old in olds:
             cls.step = old
+
+
+def _sizes(planner: Any) -> dict[int, tuple[Any, int]]:
+    """The planner's live storages (key: (weak reference, bytes now)): FSDP2 frees and refills a storage by resizing
+    it, so a storage's bytes, not its being alive, say what it holds."""
+    return {key: (ref, storage.nbytes()) for key, (ref, *_) in list(planner.live.items())
+            if (storage := ref()) is not None}
+
+
+def _still_grown(grown: dict[int, tuple[Any, int]], before: dict[int, tuple[Any, int]]) -> int:
+    """Bytes of what a stage's forward allocated (or grew) that its backward left in place, beyond the micro-batch's
+    own inputs, outputs and loss: not the micro-batch's to keep until its backward, but the stage's, kept once
+    whatever the micro-batches in flight (FSDP's unsharded parameters, which stay so until the schedule's last
+    backward: torchtitan's reshard_after_forward=False under PP)."""
+    total = 0
+    for key, (ref, growth) in grown.items():
+        storage = ref()
+        if storage is not None:
+            total += max(0, min(growth, storage.nbytes() - before.get(key, (None, 0))[1]))
+    return total
+
+
+def _is_fsdp(stage: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(stage.submod, FSDPModule)
+
+
+def _backward_without_sync(stage: Any) -> None:
+    """A micro-batch's backward as the schedule runs every one (`backward_maybe_with_nosync`): an FSDP stage keeps its
+    parameters unsharded and its gradients unreduced; the schedule reduces and reshards once, after the last
+    micro-batch (`perform_reduce_grad`, run after the planned window: charged once a step)."""
+    if _is_fsdp(stage):
+        stage.submod.set_is_last_backward(False)
+        stage.submod.set_reshard_after_backward(False)
+        stage.submod.set_requires_gradient_sync(False)
 
 
 Timed = tuple[int, str, int, int, float, float]  # pipeline rank, F or B, stage, micro-batch, start, end

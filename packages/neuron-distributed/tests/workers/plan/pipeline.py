@@ -3,7 +3,9 @@ by `torch.distributed.pipelining` (gpipe, 1f1b, interleaved), gradients all-redu
 
 `--split-copy` builds the stages as torchtitan's `pipeline_module_split` does: the whole model on the meta device,
 one `copy.deepcopy` of it per stage with the other stages' layers deleted, then `to_empty` on the device and an
-initialisation."""
+initialisation. `--fsdp` shards each stage with FSDP2 over dp as torchtitan does under PP (`fully_shard`,
+`reshard_after_forward=False`: the parameters stay unsharded from the first micro-batch's forward to the schedule's
+last backward), its gradients reduced by FSDP instead of the all-reduce."""
 
 import argparse
 import copy
@@ -13,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
@@ -24,6 +27,7 @@ parser.add_argument("--micro-batches", type=int, default=8)
 parser.add_argument("--width", type=int, default=256)
 parser.add_argument("--no-input-shape", action="store_true", help="build later stages without input_args")
 parser.add_argument("--split-copy", action="store_true", help="stages from a deepcopy of the whole model on meta")
+parser.add_argument("--fsdp", action="store_true", help="each stage sharded by FSDP2 over dp, as torchtitan's PP")
 args = parser.parse_args()
 
 dist.init_process_group("neuron")
@@ -55,6 +59,8 @@ for index in range(pp_rank, count, args.pp):
                 layer.reset_parameters()
     else:
         module = block(index).to(device)
+    if args.fsdp:
+        fully_shard(module, mesh=mesh["dp"], reshard_after_forward=False)
     parameters += list(module.parameters())
     shape = None if index == 0 or args.no_input_shape else (
         torch.empty(4, args.width, device="meta", requires_grad=True),)  # a received activation requires grad
@@ -69,7 +75,7 @@ for _ in range(2):
     target = torch.randn(4 * args.micro_batches, 1, device=device)
     inputs = (x,) if any(stage.is_first for stage in stages) else ()
     schedule.step(*inputs, **({"target": target} if any(stage.is_last for stage in stages) else {}))
-    for p in parameters:
+    for p in parameters if not args.fsdp else ():
         dist.all_reduce(p.grad, group=mesh["dp"].get_group())
     optimizer.step()
     optimizer.zero_grad()
