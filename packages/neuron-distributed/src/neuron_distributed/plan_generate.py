@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import importlib.util
 import inspect
 import sys
 import textwrap
@@ -205,8 +206,10 @@ def generation_patches(serving: Serving, rules: bool) -> list[tuple[Any, str, An
 
 @contextlib.contextmanager
 def marking(index: int) -> Iterator[Serving]:
-    """A real run's `generate` marks on core `index`, for a block: the figures a plan reports, measured."""
-    import transformers.generation.utils  # noqa: F401  (a script run in the block imports it after this)
+    """A real run's `generate` marks on core `index`, for a block: the figures a plan reports, measured. Without
+    transformers installed there is no `generate` to mark, and the block runs as it is."""
+    if importlib.util.find_spec("transformers") is not None:
+        import transformers.generation.utils  # noqa: F401  (a script run in the block imports it after this)
 
     serving = Serving(index)
     with contextlib.ExitStack() as stack:
