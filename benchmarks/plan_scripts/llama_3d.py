@@ -16,22 +16,14 @@ import os
 
 import torch
 import torch.distributed as dist
+from llama_shapes import LLAMA_3_1, tiny
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-SIZES = {  # Llama-3.1 shapes (config.json of meta-llama/Llama-3.1-{8B,70B,405B})
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=8,
-                 num_key_value_heads=4, vocab_size=256),
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256),
-    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                num_key_value_heads=8, vocab_size=128256),
-    "405b": dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126, num_attention_heads=128,
-                 num_key_value_heads=8, vocab_size=128256),
-}
+SIZES = {"tiny": tiny(layers=8), **LLAMA_3_1}
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="8b", choices=sorted(SIZES))

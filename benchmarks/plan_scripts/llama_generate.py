@@ -15,18 +15,12 @@ import os
 
 import torch
 import torch.distributed as dist
+from llama_shapes import LLAMA_3_1, tiny
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from transformers import LlamaConfig, LlamaForCausalLM
 
-SIZES = {  # Llama-3.1 shapes (config.json of meta-llama/Llama-3.1-{8B,70B}); tiny for a quick look
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
-                 num_key_value_heads=4, vocab_size=256),
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256),
-    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                num_key_value_heads=8, vocab_size=128256),
-}
+SIZES = {"tiny": tiny(layers=2), **LLAMA_3_1}
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="8b", choices=sorted(SIZES))
 parser.add_argument("--batch", type=int, default=1)
@@ -42,8 +36,7 @@ size = dict(SIZES[args.model])
 # More ranks than KV heads (70B's 8 at TP 32): each KV head replicated so that every rank holds one, as Neuron's
 # tensor parallelism does for grouped-query attention (the weights of k/v grow by tp / kv heads).
 size["num_key_value_heads"] = max(size["num_key_value_heads"], dist.get_world_size())
-config = LlamaConfig(**size, max_position_embeddings=131072, rope_theta=500000.0,
-                     bos_token_id=128000, eos_token_id=128001, pad_token_id=128001)
+config = LlamaConfig(**size, max_position_embeddings=131072, rope_theta=500000.0, pad_token_id=size["eos_token_id"])
 model = LlamaForCausalLM(config).eval()  # on the host; each rank moves its shards and the rest to its core
 layer_plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
               "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),

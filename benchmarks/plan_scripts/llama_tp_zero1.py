@@ -15,6 +15,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from llama_shapes import tiny
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -30,8 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 SIZES = {  # config.json of meta-llama/Llama-2-7b-hf; "tiny" for tests
     "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=32, vocab_size=32000),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=4, vocab_size=256),
+    "tiny": tiny(layers=2, heads=4),
 }
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="llama2-7b", choices=sorted(SIZES))

@@ -10,16 +10,10 @@ import os
 
 import torch
 import torch.distributed as dist
+from llama_shapes import LLAMA_3_1
 from transformers import LlamaConfig, LlamaForCausalLM
 
-SIZES = {  # Llama-3.1 shapes (config.json of meta-llama/Llama-3.1-{8B,70B,405B})
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8),
-    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                num_key_value_heads=8),
-    "405b": dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126, num_attention_heads=128,
-                 num_key_value_heads=8),
-}
+SIZES = LLAMA_3_1
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="8b", choices=sorted(SIZES))
 parser.add_argument("--layers", type=int, help="override the layer count")
@@ -34,7 +28,7 @@ device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
 shape = dict(SIZES[args.model])
 if args.layers:
     shape["num_hidden_layers"] = args.layers
-config = LlamaConfig(vocab_size=128256, max_position_embeddings=131072, **shape)
+config = LlamaConfig(max_position_embeddings=131072, **shape)
 model = LlamaForCausalLM(config).to(device, torch.bfloat16)
 if args.parallel == "ddp":
     model = torch.nn.parallel.DistributedDataParallel(model)
