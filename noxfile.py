@@ -9,7 +9,8 @@ outcome cannot differ runs once, in its wheel's session.
 
 `nox` runs them all (what CI runs); `nox -s device` runs one. Virtualenvs are reused between runs (`.ci/run` keeps
 them outside the checkout, keyed by what decides their contents), and torch is pinned (2.13.0) by neuron-device's own
-metadata, so pip takes the CPU build from the local wheel cache.
+metadata, so pip takes the CPU build from the local wheel cache, once: the sessions share one installation of it
+(`_share_torch`).
 """
 
 from __future__ import annotations
