@@ -19,6 +19,10 @@ def test_buckets_as_lists_or_powers_of_two_from_the_api_and_the_environment(monk
     assert ShapeBuckets(seq_len="pow2:16-64", batch=[1, 4]) == ShapeBuckets(seq_len=(16, 32, 64), batch=(1, 4))
     monkeypatch.setenv("TORCH_NEURONX_SHAPE_BUCKETS", "seq_len=pow2:8-32; batch=1,2,4")
     assert ShapeBuckets.from_env() == ShapeBuckets(seq_len=(8, 16, 32), batch=(1, 2, 4))
+    wrapped = torch_neuronx.pad_to_buckets(lambda input_ids, attention_mask: input_ids)  # no buckets: the variable's
+    ids = torch.ones(3, 9, dtype=torch.long)
+    assert wrapped(ids, torch.ones_like(ids)).shape == (3, 9)
+    assert wrapped.buckets == ShapeBuckets.from_env()
     buckets = ShapeBuckets(seq_len=(8, 16, 32))
     assert [buckets.bucket("seq_len", n) for n in (1, 8, 9, 32)] == [8, 8, 16, 32]
     assert buckets.bucket("batch", 3) == 3  # no batch buckets: the batch is not padded

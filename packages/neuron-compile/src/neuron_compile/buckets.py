@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -71,7 +72,7 @@ def _check(dim: str, values: Iterable[int]) -> tuple[int, ...]:
     bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or v <= 0]
     if bad:
         raise ValueError(f"shape buckets: {dim} buckets must be positive integers, got {bad[0]!r} in {list(values)}")
-    for before, after in zip(values, values[1:]):
+    for before, after in itertools.pairwise(values):
         if after <= before:
             raise ValueError(f"shape buckets: {dim} buckets must be strictly increasing, got {after} after {before} "
                              f"in {list(values)}")
@@ -192,14 +193,14 @@ class _Bucketed:
         self.fn = fn
         self.buckets = buckets
         self.pad_token_id = pad_token_id
-        self.generate = getattr(fn, "__name__", "") == "generate"
+        self.is_generate = getattr(fn, "__name__", "") == "generate"
         model = getattr(fn, "__self__", None)
-        if self.generate and getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        if self.is_generate and getattr(getattr(model, "config", None), "is_encoder_decoder", False):
             raise ValueError("pad_to_buckets: generate of an encoder-decoder model is not supported (its sequences "
                              "do not contain the prompt); wrap the model's forward instead")
         target = fn.forward if isinstance(fn, torch.nn.Module) else fn
         self.signature = inspect.signature(target)
-        functools.update_wrapper(self, target)
+        functools.update_wrapper(self, target, updated=())
 
     def _refuse(self, message: str) -> ValueError:
         return ValueError(f"pad_to_buckets: {message}")
@@ -210,7 +211,7 @@ class _Bucketed:
         extra = named.pop(next((p.name for p in self.signature.parameters.values()
                                 if p.kind is p.VAR_KEYWORD), ""), {})
         named.update(extra)
-        if self.generate and "inputs" in named:  # generate's first parameter is the prompt
+        if self.is_generate and "inputs" in named:  # generate's first parameter is the prompt
             named["input_ids"] = named.pop("inputs")
         ids, mask = named.get("input_ids"), named.get("attention_mask")
         if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
@@ -218,7 +219,7 @@ class _Bucketed:
         if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
             raise self._refuse(f"the call needs a 2-D attention_mask of input_ids' shape {tuple(ids.shape)} to "
                                "mask the padding (without it the padded positions would change the result)")
-        pads = _GENERATE_PADS if self.generate else tuple(_PAD_VALUES)
+        pads = _GENERATE_PADS if self.is_generate else tuple(_PAD_VALUES)
         for name, value in named.items():
             if name in pads or value is None or isinstance(value, (bool, int, float, str)):
                 continue
@@ -227,7 +228,7 @@ class _Bucketed:
         if named.get("output_attentions"):
             raise self._refuse("output_attentions=True is not supported (attention maps are not cut back)")
         limit = named.get("max_new_tokens", getattr(named.get("generation_config"), "max_new_tokens", None))
-        if self.generate and ("max_length" in named or limit is None):
+        if self.is_generate and ("max_length" in named or limit is None):
             raise self._refuse("generate needs max_new_tokens (and no max_length), so padding the prompt does not "
                                "change how many tokens are generated")
         batch, seq = ids.shape
@@ -239,9 +240,9 @@ class _Bucketed:
             if not isinstance(value, torch.Tensor) or value.shape != ids.shape:
                 raise self._refuse(f"{name} must have input_ids' shape {tuple(ids.shape)}")
             fill = self.pad_token_id if _PAD_VALUES[name] is None else _PAD_VALUES[name]
-            named[name] = _pad(value, *padded, fill, left=self.generate)
+            named[name] = _pad(value, *padded, fill, left=self.is_generate)
         out = self.fn(**named)
-        if self.generate:
+        if self.is_generate:
             return _cut_generated(out, batch, padded[1] - seq)
         return _cut(out, batch, seq, padded)
 
