@@ -19,9 +19,9 @@ def test_buckets_as_lists_or_powers_of_two_from_the_api_and_the_environment(monk
     assert ShapeBuckets(seq_len="pow2:16-64", batch=[1, 4]) == ShapeBuckets(seq_len=(16, 32, 64), batch=(1, 4))
     monkeypatch.setenv("TORCH_NEURONX_SHAPE_BUCKETS", "seq_len=pow2:8-32; batch=1,2,4")
     assert ShapeBuckets.from_env() == ShapeBuckets(seq_len=(8, 16, 32), batch=(1, 2, 4))
-    wrapped = torch_neuronx.pad_to_buckets(lambda input_ids, attention_mask: input_ids)  # no buckets: the variable's
+    wrapped = torch_neuronx.pad_to_buckets(lambda input_ids, attention_mask: input_ids[..., None])  # the variable's
     ids = torch.ones(3, 9, dtype=torch.long)
-    assert wrapped(ids, torch.ones_like(ids)).shape == (3, 9)
+    assert wrapped(ids, torch.ones_like(ids)).shape == (3, 9, 1)
     assert wrapped.buckets == ShapeBuckets.from_env()
     buckets = ShapeBuckets(seq_len=(8, 16, 32))
     assert [buckets.bucket("seq_len", n) for n in (1, 8, 9, 32)] == [8, 8, 16, 32]
@@ -80,6 +80,20 @@ def test_what_it_cannot_mask_is_refused_never_padded_silently() -> None:
     with pytest.raises(ValueError, match="needs input_ids"):
         fn(input_ids=None, attention_mask=torch.ones_like(ids))
     assert seen == []
+
+
+def test_an_output_it_cannot_tell_is_per_position_is_refused() -> None:
+    """A 2-D output whose dim 1 is the padded length may be (batch, features) (a pooled output as wide as the
+    bucket): cutting it would be a silent wrong answer, so only the per-position names are cut."""
+    def forward(input_ids, attention_mask):
+        return {"start_logits": input_ids.float(), "pooled": torch.zeros(input_ids.shape[0], 8)}
+
+    fn = torch_neuronx.pad_to_buckets(forward, seq_len=[8])
+    ids = torch.ones(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"pooled of shape \(2, 8\) has the padded length 8 in dim 1"):
+        fn(ids, torch.ones_like(ids))
+    with pytest.raises(ValueError, match="extra positional arguments"):
+        torch_neuronx.pad_to_buckets(lambda input_ids, attention_mask, *rest: None, seq_len=[8])(ids, ids, 3)
 
 
 def test_padding_is_masked_and_cut_back() -> None:

@@ -37,9 +37,11 @@ __all__ = ["ShapeBuckets", "pad_to_buckets", "powers_of_two"]
 
 _DIMS = ("seq_len", "batch")
 _POW2 = re.compile(r"^pow2:(\d+)-(\d+)$")
-# What each paddable argument is padded with (None: `pad_token_id`). Anything else is refused.
-_PAD_VALUES: dict[str, int | None] = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0, "labels": -100}
-_GENERATE_PADS = ("input_ids", "attention_mask")  # generate takes labels and token types in no padded form
+# What the arguments padded besides the prompt (`input_ids`, padded with `pad_token_id`) are padded with; a forward
+# pads all of them, generate (which takes no labels, and token types in no padded form) the mask alone. Any other
+# tensor argument is refused.
+_PAD_VALUES = {"attention_mask": 0, "token_type_ids": 0, "labels": -100}
+_PER_POSITION_2D = ("start_logits", "end_logits")  # question answering's (batch, sequence) outputs
 
 
 def powers_of_two(smallest: int, largest: int) -> tuple[int, ...]:
@@ -157,19 +159,24 @@ def _cut_cache(cache: Any, batch: int, seq: int, padded_seq: int) -> Any:
     return cache
 
 
-def _cut(value: Any, batch: int, seq: int, padded: tuple[int, int]) -> Any:
-    """A forward's outputs at the unpadded shape: dim 0 cut to `batch`, dim 1 to `seq` (Hugging Face's layout)."""
+def _cut(value: Any, batch: int, seq: int, padded: tuple[int, int], key: str = "output") -> Any:
+    """A forward's outputs at the unpadded shape: dim 0 cut to `batch`, dim 1 to `seq` (Hugging Face's layout:
+    (batch, sequence, features); 2-D per-position outputs only by name, as a 2-D output may be (batch, features))."""
     if isinstance(value, torch.Tensor):
         if value.ndim >= 1 and value.shape[0] == padded[0]:
             value = value[:batch]
-        if value.ndim >= 2 and value.shape[1] == padded[1]:
+        if value.ndim >= 2 and value.shape[1] == padded[1] and padded[1] != seq:
+            if value.ndim == 2 and key not in _PER_POSITION_2D:
+                raise ValueError(f"pad_to_buckets: {key} of shape {tuple(value.shape)} has the padded length "
+                                 f"{padded[1]} in dim 1, but a 2-D output need not be per position (it is cut only "
+                                 f"when named {' or '.join(_PER_POSITION_2D)}); use a bucket of another size")
             value = value[:, :seq]
         return value
     if isinstance(value, Mapping):  # a ModelOutput (an ordered dict) or a dict
-        cut = {key: _cut(item, batch, seq, padded) for key, item in value.items()}
+        cut = {name: _cut(item, batch, seq, padded, name) for name, item in value.items()}
         return type(value)(**cut) if hasattr(value, "to_tuple") else type(value)(cut)
     if isinstance(value, (tuple, list)):
-        return type(value)(_cut(item, batch, seq, padded) for item in value)
+        return type(value)(_cut(item, batch, seq, padded, key) for item in value)
     if hasattr(value, "get_seq_length"):  # a transformers Cache
         return _cut_cache(value, batch, seq, padded[1])
     return value
@@ -207,19 +214,21 @@ class _Bucketed:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         bound = self.signature.bind(*args, **kwargs)
-        named = dict(bound.arguments)
-        extra = named.pop(next((p.name for p in self.signature.parameters.values()
-                                if p.kind is p.VAR_KEYWORD), ""), {})
-        named.update(extra)
-        if self.is_generate and "inputs" in named:  # generate's first parameter is the prompt
-            named["input_ids"] = named.pop("inputs")
-        ids, mask = named.get("input_ids"), named.get("attention_mask")
+        kinds = {p.kind: p.name for p in self.signature.parameters.values()}
+        var_keyword = kinds.get(inspect.Parameter.VAR_KEYWORD)
+        if bound.arguments.get(kinds.get(inspect.Parameter.VAR_POSITIONAL)):
+            raise self._refuse("it cannot tell what extra positional arguments are; pass them by name")
+        named = {**bound.arguments, **bound.arguments.get(var_keyword, {})}
+        named.pop(var_keyword, None)
+        prompt = "inputs" if self.is_generate and "inputs" in named else "input_ids"  # generate's first parameter
+        ids, mask = named.get(prompt), named.get("attention_mask")
         if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
             raise self._refuse("the call needs input_ids of shape (batch, sequence) to pad")
         if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
             raise self._refuse(f"the call needs a 2-D attention_mask of input_ids' shape {tuple(ids.shape)} to "
                                "mask the padding (without it the padded positions would change the result)")
-        pads = _GENERATE_PADS if self.is_generate else tuple(_PAD_VALUES)
+        pads = {prompt: self.pad_token_id, "attention_mask": 0} if self.is_generate else {prompt: self.pad_token_id,
+                                                                                           **_PAD_VALUES}
         for name, value in named.items():
             if name in pads or value is None or isinstance(value, (bool, int, float, str)):
                 continue
@@ -233,15 +242,15 @@ class _Bucketed:
                                "change how many tokens are generated")
         batch, seq = ids.shape
         padded = (self.buckets.bucket("batch", batch), self.buckets.bucket("seq_len", seq))
-        for name in pads:
+        for name, fill in pads.items():
             value = named.get(name)
             if value is None:
                 continue
             if not isinstance(value, torch.Tensor) or value.shape != ids.shape:
                 raise self._refuse(f"{name} must have input_ids' shape {tuple(ids.shape)}")
-            fill = self.pad_token_id if _PAD_VALUES[name] is None else _PAD_VALUES[name]
-            named[name] = _pad(value, *padded, fill, left=self.is_generate)
-        out = self.fn(**named)
+            arguments = bound.arguments if name in bound.arguments else bound.arguments[var_keyword]
+            arguments[name] = _pad(value, *padded, fill, left=self.is_generate)
+        out = self.fn(*bound.args, **bound.kwargs)
         if self.is_generate:
             return _cut_generated(out, batch, padded[1] - seq)
         return _cut(out, batch, seq, padded)
