@@ -11,9 +11,9 @@ argument names: `input_ids` (with `pad_token_id`) with a 2-D `attention_mask` (z
 `token_type_ids` (zeros) and `labels` (-100, ignored by the loss). A call without an `attention_mask`, or with any
 other tensor argument (`position_ids`, `inputs_embeds`, `past_key_values`, ...), is refused with the name of what it
 cannot pad. Forward calls are padded on the right (outputs cut on dim 0, batch, and dim 1, sequence, a 2-D output
-only when per position by name; a returned `DynamicCache` is cropped); `generate` on the left, as generate pads batched prompts itself (the padded columns and
-rows are dropped from the sequences and scores). Padded batch rows repeat the first row, so they mask, stop and
-finish as it does.
+only when per position by name; a returned `DynamicCache` is cropped); `generate` on the left, as generate pads
+batched prompts itself (the padded columns and rows are dropped from the sequences and scores). Padded batch rows
+repeat the first row, so they mask, stop and finish as it does.
 
 Buckets come from the arguments or from `TORCH_NEURONX_SHAPE_BUCKETS` (`envvars.SHAPE_BUCKETS`), a list or the powers
 of two in a range: ``seq_len=pow2:16-2048;batch=1,2,4,8``.
