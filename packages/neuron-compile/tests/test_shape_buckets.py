@@ -172,18 +172,18 @@ def test_the_simulated_time_is_the_padded_graphs() -> None:
 @pytest.mark.optional
 def test_generate_buckets_the_prompt_with_the_unpadded_tokens() -> None:
     """generate with a static cache, whose decode transformers compiles: each prompt left-padded to its bucket
-    (generate masks it), so prompts of many lengths compile one decode graph per bucket (its cache is bucket +
-    max_new_tokens long) and the tokens and scores are the unpadded run's."""
+    (generate masks it) and its batch of 3 to 4 rows, so prompts of many lengths compile one decode graph per bucket
+    (its cache is bucket + max_new_tokens long) and the tokens and scores are the unpadded run's."""
     model = _tiny_llama()
     buckets = [8, 16, 24]
-    generate = torch_neuronx.pad_to_buckets(model.generate, seq_len=buckets)
+    generate = torch_neuronx.pad_to_buckets(model.generate, seq_len=buckets, batch=[4])
     generator = torch.Generator().manual_seed(1)
     options = {"max_new_tokens": 3, "do_sample": False, "cache_implementation": "static", "output_scores": True,
                "return_dict_in_generate": True}
     with torch.no_grad():
         runs = []
         for length in range(2, 24, 2):
-            ids = torch.randint(3, 128, (2, length), generator=generator).to("neuron")
+            ids = torch.randint(3, 128, (3, length), generator=generator).to("neuron")
             runs.append((ids, generate(ids, attention_mask=torch.ones_like(ids), **options)))
         graphs = metrics.counters()["compilations"]
         for ids, got in runs:
