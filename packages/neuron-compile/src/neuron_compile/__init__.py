@@ -13,6 +13,8 @@ running a compiled graph          `compiled_graph` (the callable Dynamo gets), `
                                   (device/host crossings; `host_runtime` is what generated code calls)
 adaptive eager's fuser            `fuser`
 cache, artifacts, metrics         `cache` (persistent compile cache), `artifacts` (debug dumps), `metrics`
+shape buckets                     `buckets` (`torch_neuronx.pad_to_buckets`: token inputs padded to a few shapes,
+                                  masked, so serving many prompt lengths compiles one graph per bucket)
 environment variables             `envvars`
 joining the device                `plugin` (the `neuron_device.plugins` hooks); neuron-device is used through
                                   `neuron_device.services` only

@@ -52,6 +52,11 @@ INDUCTOR_CACHE_DIR = _compile("TORCHINDUCTOR_CACHE_DIR", str, None,
                               "Inductor's own variable: pointed into the compile cache while a graph compiles, then "
                               "restored")
 
+SHAPE_BUCKETS = _compile("TORCH_NEURONX_SHAPE_BUCKETS", str, None,
+                         "buckets of `torch_neuronx.pad_to_buckets` when it is given none: `seq_len=` and/or `batch=` "
+                         "a list or the powers of two in a range, separated by `;`, e.g. "
+                         "`seq_len=pow2:16-2048;batch=1,2,4,8`")
+
 # Documented TorchNeuron variables of the real compiler: accepted with a one-time note that they have no effect.
 NO_EFFECT: tuple[EnvVar, ...] = (
     _compile("NEURON_CC_FLAGS", str, None, "accepted, no effect here: there is no neuronx-cc; graphs compile to host "
@@ -66,6 +71,6 @@ NO_EFFECT: tuple[EnvVar, ...] = (
 VARIABLES: tuple[EnvVar, ...] = (
     FALLBACK_DISABLED, AUTOCOPY_DISABLED, DEBUG_DIR, PRESERVE_ARTIFACTS, CACHE_DIR, CACHE_DISABLED,
     CACHE_DISABLED_ALIAS, CACHE_LOCK_TIMEOUT, XDG_CACHE_HOME, XDG_CONFIG_HOME, RANK, INDUCTOR_CACHE_DIR, RETAIN_DEVICE,
-    METRICS_ENABLED, METRIC_TABLES, METRICS_DIR, HOST_CODE,
+    METRICS_ENABLED, METRIC_TABLES, METRICS_DIR, HOST_CODE, SHAPE_BUCKETS,
     *NO_EFFECT,
 )

@@ -135,4 +135,5 @@ def register() -> None:
         _patches.patch_current_backend()
         _patches.register_stream_functions()
         _patches.lazy_trace_log_headers()
+        _patches.linear_guard_cse()
         _registered = True

@@ -54,13 +54,18 @@ def neuron_report_graphs() -> dict[str, Any]:
 @hookimpl
 def neuron_torch_neuronx_exports() -> dict[str, Any]:
     """TorchNeuron's compile names on `torch_neuronx`: `get_dynamo_metrics`, `reset_dynamo_metrics` and the helper
-    module `neuron_dynamo_backend` (loaded on first access)."""
+    module `neuron_dynamo_backend` (loaded on first access); and the shape-bucket policy (`buckets`:
+    `pad_to_buckets`, `ShapeBuckets`, `powers_of_two`), which TorchNeuron does not have."""
     import importlib
+
+    def from_buckets(name: str) -> Any:
+        return lambda: getattr(importlib.import_module("neuron_compile.buckets"), name)
 
     return {
         "get_dynamo_metrics": lambda: metrics.get_dynamo_metrics,
         "reset_dynamo_metrics": lambda: metrics.reset_dynamo_metrics,
         "neuron_dynamo_backend": lambda: importlib.import_module("neuron_compile.dynamo_backend_api"),
+        **{name: from_buckets(name) for name in ("pad_to_buckets", "ShapeBuckets", "powers_of_two")},
     }
 
 

@@ -10,7 +10,8 @@ torch-neuronx DDP example calls `torch_neuronx.current_device()`): devices (`dev
 `set_device`, `device`, `get_device_properties`, `is_neuron_runtime_initialized`), memory (`empty_cache`,
 `memory_stats`, ...), streams (`Stream`, `Event`, `stream`, `current_stream`, ..., `synchronize`) and the compile
 metrics (`get_dynamo_metrics`, `reset_dynamo_metrics`, `neuron_dynamo_backend`, from neuron-compile). They are
-`torch.neuron`'s own functions, so both names always agree.
+`torch.neuron`'s own functions, so both names always agree. Not in TorchNeuron: the shape-bucket policy of compiled
+serving, `pad_to_buckets` (with `ShapeBuckets`, `powers_of_two`), from neuron-compile.
 """
 
 from __future__ import annotations
@@ -86,12 +87,13 @@ neuron_device.register()
 # package to install when it is missing.
 _FROM_PLUGINS = {"nki": "neuron-nki", "nki_op": "neuron-nki", "wrap_nki": "neuron-nki",
                  "get_dynamo_metrics": "neuron-compile", "reset_dynamo_metrics": "neuron-compile",
-                 "neuron_dynamo_backend": "neuron-compile"}
+                 "neuron_dynamo_backend": "neuron-compile", "pad_to_buckets": "neuron-compile",
+                 "ShapeBuckets": "neuron-compile", "powers_of_two": "neuron-compile"}
 
 
 def __getattr__(name: str) -> Any:
     """Names plugins add: TorchNeuron's NKI entry points `nki`, `nki_op`, `wrap_nki` come from neuron-nki, the compile
-    metrics and `neuron_dynamo_backend` from neuron-compile."""
+    metrics, `neuron_dynamo_backend` and the shape buckets (`pad_to_buckets`) from neuron-compile."""
     from neuron_device import plugins
 
     try:
