@@ -83,8 +83,8 @@ def _share_torch(session: nox.Session) -> None:
     installs only the rest. On a fresh machine each virtualenv saved about 800 MB written and 10 s of CPU, and the
     bytecode torch's modules compile to on first import is shared by every session. torch's dependencies are every
     wheel's dependencies too (each declares torch), so an alone-session still holds only what its wheel declares.
-    Without a virtualenv (`nox --no-venv`) nothing is shared."""
-    if not isinstance(session.virtualenv, nox.virtualenv.VirtualEnv):
+    Without a virtualenv (`nox --no-venv`, `.ci/selection.py`'s recording session) nothing is shared."""
+    if not isinstance(getattr(session, "virtualenv", None), nox.virtualenv.VirtualEnv):
         return
     requirement = _torch_requirement()
     shared = Path(session.virtualenv.location).parent / ("shared-" + requirement.replace("==", "-"))
