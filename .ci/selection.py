@@ -79,10 +79,12 @@ def _without_workers(args: list[str]) -> list[str]:
     return out
 
 
-def _collect(args: list[str], env: dict[str, str]) -> list[str]:
+def _collect(args: list[str], env: dict[str, str | None]) -> list[str]:
+    """The ids pytest collects with `args` in `env` (a None value removes the variable, as in nox)."""
+    full_env = {name: value for name, value in {**os.environ, **env}.items() if value is not None}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *_without_workers(args), "--collect-only", "-q", "-p", "no:cacheprovider"],
-        cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=900,
+        cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=900,
     )
     if proc.returncode not in (0, 5):
         sys.exit(f"collection failed ({proc.returncode}) for {args}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -96,7 +98,7 @@ def collect(noxfile: Path, out: Path) -> None:
         commands = []
         for args, env in runs:
             ids = _collect(args, env)
-            variant = ",".join(f"{k}={v}" for k, v in sorted(env.items()) if k not in common)
+            variant = ",".join(f"{k}={v}" for k, v in sorted(env.items()) if k not in common and v is not None)
             commands.append({"args": args, "variant": variant, "count": len(ids), "ids": ids})
             print(f"{name:18} {len(ids):6d}  {' '.join(args)}  {variant}", flush=True)
         result[name] = commands
