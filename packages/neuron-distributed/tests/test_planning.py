@@ -172,6 +172,26 @@ def test_command_keeps_its_interpreter_and_module(tmp_path, monkeypatch):
     assert started[0][-2:] == ["-m", "pkg.train"]
 
 
+@pytest.mark.multiprocess
+def test_zygote_is_neuron_plan_forked_under_its_own_interpreter(tmp_path, monkeypatch):
+    """Under neuron-plan's own interpreter the ranks' zygote is neuron-plan's process forked: what it imported (torch,
+    the planner: about 2 s of CPU) is not imported again; a module run with `-m` is found in the working directory
+    as under `python -m`. Under interpreter options the zygote is a new interpreter, as before."""
+    (tmp_path / "probe.py").write_text("import sys\n"
+                                       "open(sys.argv[1], 'w').write(str('_plan_sentinel' in sys.modules))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "_plan_sentinel", sys)
+    options = argparse.Namespace(jobs=1, steps=1, instance="trn1.32xlarge")
+    seen = {}
+    for interpreter in ([sys.executable], [sys.executable, "-u"]):
+        out = tmp_path / f"seen{len(interpreter)}"
+        with _planning_context(None, tmp_path / "ranks.log", 300):
+            plans = plan_ranks.Ranks(str(tmp_path), interpreter, ["-m", "probe", str(out)], options, 32, 32)([0])
+        assert plans[0]["rank"] == 0, (tmp_path / "ranks.log").read_text()
+        seen[len(interpreter)] = out.read_text()
+    assert seen == {1: "True", 2: "False"}
+
+
 @pytest.mark.parametrize(("options", "message"), [
     (["--steps", "-1"], "--steps must be at least 1, got -1"), (["--jobs", "0"], "--jobs must be at least 1"),
     (["--json", "/nonexistent/x.json"], "cannot write --json /nonexistent/x.json: directory /nonexistent does not "
