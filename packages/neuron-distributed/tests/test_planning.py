@@ -192,6 +192,27 @@ def test_zygote_is_neuron_plan_forked_under_its_own_interpreter(tmp_path, monkey
     assert seen == {1: "True", 2: "False"}
 
 
+def test_script_lines_are_looked_for_above_the_plan_only(monkeypatch):
+    """A line "of the script" (a value read's, an out-of-HBM op's caller) is looked for in the frames the plan runs,
+    never below `plan_rank`: neuron-plan's own (the ranks' zygote is forked from it; an OOM inside torch was reported
+    "at /.../bin/neuron-plan:8 ('sys.exit(main())')") or a caller's of `torch_neuronx.plan`."""
+    import traceback
+
+    from neuron_distributed import plan_state
+
+    planning = os.path.join(os.path.dirname(plan_state.__file__), "planning.py")
+    outer = traceback.FrameSummary("/venv/bin/neuron-plan", 8, "<module>", line="sys.exit(main())")
+    entry = traceback.FrameSummary(planning, 90, "plan_rank", line="run()")
+    inner = traceback.FrameSummary(plan_state.INTERNALS[0] + "/nn/modules/module.py", 1, "_call_impl", line="f()")
+    assert plan_state.user_frame([outer, entry, inner]) is None
+    monkeypatch.setattr(plan_state.traceback, "extract_stack", lambda: [outer, entry, inner])
+    assert plan_state.code_site() == "the script"
+    script = traceback.FrameSummary("/work/train.py", 3, "main", line="model(x)")
+    assert plan_state.user_frame([outer, entry, script, inner]) is script
+    monkeypatch.setattr(plan_state.traceback, "extract_stack", lambda: [outer, entry, script, inner])
+    assert plan_state.code_site() == "/work/train.py:3 in main ('model(x)')"
+
+
 @pytest.mark.parametrize(("options", "message"), [
     (["--steps", "-1"], "--steps must be at least 1, got -1"), (["--jobs", "0"], "--jobs must be at least 1"),
     (["--json", "/nonexistent/x.json"], "cannot write --json /nonexistent/x.json: directory /nonexistent does not "
