@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from neuron_spec.machine import INSTANCE
 
@@ -208,10 +208,10 @@ def _forked_zygote(requests: int, replies: int, steps: str, script: list[str]) -
 
 
 def _forked_rank(rank: int, world: int, per_node: int, steps: str, out: str, script: list[str], roles: bool,
-                 log: str | None) -> None:
+                 log: str | None) -> NoReturn:
     """A forked rank: its launcher environment, its plan, then exit (never returns)."""
-    code = 1
-    try:
+
+    def body() -> None:
         with open(os.devnull) as stdin:
             os.dup2(stdin.fileno(), 0)
         if log is not None:
@@ -223,12 +223,22 @@ def _forked_rank(rank: int, world: int, per_node: int, steps: str, out: str, scr
             os.close(handle)
         with launcher_environment(rank, world, per_node):
             _plan_one(rank, int(steps) if steps != "all" else None, out, script, roles)
+
+    _exit_after(body)
+
+
+def _exit_after(body: Callable[[], None]) -> NoReturn:
+    """Run `body` in a forked process, then end it as the interpreter ends on the outcome (never returns): exit code
+    0, a `SystemExit`'s (a number is the code, anything else is printed, code 1), or 1 with the exception printed."""
+    code = 1
+    try:
+        body()
         code = 0
-    except SystemExit as stop:  # as the interpreter ends on it: a number is the exit code, anything else is printed
+    except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
         if not isinstance(stop.code, int) and stop.code is not None:
             print(stop.code, file=sys.stderr)
-    except BaseException:  # printed as the interpreter prints an uncaught exception, exit code 1
+    except BaseException:
         traceback.print_exc()
     finally:
         sys.stdout.flush()
@@ -246,20 +256,15 @@ class _Forked:
         sys.stderr.flush()
         self.returncode: int | None = None
         self.pid = os.fork()
-        if self.pid == 0:  # the zygote: never returns
-            code = 1
-            try:
+        if self.pid == 0:  # the zygote
+
+            def body() -> None:
                 os.setsid()
                 for descriptor in close:
                     os.close(descriptor)
                 run()
-                code = 0
-            except BaseException:  # printed as the interpreter prints an uncaught exception, exit code 1
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+
+            _exit_after(body)
 
     def poll(self) -> int | None:
         if self.returncode is None:
