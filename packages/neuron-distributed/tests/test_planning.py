@@ -190,6 +190,16 @@ def test_zygote_is_neuron_plan_forked_under_its_own_interpreter(tmp_path, monkey
         assert plans[0]["rank"] == 0, (tmp_path / "ranks.log").read_text()
         seen[len(interpreter)] = out.read_text()
     assert seen == {1: "True", 2: "False"}
+    # a search's zygotes (one an instance) run side by side: each ends when its requests end, none holds another's
+    zygotes = {}
+    with _planning_context(None, tmp_path / "ranks.log", 300):
+        for instance in ("trn1.32xlarge", "trn1.2xlarge"):
+            options = argparse.Namespace(jobs=1, steps=1, instance=instance)
+            plan_ranks.Ranks(str(tmp_path), [sys.executable], ["-m", "probe", str(out)], options, 32, 32,
+                             zygotes=zygotes)([0])
+        for zygote in zygotes.values():
+            zygote.stop(kill=False)
+    assert [zygote.process.poll() for zygote in zygotes.values()] == [0, 0]
 
 
 def test_script_lines_are_looked_for_above_the_plan_only(monkeypatch):
