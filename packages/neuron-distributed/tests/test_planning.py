@@ -172,6 +172,57 @@ def test_command_keeps_its_interpreter_and_module(tmp_path, monkeypatch):
     assert started[0][-2:] == ["-m", "pkg.train"]
 
 
+@pytest.mark.multiprocess
+def test_zygote_is_neuron_plan_forked_under_its_own_interpreter(tmp_path, monkeypatch):
+    """Under neuron-plan's own interpreter the ranks' zygote is neuron-plan's process forked: what it imported (torch,
+    the planner: about 2 s of CPU) is not imported again; a module run with `-m` is found in the working directory
+    as under `python -m`. Under interpreter options the zygote is a new interpreter, as before."""
+    (tmp_path / "probe.py").write_text("import sys\n"
+                                       "open(sys.argv[1], 'w').write(str('_plan_sentinel' in sys.modules))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "_plan_sentinel", sys)
+    options = argparse.Namespace(jobs=1, steps=1, instance="trn1.32xlarge")
+    seen = {}
+    for interpreter in ([sys.executable], [sys.executable, "-u"]):
+        out = tmp_path / f"seen{len(interpreter)}"
+        with _planning_context(None, tmp_path / "ranks.log", 300):
+            plans = plan_ranks.Ranks(str(tmp_path), interpreter, ["-m", "probe", str(out)], options, 32, 32)([0])
+        assert plans[0]["rank"] == 0, (tmp_path / "ranks.log").read_text()
+        seen[len(interpreter)] = out.read_text()
+    assert seen == {1: "True", 2: "False"}
+    # a search's zygotes (one an instance) run side by side: each ends when its requests end, none holds another's
+    zygotes = {}
+    with _planning_context(None, tmp_path / "ranks.log", 300):
+        for instance in ("trn1.32xlarge", "trn1.2xlarge"):
+            options = argparse.Namespace(jobs=1, steps=1, instance=instance)
+            plan_ranks.Ranks(str(tmp_path), [sys.executable], ["-m", "probe", str(out)], options, 32, 32,
+                             zygotes=zygotes)([0])
+        for zygote in zygotes.values():
+            zygote.stop(kill=False)
+    assert [zygote.process.poll() for zygote in zygotes.values()] == [0, 0]
+
+
+def test_script_lines_are_looked_for_above_the_plan_only(monkeypatch):
+    """A line "of the script" (a value read's, an out-of-HBM op's caller) is looked for in the frames the plan runs,
+    never below `plan_rank`: neuron-plan's own (the ranks' zygote is forked from it; an OOM inside torch was reported
+    "at /.../bin/neuron-plan:8 ('sys.exit(main())')") or a caller's of `torch_neuronx.plan`."""
+    import traceback
+
+    from neuron_distributed import plan_state
+
+    planning = os.path.join(os.path.dirname(plan_state.__file__), "planning.py")
+    outer = traceback.FrameSummary("/venv/bin/neuron-plan", 8, "<module>", line="sys.exit(main())")
+    entry = traceback.FrameSummary(planning, 90, "plan_rank", line="run()")
+    inner = traceback.FrameSummary(plan_state.INTERNALS[0] + "/nn/modules/module.py", 1, "_call_impl", line="f()")
+    assert plan_state.user_frame([outer, entry, inner]) is None
+    monkeypatch.setattr(plan_state.traceback, "extract_stack", lambda: [outer, entry, inner])
+    assert plan_state.code_site() == "the script"
+    script = traceback.FrameSummary("/work/train.py", 3, "main", line="model(x)")
+    assert plan_state.user_frame([outer, entry, script, inner]) is script
+    monkeypatch.setattr(plan_state.traceback, "extract_stack", lambda: [outer, entry, script, inner])
+    assert plan_state.code_site() == "/work/train.py:3 in main ('model(x)')"
+
+
 @pytest.mark.parametrize(("options", "message"), [
     (["--steps", "-1"], "--steps must be at least 1, got -1"), (["--jobs", "0"], "--jobs must be at least 1"),
     (["--json", "/nonexistent/x.json"], "cannot write --json /nonexistent/x.json: directory /nonexistent does not "

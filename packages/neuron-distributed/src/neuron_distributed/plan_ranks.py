@@ -3,7 +3,8 @@ state), forked from one zygote that imported what every rank needs, with the env
 the whole cluster. `Ranks` plans a list of ranks, up to `--jobs` at once; with `--ranks auto` the other pipeline
 stages' ranks join as soon as rank 0's schedule names them.
 
-The zygote is `python -m neuron_distributed.plan_ranks REQUESTS REPLIES STEPS SCRIPT...`.
+The zygote is neuron-plan's process forked, or under another interpreter
+`python -m neuron_distributed.plan_ranks REQUESTS REPLIES STEPS SCRIPT...` (`Zygote`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, NoReturn
 
 from neuron_spec.machine import INSTANCE
 
@@ -198,11 +200,18 @@ def _zygote(requests: int, replies: int, steps: str, script: list[str]) -> None:
                 outbox.write(json.dumps([children.pop(pid), os.waitstatus_to_exitcode(status)]) + "\n")
 
 
+def _forked_zygote(requests: int, replies: int, steps: str, script: list[str]) -> None:
+    """`_zygote` in a process forked from neuron-plan, with the path `python -m neuron_distributed.plan_ranks` would
+    give it: the working directory first (where a script's `-m package.module` is found)."""
+    sys.path.insert(0, os.getcwd())
+    _zygote(requests, replies, steps, script)
+
+
 def _forked_rank(rank: int, world: int, per_node: int, steps: str, out: str, script: list[str], roles: bool,
-                 log: str | None) -> None:
+                 log: str | None) -> NoReturn:
     """A forked rank: its launcher environment, its plan, then exit (never returns)."""
-    code = 1
-    try:
+
+    def body() -> None:
         with open(os.devnull) as stdin:
             os.dup2(stdin.fileno(), 0)
         if log is not None:
@@ -214,12 +223,22 @@ def _forked_rank(rank: int, world: int, per_node: int, steps: str, out: str, scr
             os.close(handle)
         with launcher_environment(rank, world, per_node):
             _plan_one(rank, int(steps) if steps != "all" else None, out, script, roles)
+
+    _exit_after(body)
+
+
+def _exit_after(body: Callable[[], None]) -> NoReturn:
+    """Run `body` in a forked process, then end it as the interpreter ends on the outcome (never returns): exit code
+    0, a `SystemExit`'s (a number is the code, anything else is printed, code 1), or 1 with the exception printed."""
+    code = 1
+    try:
+        body()
         code = 0
-    except SystemExit as stop:  # as the interpreter ends on it: a number is the exit code, anything else is printed
+    except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
         if not isinstance(stop.code, int) and stop.code is not None:
             print(stop.code, file=sys.stderr)
-    except BaseException:  # printed as the interpreter prints an uncaught exception, exit code 1
+    except BaseException:
         traceback.print_exc()
     finally:
         sys.stdout.flush()
@@ -227,17 +246,62 @@ def _forked_rank(rank: int, world: int, per_node: int, steps: str, out: str, scr
         os._exit(code)
 
 
+class _Forked:
+    """A zygote forked from this process, in a session of its own, with the calls of `subprocess.Popen` that
+    `Zygote` and `neuron-plan --search` make (`wait`, `poll`). `close`: this process's descriptors the zygote must
+    not hold (the other ends of its own pipes and of other zygotes': a zygote ends when its request pipe closes)."""
+
+    def __init__(self, run: Callable[[], None], close: Iterable[int]) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:  # the zygote
+
+            def body() -> None:
+                os.setsid()
+                for descriptor in close:
+                    os.close(descriptor)
+                run()
+
+            _exit_after(body)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
 class Zygote:
-    """The process that forks the planned ranks (`_zygote`), and its two pipes."""
+    """The process that forks the planned ranks (`_zygote`), and its two pipes. Under neuron-plan's own interpreter
+    it is forked from this process, which imported torch and the planner already (about 2 s of CPU a plan that a
+    new interpreter pays again); under another (`neuron-plan -- /other/python train.py`, or interpreter options) it
+    is that interpreter, started as `python -m neuron_distributed.plan_ranks`."""
+
+    _held: ClassVar[set[int]] = set()  # this process's ends of every running zygote's pipes
 
     def __init__(self, interpreter: list[str], instance: str, steps: str, script: list[str]) -> None:
         requests, self.requests = os.pipe()
         self.replies, replies = os.pipe()
-        command = [*interpreter, "-m", "neuron_distributed.plan_ranks", str(requests), str(replies), steps, *script]
-        with INSTANCE.overridden(instance):
-            self.process = subprocess.Popen(command, pass_fds=(requests, replies), start_new_session=True)
+        with INSTANCE.overridden(instance):  # read by the zygote's simulator when a rank first asks for the machine
+            if interpreter == [sys.executable]:
+                self.process: subprocess.Popen | _Forked = _Forked(
+                    lambda: _forked_zygote(requests, replies, steps, script),
+                    close=(self.requests, self.replies, *Zygote._held))
+            else:
+                command = [*interpreter, "-m", "neuron_distributed.plan_ranks", str(requests), str(replies), steps,
+                           *script]
+                self.process = subprocess.Popen(command, pass_fds=(requests, replies), start_new_session=True)
         os.close(requests)
         os.close(replies)
+        Zygote._held |= {self.requests, self.replies}
         self.unread = b""  # the start of a reply line not read whole yet
 
     def ask(self, request: list[Any]) -> None:
@@ -256,6 +320,7 @@ class Zygote:
 
     def stop(self, kill: bool) -> None:
         os.close(self.requests)
+        Zygote._held -= {self.requests, self.replies}
         if kill:
             with contextlib.suppress(ProcessLookupError):  # the zygote ended already (e.g. its import failed)
                 os.killpg(self.process.pid, signal.SIGKILL)  # the zygote and the ranks it forked: a session of theirs

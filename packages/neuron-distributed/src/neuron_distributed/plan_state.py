@@ -53,9 +53,21 @@ class PlanValueError(RuntimeError):
     """A script read a tensor's value in plan mode, where tensors have shapes but no values."""
 
 
+_ENTRY = (os.path.join(os.path.dirname(__file__), "planning.py"), "plan_rank")  # the frame a planned script runs in
+
+
+def _in_plan(frames: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """The frames above `plan_rank` (what the planned script runs): not the process's own below it (neuron-plan's,
+    which the ranks' zygote is forked from, or a caller of `torch_neuronx.plan`)."""
+    for i in range(len(frames) - 1, -1, -1):
+        if (frames[i].filename, frames[i].name) == _ENTRY:
+            return frames[i + 1:]
+    return frames
+
+
 def user_frame(frames: list[traceback.FrameSummary] | None = None) -> traceback.FrameSummary | None:
     """The innermost frame of the planned script (not torch, not this package) in `frames` (default: the stack)."""
-    for frame in reversed(traceback.extract_stack() if frames is None else frames):
+    for frame in reversed(_in_plan(traceback.extract_stack() if frames is None else list(frames))):
         if not frame.filename.startswith(_HERE) and "site-packages" not in frame.filename and \
                 not frame.filename.startswith("<"):
             return frame
@@ -65,7 +77,7 @@ def user_frame(frames: list[traceback.FrameSummary] | None = None) -> traceback.
 def code_site() -> str:
     """The innermost line outside torch and plan mode (a library's or the script's) on the stack: `file:line in
     function ('code')`."""
-    for frame in reversed(traceback.extract_stack()):
+    for frame in reversed(_in_plan(traceback.extract_stack())):
         if not frame.filename.startswith(INTERNALS) and not frame.filename.startswith("<"):
             return f"{frame.filename}:{frame.lineno} in {frame.name} ({(frame.line or '').strip()!r})"
     return "the script"
