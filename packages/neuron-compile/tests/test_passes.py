@@ -282,16 +282,3 @@ def test_a_training_graph_charges_the_casts_of_its_weights(monkeypatch: pytest.M
     planned = {name for kernel in plan.kernels for name in kernel.nodes}
     assert len(casts) == 3 and casts <= planned
     assert plan.constant_bytes == 0
-
-
-def test_casts_and_scalar_operand_arithmetic_may_run_on_either_engine() -> None:
-    """A compiled chain's cast and its arithmetic with a scalar or a per-row column are `tensor_copy` /
-    `tensor_scalar` / `activation` instructions the Vector or the Scalar engine runs; an op of two full tensors
-    (`tensor_tensor`) only the Vector engine does. Sharing makes the chain faster than one Vector pass per op."""
-    x, y, col = torch.randn(128, 512), torch.randn(128, 512, dtype=torch.bfloat16), torch.randn(128, 1)
-    (kernel,) = _plan(lambda x, y, col: (x * col).to(torch.bfloat16) * 0.5 + y, x, y, col).kernels
-    either = x.numel() * 3  # x * col, the cast, * 0.5
-    assert kernel.work == {"vector_or_scalar": either, "vector": x.numel()}
-    all_on_vector = Kernel(kernel.nodes, {"vector": either + x.numel()}, 0.0, kernel.dtype, "vector", "vector")
-    shared = Kernel(kernel.nodes, kernel.work, 0.0, kernel.dtype, "vector", "vector")
-    assert shared.seconds() < all_on_vector.seconds()

@@ -156,26 +156,3 @@ def test_matmul_array_flops_charges_the_idle_part_of_the_array():
     # either operand can be the stationary one: the cheaper orientation is taken
     assert costmodel.matmul_array_flops(1, 4096, 4096) == costmodel.matmul_array_flops(4096, 4096, 1)
     assert costmodel.matmul_array_flops(0, 8, 8) == 0.0
-
-
-def test_work_either_engine_may_run_is_shared_between_vector_and_scalar():
-    """Copies, casts and scalar-operand arithmetic run on the Vector or the Scalar engine, whichever the compiler
-    finds free (nki.isa `tensor_copy`'s default engine, `tensor_scalar`): the kernel takes the time of the two
-    engines sharing the work, and work only one engine can run stays on it."""
-    trn1 = TARGETS["trn1"]
-    rates = costmodel.engine_rates(trn1)
-    n = 64 * 2**20  # large enough that the per-instruction fixed costs are negligible
-
-    def compute(work):
-        return max(costmodel.estimate_kernel(work, 0, target=trn1, launch_seconds=0.0).engine_seconds.values())
-
-    either = costmodel.EITHER_VECTOR_OR_SCALAR
-    balanced = n / 4 + 2 * n
-    assert compute({"vector": n / 4, either: 2 * n}) == pytest.approx(balanced / (rates.vector + rates.scalar),
-                                                                      rel=1e-4)
-    assert compute({"vector": n / 4, either: 2 * n}) < compute({"vector": balanced})
-    # the Vector engine's own work already outlasts what the Scalar engine can take: it takes all of `either`
-    assert compute({"vector": 4 * n, either: n}) == pytest.approx(4 * n / rates.vector, rel=1e-4)
-    assert compute({"scalar": 4 * n, either: n}) == pytest.approx(4 * n / rates.scalar, rel=1e-4)
-    with pytest.raises(ValueError, match="non-negative"):
-        costmodel.estimate_kernel({either: -1.0}, 0, target=trn1)
