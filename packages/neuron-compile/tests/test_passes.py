@@ -113,7 +113,7 @@ def test_a_plugin_kernels_estimate_does_not_price_compiled_attention(monkeypatch
                  q, q, q)
     (attention,) = plan.kernels
     lowered = attention_work(8, 128, 128, 64, causal=True)
-    assert attention.nodes[-1] == "mul" and attention.work == {**lowered, "vector_or_scalar": q.numel()}
+    assert attention.nodes[-1] == "mul" and attention.work == {**lowered, "vector": lowered["vector"] + q.numel()}
     assert KernelPlan.from_json(plan.to_json()).seconds == plan.seconds
 
 

@@ -58,15 +58,6 @@ _TRANSCENDENTAL = frozenset(
     {aten.exp, aten.log, aten.tanh, aten.sigmoid, aten.rsqrt, aten.sqrt, aten.erf, aten.sin, aten.cos, aten.pow,
      aten.log1p, aten.expm1, aten.reciprocal, aten.gelu}
 )
-# Pointwise ops one instruction of either the Vector or the Scalar engine runs when every operand but one is a
-# scalar or a per-partition column: a copy or cast (`nki.isa.tensor_copy`; `activation` with `nl.copy` on NC-v2),
-# arithmetic with such an operand (`tensor_scalar`, "using Vector or Scalar Engine"), an activation with scale and
-# bias (`activation`). The compiler places each on the engine its workload leaves free (`tensor_copy`'s default
-# engine, SDK nki.isa), so the kernel's estimate shares them (`services.EITHER_VECTOR_OR_SCALAR`).
-_VECTOR_OR_SCALAR = frozenset(
-    {torch.ops.prims.convert_element_type, aten.clone, aten.add, aten.sub, aten.rsub, aten.mul, aten.div, aten.neg,
-     aten.relu, aten.maximum, aten.minimum, aten.clamp, aten.clamp_min, aten.clamp_max}
-)
 _NO_FUSION_ENGINES = frozenset({"dma", "gpsimd"})
 # A graph's collectives (DTensor's, traced `dist` calls) charge themselves as the process group prices them when the
 # host code runs them (`services.running_host_code`), like a substituted kernel.
@@ -231,17 +222,6 @@ def _flex_attention(node: torch.fx.Node) -> dict[str, float]:
     return attention_work(math.prod(lead), sq, _size(key.shape[-2]), d, False, backward)
 
 
-def _one_full_operand(node: torch.fx.Node) -> bool:
-    """Whether at most one tensor operand of pointwise `node` has more than one element per row (the others are
-    scalars or columns, one element per partition: what `tensor_scalar` broadcasts along the free dimension)."""
-    full = 0
-    for arg in node.all_input_nodes:
-        value = arg.meta.get("val")
-        if isinstance(value, torch.Tensor) and value.dim() and _size(value.shape[-1]) > 1:
-            full += 1
-    return full <= 1
-
-
 def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
     """(kind, engine, work) of a call_function node; kind is "view", "matmul", "fusable", "substituted" (a Neuron
     kernel put in by `nki_substitution`, or a collective: both charge their own time when they run) or "other"; attention's work is on several engines (`attention_work`)."""
@@ -252,8 +232,6 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
         return "matmul", "tensor", _matmul_flops(node)
     tags = getattr(node.target, "tags", ())
     if torch.Tag.pointwise in tags:
-        if packet in _VECTOR_OR_SCALAR and _one_full_operand(node):
-            return "fusable", "vector", {services.EITHER_VECTOR_OR_SCALAR: float(_numel(node))}
         engine = "scalar" if packet in _TRANSCENDENTAL else "vector"
         return "fusable", engine, float(_numel(node))
     if torch.Tag.reduction in tags or packet in (aten.sum, aten.mean, aten.amax, aten.amin, aten.var_mean,

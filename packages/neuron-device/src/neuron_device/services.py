@@ -43,8 +43,7 @@ from .ops.registry import kernels as registered_kernels
 from .ops.registry import plugin_estimator
 from .ops.registry import register as register_kernel
 from .plugins import hookimpl
-from .simulation.costmodel import (EITHER_VECTOR_OR_SCALAR, LAUNCH_SECONDS, KernelEstimate, estimate_kernel,
-                                   matmul_array_flops)
+from .simulation.costmodel import LAUNCH_SECONDS, KernelEstimate, estimate_kernel, matmul_array_flops
 from .simulation.ledger import Work, flat_tensors, record_kernel
 from .simulation.planned import account as account_planned_op
 from .simulation.planned import resize_storage as resize_planned_storage
@@ -56,7 +55,6 @@ from .timeline import set_recorder as set_charge_recorder
 from .topology import Topology, topology
 
 __all__ = [
-    "EITHER_VECTOR_OR_SCALAR",
     "LAUNCH_SECONDS",
     "LOCAL_RANK",
     "ChargePart",

@@ -43,7 +43,6 @@ from .. import numerics as _numerics
 from .. import topology as _topology
 
 __all__ = [
-    "EITHER_VECTOR_OR_SCALAR",
     "ENGINES",
     "EngineRates",
     "KernelEstimate",
@@ -56,10 +55,6 @@ __all__ = [
 ]
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
-# Work that either the Vector or the Scalar engine can run (copies and casts, arithmetic with a scalar or a
-# per-partition operand: `nki.isa.tensor_copy` / `tensor_scalar` / `activation` with scale and bias, whose default
-# engine is the one "the compiler selects based on engine workload"); `estimate_kernel` shares it between the two.
-EITHER_VECTOR_OR_SCALAR = "vector_or_scalar"
 
 # Fixed cost of launching one eager op's kernel on the device (neuron_spec.costs). Host-side runtime overheads
 # (dispatch, Python) are host time, not device time, and are not modelled.
@@ -177,8 +172,7 @@ def estimate_kernel(
     cores: int = 1,
     launch_seconds: float = LAUNCH_SECONDS,
 ) -> KernelEstimate:
-    """Estimate of one kernel: `work` per engine (array FLOPs for "tensor", elements for the others, and
-    `EITHER_VECTOR_OR_SCALAR` elements the Vector or Scalar engine may run, shared between them), the bytes
+    """Estimate of one kernel: `work` per engine (array FLOPs for "tensor", elements for the others), the bytes
     it moves to and from HBM, the dtype its engines compute in, how many physical cores it runs on, and its launch
     cost (an eager op's by default)."""
     target = _topology.topology().target if target is None else target
@@ -188,9 +182,6 @@ def estimate_kernel(
         raise ValueError(f"hbm_bytes must be non-negative, got {hbm_bytes}")
     rates = engine_rates(target)
     clocks = {"vector": target.vector_ghz, "scalar": target.scalar_ghz, "gpsimd": target.gpsimd_ghz}
-    vector_rate = rates.vector_narrow if dtype in rates.vector_narrow_dtypes else rates.vector
-    scalar_rate = rates.scalar_narrow if dtype in rates.scalar_narrow_dtypes else rates.scalar
-    work = _share_vector_or_scalar(work, vector_rate, scalar_rate)
     engine_seconds: dict[str, float] = {}
     for engine, amount in work.items():
         if amount < 0:
@@ -198,9 +189,9 @@ def estimate_kernel(
         if engine == "tensor":
             rate = tensor_flops_per_second(target, dtype)
         elif engine == "vector":
-            rate = vector_rate
+            rate = rates.vector_narrow if dtype in rates.vector_narrow_dtypes else rates.vector
         elif engine == "scalar":
-            rate = scalar_rate
+            rate = rates.scalar_narrow if dtype in rates.scalar_narrow_dtypes else rates.scalar
         elif engine == "gpsimd":
             rate = rates.gpsimd
         elif engine == "dma":
@@ -224,25 +215,6 @@ def estimate_kernel(
         memory_seconds=memory_seconds,
         launch_seconds=launch_seconds,
     )
-
-
-def _share_vector_or_scalar(work: Mapping[str, float], vector_rate: float, scalar_rate: float) -> Mapping[str, float]:
-    """`work` with its `EITHER_VECTOR_OR_SCALAR` elements placed on the Vector and Scalar engines so that the busier
-    of the two finishes first: the least time T with vector <= vector_rate T, scalar <= scalar_rate T and all of
-    the work done is max(vector / vector_rate, scalar / scalar_rate, total / (vector_rate + scalar_rate))."""
-    either = work.get(EITHER_VECTOR_OR_SCALAR, 0.0)
-    if EITHER_VECTOR_OR_SCALAR not in work:
-        return work
-    if either < 0:
-        raise ValueError(f"work on engine {EITHER_VECTOR_OR_SCALAR!r} must be non-negative, got {either}")
-    vector, scalar = work.get("vector", 0.0), work.get("scalar", 0.0)
-    span = max(vector / vector_rate, scalar / scalar_rate, (vector + scalar + either) / (vector_rate + scalar_rate))
-    on_vector = min(either, max(0.0, span * vector_rate - vector))
-    shared = {engine: amount for engine, amount in work.items() if engine != EITHER_VECTOR_OR_SCALAR}
-    shared["vector"] = vector + on_vector
-    if either - on_vector > 0 or "scalar" in work:
-        shared["scalar"] = scalar + either - on_vector
-    return shared
 
 
 def transfer_seconds(nbytes: int, target: _topology.Target | None = None) -> float:
