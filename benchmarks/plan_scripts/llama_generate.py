@@ -15,18 +15,21 @@ import os
 
 import torch
 import torch.distributed as dist
-from llama_shapes import LLAMA_3_1, tiny
+from llama_shapes import LLAMA_2_7B, LLAMA_3_1, tiny
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
-SIZES = {"tiny": tiny(layers=2), **LLAMA_3_1}
+SIZES = {"tiny": tiny(layers=2), **LLAMA_3_1, "llama2-7b": LLAMA_2_7B}
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="8b", choices=sorted(SIZES))
 parser.add_argument("--batch", type=int, default=1)
 parser.add_argument("--input", type=int, default=128, help="prompt tokens")
 parser.add_argument("--output", type=int, default=64, help="max_new_tokens")
 parser.add_argument("--eager", action="store_true", help="generate without compiling the decode")
+parser.add_argument("--cache-length", type=int, help="the static KV cache's length (default: input + output, what "
+                    "generate allocates): each decode step attends the whole static cache, so a plan of a few tokens "
+                    "with the cache of a long generation prices that generation's every token")
 args = parser.parse_args()
 
 dist.init_process_group("neuron")
@@ -36,7 +39,8 @@ size = dict(SIZES[args.model])
 # More ranks than KV heads (70B's 8 at TP 32): each KV head replicated so that every rank holds one, as Neuron's
 # tensor parallelism does for grouped-query attention (the weights of k/v grow by tp / kv heads).
 size["num_key_value_heads"] = max(size["num_key_value_heads"], dist.get_world_size())
-config = LlamaConfig(**size, max_position_embeddings=131072, rope_theta=500000.0, pad_token_id=size["eos_token_id"])
+config = LlamaConfig(**{"rope_theta": 500000.0, **size}, max_position_embeddings=131072,
+                     pad_token_id=size["eos_token_id"])
 model = LlamaForCausalLM(config).eval()  # on the host; each rank moves its shards and the rest to its core
 layer_plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
               "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
@@ -45,7 +49,8 @@ for layer in model.model.layers:
     parallelize_module(layer, mesh, layer_plan)
 model.to("neuron", torch.bfloat16)
 prompt = torch.randint(0, config.vocab_size, (args.batch, args.input), device="neuron")
-tokens = model.generate(prompt, max_new_tokens=args.output, do_sample=False, cache_implementation="static",
-                        disable_compile=args.eager)
+cache = ({"past_key_values": StaticCache(config=config, max_cache_len=args.cache_length)} if args.cache_length
+         else {"cache_implementation": "static"})
+tokens = model.generate(prompt, max_new_tokens=args.output, do_sample=False, disable_compile=args.eager, **cache)
 print("generated", tokens.shape)
 dist.destroy_process_group()

@@ -1,5 +1,5 @@
 """Llama model shapes the plan scripts build from configs (no weights): Llama-3.1's, from the config.json of
-meta-llama/Llama-3.1-{8B,70B,405B}, and tiny ones of the same kind for quick looks and tests."""
+meta-llama/Llama-3.1-{8B,70B,405B}, Llama-2-7B's (meta-llama/Llama-2-7b-hf), and tiny ones of the same kind for quick looks and tests."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ LLAMA_3_1 = {
     "405b": dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126, num_attention_heads=128,
                  num_key_value_heads=8, vocab_size=128256, **_SPECIAL_TOKENS),
 }
+
+LLAMA_2_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                  num_key_value_heads=32, vocab_size=32000, bos_token_id=1, eos_token_id=2, rope_theta=10000.0)
 
 
 def tiny(layers: int, heads: int = 8, kv_heads: int = 4) -> dict[str, int]:

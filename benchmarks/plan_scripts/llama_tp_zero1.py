@@ -15,7 +15,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from llama_shapes import tiny
+from llama_shapes import LLAMA_2_7B, tiny
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -29,8 +29,7 @@ from torch.nn import functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 SIZES = {  # config.json of meta-llama/Llama-2-7b-hf; "tiny" for tests
-    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=32, vocab_size=32000),
+    "llama2-7b": LLAMA_2_7B,
     "tiny": tiny(layers=2, heads=4),
 }
 parser = argparse.ArgumentParser()
