@@ -388,6 +388,37 @@ print(json.dumps({"real": real, "planned": planned, "warnings": [str(w.message) 
     assert not [w for w in result["warnings"] if "fell back to CPU" in w]
 
 
+def test_non_functional_composites_are_charged_as_the_real_run_runs_them():
+    """An op with no device kernel whose CompositeExplicitAutogradNonFunctional kernel a real run takes (the
+    dispatcher prefers it to the device's fallback, as it does a CompositeExplicitAutograd one): `select_backward`,
+    the gradient of a MoE's `w1[expert]`, is an allocation, `zero_` and a copy there. The plan charges the same
+    kernels, with no false "fell back to CPU" warning (it charged the op as a CPU fallback: the device->host copies
+    and the host kernel)."""
+    code = """
+import collections, json, torch, torch_neuronx, warnings
+from neuron_device.simulation import ledger
+def step():
+    w = torch.ones(4, 64, 64, device="neuron", requires_grad=True)
+    (w[1] * 2.0).sum().backward()
+ledger.clear_op_tracking()
+step()
+real = collections.Counter()
+for launch in ledger.launches():
+    real[launch.name] += launch.calls
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    plan = torch_neuronx.plan(step, world_size=1)
+planned = collections.Counter(name for name, *_ in plan.lanes)
+print(json.dumps({"real": real, "planned": planned, "warnings": [str(w.message) for w in caught]}))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["planned"] == result["real"]
+    assert result["real"]["aten::zero_"] == 1
+    assert not [w for w in result["warnings"] if "fell back to CPU" in w]
+
+
 def test_checkpointed_backward_frees_what_the_real_run_frees():
     """After a backward through checkpointed blocks a plan holds what the real run holds: the FLOP counter's
     per-module hooks, which kept each block's recomputed activations' gradients alive, are not installed."""

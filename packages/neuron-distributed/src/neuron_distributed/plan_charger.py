@@ -35,7 +35,9 @@ _aten = torch.ops.aten
 _VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default,
                           _aten.allclose.default})
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
-_COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+# the composite kernels a backend with no kernel of its own runs, in the dispatcher's order of preference
+_COMPOSITES = (torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional,
+               torch._C.DispatchKey.CompositeExplicitAutograd)
 _DEVICE = torch._C.DispatchKey.PrivateUse1
 
 
@@ -49,8 +51,10 @@ def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
     """The dispatch key of the kernel a real run on `neuron` runs for `op` when that kernel is made of other ops,
     which the plan then runs too (its ops come back to the charger, each charged as the real run's), else None:
 
-    * an ATen op the device registers no kernel for, with a CompositeExplicitAutograd kernel (the dispatcher prefers
-      it to the device's fallback): `randn` is an allocation and `normal_`, `zeros_like` one and `zero_`;
+    * an ATen op the device registers no kernel for, with a CompositeExplicitAutogradNonFunctional or
+      CompositeExplicitAutograd kernel (the dispatcher prefers either, in that order, to the device's fallback):
+      `randn` is an allocation and `normal_`, `zeros_like` one and `zero_`, `select_backward` one, `zero_` and a
+      copy;
     * an op of another library whose own `PrivateUse1` kernel (not the device's) is written in ATen ops: FSDP2's
       `fsdp::all_gather_copy_in`, `split_with_sizes_copy`, `chunk_cat`.
 
@@ -61,7 +65,9 @@ def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
         return None
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     if op.namespace == "aten":
-        return _COMPOSITE if not has(name, "PrivateUse1") and has(name, "CompositeExplicitAutograd") else None
+        if has(name, "PrivateUse1"):
+            return None
+        return next((key for key in _COMPOSITES if has(name, key.name)), None)
     own = name in services.registered_kernels or f"{name}.{op._overloadname}" in services.registered_kernels
     return _DEVICE if op.namespace != "prim" and not own and has(name, "PrivateUse1") else None
 
