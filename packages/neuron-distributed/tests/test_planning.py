@@ -775,34 +775,48 @@ print(json.dumps({"lanes": sorted({name for name, *_ in plan.lanes}), "flops": p
     assert plan["flops"] == 5 * 2 * 64 * 256 * 1024
 
 
-def test_compile_with_another_backend_is_refused_when_called():
-    """torch.compile with a backend other than "neuron" is created as asked (torchtitan compiles its varlen attention
-    at import, and a run may never call it) and refused, naming the backend, only when the compiled callable is
-    called; the decorator form too."""
+def test_compile_with_another_backend_plans_its_eager_ops():
+    """torch.compile with a backend other than "neuron", before the plan began (a library compiling at import:
+    torchtitan's `create_block_mask`) or in it, the decorator form too: a call in the plan runs the function's ops,
+    each charged as a real eager run charges it, with a warning naming the function and the backend, and Dynamo still
+    compiles the callable outside the plan. (Inductor compiled on the first call in the plan and its host code read the
+    planned tensors' memory: a segmentation fault; one compiled in the plan was refused when called.)"""
     code = """
-import torch, torch_neuronx
-def step():
-    linear = torch.nn.Linear(4, 4).to("neuron")
-    compiled = torch.compile(linear, mode="max-autotune-no-cudagraphs")
-    helper = torch.compile(torch.nn.functional.relu)
+import collections, json, torch, torch_neuronx, warnings
+def f(x):
+    return (x @ x).relu() + 1
+before = torch.compile(f)
+def step(fn):
+    def run():
+        fn(torch.randn(64, 64, device="neuron"))
+    return run
+def inside():
+    compiled = torch.compile(torch.nn.Linear(64, 64).to("neuron"), mode="max-autotune-no-cudagraphs")
     @torch.compile(backend="aot_eager")
     def decorated(x):
         return x * 2
-    linear(torch.randn(2, 4, device="neuron"))
-    print("created")
-    for fn in (compiled, helper, decorated):
-        try:
-            fn(torch.randn(2, 4, device="neuron"))
-        except NotImplementedError as error:
-            print(error)
-torch_neuronx.plan(step, world_size=1)
+    compiled(decorated(torch.randn(2, 64, device="neuron")))
+def lanes(plan):
+    return collections.Counter(name for name, *_ in plan.lanes)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    planned = torch_neuronx.plan(step(before), world_size=1)
+    torch_neuronx.plan(inside, world_size=1)
+eager = torch_neuronx.plan(step(f), world_size=1)
+after = before(torch.randn(4, 4)).shape
+print(json.dumps({"planned": lanes(planned), "eager": lanes(eager), "flops": [planned.flops_per_step, eager.flops_per_step],
+                  "after": list(after), "warnings": [str(w.message) for w in caught if "plan mode" in str(w.message)]}))
 """
     done = _plan_in_subprocess(code)
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.strip().splitlines()
-    assert lines[0] == "created" and len(lines) == 4
-    assert "backend='inductor'" in lines[1] and "backend='inductor'" in lines[2] and "backend='aot_eager'" in lines[3]
-    assert all('backend="neuron"' in line for line in lines[1:])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["planned"] == result["eager"] and result["planned"]["aten::mm"] == 1
+    assert result["flops"][0] == result["flops"][1] == 2 * 64 ** 3 and result["after"] == [4, 4]
+    found = result["warnings"]
+    assert len(found) == 3, found
+    assert found[0].startswith("plan mode: f (") and "backend='inductor'" in found[0]
+    assert "backend='aot_eager'" in found[1] and "decorated" in found[1]
+    assert "backend='inductor'" in found[2]  # a module's call: the frame of Dynamo's wrapper around it
 
 
 def test_flex_attention_plans_as_the_real_run_charges():

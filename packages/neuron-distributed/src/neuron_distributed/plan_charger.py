@@ -201,16 +201,15 @@ class Charger(TorchDispatchMode):
         charged = len(self.planner.charges)
         whole = _kernel_run_whole(func) if not hop and _on_neuron(args, kwargs) else None
         composite = whole is not None
+        # inside a kernel run whole, its wrapped numbers are Python numbers here
+        call_args, call_kwargs = _rewrapped(func, args, kwargs) if self.outer and not hop else (args, kwargs)
         try:
             if composite:  # the ops its kernel calls come back here, each charged as the real run's
                 self.outer.append(func)
                 with self:
-                    result = func._op_dk(whole, *args, **kwargs)
-            elif self.outer and not hop:  # inside a kernel run whole: its wrapped numbers are Python numbers here
-                inner_args, inner_kwargs = _rewrapped(func, args, kwargs)
-                result = func(*inner_args, **inner_kwargs)
+                    result = func._op_dk(whole, *call_args, **call_kwargs)
             else:
-                result = func(*args, **kwargs)
+                result = func(*call_args, **call_kwargs)
         except torch._subclasses.fake_tensor.DynamicOutputShapeException as error:
             raise value_read(f"{func}, whose output shape depends on the values") from error
         finally:
