@@ -50,7 +50,7 @@ import importlib.util
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -254,9 +254,11 @@ class _EagerInPlan:
     outputs' allocation), and pricing the neuron backend's graph would plan a compile the script does not make:
     its ops are what the plan can price. A warning names the function, once."""
 
+    warned: ClassVar[set[Any]] = set()  # the functions warned about
+
     def __init__(self, callback: Any, backend: str) -> None:
         self.callback, self.backend = callback, backend
-        self.warned: set[Any] = set()
+        self.called = False  # one object a call of the compiled callable (`_eager_in_plan`): its frame comes first
 
     def __call__(self, frame: Any, *args: Any, **kwargs: Any) -> Any:
         from torch._C._dynamo.eval_frame import (
@@ -269,6 +271,12 @@ class _EagerInPlan:
         planner = plan_state.active_planner()
         if planner is None or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not planner.fake_mode:
             return self.callback(frame, *args, **kwargs)
+        # this frame and every frame it calls run as they are (a compiled callable inside sets its own callback)
+        eager = ConvertFrameReturn(frame_exec_strategy=_FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP),
+                                   apply_to_code=False)
+        if self.called:  # a frame the interpreter runs meanwhile, not called by it: a finalizer, a weakref callback
+            return eager
+        self.called = True
         code = frame.f_code
         if code not in self.warned:
             self.warned.add(code)
@@ -279,9 +287,7 @@ class _EagerInPlan:
         # the frame counts as compiled for `fullgraph=True`'s check (Dynamo counts the frames it runs compiled)
         count = set_fullgraph_compiled_frame_count(0)
         set_fullgraph_compiled_frame_count(count + 1 if count >= 0 else count)
-        # this frame and every frame it calls run as they are (a compiled callable inside sets its own callback)
-        eager = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
-        return ConvertFrameReturn(frame_exec_strategy=eager, apply_to_code=False)
+        return eager
 
 
 def _eager_in_plan(callback_from_stance: Callable[[Any], Any]) -> Callable[[Any], Any]:
