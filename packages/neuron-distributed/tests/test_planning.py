@@ -823,8 +823,9 @@ def test_flex_attention_plans_as_the_real_run_charges():
     """flex_attention (a higher-order op, called eagerly: torch runs it through torch.compile with the "eager"
     backend) is charged in a plan as the real run's neuron kernel charges it: one flash kernel forward and one
     backward over the score tiles the causal block mask visits; the same step time and peak HBM as the real run. A
-    mask_mod that reads a tensor (a document mask) is refused: the attention it keeps depends on values. (It failed
-    with 'no rule registered for HigherOrderOperator flex_attention', after 'compiled with backend eager'.)"""
+    mask_mod that reads a tensor (a document mask) keeps attention that depends on values: the plan takes them as
+    zeros, one document a sequence (its causal mask's tiles), and says so in its assumptions (it was refused). (It
+    failed with 'no rule registered for HigherOrderOperator flex_attention', after 'compiled with backend eager'.)"""
     code = """
 import json, sys, torch, torch_neuronx
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -837,15 +838,16 @@ def step():
 if sys.argv[1] == "plan":
     plan = torch_neuronx.plan(step, world_size=1)
     out = {"step": plan.step_seconds, "hbm": plan.peak_hbm_bytes, "lanes": sorted({n for n, *_ in plan.lanes})}
-    def documents():
-        ids = torch.zeros(256, dtype=torch.long, device="neuron")
-        mask = create_block_mask(lambda b, h, q, kv: ids[q] == ids[kv], None, None, 256, 256, device="neuron")
-        q = torch.randn(1, 1, 256, 64, device="neuron")
-        flex_attention(q, q, q, block_mask=mask)
-    try:
-        torch_neuronx.plan(documents, world_size=1)
-    except torch_neuronx.PlanValueError as error:
-        out["refused"] = str(error)
+    def attention(documents):
+        def run():
+            ids = torch.arange(256, device="neuron") // 64
+            mask = (lambda b, h, q, kv: (q >= kv) & (ids[q] == ids[kv])) if documents else causal
+            q = torch.randn(1, 1, 256, 64, device="neuron")
+            flex_attention(q, q, q, block_mask=create_block_mask(mask, None, None, 256, 256, device="neuron"))
+        return run
+    plans = [torch_neuronx.plan(attention(documents), world_size=1) for documents in (True, False)]
+    out["documents"] = [[end - start for name, _, start, end in p.lanes if name == "flex_attention"] for p in plans]
+    out["assumed"] = [p.assumptions for p in plans]
 else:
     start = max(timeline.timeline(0).clocks.values())
     step()
@@ -862,7 +864,10 @@ print(json.dumps(out))
     assert {"flex_attention", "flex_attention_backward"} <= set(plan["lanes"])
     assert not any(name.startswith(("aten::bmm", "aten::mm", "aten::_softmax")) for name in plan["lanes"])
     assert plan["step"] == pytest.approx(real["step"], rel=1e-9) and plan["hbm"] == real["hbm"]
-    assert "mask_mod reads tensors" in plan["refused"]
+    document, causal = plan["documents"]
+    assert len(document) == 1 and document == causal  # one document a sequence: the causal mask's tiles
+    assert len(plan["assumed"][0]) == 1 and plan["assumed"][0][0].startswith("one document a sequence")
+    assert plan["assumed"][1] == []
 
 
 def test_blocks_compiled_one_by_one_share_one_graph():
