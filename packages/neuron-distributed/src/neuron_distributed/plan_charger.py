@@ -123,6 +123,11 @@ def _known(args: tuple) -> bool:
     return all(getattr(t, "constant", None) is not None for t in args if isinstance(t, torch.Tensor))
 
 
+def _constants(args: tuple) -> bool:
+    """The op has tensor arguments and every one is a fake whose value the fake mode tracks (`_known`)."""
+    return any(isinstance(t, torch.Tensor) for t in args) and _known(args)
+
+
 def _traced(result: Any, mode: Any) -> bool:
     """The op ran on a compiler's fakes (Dynamo tracing a graph inside a DDP forward, where it leaves the plan's
     modes on), not on the script's: it is compile time, which no device time or FLOP is charged for."""
@@ -199,7 +204,9 @@ class Charger(TorchDispatchMode):
             self._forget_constants((args, kwargs))
         hop = isinstance(func, torch._ops.HigherOrderOperator)
         charged = len(self.planner.charges)
-        whole = _kernel_run_whole(func) if not hop and _on_neuron(args, kwargs) else None
+        # (an op on tracked constants alone stays whole: the fake mode computes its value, which a later read takes,
+        # as `generate`'s `torch.isin(eos, pad).any()`; a composite's `out=` kernel would leave it without one)
+        whole = _kernel_run_whole(func) if not hop and _on_neuron(args, kwargs) and not _constants(args) else None
         composite = whole is not None
         # inside a kernel run whole, its wrapped numbers are Python numbers here
         call_args, call_kwargs = _rewrapped(func, args, kwargs) if self.outer and not hop else (args, kwargs)
