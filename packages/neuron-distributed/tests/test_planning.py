@@ -350,56 +350,13 @@ print(json.dumps(plan.as_dict()))
     assert plan["communication_seconds"] > 0 and plan["fits"]
 
 
-def test_factories_are_charged_as_the_real_run_fills():
-    """Factories with no device kernel of their own (`ones`, `full`, the `*_like` / `new_*` ones, the random ones,
-    `arange`, `randperm`) reach a plan's dispatch mode whole, where a real run runs their composite kernel: an
-    allocation plus `fill_`, `zero_`, `normal_`, `uniform_`, `random_` or an `out=` kernel. The plan charges those
-    kernels, with no false "fell back to CPU" warning (it warned for `randn` and `randint` and charged them as CPU
-    fallbacks). `torch.tensor(data, device="neuron")` is its copy from the host (the plan charged a clone too: the
-    fake mode's copy of the small tensor it keeps as a constant)."""
+def _launches_real_and_planned(step: str) -> dict:
+    """Run `step` (the source of a function `step()`) for real, then plan it: the kernels each charged by name, with
+    their calls, and the plan's warnings."""
     code = """
 import collections, json, torch, torch_neuronx, warnings
 from neuron_device.simulation import ledger
-def fills():
-    x = torch.ones(256, device="neuron")
-    torch.zeros_like(x), torch.ones_like(x), torch.full_like(x, 2.0), torch.zeros(256, device="neuron")
-    torch.full((256,), 3.0, device="neuron"), x.new_zeros(256), x.new_ones(256), x.new_full((256,), 4.0)
-    torch.randn(4, 4, device="neuron"), torch.rand(4, device="neuron"), torch.randint(0, 9, (4,), device="neuron")
-    torch.randn_like(x), torch.randint(9, (4,), device="neuron"), torch.randperm(8, device="neuron")
-    torch.arange(8, device="neuron"), torch.empty_like(x)
-    torch.tensor([], device="neuron"), torch.tensor(3.0, device="neuron"), torch.tensor([1.0, 2.0], device="neuron")
-ledger.clear_op_tracking()
-fills()
-real = collections.Counter()
-for launch in ledger.launches():
-    real[launch.name] += launch.calls
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    plan = torch_neuronx.plan(fills, world_size=1)
-planned = collections.Counter(name for name, *_ in plan.lanes)
-print(json.dumps({"real": real, "planned": planned, "warnings": [str(w.message) for w in caught]}))
-"""
-    done = _plan_in_subprocess(code)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["planned"] == result["real"] == {
-        "aten::fill_.Scalar": 6, "aten::zero_": 3, "aten::normal_": 2, "aten::uniform_": 1, "aten::random_.from": 2,
-        "aten::randperm.generator_out": 1, "aten::arange.start_out": 1, "aten::_to_copy (host->device)": 3}
-    assert not [w for w in result["warnings"] if "fell back to CPU" in w]
-
-
-def test_non_functional_composites_are_charged_as_the_real_run_runs_them():
-    """An op with no device kernel whose CompositeExplicitAutogradNonFunctional kernel a real run takes (the
-    dispatcher prefers it to the device's fallback, as it does a CompositeExplicitAutograd one): `select_backward`,
-    the gradient of a MoE's `w1[expert]`, is an allocation, `zero_` and a copy there. The plan charges the same
-    kernels, with no false "fell back to CPU" warning (it charged the op as a CPU fallback: the device->host copies
-    and the host kernel)."""
-    code = """
-import collections, json, torch, torch_neuronx, warnings
-from neuron_device.simulation import ledger
-def step():
-    w = torch.ones(4, 64, 64, device="neuron", requires_grad=True)
-    (w[1] * 2.0).sum().backward()
+""" + step + """
 ledger.clear_op_tracking()
 step()
 real = collections.Counter()
@@ -413,7 +370,43 @@ print(json.dumps({"real": real, "planned": planned, "warnings": [str(w.message) 
 """
     done = _plan_in_subprocess(code)
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_factories_are_charged_as_the_real_run_fills():
+    """Factories with no device kernel of their own (`ones`, `full`, the `*_like` / `new_*` ones, the random ones,
+    `arange`, `randperm`) reach a plan's dispatch mode whole, where a real run runs their composite kernel: an
+    allocation plus `fill_`, `zero_`, `normal_`, `uniform_`, `random_` or an `out=` kernel. The plan charges those
+    kernels, with no false "fell back to CPU" warning (it warned for `randn` and `randint` and charged them as CPU
+    fallbacks). `torch.tensor(data, device="neuron")` is its copy from the host (the plan charged a clone too: the
+    fake mode's copy of the small tensor it keeps as a constant)."""
+    result = _launches_real_and_planned("""
+def step():
+    x = torch.ones(256, device="neuron")
+    torch.zeros_like(x), torch.ones_like(x), torch.full_like(x, 2.0), torch.zeros(256, device="neuron")
+    torch.full((256,), 3.0, device="neuron"), x.new_zeros(256), x.new_ones(256), x.new_full((256,), 4.0)
+    torch.randn(4, 4, device="neuron"), torch.rand(4, device="neuron"), torch.randint(0, 9, (4,), device="neuron")
+    torch.randn_like(x), torch.randint(9, (4,), device="neuron"), torch.randperm(8, device="neuron")
+    torch.arange(8, device="neuron"), torch.empty_like(x)
+    torch.tensor([], device="neuron"), torch.tensor(3.0, device="neuron"), torch.tensor([1.0, 2.0], device="neuron")
+""")
+    assert result["planned"] == result["real"] == {
+        "aten::fill_.Scalar": 6, "aten::zero_": 3, "aten::normal_": 2, "aten::uniform_": 1, "aten::random_.from": 2,
+        "aten::randperm.generator_out": 1, "aten::arange.start_out": 1, "aten::_to_copy (host->device)": 3}
+    assert not [w for w in result["warnings"] if "fell back to CPU" in w]
+
+
+def test_non_functional_composites_are_charged_as_the_real_run_runs_them():
+    """An op with no device kernel whose CompositeExplicitAutogradNonFunctional kernel a real run takes (the
+    dispatcher prefers it to the device's fallback, as it does a CompositeExplicitAutograd one): `select_backward`,
+    the gradient of a MoE's `w1[expert]`, is an allocation, `zero_` and a copy there. The plan charges the same
+    kernels, with no false "fell back to CPU" warning (it charged the op as a CPU fallback: the device->host copies
+    and the host kernel)."""
+    result = _launches_real_and_planned("""
+def step():
+    w = torch.ones(4, 64, 64, device="neuron", requires_grad=True)
+    (w[1] * 2.0).sum().backward()
+""")
     assert result["planned"] == result["real"]
     assert result["real"]["aten::zero_"] == 1
     assert not [w for w in result["warnings"] if "fell back to CPU" in w]
