@@ -401,6 +401,29 @@ print(json.dumps(plan.as_dict()))
     assert plan["communication_seconds"] > 0 and plan["fits"]
 
 
+def _launches_real_and_planned(step: str) -> dict:
+    """Run `step` (the source of a function `step()`) for real, then plan it: the kernels each charged by name, with
+    their calls, and the plan's warnings."""
+    code = """
+import collections, json, torch, torch_neuronx, warnings
+from neuron_device.simulation import ledger
+""" + step + """
+ledger.clear_op_tracking()
+step()
+real = collections.Counter()
+for launch in ledger.launches():
+    real[launch.name] += launch.calls
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    plan = torch_neuronx.plan(step, world_size=1)
+planned = collections.Counter(name for name, *_ in plan.lanes)
+print(json.dumps({"real": real, "planned": planned, "warnings": [str(w.message) for w in caught]}))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_factories_are_charged_as_the_real_run_fills():
     """Factories with no device kernel of their own (`ones`, `full`, the `*_like` / `new_*` ones, the random ones,
     `arange`, `randperm`) reach a plan's dispatch mode whole, where a real run runs their composite kernel: an
@@ -408,10 +431,8 @@ def test_factories_are_charged_as_the_real_run_fills():
     kernels, with no false "fell back to CPU" warning (it warned for `randn` and `randint` and charged them as CPU
     fallbacks). `torch.tensor(data, device="neuron")` is its copy from the host (the plan charged a clone too: the
     fake mode's copy of the small tensor it keeps as a constant)."""
-    code = """
-import collections, json, torch, torch_neuronx, warnings
-from neuron_device.simulation import ledger
-def fills():
+    result = _launches_real_and_planned("""
+def step():
     x = torch.ones(256, device="neuron")
     torch.zeros_like(x), torch.ones_like(x), torch.full_like(x, 2.0), torch.zeros(256, device="neuron")
     torch.full((256,), 3.0, device="neuron"), x.new_zeros(256), x.new_ones(256), x.new_full((256,), 4.0)
@@ -419,23 +440,26 @@ def fills():
     torch.randn_like(x), torch.randint(9, (4,), device="neuron"), torch.randperm(8, device="neuron")
     torch.arange(8, device="neuron"), torch.empty_like(x)
     torch.tensor([], device="neuron"), torch.tensor(3.0, device="neuron"), torch.tensor([1.0, 2.0], device="neuron")
-ledger.clear_op_tracking()
-fills()
-real = collections.Counter()
-for launch in ledger.launches():
-    real[launch.name] += launch.calls
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    plan = torch_neuronx.plan(fills, world_size=1)
-planned = collections.Counter(name for name, *_ in plan.lanes)
-print(json.dumps({"real": real, "planned": planned, "warnings": [str(w.message) for w in caught]}))
-"""
-    done = _plan_in_subprocess(code)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+""")
     assert result["planned"] == result["real"] == {
         "aten::fill_.Scalar": 6, "aten::zero_": 3, "aten::normal_": 2, "aten::uniform_": 1, "aten::random_.from": 2,
         "aten::randperm.generator_out": 1, "aten::arange.start_out": 1, "aten::_to_copy (host->device)": 3}
+    assert not [w for w in result["warnings"] if "fell back to CPU" in w]
+
+
+def test_non_functional_composites_are_charged_as_the_real_run_runs_them():
+    """An op with no device kernel whose CompositeExplicitAutogradNonFunctional kernel a real run takes (the
+    dispatcher prefers it to the device's fallback, as it does a CompositeExplicitAutograd one): `select_backward`,
+    the gradient of a MoE's `w1[expert]`, is an allocation, `zero_` and a copy there. The plan charges the same
+    kernels, with no false "fell back to CPU" warning (it charged the op as a CPU fallback: the device->host copies
+    and the host kernel)."""
+    result = _launches_real_and_planned("""
+def step():
+    w = torch.ones(4, 64, 64, device="neuron", requires_grad=True)
+    (w[1] * 2.0).sum().backward()
+""")
+    assert result["planned"] == result["real"]
+    assert result["real"]["aten::zero_"] == 1
     assert not [w for w in result["warnings"] if "fell back to CPU" in w]
 
 
@@ -795,42 +819,57 @@ print(json.dumps({"lanes": sorted({name for name, *_ in plan.lanes}), "flops": p
     assert plan["flops"] == 5 * 2 * 64 * 256 * 1024
 
 
-def test_compile_with_another_backend_is_refused_when_called():
-    """torch.compile with a backend other than "neuron" is created as asked (torchtitan compiles its varlen attention
-    at import, and a run may never call it) and refused, naming the backend, only when the compiled callable is
-    called; the decorator form too."""
+def test_compile_with_another_backend_plans_its_eager_ops():
+    """torch.compile with a backend other than "neuron", before the plan began (a library compiling at import:
+    torchtitan's `create_block_mask`) or in it, the decorator form too: a call in the plan runs the function's ops,
+    each charged as a real eager run charges it, with a warning naming the function and the backend, and Dynamo still
+    compiles the callable outside the plan. (Inductor compiled on the first call in the plan and its host code read the
+    planned tensors' memory: a segmentation fault; one compiled in the plan was refused when called.)"""
     code = """
-import torch, torch_neuronx
-def step():
-    linear = torch.nn.Linear(4, 4).to("neuron")
-    compiled = torch.compile(linear, mode="max-autotune-no-cudagraphs")
-    helper = torch.compile(torch.nn.functional.relu)
+import collections, json, torch, torch_neuronx, warnings
+def f(x):
+    return (x @ x).relu() + 1
+before = torch.compile(f)
+def step(fn):
+    def run():
+        fn(torch.randn(64, 64, device="neuron"))
+    return run
+def inside():
+    compiled = torch.compile(torch.nn.Linear(64, 64).to("neuron"), mode="max-autotune-no-cudagraphs")
     @torch.compile(backend="aot_eager")
     def decorated(x):
         return x * 2
-    linear(torch.randn(2, 4, device="neuron"))
-    print("created")
-    for fn in (compiled, helper, decorated):
-        try:
-            fn(torch.randn(2, 4, device="neuron"))
-        except NotImplementedError as error:
-            print(error)
-torch_neuronx.plan(step, world_size=1)
+    compiled(decorated(torch.randn(2, 64, device="neuron")))
+def lanes(plan):
+    return collections.Counter(name for name, *_ in plan.lanes)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    planned = torch_neuronx.plan(step(before), world_size=1)
+    torch_neuronx.plan(inside, world_size=1)
+eager = torch_neuronx.plan(step(f), world_size=1)
+after = before(torch.randn(4, 4)).shape
+print(json.dumps({"planned": lanes(planned), "eager": lanes(eager), "flops": [planned.flops_per_step, eager.flops_per_step],
+                  "after": list(after), "warnings": [str(w.message) for w in caught if "plan mode" in str(w.message)]}))
 """
     done = _plan_in_subprocess(code)
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.strip().splitlines()
-    assert lines[0] == "created" and len(lines) == 4
-    assert "backend='inductor'" in lines[1] and "backend='inductor'" in lines[2] and "backend='aot_eager'" in lines[3]
-    assert all('backend="neuron"' in line for line in lines[1:])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["planned"] == result["eager"] and result["planned"]["aten::mm"] == 1
+    assert result["flops"][0] == result["flops"][1] == 2 * 64 ** 3 and result["after"] == [4, 4]
+    found = result["warnings"]
+    assert len(found) == 3, found
+    assert found[0].startswith("plan mode: f (") and "backend='inductor'" in found[0]
+    assert "backend='aot_eager'" in found[1] and "decorated" in found[1]
+    assert "backend='inductor'" in found[2]  # a module's call: the frame of Dynamo's wrapper around it
 
 
 def test_flex_attention_plans_as_the_real_run_charges():
     """flex_attention (a higher-order op, called eagerly: torch runs it through torch.compile with the "eager"
     backend) is charged in a plan as the real run's neuron kernel charges it: one flash kernel forward and one
     backward over the score tiles the causal block mask visits; the same step time and peak HBM as the real run. A
-    mask_mod that reads a tensor (a document mask) is refused: the attention it keeps depends on values. (It failed
-    with 'no rule registered for HigherOrderOperator flex_attention', after 'compiled with backend eager'.)"""
+    mask_mod that reads a tensor (a document mask) keeps attention that depends on values: the plan takes them as
+    zeros, one document a sequence (its causal mask's tiles), and says so in its assumptions (it was refused). (It
+    failed with 'no rule registered for HigherOrderOperator flex_attention', after 'compiled with backend eager'.)"""
     code = """
 import json, sys, torch, torch_neuronx
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -843,15 +882,16 @@ def step():
 if sys.argv[1] == "plan":
     plan = torch_neuronx.plan(step, world_size=1)
     out = {"step": plan.step_seconds, "hbm": plan.peak_hbm_bytes, "lanes": sorted({n for n, *_ in plan.lanes})}
-    def documents():
-        ids = torch.zeros(256, dtype=torch.long, device="neuron")
-        mask = create_block_mask(lambda b, h, q, kv: ids[q] == ids[kv], None, None, 256, 256, device="neuron")
-        q = torch.randn(1, 1, 256, 64, device="neuron")
-        flex_attention(q, q, q, block_mask=mask)
-    try:
-        torch_neuronx.plan(documents, world_size=1)
-    except torch_neuronx.PlanValueError as error:
-        out["refused"] = str(error)
+    def attention(documents):
+        def run():
+            ids = torch.arange(256, device="neuron") // 64
+            mask = (lambda b, h, q, kv: (q >= kv) & (ids[q] == ids[kv])) if documents else causal
+            q = torch.randn(1, 1, 256, 64, device="neuron")
+            flex_attention(q, q, q, block_mask=create_block_mask(mask, None, None, 256, 256, device="neuron"))
+        return run
+    plans = [torch_neuronx.plan(attention(documents), world_size=1) for documents in (True, False)]
+    out["documents"] = [[end - start for name, _, start, end in p.lanes if name == "flex_attention"] for p in plans]
+    out["assumed"] = [p.assumptions for p in plans]
 else:
     start = max(timeline.timeline(0).clocks.values())
     step()
@@ -868,7 +908,10 @@ print(json.dumps(out))
     assert {"flex_attention", "flex_attention_backward"} <= set(plan["lanes"])
     assert not any(name.startswith(("aten::bmm", "aten::mm", "aten::_softmax")) for name in plan["lanes"])
     assert plan["step"] == pytest.approx(real["step"], rel=1e-9) and plan["hbm"] == real["hbm"]
-    assert "mask_mod reads tensors" in plan["refused"]
+    document, causal = plan["documents"]
+    assert len(document) == 1 and document == causal  # one document a sequence: the causal mask's tiles
+    assert len(plan["assumed"][0]) == 1 and plan["assumed"][0][0].startswith("one document a sequence")
+    assert plan["assumed"][1] == []
 
 
 def test_blocks_compiled_one_by_one_share_one_graph():

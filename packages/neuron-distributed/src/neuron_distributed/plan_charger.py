@@ -35,7 +35,9 @@ _aten = torch.ops.aten
 _VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default,
                           _aten.allclose.default})
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
-_COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+# the composite kernels a backend with no kernel of its own runs, in the dispatcher's order of preference
+_COMPOSITES = (torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional,
+               torch._C.DispatchKey.CompositeExplicitAutograd)
 _DEVICE = torch._C.DispatchKey.PrivateUse1
 
 
@@ -49,8 +51,10 @@ def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
     """The dispatch key of the kernel a real run on `neuron` runs for `op` when that kernel is made of other ops,
     which the plan then runs too (its ops come back to the charger, each charged as the real run's), else None:
 
-    * an ATen op the device registers no kernel for, with a CompositeExplicitAutograd kernel (the dispatcher prefers
-      it to the device's fallback): `randn` is an allocation and `normal_`, `zeros_like` one and `zero_`;
+    * an ATen op the device registers no kernel for, with a CompositeExplicitAutogradNonFunctional or
+      CompositeExplicitAutograd kernel (the dispatcher prefers either, in that order, to the device's fallback):
+      `randn` is an allocation and `normal_`, `zeros_like` one and `zero_`, `select_backward` one, `zero_` and a
+      copy;
     * an op of another library whose own `PrivateUse1` kernel (not the device's) is written in ATen ops: FSDP2's
       `fsdp::all_gather_copy_in`, `split_with_sizes_copy`, `chunk_cat`.
 
@@ -61,7 +65,9 @@ def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
         return None
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     if op.namespace == "aten":
-        return _COMPOSITE if not has(name, "PrivateUse1") and has(name, "CompositeExplicitAutograd") else None
+        if has(name, "PrivateUse1"):
+            return None
+        return next((key for key in _COMPOSITES if has(name, key.name)), None)
     own = name in services.registered_kernels or f"{name}.{op._overloadname}" in services.registered_kernels
     return _DEVICE if op.namespace != "prim" and not own and has(name, "PrivateUse1") else None
 
@@ -115,6 +121,11 @@ def _known(args: tuple) -> bool:
     """Every tensor argument is a fake whose value the fake mode tracks (a CPU scalar built from Python numbers,
     such as an optimizer's step count): reading it is exact."""
     return all(getattr(t, "constant", None) is not None for t in args if isinstance(t, torch.Tensor))
+
+
+def _constants(args: tuple) -> bool:
+    """The op has tensor arguments and every one is a fake whose value the fake mode tracks (`_known`)."""
+    return any(isinstance(t, torch.Tensor) for t in args) and _known(args)
 
 
 def _traced(result: Any, mode: Any) -> bool:
@@ -193,18 +204,19 @@ class Charger(TorchDispatchMode):
             self._forget_constants((args, kwargs))
         hop = isinstance(func, torch._ops.HigherOrderOperator)
         charged = len(self.planner.charges)
-        whole = _kernel_run_whole(func) if not hop and _on_neuron(args, kwargs) else None
+        # (an op on tracked constants alone stays whole: the fake mode computes its value, which a later read takes,
+        # as `generate`'s `torch.isin(eos, pad).any()`; a composite's `out=` kernel would leave it without one)
+        whole = _kernel_run_whole(func) if not hop and _on_neuron(args, kwargs) and not _constants(args) else None
         composite = whole is not None
+        # inside a kernel run whole, its wrapped numbers are Python numbers here
+        call_args, call_kwargs = _rewrapped(func, args, kwargs) if self.outer and not hop else (args, kwargs)
         try:
             if composite:  # the ops its kernel calls come back here, each charged as the real run's
                 self.outer.append(func)
                 with self:
-                    result = func._op_dk(whole, *args, **kwargs)
-            elif self.outer and not hop:  # inside a kernel run whole: its wrapped numbers are Python numbers here
-                inner_args, inner_kwargs = _rewrapped(func, args, kwargs)
-                result = func(*inner_args, **inner_kwargs)
+                    result = func._op_dk(whole, *call_args, **call_kwargs)
             else:
-                result = func(*args, **kwargs)
+                result = func(*call_args, **call_kwargs)
         except torch._subclasses.fake_tensor.DynamicOutputShapeException as error:
             raise value_read(f"{func}, whose output shape depends on the values") from error
         finally:

@@ -8,7 +8,8 @@ with its reason. Nothing here outlives the plan.
 * DeviceMesh: laid out by real CPU tensors of rank numbers, which it reads; built and used with the plan's modes
   off.
 * `torch.compile`: backend "neuron" compiles with the plan's modes off and runs without the planner's module
-  tracker; another backend is created as asked and refused when its callable is called.
+  tracker; a callable compiled with another backend, in the plan or before it, runs as its eager ops with a warning
+  (Dynamo's `_callback_from_stance`: `_EagerInPlan`).
 * `torch.utils.swap_tensors`: `Module.to` on fakes.
 * `torch.neuron.get_rng_state` / `set_rng_state`: a planned (valueless) state, which setting leaves the generator
   as it is (DTensor's RNG tracker gets, moves, shifts and sets it around every random op on a DTensor).
@@ -47,8 +48,9 @@ import contextlib
 import functools
 import importlib.util
 import sys
+import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -193,14 +195,14 @@ def _compile(compile_: Callable) -> Callable:
     """`torch.compile` in plan mode. Backend "neuron" (the one whose graphs the cost model prices): each call of the
     compiled callable runs without the planner's module tracker. Its hooks are global module hooks, which a real run
     does not have: Dynamo would trace them into the graph (and fail on their weak dictionaries), so the graph would
-    differ from the real run's. Any other backend is created as the script asks (libraries compile helpers at import
-    that a run may never call, e.g. torchtitan's varlen attention) and refused only when called (`_refused_call`)."""
+    differ from the real run's. Any other backend is created as the script asks; a call of it in the plan runs its
+    function's ops (`_eager_in_plan`), as one compiled before the plan does."""
 
     def planned(model: Any = None, *, backend: Any = "inductor", **kwargs: Any) -> Any:
         if model is None:  # the decorator form: @torch.compile(backend=...)
             return lambda fn: planned(fn, backend=backend, **kwargs)
         if backend != "neuron" and not _runs_eagerly(backend):
-            return _wrap_call(compile_(model, backend=backend, **kwargs), model, _refused_call(backend))
+            return compile_(model, backend=backend, **kwargs)
         compiled = compile_(model, backend=_compiled_outside_plan(torch._dynamo.lookup_backend(backend)), **kwargs)
         return _wrap_call(compiled, model, _untracked)
 
@@ -223,22 +225,83 @@ def _wrap_call(compiled: Any, model: Any, wrap: Callable[[Callable], Callable]) 
     return functools.wraps(model)(wrap(compiled))
 
 
-def _refused_call(backend: Any) -> Callable[[Callable], Callable]:
-    """A call of a callable compiled with a backend other than "neuron" raises: its graph has no Trainium price (a
-    real run of an Inductor graph on `neuron` runs host C++ that charges no device time), and pricing it as
-    neuron-compile would price the graph would plan a compile the script does not make."""
-    name = getattr(backend, "__name__", backend)
+def _backend_of(callback: Any) -> tuple[Any, str | None]:
+    """The backend a Dynamo frame callback compiles with (the innermost of its `_torchdynamo_orig_backend` chain,
+    unwrapped from `torch.compile`'s wrapper) and its name (Dynamo's debug wrapper's: "inductor"), or None for no
+    callback (Dynamo off, or run-only)."""
+    backend, name = None, None
+    while callback is not None and callback is not False:
+        name = name or getattr(callback, "__name__", None)
+        backend, callback = callback, getattr(callback, "_torchdynamo_orig_backend", None)
+    return getattr(backend, "compiler_fn", backend), name
 
-    def refuse(fn: Callable) -> Callable:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError(
-                f"plan mode: a callable compiled with torch.compile(backend={name!r}) was called; its graph is not "
-                "planned, only backend=\"neuron\"'s are (priced by neuron-compile's kernel plan). Compile it with "
-                "backend=\"neuron\" (torchtitan: [compile] backend = \"neuron\") or leave it eager.")
 
-        return call
+def _planned_by_its_backend(backend: Any) -> bool:
+    """The plan compiles with this backend as the real run does: "neuron" (as the plan wraps it, or as given before
+    the plan) and "eager"."""
+    backend = getattr(backend, "__wrapped__", backend)  # as `_compiled_outside_plan` wraps it
+    return backend is None or _runs_eagerly(backend) or backend is torch._dynamo.lookup_backend("neuron")
 
-    return refuse
+
+class _EagerInPlan:
+    """A Dynamo frame callback that runs, inside a plan (its fake mode on), a frame compiled with another backend
+    (Inductor, `aot_eager`, ...) as its eager ops, each charged by the plan as a real eager run charges it; outside
+    one it is the compiled callback. The function may have been compiled before the plan began, at the import of a
+    module `neuron-plan` preloads for all ranks (torchtitan's `torch.compile(create_block_mask)` and its class-level
+    `torch.compile(flex_attention)`), and Dynamo compiles on the first call: Inductor's host code then read and wrote
+    the planned tensors' memory, which they do not have, and the process died of a segmentation fault. Its graph
+    has no Trainium price (a real run of an Inductor graph on `neuron` runs host C++ whose only device charge is its
+    outputs' allocation), and pricing the neuron backend's graph would plan a compile the script does not make:
+    its ops are what the plan can price. A warning names the function, once."""
+
+    warned: ClassVar[set[Any]] = set()  # the functions warned about
+
+    def __init__(self, callback: Any, backend: str) -> None:
+        self.callback, self.backend = callback, backend
+        self.called = False  # one object a call of the compiled callable (`_eager_in_plan`): its frame comes first
+
+    def __call__(self, frame: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_fullgraph_compiled_frame_count,
+        )
+        from torch._dynamo.types import ConvertFrameReturn
+
+        planner = plan_state.active_planner()
+        if planner is None or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not planner.fake_mode:
+            return self.callback(frame, *args, **kwargs)
+        # this frame and every frame it calls run as they are (a compiled callable inside sets its own callback)
+        eager = ConvertFrameReturn(frame_exec_strategy=_FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP),
+                                   apply_to_code=False)
+        if self.called:  # a frame the interpreter runs meanwhile, not called by it: a finalizer, a weakref callback
+            return eager
+        self.called = True
+        code = frame.f_code
+        if code not in self.warned:
+            self.warned.add(code)
+            warnings.warn(f"plan mode: {code.co_qualname} ({code.co_filename}:{code.co_firstlineno}), compiled with "
+                          f"torch.compile(backend={self.backend!r}), is planned as its eager ops: only "
+                          "backend=\"neuron\"'s graphs are priced (neuron-compile's kernel plan), and another "
+                          "backend's compiled code cannot run on planned tensors", stacklevel=2)
+        # the frame counts as compiled for `fullgraph=True`'s check (Dynamo counts the frames it runs compiled)
+        count = set_fullgraph_compiled_frame_count(0)
+        set_fullgraph_compiled_frame_count(count + 1 if count >= 0 else count)
+        return eager
+
+
+def _eager_in_plan(callback_from_stance: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Dynamo's `_callback_from_stance` in plan mode (each compiled callable's call installs its frame callback
+    through it): a callback compiling with a backend other than the plan's is wrapped in `_EagerInPlan`."""
+
+    def planned(callback: Any) -> Any:
+        callback = callback_from_stance(callback)
+        if isinstance(callback, _EagerInPlan):
+            return callback
+        backend, name = _backend_of(callback)
+        return callback if _planned_by_its_backend(backend) else _EagerInPlan(callback, name or repr(backend))
+
+    return planned
 
 
 @functools.cache
@@ -409,6 +472,8 @@ def patched_torch() -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched_everywhere(torch.utils, "swap_tensors", _swap_fakes(torch.utils.swap_tensors)))
         stack.enter_context(patched_everywhere(torch, "compile", _compile(torch.compile)))
+        frames = torch._dynamo.eval_frame
+        stack.enter_context(patched(frames, "_callback_from_stance", _eager_in_plan(frames._callback_from_stance)))
         stack.enter_context(patched(torch.UntypedStorage, "resize_", _tracked_resize(torch.UntypedStorage.resize_)))
         # A strided shard (FSDP over TP) computes its layout by splitting a real CPU `arange` and reading it
         # (`tolist`): ints in, ints out, the layout and not the job's data, computed outside the plan's modes.

@@ -5,7 +5,7 @@ ops (`loss_sum / global_valid_tokens`: the op is charged as the real run's, what
 name (`u0`, `zuf0`). Where the value would steer the run it is refused: a branch on it (`bool`, `if`, `int()`,
 `float()`, indexing a Python container) raises `PlanValueError` naming the line that branches and the line that read
 the value, and so does a tensor shape made from it (the charger refuses it, `plan_charger`). No value is made up,
-but for one stated assumption:
+but for stated assumptions (`plan_hops.ONE_DOCUMENT` for a flex-attention document mask, and):
 
 * A **balanced router**: a histogram of planned values (`torch.histc`: an MoE router's tokens per expert) is
   uniform, and the same on every rank (`AssumedValues`). Its value, and the values computed from it (the split sizes
@@ -161,10 +161,15 @@ class AssumedValues:
     def __init__(self) -> None:
         self._values = WeakIdKeyDictionary()
         self.assumed = False  # a histogram was assumed uniform: the plan reports `BALANCED_ROUTER`
+        self.stated: set[str] = set()  # the other assumptions made (`plan_hops.ONE_DOCUMENT`)
 
     def reported(self) -> list[str]:
         """What the plan assumed, for its report."""
-        return [BALANCED_ROUTER] if self.assumed else []
+        return ([BALANCED_ROUTER] if self.assumed else []) + sorted(self.stated)
+
+    def state(self, assumption: str) -> None:
+        """The plan made `assumption` (a sentence for its report) where values it has none of steer the charges."""
+        self.stated.add(assumption)
 
     def get(self, tensor: Any) -> torch.Tensor | None:
         """The assumed host value of `tensor`, or None."""
