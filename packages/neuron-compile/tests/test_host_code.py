@@ -6,6 +6,11 @@ may reorder a reduction)."""
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -65,6 +70,43 @@ def test_aten_host_code_runs_no_inductor_codegen(monkeypatch) -> None:
     out = torch.compile(lambda t: (t.sin() * 2).sum(), backend="neuron", options={"host_code": "aten"})(x)
     out.backward()
     torch.testing.assert_close(x.grad.cpu(), 2 * x.detach().cpu().cos())
+
+
+# Inductor's passes, lowering and code generators, which a warm "aten" compile does not run.
+_INDUCTOR = ("torch._inductor.compile_fx", "torch._inductor.graph", "torch._inductor.lowering",
+             "torch._inductor.pattern_matcher", "torch._inductor.codegen.cpp", "torch._inductor.codegen.triton",
+             "torch._inductor.codegen.halide")
+
+_FIRST_COMPILES = textwrap.dedent("""
+    import json, sys, torch
+    from neuron_compile import metrics
+    x = torch.randn(4, 5, device="neuron", requires_grad=True)
+    torch.compile(lambda t: (t.sin() * 2).sum(), backend="neuron")(x).backward()  # a training graph
+    with torch.no_grad():
+        torch.compile(lambda t: t.cos() + 1, backend="neuron")(x)  # an inference graph
+    print(json.dumps({"hits": metrics.counters()["cache_hits"], "grad": x.grad.tolist(),
+                      "imported": [m for m in sys.modules if m.startswith("torch._inductor")]}))
+""")
+
+
+def test_a_warm_aten_compile_imports_no_inductor_passes_or_code_generation(tmp_path) -> None:
+    """Issue 36: the first `torch.compile(backend="neuron")` of a process imported Inductor (`compile_fx`: its
+    passes, lowering and code generators, ~2 s) before AOTAutograd looked at its cache. With a warm compile cache the
+    "aten" host code is loaded from that cache and none of them runs: a second process, whose training and inference
+    graphs both hit, imports none of them (a first one, which traces, runs Inductor's passes as before)."""
+    env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "cache"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env.pop("NEURON_COMPILE_HOST_CODE", None)
+    results = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _FIRST_COMPILES], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = results
+    assert (cold["hits"], warm["hits"]) == (0, 2)
+    assert warm["grad"] == cold["grad"]
+    assert sorted(set(_INDUCTOR) & set(warm["imported"])) == []
 
 
 def test_aten_cache_hit_reuses_the_stored_kernel_plans(tmp_path, monkeypatch) -> None:

@@ -1,14 +1,16 @@
 """neuron-compile: the graph compiler behind `torch.compile(backend="neuron")` for the simulated Trainium device.
 
 Dynamo -> AOTAutograd (forward and backward) with the Neuron decomposition table -> Neuron FX passes (kernel
-partitioning and fusion, NKI kernel substitution) -> Inductor's C++ host codegen registered for the `neuron` device.
+partitioning and fusion, NKI kernel substitution) -> host code: the AOT graph's ATen CPU kernels ("aten", default)
+or Inductor's C++ host codegen ("inductor").
 
 ================================= ================================================================================
 the backend and its contract      `backend` (Dynamo backend), `settings` (mode, options, environment per compile)
 the pipeline                      `compiler`, `decompositions`, `passes` (kernel partitioning, fusion, cost of
                                   each fused kernel), `nki_substitution`, `rms_norm`, `rng`
-Inductor for `neuron`             `inductor_device` (registration), `_patches` (every patch of Dynamo/Inductor
-                                  internals, with its reason)
+Dynamo and Inductor for `neuron`  `dynamo_device` (Dynamo's device interface, at backend import),
+                                  `inductor_device` (Inductor's codegen, only when Inductor lowers a graph),
+                                  `_patches` (every patch of Dynamo/Inductor internals, with its reason)
 running a compiled graph          `compiled_graph` (the callable Dynamo gets), `boundary` and `host_runtime`
                                   (device/host crossings; `host_runtime` is what generated code calls)
 adaptive eager's fuser            `fuser`

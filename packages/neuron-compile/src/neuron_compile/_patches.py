@@ -1,6 +1,7 @@
 """neuron-compile's patches of Dynamo and Inductor internals, in one place, each with its reason (as neuron-device
-keeps its own in `neuron_device._patches`). They are applied when `neuron` registers with Inductor
-(`inductor_device.register`) or, for the scoped one, around one compile (`compiler`).
+keeps its own in `neuron_device._patches`). They are applied when `neuron` registers with Dynamo
+(`dynamo_device.register`) or Inductor (`inductor_device.register`) or, for the scoped ones, around one compile
+(`compiler`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["inductor_decompositions", "lazy_trace_log_headers", "linear_guard_cse", "patch_current_backend",
-           "patch_scheduler_host_check", "register_stream_functions", "rng_states_saved_as_tensors",
-           "warn_on_recompile_limit"]
+__all__ = ["aot_cache_key_without_inductor_backends", "inductor_decompositions", "lazy_trace_log_headers",
+           "linear_guard_cse", "patch_current_backend", "patch_scheduler_host_check", "register_stream_functions",
+           "rng_states_saved_as_tensors", "warn_on_recompile_limit"]
 
 DEVICE = "neuron"
 
@@ -203,6 +204,24 @@ def inductor_decompositions(select_decomp_table: Callable[[], dict]) -> Iterator
     from torch._inductor import compile_fx as compile_fx_module
 
     with mock.patch.object(compile_fx_module, "select_decomp_table", select_decomp_table):
+        yield
+
+
+@contextlib.contextmanager
+def aot_cache_key_without_inductor_backends() -> Iterator[None]:
+    """AOTAutograd's cache key includes Inductor's FX-graph hash details, whose constructor first registers every
+    Inductor backend (`init_backend_registration`: the C++, Triton, Halide, MPS... code generators, about 2 s of
+    imports) to hash the custom passes and configs of the registered devices. The "aten" host code is no Inductor
+    backend's code: neither the registry nor those passes change what it runs, and our compile-cache key, in the
+    key's tag, covers what does. While an "aten" graph compiles, the key is made without registering the backends
+    and with an empty registry (so it does not depend on whether this process used Inductor before)."""
+    from unittest import mock
+
+    from torch._inductor import codecache
+
+    with (mock.patch.object(codecache, "init_backend_registration", lambda: None),
+          mock.patch.object(codecache, "custom_backend_passes", {}),
+          mock.patch.object(codecache, "custom_backend_codegen_configs", {})):
         yield
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import _patches, cache, compiler, envvars, inductor_device, metrics
+from . import _patches, cache, compiler, dynamo_device, envvars, metrics
 from .artifacts import ArtifactWriter
 from .compiled_graph import CompiledGraph
 from .passes import KernelPlan
@@ -31,7 +31,7 @@ from .settings import CompileSettings
 __all__ = ["DynamicShapesNotSupported", "NeuronCompileError", "neuron_backend"]
 
 log = logging.getLogger(__name__)
-inductor_device.register()  # before Dynamo traces anything for this backend (it handles neuron's streams)
+dynamo_device.register()  # before Dynamo traces anything for this backend (it handles neuron's streams)
 
 class NeuronCompileError(RuntimeError):
     """A graph failed to compile for `neuron` (and fallback execution is disabled)."""

@@ -187,8 +187,6 @@ def _inner_compile(
     """Neuron FX passes on one AOT graph and its kernel plan (into `plans`), then its host code (see the module
     doc). `on_device`: the AOT graph was traced on `neuron` tensors (a graph with tensor subclasses), so it is made
     a host graph here, called with `neuron` arguments."""
-    from torch._inductor.compile_fx import compile_fx_inner
-
     stage = "backward" if kwargs.get("is_backward") else ("inference" if kwargs.get("is_inference") else "forward")
     with metrics.phase("fx_passes"):
         if torch.ops.aten._fused_rms_norm.default in nki_substitution.substitutable_ops():
@@ -207,6 +205,8 @@ def _inner_compile(
             gm.recompile()
             artifacts.write_code(stage, gm.code)
             return AtenHostCode(gm, plans[stage], stage, device_arguments=on_device)
+        from torch._inductor.compile_fx import compile_fx_inner
+
         compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
     artifacts.write_code(stage, getattr(compiled, "source_code", None))
     return compiled
@@ -228,8 +228,6 @@ def compile_graph(
     with symbolic shapes, specialised outside Dynamo). `cache_key`: the compile cache's key of this graph ("" when
     the cache is disabled), which Inductor's own caches are keyed on too. `host_code`: "aten" or "inductor" (see
     the module doc)."""
-    from torch._inductor import compile_fx as compile_fx_module
-
     artifacts.write_graph("dynamo", gm)
     autocast = _with_device_autocast(gm, example_inputs)
     if autocast is not None:  # a retraced graph: its placeholders carry no Dynamo fake tensors
@@ -249,16 +247,95 @@ def compile_graph(
     nki_substitution.define_replacements()  # code loaded from Inductor's caches calls them by name
     rng.define_device_ops()
     # The backward graph is compiled now, not at the first backward: failures surface at compile time, and the
-    # compile cache and the debug artifacts see both graphs. Our decomposition table reaches Inductor as the function
-    # `neuron_decompositions` in place of its `select_decomp_table`: passed as a dict (`decompositions=`), it would
-    # be wrapped in an object Inductor's FX-graph cache cannot key, and every graph would bypass that cache.
+    # compile cache and the debug artifacts see both graphs.
     with (torch._functorch.config.patch(force_non_lazy_backward_lowering=True),
-          _patches.inductor_decompositions(neuron_decompositions),
           _patches.rng_states_saved_as_tensors(),
           _inductor_caches(cache_key, host_code),
           collecting(plans)):
-        compiled = compile_fx_module.compile_fx(gm, inputs, inner_compile=inner)
+        compiled = _aot_autograd(gm, inputs, inner) if host_code == "aten" else _inductor(gm, inputs, inner)
     return compiled if on_device else HostGraph(compiled)
+
+
+def _inductor(gm: torch.fx.GraphModule, inputs: Sequence[Any], inner: Callable) -> Callable:
+    """Inductor's `compile_fx` (its passes before and on the joint graph, AOTAutograd, the partitioner) with our
+    `inner` compile, which hands the planned graphs to Inductor's code generation. Our decomposition table reaches
+    Inductor as the function `neuron_decompositions` in place of its `select_decomp_table`: passed as a dict
+    (`decompositions=`), it would be wrapped in an object Inductor's FX-graph cache cannot key, and every graph would
+    bypass that cache."""
+    from torch._inductor import compile_fx as compile_fx_module
+
+    from . import inductor_device
+
+    inductor_device.register()  # an AOT graph traced on `neuron` (tensor subclasses) is lowered for `neuron`
+    with _patches.inductor_decompositions(neuron_decompositions):
+        return compile_fx_module.compile_fx(gm, inputs, inner_compile=inner)
+
+
+def _aot_autograd(gm: torch.fx.GraphModule, inputs: Sequence[Any], inner: Callable) -> Callable:
+    """The "aten" host code's AOTAutograd, called directly (as `aot_eager` does) with the graph going through
+    Inductor's passes exactly as `compile_fx` runs them: its pre-grad passes, its joint-graph passes and partitioner
+    for a training graph, its joint-graph passes for an inference graph, our decompositions; each AOT graph is given
+    to `inner` with the keyword arguments it reads of Inductor's (`is_inference`, `is_backward`,
+    `static_input_idxs`). The difference is when Inductor's modules load: its passes (and, through its pattern
+    matcher, its lowering and code generators, about 2 s) are imported only when AOTAutograd's cache misses; on a hit
+    (a warm compile cache) nothing is traced and nothing of them is imported. `compile_fx` imported them, and its
+    backend registration, before looking at the cache. The compilers are `SerializableAOTDispatchCompiler`s, so
+    AOTAutograd's cache stores and loads the `AtenHostCode` they return."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.utils import get_inputs_devices
+    from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+    from torch._inductor.output_code import OutputCode
+    from torch._inductor.utils import num_fw_fixed_arguments
+    from torch._inductor.virtualized import V
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
+    def pre_grad_passes(graph: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
+        from torch._inductor.compile_fx import run_pre_grad_passes
+
+        return run_pre_grad_passes(graph, example_inputs)
+
+    def partition(joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
+        from torch._inductor.compile_fx import partition_fn
+
+        return partition_fn(joint, joint_inputs, **kwargs)
+
+    def forward(graph: torch.fx.GraphModule, example_inputs: Sequence[Any], *, is_inference: bool) -> Any:
+        if is_inference:  # a training graph's joint-graph passes ran in `partition`
+            from torch._inductor.compile_fx import _recursive_joint_graph_passes
+
+            graph = _recursive_joint_graph_passes(graph,
+                                                  input_device=next(iter(get_inputs_devices(example_inputs, graph))))
+        context = TracingContext.try_get()
+        if context is not None and context.fw_metadata:  # Dynamo's parameters and buffers
+            static = context.fw_metadata.static_input_indices
+        else:
+            static = list(range(num_fw_fixed_arguments(len(inputs), len(example_inputs))))
+        return inner(graph, example_inputs, static_input_idxs=static, is_inference=is_inference)
+
+    def backward(graph: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        return inner(graph, example_inputs, is_backward=True)
+
+    fake_mode = detect_fake_mode(inputs) or torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
+    with (_use_lazy_graph_module(torch._dynamo.config.use_lazy_graph_module),  # the context `compile_fx` sets
+          enable_python_dispatcher(),
+          torch.fx.traceback.preserve_node_meta(torch._inductor.config.trace.provenance_tracking_level == 1),
+          V.set_fake_mode(fake_mode),
+          tracing(TracingContext.try_get() or TracingContext(fake_mode)),
+          _patches.aot_cache_key_without_inductor_backends(),
+          torch._functorch.config.patch(unlift_effect_tokens=True,
+                                        selective_decompose=torch._inductor.config.selective_decompose)):
+        return aot_autograd(
+            fw_compiler=SerializableAOTDispatchCompiler(OutputCode, functools.partial(forward, is_inference=False)),
+            bw_compiler=SerializableAOTDispatchCompiler(OutputCode, backward),
+            inference_compiler=SerializableAOTDispatchCompiler(OutputCode, functools.partial(forward,
+                                                                                              is_inference=True)),
+            decompositions=neuron_decompositions(),
+            partition_fn=partition,
+            keep_inference_input_mutations=True,
+            pre_grad_passes=pre_grad_passes,
+        )(gm, inputs)
 
 
 @contextlib.contextmanager

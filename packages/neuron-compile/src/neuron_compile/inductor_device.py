@@ -16,44 +16,17 @@ import threading
 from typing import Any
 
 import torch
-from torch._dynamo.device_interface import CpuInterface, register_interface_for_device
 from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 
-from . import _patches
+from . import _patches, dynamo_device
 
-__all__ = ["CppScheduling", "NeuronInterface", "NeuronWrapperCodegen", "WrapperFxCodegen", "register"]
+__all__ = ["CppScheduling", "NeuronWrapperCodegen", "WrapperFxCodegen", "register"]
 
 DEVICE = _patches.DEVICE
-
-
-class NeuronInterface(CpuInterface):
-    """Dynamo's view of the device. `CpuInterface` supplies what Inductor asks of a host-memory device (properties
-    with a processor count, a host-timed Event); device selection and counts come from `torch.neuron`."""
-
-    class Worker(CpuInterface.Worker):
-        @staticmethod
-        def current_device() -> int:
-            return torch.neuron.current_device()
-
-    @staticmethod
-    def current_device() -> int:
-        return torch.neuron.current_device()
-
-    @staticmethod
-    def set_device(device: Any) -> None:
-        torch.neuron.set_device(device)
-
-    @staticmethod
-    def device_count() -> int:
-        return torch.neuron.device_count()
-
-    @staticmethod
-    def synchronize(device: Any = None) -> None:
-        torch.neuron.synchronize(device)
 
 
 class NeuronWrapperCodegen(PythonWrapperCodegen):
@@ -117,23 +90,18 @@ _registered = False
 
 
 def register() -> None:
-    """Register `neuron` with Dynamo and Inductor (idempotent, thread-safe)."""
+    """Register `neuron` with Dynamo (`dynamo_device`) and Inductor's code generation (idempotent, thread-safe)."""
     global _registered
     if _registered:
         return
     with _lock:
         if _registered:
             return
-        register_interface_for_device(DEVICE, NeuronInterface)
-        for index in range(torch.neuron.device_count()):
-            register_interface_for_device(f"{DEVICE}:{index}", NeuronInterface)
+        dynamo_device.register()
         register_backend_for_device(
             DEVICE, CppScheduling, NeuronWrapperCodegen, NeuronCppWrapperUnsupported, WrapperFxCodegen
         )
         register_device_op_overrides(DEVICE, CpuDeviceOpOverrides())
         _patches.patch_scheduler_host_check()
         _patches.patch_current_backend()
-        _patches.register_stream_functions()
-        _patches.lazy_trace_log_headers()
-        _patches.linear_guard_cse()
         _registered = True

@@ -47,6 +47,7 @@ __all__ = [
     "empty",
     "format_size",
     "resize",
+    "track",
 ]
 
 MIN_BLOCK_SIZE = 512  # every block is a multiple of this
@@ -555,16 +556,21 @@ def _extent(size, stride, itemsize: int) -> int:
 
 
 def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
-    """`storage.adopt`, charging the new storage to device `index` (OutOfMemoryError if it does not fit).
+    """`storage.adopt`, charging the new storage to device `index` (OutOfMemoryError if it does not fit)."""
+    return track(_storage.adopt(cpu_tensor, index), index)
+
+
+def track(tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """Charge the storage of `tensor`, just adopted (`storage.adopt`) on device `index`, to that device
+    (OutOfMemoryError if it does not fit); return `tensor`.
 
     The host memory exists already, so the storage is adopted first and charged for exactly the bytes it spans.
     """
-    tensor = _storage.adopt(cpu_tensor, index)
     storage = tensor.untyped_storage()
     nbytes = storage.nbytes()
     if nbytes:
         allocator = _devices.get(index) or device(index)
-        _bind(storage, allocator, allocator.malloc(nbytes))
+        storage.__dict__[_HOLDING] = _Holding(allocator, allocator.malloc(nbytes))  # `_bind`, inline: every op
     return tensor
 
 

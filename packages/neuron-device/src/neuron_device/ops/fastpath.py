@@ -30,7 +30,7 @@ from .. import numerics as _numerics
 from ..barrier import flush_barrier
 from ..fallback import executed_ops, run_on_host, tensor_list
 from ..simulation import ledger as _ledger
-from ..storage import kernel_input
+from ..storage import adopt, kernel_input
 from . import registry
 from .catalogue import op_info
 
@@ -149,7 +149,6 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
     host = list(args)  # becomes the host arguments: aliases in place of the `neuron` tensors
     call = plan.call
     count = len(args)
-    flush_barrier()  # once for every alias below
     for position in plan.tensor_positions:
         if position >= count:
             break
@@ -173,9 +172,11 @@ def _direct(plan: _Plan, args: tuple, kwargs: dict):
         return None
     executed_ops[plan.name] += 1
     result = call(*host, **kwargs)
+    if type(result) is _Tensor and not plan.in_place:  # a functional op's one result is fresh: the common case
+        tensor = adopt(result, index)
+        _ledger.charge(plan.info, index, host, kwargs, result)
+        return allocator.track(tensor, index)
     _ledger.charge(plan.info, index, host, kwargs, result)
-    if type(result) is _Tensor and not plan.in_place:
-        return allocator.adopt_tracked(result, index)  # a functional op's one result is fresh: the common case
     return _adopt(result, host, args, plan.tensor_positions, index)
 
 
@@ -184,9 +185,13 @@ _record: Record | None = None
 
 
 def _recorded(plan: _Plan, args: tuple, kwargs: dict):
-    """`_direct` behind adaptive eager's recorder: the op is queued, or run now when the recorder returns None."""
+    """`_direct` behind adaptive eager's recorder: the op is queued, or run now when the recorder returns None (after
+    the ops queued before it: only adaptive eager queues ops, so plain eager's `_direct` has no barrier to pass)."""
     result = _record(plan, args, kwargs)
-    return _direct(plan, args, kwargs) if result is None else result
+    if result is not None:
+        return result
+    flush_barrier()
+    return _direct(plan, args, kwargs)
 
 
 _call = _direct  # what every fast kernel calls: `_direct`, or `_recorded` while adaptive eager is on
