@@ -1,4 +1,4 @@
-"""The examples the README runs must keep working: each runs in a fresh interpreter and must exit 0."""
+"""The examples the README runs must keep working: each runs in a process of its own and must exit 0."""
 
 from __future__ import annotations
 
