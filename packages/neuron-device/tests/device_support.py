@@ -31,7 +31,7 @@ _AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 class _Server:
     """A fork server of this test process's own (not multiprocessing's global one, which neuron-distributed's
     launcher preloads with other modules): torch imported with the device backends not loaded, the environment it
-    started with, and the `sys.path` a fresh `python -c` has there."""
+    starts with (this process's at the first run), and the `sys.path` a fresh `python -c` has there."""
 
     def __init__(self) -> None:
         self.environ = dict(os.environ)
@@ -39,12 +39,19 @@ class _Server:
         self.path = json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout)
         self.forkserver = forkserver.ForkServer()
         self.forkserver.set_forkserver_preload(["torch"])
-        os.environ[_AUTOLOAD] = "0"  # the server's environment: read when it starts
+
+    def start(self) -> None:
+        """Start the server process at the first fork (a test file whose runs are all fresh does not pay it)."""
+        if self.forkserver._forkserver_pid is not None:
+            return
+        current = dict(os.environ)
+        os.environ.clear()  # the server's environment, read when it starts: the one `forks` compares with
+        os.environ.update(self.environ, **{_AUTOLOAD: "0"})
         try:
             self.forkserver.ensure_running()
         finally:
             os.environ.clear()
-            os.environ.update(self.environ)
+            os.environ.update(current)
         # the server's CPU time (and its children's) is counted in this process's once it is waited for
         atexit.register(self.forkserver._stop)
 
@@ -150,6 +157,7 @@ def run_python(
         _server = _Server()
     if fresh or not _server.forks(full_env):
         return subprocess.run(args, capture_output=True, text=True, env=full_env, timeout=timeout, check=False)
+    _server.start()
     with tempfile.TemporaryDirectory(prefix="run-python-") as outputs:
         stdout, stderr = Path(outputs) / "stdout", Path(outputs) / "stderr"
         child = _Process(target=_run_code, args=(code, full_env, _server.path, str(stdout), str(stderr)))
