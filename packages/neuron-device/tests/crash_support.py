@@ -1,4 +1,5 @@
-"""Running checks that could kill the interpreter (paths that segfault in plain torch 2.13) in a fresh process."""
+"""Running checks that could kill the interpreter (paths that segfault in plain torch 2.13) in a process of
+its own."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from device_support import run_python
 
 
 def run_checked(code: str, *, env: dict[str, str] | None = None) -> str:
-    """Run `code` in a fresh interpreter and return its stdout; a crash or an exception fails the calling test.
+    """Run `code` in a process of its own (`run_python`) and return its stdout; a crash or an exception fails the calling test.
 
     A crash names the signal, so a regressed patch shows up as "died with SIGSEGV", not as a dead test session.
     """

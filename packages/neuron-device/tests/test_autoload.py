@@ -31,8 +31,9 @@ def test_autoload_off_needs_an_explicit_import(python):
 
 def test_autoload_stays_light(python):
     # torch is half-imported while the entry point runs: registering must not pull in the compiler stack.
+    # fresh: what `import torch` imports (a forked child has its server's modules too)
     code = "import sys, torch; print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))"
-    result = python(code)
+    result = python(code, fresh=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
@@ -67,7 +68,8 @@ def test_our_metadata_only_torch_neuronx_is_no_clash(python, tmp_path):
 
 def test_importing_ours_before_torch_works(python):
     for env in ({"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}):
-        result = python("import neuron_device, torch; print(torch.ones(2, device='neuron').device)", env=env)
+        # fresh: ours imported before torch (a forked child has torch imported)
+        result = python("import neuron_device, torch; print(torch.ones(2, device='neuron').device)", env=env, fresh=True)
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "neuron:0"
 

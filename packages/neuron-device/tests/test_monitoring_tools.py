@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from device_support import run_python
 
 from neuron_device import livestats
 
@@ -35,7 +36,7 @@ def _tool(name: str, *args: str, env: dict[str, str]) -> subprocess.CompletedPro
     main = {"neuron-monitor": "monitor:monitor_main", "neuron-top": "monitor:top_main", "neuron-ls": "cli:main"}[name]
     module, function = main.split(":")
     code = f"import sys\nfrom neuron_device.{module} import {function}\nsys.exit({function}({list(args)!r}))"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    return run_python(code, env=env)
 
 
 def _start_worker(directory: Path):
@@ -142,9 +143,9 @@ def test_a_killed_process_entry_is_cleaned_up(doomed_worker, monkeypatch) -> Non
 def test_exit_removes_the_entry(tmp_path) -> None:
     env = {**os.environ, "NEURON_SIM_RUNTIME_DIR": str(tmp_path)}
     code = "import torch, os; torch.ones(2, device='neuron').sum().item(); print(os.getpid())"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         check=True).stdout
-    assert out.strip().isdigit()
+    result = run_python(code, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().isdigit()
     assert list(tmp_path.iterdir()) == []
 
 
@@ -177,5 +178,4 @@ def test_a_forked_child_leaves_the_parents_entry(tmp_path) -> None:
         os.waitpid(child, 0)
         print(os.path.exists(mine))
     """)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout
-    assert out.strip() == "True"
+    assert run_python(code, env=env).stdout.strip() == "True"

@@ -1,5 +1,5 @@
 """The patched crash paths of torch 2.13 (`neuron_device._patches`): each segfaults in plain torch with a Python
-backend, so each check runs in a fresh interpreter (`run_checked`), where a crash fails the test by its signal."""
+backend, so each check runs in a process of its own (`run_checked`), where a crash fails the test by its signal."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`repr`/`str` of `neuron` tensors, parameters, storages and modules: the same text as on CPU plus the device.
 
-Printing reads device memory through many small ops (summaries, slicing, `item`), so each check runs in a fresh
-interpreter: a crash is a test failure, not a dead session."""
+Printing reads device memory through many small ops (summaries, slicing, `item`), so each check runs in a process
+of its own: a crash is a test failure, not a dead session."""
 
 from __future__ import annotations
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
+from device_support import run_python
 
 import torch_neuronx
 
@@ -54,8 +52,9 @@ def test_memory_functions() -> None:
 def test_is_neuron_runtime_initialized_follows_first_use() -> None:
     code = ("import torch, torch_neuronx; a = torch_neuronx.is_neuron_runtime_initialized(); "
             "torch.ones(1, device='neuron'); print(a, torch_neuronx.is_neuron_runtime_initialized())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
-    assert out.split() == ["False", "True"]
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True"]
 
 
 def test_unknown_name_is_an_attribute_error() -> None:
@@ -81,5 +80,6 @@ try:
 except ImportError as e:
     print(e)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
-    assert out.strip() == f"torch_neuronx.{name} needs the {wheel} package (pip install {wheel})"
+    result = run_python(code, fresh=True)  # fresh: the import hook must be in place before torch loads the plugins
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"torch_neuronx.{name} needs the {wheel} package (pip install {wheel})"
