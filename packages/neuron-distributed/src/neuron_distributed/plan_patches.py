@@ -240,7 +240,15 @@ def _planned_by_its_backend(backend: Any) -> bool:
     """The plan compiles with this backend as the real run does: "neuron" (as the plan wraps it, or as given before
     the plan) and "eager"."""
     backend = getattr(backend, "__wrapped__", backend)  # as `_compiled_outside_plan` wraps it
-    return backend is None or _runs_eagerly(backend) or backend is torch._dynamo.lookup_backend("neuron")
+    return backend is None or _runs_eagerly(backend) or backend is _neuron_backend()
+
+
+def _neuron_backend() -> Any:
+    """Dynamo's "neuron" backend, or None where neuron-compile (which registers it) is not installed."""
+    try:
+        return torch._dynamo.lookup_backend("neuron")
+    except torch._dynamo.exc.InvalidBackend:
+        return None
 
 
 class _EagerInPlan:
