@@ -8,7 +8,9 @@ This module imports `torch._dynamo`; it is imported lazily (never during `import
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,7 +18,7 @@ from torch._dynamo.device_interface import CpuInterface, register_interface_for_
 
 from . import _patches
 
-__all__ = ["NeuronInterface", "register"]
+__all__ = ["NeuronInterface", "register", "register_once"]
 
 DEVICE = _patches.DEVICE
 
@@ -47,22 +49,31 @@ class NeuronInterface(CpuInterface):
         torch.neuron.synchronize(device)
 
 
-_lock = threading.Lock()
-_registered = False
+def register_once(function: Callable[[], None]) -> Callable[[], None]:
+    """`function` run once per process, thread-safe: registering a device with Dynamo or Inductor is global and must
+    not run twice (two threads compiling at once); a registration that raised runs again on the next call."""
+    lock = threading.Lock()
+    done = False
+
+    @functools.wraps(function)
+    def run_once() -> None:
+        nonlocal done
+        if done:
+            return
+        with lock:
+            if not done:
+                function()
+                done = True
+
+    return run_once
 
 
+@register_once
 def register() -> None:
     """Register `neuron` with Dynamo (idempotent, thread-safe)."""
-    global _registered
-    if _registered:
-        return
-    with _lock:
-        if _registered:
-            return
-        register_interface_for_device(DEVICE, NeuronInterface)
-        for index in range(torch.neuron.device_count()):
-            register_interface_for_device(f"{DEVICE}:{index}", NeuronInterface)
-        _patches.register_stream_functions()
-        _patches.lazy_trace_log_headers()
-        _patches.linear_guard_cse()
-        _registered = True
+    register_interface_for_device(DEVICE, NeuronInterface)
+    for index in range(torch.neuron.device_count()):
+        register_interface_for_device(f"{DEVICE}:{index}", NeuronInterface)
+    _patches.register_stream_functions()
+    _patches.lazy_trace_log_headers()
+    _patches.linear_guard_cse()

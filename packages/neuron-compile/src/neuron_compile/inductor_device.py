@@ -12,7 +12,6 @@ This module imports `torch._dynamo`/`torch._inductor`; it is imported lazily (ne
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -85,23 +84,11 @@ class NeuronCppWrapperUnsupported:
         )
 
 
-_lock = threading.Lock()
-_registered = False
-
-
+@dynamo_device.register_once
 def register() -> None:
     """Register `neuron` with Dynamo (`dynamo_device`) and Inductor's code generation (idempotent, thread-safe)."""
-    global _registered
-    if _registered:
-        return
-    with _lock:
-        if _registered:
-            return
-        dynamo_device.register()
-        register_backend_for_device(
-            DEVICE, CppScheduling, NeuronWrapperCodegen, NeuronCppWrapperUnsupported, WrapperFxCodegen
-        )
-        register_device_op_overrides(DEVICE, CpuDeviceOpOverrides())
-        _patches.patch_scheduler_host_check()
-        _patches.patch_current_backend()
-        _registered = True
+    dynamo_device.register()
+    register_backend_for_device(DEVICE, CppScheduling, NeuronWrapperCodegen, NeuronCppWrapperUnsupported, WrapperFxCodegen)
+    register_device_op_overrides(DEVICE, CpuDeviceOpOverrides())
+    _patches.patch_scheduler_host_check()
+    _patches.patch_current_backend()
