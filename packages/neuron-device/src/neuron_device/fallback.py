@@ -18,7 +18,6 @@ are adopted as device storage without a copy. The semantics follow PyTorch's own
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import sys
@@ -26,18 +25,18 @@ import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from . import allocator, envvars
 from . import numerics as _numerics
 from .neuron import random as _random
-from .ops.catalogue import OpInfo, _infos, op_info
+from .ops.call import OverloadRecord, overload_record, records
+from .ops.catalogue import OpInfo
 from .simulation import ledger as _ledger
 from .storage import host_alias
 
-__all__ = ["FALLBACK_ENV", "admit", "executed_ops", "joined_device", "run_on_host", "seeded_call"]
+__all__ = ["FALLBACK_ENV", "admit", "executed_ops", "run_on_host", "seeded_call"]
 
 FALLBACK_ENV = envvars.FALLBACK.name
 
@@ -70,7 +69,11 @@ def _stack_trace() -> str:
 
 def admit(op: torch._ops.OpOverload) -> OpInfo:
     """Classify `op` before it runs: a fallback warns once per op, is recorded, and raises in strict mode."""
-    info = _infos.get(op) or op_info(op)
+    return _admit(records.get(op) or overload_record(op))
+
+
+def _admit(overload: OverloadRecord) -> OpInfo:
+    info = overload.info
     if info.engine is None:
         name = info.name
         if _ledger.record_fallback(name):
@@ -88,72 +91,6 @@ def admit(op: torch._ops.OpOverload) -> OpInfo:
 _NEURON = "neuron"
 executed_ops: Counter[str] = Counter()  # op name -> calls, for op tracking and tests
 
-# The argument that CUDA's kernels accept on the CPU next to device tensors: indexing's `indices` (moved to the
-# device). Any other CPU tensor with dimensions (`index_put_`'s values too) is an error, as on CUDA.
-_CPU_OK_ARGUMENT = "indices"
-_INDEXING = frozenset({"aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put",
-                       "aten::_index_put_impl_", "aten::index_put.out", "aten::_index_put_impl"})
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """What the fallback needs to know about an op's schema, computed once per overload."""
-
-    name: str
-    out_names: tuple[str, ...]  # keyword-only arguments written to (out=)
-    generator: tuple[int, str] | None  # (position, name) of a Generator? argument
-    seeded: bool  # may draw random numbers
-    dropout_position: int | None  # a seeded op's `dropout_p` argument: it draws none when that is 0
-    cpu_ok_position: int | None  # the argument that may be a CPU tensor with dimensions (indexing's indices)
-    in_place: bool  # writes its first argument
-    tensor_positions: tuple[int, ...]  # positional arguments typed `Tensor` (may arrive as Python numbers)
-    host_call: Callable  # the op itself, or its decomposition when the CPU has no kernel for it
-
-
-def _host_call(op: torch._ops.OpOverload, name: str) -> Callable:
-    """`op`, unless the CPU cannot run it (no kernel, not even a composite one) and torch has a decomposition."""
-    if torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, "CPU"):
-        return op
-    from torch._decomp import decomposition_table
-
-    return decomposition_table.get(op, op)  # no decomposition either: torch's own error names the op
-
-
-_plans: dict[torch._ops.OpOverload, _Plan] = {}
-
-
-def _plan(op: torch._ops.OpOverload) -> _Plan:
-    plan = _plans.get(op)
-    if plan is not None:
-        return plan
-    schema = op._schema
-    out_names = tuple(
-        a.name for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
-    )
-    generator = next(
-        ((i, a.name) for i, a in enumerate(schema.arguments) if str(a.type) == "Optional[Generator]"), None
-    )
-    name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
-    plan = _Plan(
-        name=name,
-        out_names=out_names,
-        generator=generator,
-        seeded=torch.Tag.nondeterministic_seeded in op.tags,
-        dropout_position=next((i for i, a in enumerate(schema.arguments) if a.name == "dropout_p"), None),
-        cpu_ok_position=next(
-            (i for i, a in enumerate(schema.arguments) if a.name == _CPU_OK_ARGUMENT), None
-        ) if name in _INDEXING else None,
-        in_place=bool(schema.arguments) and schema.arguments[0].alias_info is not None
-        and schema.arguments[0].alias_info.is_write and not schema.arguments[0].kwarg_only,
-        tensor_positions=tuple(
-            i for i, a in enumerate(schema.arguments) if not a.kwarg_only and str(a.type) == "Tensor"
-        ),
-        host_call=_host_call(op, name),
-    )
-    _plans[op] = plan
-    return plan
-
-
 # A CPU `out=` of a `neuron` op: the message of CUDA's structured kernels (their generated device check), or that of a
 # CUDA kernel that checks the device of `out` itself (PyTorch's tests match these texts).
 _STRUCTURED_OUT_DEVICE = "Expected out tensor to have device {device}, but got cpu instead (in {op})"
@@ -165,10 +102,10 @@ _OUT_DEVICE_MESSAGES = {
 class _Call:
     """State of one fallback call: the device, the host aliases made, and the inputs' storages."""
 
-    __slots__ = ("aliases", "hosts", "index", "plan", "storages")
+    __slots__ = ("aliases", "hosts", "index", "overload", "storages")
 
-    def __init__(self, plan: _Plan) -> None:
-        self.plan = plan
+    def __init__(self, overload: OverloadRecord) -> None:
+        self.overload = overload
         self.index: int | None = None
         self.aliases: dict[int, torch.Tensor] = {}  # id(host alias) -> neuron tensor
         # id(neuron tensor) -> its host alias: a tensor passed twice (`mul.out(x, y, out=x)`, which `x.ldexp_(y)`
@@ -214,18 +151,19 @@ class _Call:
         the tensor written (in-place `self`, `out=`); a CPU tensor with dimensions only as indexing's indices."""
         if self.index is None:
             return
-        plan = self.plan
+        overload = self.overload
         for position, value in enumerate(args):
             for tensor in _cpu_tensors(value):
-                if (position == 0 and plan.in_place) or (tensor.dim() > 0 and position != plan.cpu_ok_position):
-                    self._mixed(plan.name)
+                if (position == 0 and overload.in_place) or (tensor.dim() > 0
+                                                             and position != overload.cpu_ok_position):
+                    self._mixed(overload.name)
         for key, value in kwargs.items():
             for tensor in _cpu_tensors(value):
-                if key in plan.out_names:
-                    message = _OUT_DEVICE_MESSAGES.get(plan.name, _STRUCTURED_OUT_DEVICE)
-                    raise RuntimeError(message.format(device=f"neuron:{self.index}", op=plan.name))
+                if key in overload.out_names:
+                    message = _OUT_DEVICE_MESSAGES.get(overload.name, _STRUCTURED_OUT_DEVICE)
+                    raise RuntimeError(message.format(device=f"neuron:{self.index}", op=overload.name))
                 if tensor.dim() > 0:
-                    self._mixed(plan.name)
+                    self._mixed(overload.name)
 
     def _mixed(self, name: str) -> None:
         raise RuntimeError(
@@ -241,7 +179,7 @@ class _Call:
             if value.device.type != "cpu":
                 return value
             if value.layout is not torch.strided:
-                raise NotImplementedError(f"{self.plan.name} would make a {value.layout} tensor on neuron, but {_DENSE_ONLY}")
+                raise NotImplementedError(f"{self.overload.name} would make a {value.layout} tensor on neuron, but {_DENSE_ONLY}")
             return self._view_of_input(value) or allocator.adopt_tracked(value, self.device_index())
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_device(v) for v in value)
@@ -273,32 +211,6 @@ def _cpu_tensors(value) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for item in value for t in _cpu_tensors(item)]
     return []
-
-
-def joined_device(tensor: torch.Tensor, index: int) -> int:
-    """The device index of an op whose tensor arguments so far were on device `index` (-1: none yet) and which also
-    takes `tensor`; -2 if `tensor` is not a `neuron` tensor of that device (the hot paths' test for the common call,
-    which the boxed fallback handles otherwise)."""
-    device = tensor.get_device()  # -1 for CPU and meta tensors
-    return device if device >= 0 and (index < 0 or device == index) else -2
-
-
-def tensor_list(value: list | tuple, index: int, convert: Callable[[torch.Tensor], Any]) -> tuple[list, int] | None:
-    """A tensor-list argument of the common call (the fast path's and adaptive eager's): each item through
-    `convert` (None items stay None) and the device index joined over them (`joined_device`); None when an item is
-    not a tensor or not on that device."""
-    items = []
-    for item in value:
-        if item is None:
-            items.append(None)
-            continue
-        if not isinstance(item, torch.Tensor):
-            return None
-        index = joined_device(item, index)
-        if index < 0:
-            return None
-        items.append(convert(item))
-    return items, index
 
 
 _FULL_PRECISION = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
@@ -407,9 +319,9 @@ def _op_name(op: Callable) -> str | None:
     return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
 
 
-def _no_dropout(plan: _Plan, args: tuple, kwargs: dict) -> bool:
+def _no_dropout(overload: OverloadRecord, args: tuple, kwargs: dict) -> bool:
     """A seeded op called with `dropout_p == 0` (attention in eval mode) draws no random numbers."""
-    position = plan.dropout_position
+    position = overload.dropout_position
     if position is None:
         return False
     return (args[position] if position < len(args) else kwargs.get("dropout_p", 0.0)) == 0.0
@@ -478,43 +390,45 @@ def refusing(kind: str) -> Callable:
 
 def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
     """The boxed fallback: execute `op` with its CPU kernel on host aliases of the `neuron` arguments."""
+    overload = records.get(op) or overload_record(op)
     if _numerics.downcast_64bit:  # opt-in: 64-bit types computed in 32 bits (numerics.py)
-        return _numerics.run_downcast(_run_on_host, op, args, kwargs)
-    return _run_on_host(op, *args, **kwargs)
+        return _numerics.run_downcast(_run_on_host, overload, args, kwargs)
+    return _run_on_host(overload, *args, **kwargs)
 
 
-def _run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
-    plan = _plan(op)
-    executed_ops[plan.name] += 1
-    tracked = admit(op)  # native kernel or CPU fallback (warns once; raises in strict mode)
-    call = _Call(plan)
+def _run_on_host(overload: OverloadRecord, *args, **kwargs):
+    op = overload.op
+    executed_ops[overload.name] += 1
+    tracked = _admit(overload)  # native kernel or CPU fallback (warns once; raises in strict mode)
+    call = _Call(overload)
     host_args = call.to_host(args)
-    for position in plan.tensor_positions:
+    positions = overload.wrapped_number_positions
+    for position in positions:
         if position < len(host_args) and not isinstance(host_args[position], torch.Tensor):
-            host_args = _wrap_numbers(host_args, plan.tensor_positions)
+            host_args = _wrap_numbers(host_args, positions)
             break
     host_kwargs = {}
     outs: list[tuple[str, torch.Tensor]] = []
     for key, value in kwargs.items():
-        if key in plan.out_names and isinstance(value, torch.Tensor) and value.device.type == _NEURON:
+        if key in overload.out_names and isinstance(value, torch.Tensor) and value.device.type == _NEURON:
             outs.append((key, value))
         host_kwargs[key] = call.to_host(value)
     call.check_devices(args, kwargs)
     index = call.device_index()
 
-    if plan.generator is not None:
-        position, name = plan.generator
+    if overload.generator is not None:
+        position, name = overload.generator
         if position < len(host_args):
             if host_args[position] is None:
                 host_args = (*host_args[:position], _random.default_generator(index), *host_args[position + 1 :])
         elif host_kwargs.get(name) is None:
             host_kwargs[name] = _random.default_generator(index)
-        run = plan.host_call
-    elif plan.seeded and not _no_dropout(plan, host_args, host_kwargs):
+        run = overload.host_call
+    elif overload.seeded and not _no_dropout(overload, host_args, host_kwargs):
         def run(*a, **k):
             return seeded_call(op, index, a, k)
     else:
-        run = plan.host_call
+        run = overload.host_call
 
     fresh = {key: out for key, out in outs if out.numel() == 0}
     for key, out in fresh.items():

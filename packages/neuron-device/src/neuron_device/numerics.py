@@ -25,12 +25,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import allocator, envvars
 from .storage import host_alias
+
+if TYPE_CHECKING:  # the record's module imports the catalogue, whose cost model reads this policy
+    from .ops.call import OverloadRecord
 
 __all__ = [
     "DOWNCAST_64BIT_ENV",
@@ -184,34 +187,8 @@ class _Downcast:
         return value
 
 
-class _Plan(NamedTuple):
-    """What `run_downcast` needs from an op's schema, computed once per overload."""
-
-    is_view: bool  # returns a view of an input: moves no data
-    written_names: frozenset[str]  # arguments the op writes (in-place self, out=)
-    written_positions: frozenset[int]
-    dtype_position: int | None  # of a `dtype` argument, which decides the output type when given
-
-
-_plans: dict[torch._ops.OpOverload, _Plan] = {}
-
-
-def _plan(op: torch._ops.OpOverload) -> _Plan:
-    plan = _plans.get(op)
-    if plan is None:
-        arguments = op._schema.arguments
-        written = [(i, a.name) for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write]
-        plan = _plans[op] = _Plan(
-            is_view=any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns),
-            written_names=frozenset(name for _, name in written),
-            written_positions=frozenset(i for i, _ in written),
-            dtype_position=next((i for i, a in enumerate(arguments) if a.name == "dtype"), None),
-        )
-    return plan
-
-
-def _explicit_dtype(plan: _Plan, args: tuple, kwargs: dict) -> bool:
-    position = plan.dtype_position
+def _explicit_dtype(overload: OverloadRecord, args: tuple, kwargs: dict) -> bool:
+    position = overload.dtype_position
     if position is None:
         return False
     return kwargs.get("dtype") is not None or (position < len(args) and args[position] is not None)
@@ -223,23 +200,23 @@ def _has_wide(values) -> bool:
     )
 
 
-def run_downcast(run: Callable, op: torch._ops.OpOverload, args: tuple, kwargs: dict):
-    """Run `op` through `run` (the host fallback) with 64-bit `neuron` inputs computed in 32 bits.
+def run_downcast(run: Callable, overload: OverloadRecord, args: tuple, kwargs: dict):
+    """Run the op of `overload` (`ops.call`) through `run` (the host fallback, called with `overload` first) with
+    64-bit `neuron` inputs computed in 32 bits.
 
     float64 inputs are computed as float32 and float32 results come back as float64 when an input was float64 and
     no explicit `dtype` decided the output type; int64 values wrap to int32 before and after (exactly int32
     arithmetic for +, -, *, bitwise ops, comparisons, sums and products). Written arguments (in-place, out=) are
     updated in their own dtype. View ops move no data and run unchanged.
     """
-    plan = _plan(op)
-    if plan.is_view:
-        return run(op, *args, **kwargs)
+    if overload.returns_view:
+        return run(overload, *args, **kwargs)
     call = _Downcast()
     if _has_wide((*args, *kwargs.values())):
-        args_32 = tuple(call.narrow(a, i in plan.written_positions) for i, a in enumerate(args))
-        kwargs_32 = {k: call.narrow(v, k in plan.written_names) for k, v in kwargs.items()}
-        result = run(op, *args_32, **kwargs_32)
+        args_32 = tuple(call.narrow(a, i in overload.written_positions) for i, a in enumerate(args))
+        kwargs_32 = {k: call.narrow(v, k in overload.written_names) for k, v in kwargs.items()}
+        result = run(overload, *args_32, **kwargs_32)
         call.write_back()
     else:
-        result = run(op, *args, **kwargs)  # 64-bit results of 32-bit inputs (factories, int32 sums) still narrow
-    return call.widen(result, call.had_float64 and not _explicit_dtype(plan, args, kwargs))
+        result = run(overload, *args, **kwargs)  # 64-bit results of 32-bit inputs (factories, int32 sums) narrow too
+    return call.widen(result, call.had_float64 and not _explicit_dtype(overload, args, kwargs))

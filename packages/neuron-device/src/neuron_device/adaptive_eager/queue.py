@@ -45,8 +45,9 @@ from .. import barrier as _barrier
 from .. import numerics as _numerics
 from .. import storage as _storage
 from .. import topology as _topology
-from ..fallback import executed_ops, joined_device, tensor_list
+from ..fallback import executed_ops
 from ..ops import fastpath as _fastpath
+from ..ops.call import OverloadRecord, walk
 from ..ops.catalogue import OpInfo
 from ..simulation import ledger as _ledger
 
@@ -165,7 +166,7 @@ _queued: dict[int, tuple] = {}  # data pointer of a queued output's storage -> (
 _device = -1
 _specs: dict[tuple, _Spec | None] = {}  # op signature -> its spec, None if it cannot be queued
 _NO, _YES, _MATMUL = 0, 1, 2
-_kinds: dict[Any, int] = {}  # fast-path plan -> _NO, _YES or _MATMUL (`_plan_kind`)
+_kinds: dict[OverloadRecord, int] = {}  # -> _NO, _YES or _MATMUL (`_kind`)
 _runs: dict[tuple, _Run] = {}
 _counters = dict.fromkeys(("recorded", "flushes", "op_by_op_runs", "fused_runs", "compiled", "fuse_failures"), 0)
 
@@ -209,16 +210,16 @@ def stats() -> dict[str, int]:
     return dict(_counters)
 
 
-def _plan_kind(plan: Any) -> int:
+def _kind(overload: OverloadRecord) -> int:
     """`_NO` unless a functional overload (fresh results, no input written) whose CPU kernel does not check index
     values; `_MATMUL` for an op whose CPU kernel follows the host's float32 matmul precision."""
-    schema = plan.op._schema
+    schema = overload.op._schema
     name = schema.name.partition("::")[2]
     if any(a.alias_info is not None for a in schema.arguments) or name in _READS_INDEX_VALUES:
         kind = _NO
     else:
-        kind = _MATMUL if plan.info.engine == "tensor" or "attention" in name else _YES
-    _kinds[plan] = kind
+        kind = _MATMUL if overload.info.engine == "tensor" or "attention" in name else _YES
+    _kinds[overload] = kind
     return kind
 
 
@@ -296,15 +297,15 @@ def _argument(value: _Tensor) -> tuple[_External | _Queued | bool, tuple]:
     return _externals[number], signature
 
 
-def record(plan: Any, args: tuple, kwargs: dict):
+def record(overload: OverloadRecord, args: tuple, kwargs: dict):
     """Queue one call of a fast-path op and return its not-yet-computed result; None if the op must run now.
 
     Installed in front of the fast path's direct call while adaptive eager is on (`set_enabled`,
     `fastpath.set_recorder`): called before it touches any data; the op runs now when this returns None.
     """
-    kind = _kinds.get(plan, -1)
+    kind = _kinds.get(overload, -1)
     if kind < 0:
-        kind = _plan_kind(plan)
+        kind = _kind(overload)
     if not kind or _numerics.downcast_64bit:
         return None
     if kind == _MATMUL and _matmul_precision("mkldnn", "matmul") not in _IEEE:
@@ -319,12 +320,12 @@ def record(plan: Any, args: tuple, kwargs: dict):
         known = len(_inputs)
         outcome = None
         try:
-            outcome = _record(plan, args, kwargs)
+            outcome = _record(overload, args, kwargs)
             if outcome is False:  # an argument cannot refer to the queue as it is: flush, then it is an input
                 _forget_inputs(known)  # what the attempt registered is no input of the run being flushed
                 flush()
                 known = 0
-                outcome = _record(plan, args, kwargs)
+                outcome = _record(overload, args, kwargs)
         finally:
             if (outcome is None or outcome is False) and len(_inputs) > known:
                 _forget_inputs(known)  # the op is not queued: what it registered must not stay alive
@@ -337,32 +338,30 @@ def _forget_inputs(known: int) -> None:
     del _inputs[known:]
 
 
-def _record(plan: Any, args: tuple, kwargs: dict):
+def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     """`record` under the lock: the result, None (run the op now), or False (flush, then try again)."""
     global _device
-    index = -1
-    call = plan.op
+    walked = walk(overload, args, _argument)  # the fast path's walk: (reference, signature) per tensor
+    if walked is None:
+        return None
+    converted, index, call = walked
+    call = overload.op if call is overload.call else overload.scalar_op
     template = list(args)
     key = list(args)  # the op's signature: tensors by sizes, strides and dtype, numbers by their bits
     refs = []  # how the tensor arguments connect to the run
-    tensor_positions = plan.tensor_positions
+    tensor_positions = overload.tensor_positions
     for position, value in enumerate(args):
         if isinstance(value, _Tensor):
-            index = joined_device(value, index)
-            if index < 0:
-                return None
-            reference, key[position] = _argument(value)
+            reference, key[position] = converted[position]
             if type(reference) is bool:
                 return None if reference else False
             template[position] = reference
             refs.append(reference)
-        elif (type(value) is list or type(value) is tuple) and value and position in tensor_positions:
-            walked = tensor_list(value, index, _argument)  # (reference, signature) per item, the fast path's walk
-            if walked is None:
+        elif (type(value) is list or type(value) is tuple) and position in tensor_positions:
+            if not value:
                 return None
-            pairs, index = walked
             items, shapes = [], []
-            for pair in pairs:
+            for pair in converted[position]:
                 reference, shape_key = (None, None) if pair is None else pair
                 if type(reference) is bool:
                     return None if reference else False
@@ -371,25 +370,20 @@ def _record(plan: Any, args: tuple, kwargs: dict):
             template[position] = items
             key[position] = tuple(shapes)
             refs.append(tuple(items))
-        elif position in tensor_positions and value is not None:
-            if position != 1 or plan.scalar_op is None or not isinstance(value, _NUMBERS):
-                return None
-            call = plan.scalar_op
+        elif position in tensor_positions and value is not None:  # a number the Scalar overload takes
             key[position] = (type(value), _key(value))
         elif type(value) is float or type(value) is list:
             key[position] = _key(value)
-    if index < 0:
-        return None
     if _queue and index != _device:
         return False
     signature = (call, tuple(key), tuple((k, _key(v)) for k, v in kwargs.items()) if kwargs else None)
     spec = _specs.get(signature, False)
     if spec is False:
-        spec = _spec(signature, call, plan.info, args, kwargs)
+        spec = _spec(signature, call, overload.info, args, kwargs)
     if spec is None:
         return None
     position = len(_queue)
-    entry = _Entry(call, template, kwargs, plan.info, spec, (signature, tuple(refs)))
+    entry = _Entry(call, template, kwargs, overload.info, spec, (signature, tuple(refs)))
     outputs = entry.outputs
     results = None if spec.single else []
     for number, metadata in enumerate(spec.outputs):
@@ -413,7 +407,7 @@ def _record(plan: Any, args: tuple, kwargs: dict):
     _queue.append(entry)
     _device = index
     _counters["recorded"] += 1
-    executed_ops[plan.name] += 1
+    executed_ops[overload.name] += 1
     _barrier.set_pending(flush)
     if len(_queue) >= buffer_size_limit:
         flush()

@@ -5,7 +5,7 @@ inputs, mixed devices, 64-bit downcasting. Structured ops also reach it as their
 `empty` kernel call for the output. For the ops a model runs on every step (pointwise, reductions, softmax,
 copies, embedding and indexing) the common call needs none of that: all tensor arguments are `neuron` tensors of
 one device, and the result is a fresh tensor (or, in place, `self`). A kernel on the overload itself does exactly
-that call, with a plan per overload computed at registration:
+that call, with the overload's record (`ops.call`) computed at registration:
 
 * the CPU kernel runs on zero-copy host aliases of the inputs (`storage.kernel_input`: the storage's host twin itself
   for an input laid out as it, as op results are), and its fresh result is adopted as device storage (an in-place op
@@ -28,16 +28,15 @@ import torch
 from .. import allocator
 from .. import numerics as _numerics
 from ..barrier import flush_barrier
-from ..fallback import executed_ops, run_on_host, tensor_list
+from ..fallback import executed_ops, run_on_host
 from ..simulation import ledger as _ledger
 from ..storage import adopt, kernel_input
 from . import registry
-from .catalogue import op_info
+from .call import OverloadRecord, overload_record, records, walk
 
 __all__ = ["HOT_OPS", "Record", "install", "run_direct", "set_recorder"]
 
 _Tensor = torch.Tensor
-_NUMBERS = (bool, int, float, complex)
 
 # Op packets of the hot path (issue 4): every functional overload of each gets a direct kernel.
 HOT_OPS: tuple[str, ...] = (
@@ -59,68 +58,6 @@ HOT_OPS: tuple[str, ...] = (
 )
 
 
-def _is_tensor_type(type_: torch._C.JitType) -> bool:
-    text = str(type_)
-    return text in ("Tensor", "Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]")
-
-
-def _dropout_position(op: torch._ops.OpOverload) -> int | None:
-    """Where a seeded op takes its `dropout_p` (attention): with `dropout_p == 0` it draws no random numbers."""
-    names = [a.name for a in op._schema.arguments]
-    return names.index("dropout_p") if "dropout_p" in names else None
-
-
-def _fast_eligible(op: torch._ops.OpOverload) -> bool:
-    """A functional overload (returns fresh tensors) or an in-place one (writes and returns only `self`), taking no
-    generator or device and drawing no random numbers (or only through a `dropout_p` checked per call)."""
-    schema = op._schema
-    arguments, returns = schema.arguments, schema.returns
-    if not returns or any(str(r.type) != "Tensor" for r in returns):
-        return False
-    in_place = arguments[0].alias_info is not None and arguments[0].alias_info.is_write
-    if in_place:
-        if len(returns) != 1 or returns[0].alias_info is None or any(a.alias_info is not None for a in arguments[1:]):
-            return False
-    elif any(a.alias_info is not None for a in arguments) or any(r.alias_info is not None for r in returns):
-        return False
-    if any(str(a.type) in ("Optional[Generator]", "Optional[Device]", "Device") for a in arguments):
-        return False
-    if torch.Tag.nondeterministic_seeded in op.tags and _dropout_position(op) is None:
-        return False
-    return any(_is_tensor_type(a.type) for a in arguments if not a.kwarg_only)
-
-
-class _Plan:
-    """What one call of a fast kernel needs, computed once per overload."""
-
-    __slots__ = ("call", "dropout_position", "in_place", "info", "name", "op", "scalar_call", "scalar_op",
-                 "tensor_positions")
-
-    def __init__(self, op: torch._ops.OpOverload) -> None:
-        schema = op._schema
-        self.op = op
-        self.call = op._op  # the C++ callable `OpOverload.__call__` forwards to, minus that Python frame
-        first = schema.arguments[0].alias_info
-        self.in_place = first is not None and first.is_write
-        self.info = op_info(op)
-        self.name = self.info.name
-        seeded = torch.Tag.nondeterministic_seeded in op.tags
-        self.dropout_position = _dropout_position(op) if seeded else None
-        self.tensor_positions = tuple(
-            i for i, a in enumerate(schema.arguments) if not a.kwarg_only and _is_tensor_type(a.type)
-        )
-        # `x + 0.5` reaches `add.Tensor` with a Python number as `other`: the `.Scalar` overload is what the CPU
-        # runs for it (a wrapped-number tensor), so a number in position 1 calls that overload directly.
-        packet = getattr(torch.ops.aten, schema.name.partition("::")[2])
-        scalar = getattr(packet, "Scalar", None) if schema.overload_name == "Tensor" else None
-        self.scalar_op = scalar if scalar is not None and self._same_arguments(scalar) else None
-        self.scalar_call = None if self.scalar_op is None else self.scalar_op._op
-
-    def _same_arguments(self, other: torch._ops.OpOverload) -> bool:
-        ours, theirs = self.op._schema.arguments, other._schema.arguments
-        return [a.name for a in ours] == [a.name for a in theirs] and str(theirs[1].type) in ("Scalar", "number")
-
-
 def _adopt(result, host: list, args: tuple, positions: tuple[int, ...], index: int):
     """The `neuron` form of a host result: an input's own tensor if the kernel returned its alias (in-place ops
     return `self`), else the fresh result adopted as device storage."""
@@ -134,64 +71,43 @@ def _adopt(result, host: list, args: tuple, positions: tuple[int, ...], index: i
     return allocator.adopt_tracked(result, index)
 
 
-def _direct(plan: _Plan, args: tuple, kwargs: dict):
-    """Run the common call of `plan.op` on host aliases; None if the call is not the common one."""
+def _direct(overload: OverloadRecord, args: tuple, kwargs: dict):
+    """Run the common call of `overload`'s op on host aliases; None if the call is not the common one."""
     if _numerics.downcast_64bit:
         return None
-    dropout = plan.dropout_position
+    dropout = overload.dropout_position
     if dropout is not None and (args[dropout] if dropout < len(args) else kwargs.get("dropout_p", 0.0)) != 0.0:
         return None  # draws random numbers: the fallback runs it on the device's generator
     if kwargs:
         for value in kwargs.values():
             if isinstance(value, _Tensor):
                 return None
-    index = -1
-    host = list(args)  # becomes the host arguments: aliases in place of the `neuron` tensors
-    call = plan.call
-    count = len(args)
-    for position in plan.tensor_positions:
-        if position >= count:
-            break
-        value = args[position]
-        if isinstance(value, _Tensor):
-            device = value.get_device()  # `joined_device`, inline: -1 for CPU and meta tensors
-            if device < 0 or (index >= 0 and device != index):
-                return None
-            index = device
-            host[position] = kernel_input(value)
-        elif type(value) is list or type(value) is tuple:
-            walked = tensor_list(value, index, kernel_input)
-            if walked is None:
-                return None
-            host[position], index = walked
-        elif value is not None:
-            if position != 1 or plan.scalar_call is None or not isinstance(value, _NUMBERS):
-                return None
-            call = plan.scalar_call
-    if index < 0:
+    walked = walk(overload, args, kernel_input)  # host aliases in place of the `neuron` tensors
+    if walked is None:
         return None
-    executed_ops[plan.name] += 1
+    host, index, call = walked
+    executed_ops[overload.name] += 1
     result = call(*host, **kwargs)
-    if type(result) is _Tensor and not plan.in_place:  # a functional op's one result is fresh: the common case
+    if type(result) is _Tensor and not overload.in_place:  # a functional op's one result is fresh: the common case
         tensor = adopt(result, index)
-        _ledger.charge(plan.info, index, host, kwargs, result)
+        _ledger.charge(overload.info, index, host, kwargs, result)
         return allocator.track(tensor, index)
-    _ledger.charge(plan.info, index, host, kwargs, result)
-    return _adopt(result, host, args, plan.tensor_positions, index)
+    _ledger.charge(overload.info, index, host, kwargs, result)
+    return _adopt(result, host, args, overload.tensor_positions, index)
 
 
-Record = Callable[[_Plan, tuple, dict], Any]
+Record = Callable[[OverloadRecord, tuple, dict], Any]
 _record: Record | None = None
 
 
-def _recorded(plan: _Plan, args: tuple, kwargs: dict):
+def _recorded(overload: OverloadRecord, args: tuple, kwargs: dict):
     """`_direct` behind adaptive eager's recorder: the op is queued, or run now when the recorder returns None (after
     the ops queued before it: only adaptive eager queues ops, so plain eager's `_direct` has no barrier to pass)."""
-    result = _record(plan, args, kwargs)
+    result = _record(overload, args, kwargs)
     if result is not None:
         return result
     flush_barrier()
-    return _direct(plan, args, kwargs)
+    return _direct(overload, args, kwargs)
 
 
 _call = _direct  # what every fast kernel calls: `_direct`, or `_recorded` while adaptive eager is on
@@ -207,27 +123,19 @@ def set_recorder(record: Record | None) -> None:
 
 def run_direct(op: torch._ops.OpOverload, *args, **kwargs):
     """`op` on `neuron` tensors: the direct call when it applies, else the boxed fallback."""
-    plan = _plans.get(op) or _plan(op)
-    if plan is not None:
-        result = _call(plan, args, kwargs)
+    overload = records.get(op) or overload_record(op)
+    if overload.direct:
+        result = _call(overload, args, kwargs)
         if result is not None:
             return result
     return run_on_host(op, *args, **kwargs)
 
 
-_plans: dict[torch._ops.OpOverload, _Plan | None] = {}
-
-
-def _plan(op: torch._ops.OpOverload) -> _Plan | None:
-    plan = _plans[op] = _Plan(op) if _fast_eligible(op) else None
-    return plan
-
-
 def _kernel(op: torch._ops.OpOverload) -> Callable:
-    plan = _plan(op)
+    overload = overload_record(op)
 
     def run(*args, **kwargs):
-        result = _call(plan, args, kwargs)
+        result = _call(overload, args, kwargs)
         return run_on_host(op, *args, **kwargs) if result is None else result
 
     run.__name__ = f"{op._schema.name.partition('::')[2]}_fast"
@@ -252,10 +160,10 @@ def install() -> None:
         packet = getattr(aten, packet_name)
         for overload in packet.overloads():
             op = getattr(packet, overload)
-            name = op_info(op).name
-            if name in registry.kernels or op_info(op).engine is None or not _fast_eligible(op):
+            overload = overload_record(op)
+            if overload.name in registry.kernels or overload.info.engine is None or not overload.direct:
                 continue
             if _differentiable_only_by_decomposition(op):
                 continue
-            registry.register(name, _kernel(op))
-            registry.builtin.add(name)
+            registry.register(overload.name, _kernel(op))
+            registry.builtin.add(overload.name)
