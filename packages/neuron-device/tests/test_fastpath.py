@@ -1,7 +1,9 @@
 """The eager fast path (`ops/fastpath.py`): direct kernels on hot overloads give the CPU's results, and leave every
-call outside the common case to the boxed fallback."""
+call outside the common case to the boxed fallback; the record of an overload every path reads, and the common
+call's argument walk (`ops/call.py`)."""
 
 import gc
+import warnings
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ import torch_neuronx
 from neuron_device import allocator
 from neuron_device import storage as hostmem
 from neuron_device.fallback import executed_ops
-from neuron_device.ops import fastpath, registry
+from neuron_device.ops import call, fastpath, registry
 
 
 def _inputs(*shapes, dtype=torch.float32):
@@ -63,6 +65,59 @@ def test_hot_ops_take_the_direct_kernel():
     a * 2.0
     assert executed_ops == {"aten::add.Tensor": 1, "aten::mul.Tensor": 1}
     assert "aten::add.Tensor" in torch_neuronx.get_executed_ops()
+
+
+def test_every_path_reads_one_record_per_overload(monkeypatch):
+    """The fast path, the boxed fallback and the 64-bit numerics read one record per overload, built on first use:
+    an overload without a direct call, through `run_direct`, gets it once, not once per call."""
+    built = []
+
+    class Counting(call.OverloadRecord):
+        __slots__ = ()
+
+        def __init__(self, op):
+            built.append(op)
+            super().__init__(op)
+
+    aten = torch.ops.aten
+    ops = (aten.add.out, aten.nonzero.default, aten.exp.default)
+    x = torch.arange(6.0).to("neuron")
+    out, wide = torch.empty(6).to("neuron"), x.double()
+    saved = {op: call.records.pop(op) for op in ops if op in call.records}
+    monkeypatch.setattr(call, "OverloadRecord", Counting)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nonzero falls back to the CPU
+            for _ in range(2):
+                fastpath.run_direct(aten.add.out, x, x, out=out)  # no direct call: the fallback runs it
+                torch.nonzero(x)
+                torch.neuron.set_downcast_64bit(True)
+                try:
+                    wide.exp()
+                finally:
+                    torch.neuron.set_downcast_64bit(False)
+        assert sorted(map(str, built)) == sorted(map(str, ops))
+    finally:
+        for op in ops:
+            call.records.pop(op, None)
+        call.records.update(saved)
+
+
+def test_walk_takes_the_common_call_only():
+    """`call.walk`, shared by the fast path and adaptive eager: tensors (and tensor lists) of one `neuron` device
+    converted, a number in position 1 run by the `.Scalar` overload; None for anything else."""
+    aten = torch.ops.aten
+    add, cat = call.overload_record(aten.add.Tensor), call.overload_record(aten.cat.default)
+    a, b = torch.ones(2).to("neuron"), torch.zeros(2).to("neuron")
+    host, index, run = call.walk(add, (a, b), id)
+    assert host == [id(a), id(b)] and index == 0 and run is add.call
+    host, index, run = call.walk(add, (a, 2.5), id)
+    assert host == [id(a), 2.5] and run is add.scalar_call is aten.add.Scalar._op
+    assert call.walk(cat, ([a, b], 0), id) == ([[id(a), id(b)], 0], 0, cat.call)
+    assert call.walk(add, (a, torch.ones(2)), id) is None  # a CPU tensor: the fallback's device rules
+    assert call.walk(cat, ([a, torch.ones(2)], 0), id) is None
+    assert call.walk(cat, ([a, "b"], 0), id) is None
+    assert call.walk(add, (2.5, a), id) is None  # a number where no Scalar overload takes it
 
 
 def test_embedding_and_index_equal_cpu():

@@ -14,9 +14,10 @@ memory                 `allocator` (caching allocator per device, HBM capacity, 
                        memory as device storage, host aliases)
 streams and clocks     `neuron/streams` (`Stream`, `Event`), `timeline` (a simulated clock per stream)
 random numbers         `neuron/random` (one generator per device; CUDA's (seed, offset) state)
-kernels                `ops/registry` (registration), `ops/catalogue` (engine and work per op), `ops/minimal`,
-                       `ops/matmul`, `ops/attention`, `ops/flex_attention`, `ops/rnn_cells`, `ops/cpu_exact` (kernels), `ops/fastpath`
-                       (the direct call of common ops)
+kernels                `ops/registry` (registration), `ops/catalogue` (engine and work per op), `ops/call` (the
+                       record of each op overload that every path reads, the common call's argument walk),
+                       `ops/minimal`, `ops/matmul`, `ops/attention`, `ops/flex_attention`, `ops/rnn_cells`,
+                       `ops/cpu_exact` (kernels), `ops/fastpath` (the direct call of common ops)
 CPU fallback           `fallback` (any op on host aliases; which ops fall back, `NEURON_FALLBACK_ENABLED`)
 simulated cost         `simulation/costmodel` (an op's device time), `simulation/ledger` (the op ledger: charging,
                        compile cache, counters), `simulation/planned` (plan mode's charges), `simulation/report`,

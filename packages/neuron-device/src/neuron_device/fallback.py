@@ -396,7 +396,7 @@ def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
     return _run_on_host(overload, *args, **kwargs)
 
 
-def _run_on_host(overload: OverloadRecord, *args, **kwargs):
+def _run_on_host(overload: OverloadRecord, /, *args, **kwargs):
     op = overload.op
     executed_ops[overload.name] += 1
     tracked = _admit(overload)  # native kernel or CPU fallback (warns once; raises in strict mode)

@@ -173,7 +173,6 @@ _counters = dict.fromkeys(("recorded", "flushes", "op_by_op_runs", "fused_runs",
 aten = torch.ops.aten
 _CPU_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 _Tensor = torch.Tensor
-_NUMBERS = (bool, int, float, complex)
 _matmul_precision = torch._C._get_fp32_precision_getter
 _IEEE = ("none", "ieee")
 _PROBE_BYTES = 16 << 20  # inputs larger than this are not queued: learning their op's layout would copy them
