@@ -22,7 +22,7 @@ import torch
 
 from .catalogue import OpInfo, op_info
 
-__all__ = ["OverloadRecord", "joined_device", "overload_record", "tensor_list", "walk"]
+__all__ = ["OverloadRecord", "joined_device", "overload_record", "records", "tensor_list", "walk"]
 
 _Tensor = torch.Tensor
 _NUMBERS = (bool, int, float, complex)
