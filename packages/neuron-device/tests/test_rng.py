@@ -216,6 +216,7 @@ def test_every_random_cpu_kernel_has_a_way_to_run_on_the_device_generator():
     installed torch is one (each takes a generator, has an overload that does, has a step-by-step form, or draws
     nothing)."""
     from neuron_device import fallback
+    from neuron_device.ops.call import overload_record
 
     stranded = []
     for name in torch._C._dispatch_get_all_op_names():
@@ -226,7 +227,7 @@ def test_every_random_cpu_kernel_has_a_way_to_run_on_the_device_generator():
             continue
         if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
             continue  # composite or CPU-less: reaches the device as the ops it is made of
-        if fallback.generator_form(op) is None and name not in fallback._WITH_GENERATOR \
+        if overload_record(op).generator_form is None and name not in fallback._WITH_GENERATOR \
                 and name not in fallback._DRAW_NOTHING_ON_CPU:
             stranded.append(name)
     assert stranded == []

@@ -18,7 +18,6 @@ are adopted as device storage without a copy. The semantics follow PyTorch's own
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import traceback
@@ -257,28 +256,6 @@ _WITH_GENERATOR: dict[str, Callable] = {"aten::native_dropout": _native_dropout}
 _DRAW_NOTHING_ON_CPU = frozenset({"aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_fused_sdp_choice"})
 
 
-def _generator_argument(op: torch._ops.OpOverload) -> str | None:
-    return next((a.name for a in op._schema.arguments if str(a.type) == "Optional[Generator]"), None)
-
-
-@functools.cache
-def generator_form(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, str] | None:
-    """The overload that runs `op` on an explicit generator, and the name of its generator argument: `op` itself if
-    it takes one, else the overload of its packet that adds one (`rand.default` -> `rand.generator`,
-    `randint.low` -> `randint.low_generator`); None if there is none."""
-    name = _generator_argument(op)
-    if name is not None:
-        return op, name
-    ours = [a.name for a in op._schema.arguments]
-    packet = getattr(torch.ops.aten, op._schema.name.partition("::")[2], None) if op.namespace == "aten" else None
-    for overload_name in packet.overloads() if packet is not None else ():
-        overload = getattr(packet, overload_name)
-        name = _generator_argument(overload)
-        if name is not None and [a.name for a in overload._schema.arguments if a.name != name] == ours:
-            return overload, name
-    return None
-
-
 def seeded_call(op: torch._ops.OpOverload, index: int, args: tuple, kwargs: dict):
     """Run the random op `op` on the generator of device `index`, on host tensors, leaving the CPU's default
     generator alone. Compiled graphs run their random ATen ops through it too (neuron-compile's `rng`).
@@ -294,10 +271,10 @@ def seeded_call(op: torch._ops.OpOverload, index: int, args: tuple, kwargs: dict
     with_generator = _WITH_GENERATOR.get(name)
     if with_generator is not None:
         return with_generator(generator, *args, **kwargs)
-    form = generator_form(op) if name is not None else None  # None: a function with no schema
+    # the record's `generator_form`; None for a function with no schema
+    form = None if name is None else (records.get(op) or overload_record(op)).generator_form
     if form is not None:
-        overload, argument = form
-        position = next(i for i, a in enumerate(overload._schema.arguments) if a.name == argument)
+        overload, argument, position = form
         if overload is op and position < len(args):
             if args[position] is None:
                 args = (*args[:position], generator, *args[position + 1 :])

@@ -76,7 +76,7 @@ def _scalar_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     `add.Tensor` with a Python number as `other`, and the `.Scalar` overload is what the CPU runs for it (a
     wrapped-number tensor)."""
     schema = op._schema
-    if schema.overload_name != "Tensor":
+    if schema.overload_name != "Tensor" or op.namespace != "aten":
         return None
     scalar = getattr(getattr(torch.ops.aten, schema.name.partition("::")[2]), "Scalar", None)
     if scalar is None:
@@ -84,6 +84,27 @@ def _scalar_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     ours, theirs = schema.arguments, scalar._schema.arguments
     same = [a.name for a in ours] == [a.name for a in theirs] and len(theirs) > 1
     return scalar if same and str(theirs[1].type) in ("Scalar", "number") else None
+
+
+def _generator_argument(op: torch._ops.OpOverload) -> str | None:
+    return next((a.name for a in op._schema.arguments if str(a.type) == "Optional[Generator]"), None)
+
+
+def _generator_form(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, str, int] | None:
+    """The overload that runs `op` on an explicit generator, with the name and position of its generator argument:
+    `op` itself if it takes one, else the overload of its packet that adds one (`rand.default` -> `rand.generator`,
+    `randint.low` -> `randint.low_generator`); None if there is none."""
+    name = _generator_argument(op)
+    if name is not None:
+        return op, name, _position(op._schema.arguments, name)
+    ours = [a.name for a in op._schema.arguments]
+    packet = getattr(torch.ops.aten, op._schema.name.partition("::")[2], None) if op.namespace == "aten" else None
+    for overload_name in packet.overloads() if packet is not None else ():
+        overload = getattr(packet, overload_name)
+        name = _generator_argument(overload)
+        if name is not None and [a.name for a in overload._schema.arguments if a.name != name] == ours:
+            return overload, name, _position(overload._schema.arguments, name)
+    return None
 
 
 class OverloadRecord:
@@ -96,6 +117,7 @@ class OverloadRecord:
         "dropout_position",
         "dtype_position",
         "generator",
+        "generator_form",
         "host_call",
         "in_place",
         "info",
@@ -131,6 +153,8 @@ class OverloadRecord:
     seeded: bool  # may draw random numbers
     generator: tuple[int, str] | None  # (position, name) of its Generator? argument
     dropout_position: int | None  # a seeded op's `dropout_p`: with `dropout_p == 0` it draws no random numbers
+    generator_form: tuple[torch._ops.OpOverload, str, int] | None  # a seeded op's form on an explicit generator:
+    # (the overload, its generator argument's name and position), how `fallback.seeded_call` runs it
     cpu_ok_position: int | None  # the argument that may be a CPU tensor with dimensions (indexing's indices)
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
@@ -160,6 +184,7 @@ class OverloadRecord:
         self.generator = next(
             ((i, a.name) for i, a in enumerate(arguments) if str(a.type) == "Optional[Generator]"), None)
         self.dropout_position = _position(arguments, "dropout_p") if self.seeded else None
+        self.generator_form = _generator_form(op) if self.seeded else None
         self.cpu_ok_position = _position(arguments, _CPU_OK_ARGUMENT) if name in _INDEXING else None
         self.direct = _direct_call_applies(op, self.seeded, self.dropout_position)
 
