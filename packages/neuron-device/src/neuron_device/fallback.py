@@ -14,6 +14,9 @@ are adopted as device storage without a copy. The semantics follow PyTorch's own
   ``NEURON_FALLBACK_ENABLED=0``; its host copies are charged by the op ledger (`simulation.ledger`);
 * an op with no CPU kernel but a decomposition in `torch._decomp` (GPU-only backward kernels such as
   `_fused_rms_norm_backward`, which `nn.RMSNorm` training reaches on `neuron`) runs that decomposition on the host.
+
+What it knows about an op (its `out=` and generator arguments, which argument may be a CPU tensor, its
+decomposition) is the op's record (`ops.call.overload_record`), which the fast path and numerics read too.
 """
 
 from __future__ import annotations
@@ -153,8 +156,8 @@ class _Call:
         overload = self.overload
         for position, value in enumerate(args):
             for tensor in _cpu_tensors(value):
-                if (position == 0 and overload.in_place) or (tensor.dim() > 0
-                                                             and position != overload.cpu_ok_position):
+                written = position == 0 and overload.in_place
+                if written or (tensor.dim() > 0 and position != overload.cpu_ok_position):
                     self._mixed(overload.name)
         for key, value in kwargs.items():
             for tensor in _cpu_tensors(value):
