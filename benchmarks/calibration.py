@@ -1,6 +1,6 @@
 """Calibration as code: run the points of ``calibration.md`` §3 in the simulator, print predicted vs published.
 
-    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K2|K3|K8|C1|C2|E|T1|T2] [--json out.json]
+    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K2|K3|K8|C1|AG32|C2|E|T1|T2] [--json out.json]
 
 K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf16): the three memory-bound
 kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
@@ -224,6 +224,27 @@ def c1() -> list[dict]:
     return rows
 
 
+# Checks, not fitted: the same page's 32-rank all-gather inside one instance, fp32, with the same command twice:
+# in SDK 2.10's docs (May 2023, the runtime C1 and C2 were measured on: P50 of the ops) and in SDK 2.28's (Feb
+# 2026: nccom-test generates NEFFs holding the ops, so each op runs inside an execution; "time:avg"). In us.
+AG32_2023_US = {1024: 151.0, 8192: 149.0, 65536: 150.0, 524288: 179.0}
+AG32_2026_US = {1024: 6.16, 8192: 6.48, 65536: 8.17, 524288: 23.16}
+
+
+def ag32() -> list[dict]:
+    """The 32-rank all-gather checks: standalone (2023) and inside an execution (2026, `in_graph`)."""
+    from neuron_distributed.costs import collective_seconds
+
+    rows = []
+    for year, points, in_graph in (("2023", AG32_2023_US, False), ("2026 in NEFF", AG32_2026_US, True)):
+        for size, us in points.items():
+            predicted = collective_seconds("allgather", size, 32, target="trn1", where="instance",
+                                           instance="trn1.32xlarge", in_graph=in_graph) * 1e6
+            rows.append({"id": f"check all-gather 32 {_size(size)} {year}", "published": us, "predicted": predicted,
+                         "unit": "us"})
+    return rows
+
+
 def c2() -> list[dict]:
     """C2: the same all-reduce over 64 ranks, 32 on each of two trn1.32xlarge: hierarchical (intra-node
     reduce-scatter, inter-node all-reduce on 32 parallel groups sharing the instance's EFA, intra-node all-gather),
@@ -290,11 +311,12 @@ def main() -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
     ap.add_argument("--json", help="also write the table as JSON to this file")
-    ap.add_argument("--only", choices=("K1", "K2", "K3", "K8", "C1", "C2", "E", "T1", "T2"),
+    ap.add_argument("--only", choices=("K1", "K2", "K3", "K8", "C1", "AG32", "C2", "E", "T1", "T2"),
                     help="run one group of points")
     args = ap.parse_args()
     os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
-    groups = {"K1": lambda: k1(args.full), "K2": k2, "K3": k3, "K8": k8, "C1": c1, "C2": c2, "E": e, "T1": t1, "T2": t2}
+    groups = {"K1": lambda: k1(args.full), "K2": k2, "K3": k3, "K8": k8, "C1": c1, "AG32": ag32, "C2": c2, "E": e,
+              "T1": t1, "T2": t2}
     if args.only is None and importlib.util.find_spec("transformers") is None:
         print("E1/E2, T1 and T2 skipped: transformers is not installed (run --only E, T1 or T2 with it)")
         del groups["E"], groups["T1"], groups["T2"]
