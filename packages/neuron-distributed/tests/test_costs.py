@@ -162,7 +162,8 @@ def test_collective_inside_a_compiled_graph_pays_no_launch_of_its_own(monkeypatc
 
     from neuron_spec.machine import read_topology
 
-    monkeypatch.setattr(costs.services, "topology", lambda: read_topology({"NEURON_SIM_INSTANCE_TYPE": "trn1.32xlarge"}))
+    topology = read_topology({"NEURON_SIM_INSTANCE_TYPE": "trn1.32xlarge"})
+    monkeypatch.setattr(costs.services, "topology", lambda: topology)
     for where, n in (("instance", 32), ("network", 64)):
         eager = costs.collective_seconds("allreduce", 8192, n, target="trn1", where=where, instance="trn1.32xlarge",
                                          itemsize=2)
