@@ -1,12 +1,12 @@
 """Calibration as code: run the points of ``calibration.md`` §3 in the simulator, print predicted vs published.
 
-    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K2|K3|K8|C1|C2|E|T1|T2] [--json out.json]
+    PYTHONPATH=benchmarks python benchmarks/calibration.py [--full] [--only K1|K2|K3|K8|C1|AG32|C2|E|E4|T1|T2] [--json out.json]
 
 K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf16): the three memory-bound
 kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
 depth each fits in SBUF without liveness-based allocation) and scale by the number of blocks; the fully optimised
 one runs whole (about half a minute of CPU). ``--full`` runs all four at the exact size (the hoisted and
-blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K2 the fused Mamba tutorial's three versions; K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); C2 the same over 64 ranks on two trn1.32xlarge; E1/E2 BERT compiled on one trn1 core; T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
+blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K2 the fused Mamba tutorial's three versions; K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); AG32 the same page's 32-rank all-gather (checks: the 2023 and 2026 runs of one command); C2 the all-reduce over 64 ranks on two trn1.32xlarge; E1/E2 BERT compiled on one trn1 core (fp32 under bf16 autocast, no_grad); E4 Llama-2-7B TTFT and TPOT planned from an HF generate script (TP 32); T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
 ``neuron-plan`` from a plain HF + DDP script compiled with backend "neuron" (about two minutes of CPU: 64
 micro-batches of BERT-Large in plan mode, their graphs compiled once); T2 Llama2-7B pre-training on 16 x trn1.32xlarge
 (TP 8, DP 64, ZeRO-1), planned from a torchtitan-style script (DTensor TP, per-layer compile, checkpointing).
@@ -224,6 +224,27 @@ def c1() -> list[dict]:
     return rows
 
 
+# Checks, not fitted: the same page's 32-rank all-gather inside one instance, fp32, with the same command twice:
+# in SDK 2.10's docs (May 2023, the runtime C1 and C2 were measured on: P50 of the ops) and in SDK 2.28's (Feb
+# 2026: nccom-test generates NEFFs holding the ops, so each op runs inside an execution; "time:avg"). In us.
+AG32_2023_US = {1024: 151.0, 8192: 149.0, 65536: 150.0, 524288: 179.0}
+AG32_2026_US = {1024: 6.16, 8192: 6.48, 65536: 8.17, 524288: 23.16}
+
+
+def ag32() -> list[dict]:
+    """The 32-rank all-gather checks: standalone (2023) and inside an execution (2026, `in_graph`)."""
+    from neuron_distributed.costs import collective_seconds
+
+    rows = []
+    for year, points, in_graph in (("2023", AG32_2023_US, False), ("2026 in NEFF", AG32_2026_US, True)):
+        for size, us in points.items():
+            predicted = collective_seconds("allgather", size, 32, target="trn1", where="instance",
+                                           instance="trn1.32xlarge", in_graph=in_graph) * 1e6
+            rows.append({"id": f"check all-gather 32 {_size(size)} {year}", "published": us, "predicted": predicted,
+                         "unit": "us"})
+    return rows
+
+
 def c2() -> list[dict]:
     """C2: the same all-reduce over 64 ranks, 32 on each of two trn1.32xlarge: hierarchical (intra-node
     reduce-scatter, inter-node all-reduce on 32 parallel groups sharing the instance's EFA, intra-node all-gather),
@@ -254,8 +275,9 @@ def t1() -> list[dict]:
              "predicted": 16384 / report["step_seconds"], "unit": "seq/s", "breakdown": report["breakdown"]}]
 
 
-def _plan(script: str, args: list[str], nodes: int) -> dict:
-    """neuron-plan's JSON report of plan_scripts/`script` ARGS on `nodes` trn1.32xlarge, second optimizer step."""
+def _plan(script: str, args: list[str], nodes: int, launcher: tuple[str, ...] = ("python",)) -> dict:
+    """neuron-plan's JSON report of plan_scripts/`script` ARGS, started by `launcher`, on `nodes` trn1.32xlarge
+    (a training script: its second optimizer step)."""
     import subprocess
     import tempfile
 
@@ -263,7 +285,7 @@ def _plan(script: str, args: list[str], nodes: int) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "plan.json")
         subprocess.run([sys.executable, "-m", "neuron_distributed.plan_cli", "--instance", "trn1.32xlarge",
-                        "--nodes", str(nodes), "--steps", "2", "--json", out, "--", "python", path, *args],
+                        "--nodes", str(nodes), "--steps", "2", "--json", out, "--", *launcher, path, *args],
                        check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONWARNINGS": "ignore"})
         with open(out) as handle:
             return json.load(handle)
@@ -282,6 +304,20 @@ def t2() -> list[dict]:
              "predicted": 1024 / report["step_seconds"], "unit": "seq/s", "breakdown": report["breakdown"]}]
 
 
+E4_PUBLISHED_MS = {"TTFT": 13.3, "TPOT": 6.70}  # calibration.md E4: Llama-2-7B, trn1.32xlarge, TP 32, batch 1, p50
+
+
+def e4() -> list[dict]:
+    """E4 planned from an unmodified HF `generate` script (plan_scripts/llama_generate.py: DTensor TP 32, static
+    cache of the whole generation's 8,192 tokens, the decode compiled by transformers), 128 prompt tokens and 16
+    planned new ones (a static cache's decode runs one graph whatever the position)."""
+    args = ["--model", "llama2-7b", "--batch", "1", "--input", "128", "--output", "16", "--cache-length", "8192"]
+    report = _plan("llama_generate.py", args, nodes=1, launcher=("torchrun", "--nproc-per-node", "32"))
+    return [{"id": f"E4 Llama-2-7B TP 32 {name} (planned)", "published": ms,
+             "predicted": report[f"{name.lower()}_seconds"] * 1e3, "unit": "ms"}
+            for name, ms in E4_PUBLISHED_MS.items()]
+
+
 def _row(r: dict) -> str:
     return f"{r['id']:<40} {r['published']:>10.2f} {r['predicted']:>10.2f} {r['unit']:<6} {100 * r['error']:>+6.1f}%"
 
@@ -290,14 +326,15 @@ def main() -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run K1 at the tutorial's full size")
     ap.add_argument("--json", help="also write the table as JSON to this file")
-    ap.add_argument("--only", choices=("K1", "K2", "K3", "K8", "C1", "C2", "E", "T1", "T2"),
+    ap.add_argument("--only", choices=("K1", "K2", "K3", "K8", "C1", "AG32", "C2", "E", "E4", "T1", "T2"),
                     help="run one group of points")
     args = ap.parse_args()
     os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
-    groups = {"K1": lambda: k1(args.full), "K2": k2, "K3": k3, "K8": k8, "C1": c1, "C2": c2, "E": e, "T1": t1, "T2": t2}
+    groups = {"K1": lambda: k1(args.full), "K2": k2, "K3": k3, "K8": k8, "C1": c1, "AG32": ag32, "C2": c2, "E": e,
+              "E4": e4, "T1": t1, "T2": t2}
     if args.only is None and importlib.util.find_spec("transformers") is None:
-        print("E1/E2, T1 and T2 skipped: transformers is not installed (run --only E, T1 or T2 with it)")
-        del groups["E"], groups["T1"], groups["T2"]
+        print("E1/E2, E4, T1 and T2 skipped: transformers is not installed (run --only E, E4, T1 or T2 with it)")
+        del groups["E"], groups["E4"], groups["T1"], groups["T2"]
     header = f"{'point':<40} {'published':>10} {'predicted':>10} {'unit':<6} {'error':>7}"
     print(header, flush=True)
     rows = []

@@ -152,3 +152,29 @@ def test_charge_places_a_group_by_its_ranks_across_instances(monkeypatch):
     assert name == "c10d::allreduce"
     assert packed == pytest.approx(_across("allreduce", 4 << 20, n=64, per_instance=32, itemsize=4))
     assert strided == pytest.approx(_across("allreduce", 4 << 20, n=2, per_instance=1, itemsize=4))
+
+
+def test_collective_inside_a_compiled_graph_pays_no_launch_of_its_own(monkeypatch):
+    """A collective a compiled graph traced is triggered by the graph's engines inside the graph's execution
+    (compute-comm-overlap.rst: PTC2 -> a write to the CC core, DMA rings built at load): it pays its steps and
+    bytes but not the standalone launch an eager c10d call (or an nccom-test op) pays; placed the same way."""
+    import torch
+
+    from neuron_spec.machine import read_topology
+
+    topology = read_topology({"NEURON_SIM_INSTANCE_TYPE": "trn1.32xlarge"})
+    monkeypatch.setattr(costs.services, "topology", lambda: topology)
+    for where, n in (("instance", 32), ("network", 64)):
+        eager = costs.collective_seconds("allreduce", 8192, n, target="trn1", where=where, instance="trn1.32xlarge",
+                                         itemsize=2)
+        graph = costs.collective_seconds("allreduce", 8192, n, target="trn1", where=where, instance="trn1.32xlarge",
+                                         itemsize=2, in_graph=True)
+        assert eager - graph == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS)
+    charged = []
+    monkeypatch.setattr(costs.services, "charge", lambda index, seconds, name: charged.append(seconds))
+    hidden = torch.empty(4096, dtype=torch.bfloat16)  # a host alias, as a compiled graph's host code holds it
+    with costs.services.running_host_code(0):
+        costs.charge("allreduce", [hidden], [hidden], 32, list(range(32)))
+    costs.charge("allreduce", [hidden.to("neuron")], [hidden.to("neuron")], 32, list(range(32)))
+    in_graph, eager = charged
+    assert eager - in_graph == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS)

@@ -567,7 +567,8 @@ def test_pipeline_breakdown_adds_the_micro_batches_and_the_bubble():
 def test_collectives_a_compiled_graph_traced_are_charged():
     """A compiled graph's collectives (here DTensor's, row-parallel output all-reduced) run in its host code on host
     aliases of the device's tensors: they are charged to the graph's device, as the process group prices them (they
-    were charged nothing), and the kernel plan does not price them again."""
+    were charged nothing), and the kernel plan does not price them again. They run inside the graph's execution, so
+    they pay no launch of their own (`costs.collective_seconds(..., in_graph=True)`)."""
     pytest.importorskip("neuron_compile")
     code = """
 import json, torch, torch.distributed as dist, torch_neuronx
@@ -582,13 +583,16 @@ def step():
     compiled(torch.randn(64, 256, device="neuron"))
     dist.destroy_process_group()
 plan = torch_neuronx.plan(step, world_size=2)
-print(json.dumps({"lanes": [name for name, *_ in plan.lanes], "breakdown": plan.breakdown}))
+from neuron_distributed import costs
+in_graph = costs.collective_seconds("allreduce", 64 * 256 * 4, 2, where="chip", in_graph=True)
+print(json.dumps({"lanes": [name for name, *_ in plan.lanes], "breakdown": plan.breakdown, "in_graph": in_graph}))
 """
     done = _plan_in_subprocess(code)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout.strip().splitlines()[-1])
     assert plan["lanes"].count("c10d::allreduce") == 1 and "neuron_compile::graph_forward" in plan["lanes"]
-    assert plan["breakdown"]["collective:allreduce"] > 0 and plan["breakdown"]["matmul"] > 0
+    assert plan["breakdown"]["collective:allreduce"] == pytest.approx(plan["in_graph"])
+    assert plan["breakdown"]["matmul"] > 0
 
 
 def _equal_stages(count: int, forward: float = 1.0, backward: float = 2.0, activation: int = 10):

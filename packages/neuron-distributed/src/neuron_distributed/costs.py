@@ -6,6 +6,12 @@ carried it, so profiles and `Event.elapsed_time` show what a Trainium job would 
 
     time = COLLECTIVE_LAUNCH_SECONDS + step latencies + bytes on each path / (path bandwidth x LINK_EFFICIENCY)
 
+The launch is a standalone collective's: an eager c10d call (and each op nccom-test times, C1/C2) is an execution of
+its own. A collective a compiled graph traced runs inside the graph's execution: the compiler emits a trigger
+instruction (PTC2) in the engines' program, the runtime turns it into a write to the CC core at load time, and the
+CC core advances through DMA rings built at load (SDK@HEAD `neuron-runtime/explore/compute-comm-overlap.rst`,
+"Background"); it pays the step latencies and bytes, not the launch (`in_graph`).
+
 Inside an instance (the group on one chip or one instance):
 
 * a phase (an all-reduce has two: reduce-scatter, all-gather; the others one) moves each rank's n - 1 chunks one
@@ -191,14 +197,15 @@ def _across_seconds(kind: str, payload_bytes: int, n: int, y: int, spec: Target,
 
 def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: str | None = None,
                        where: str | None = None, instance: str | None = None,
-                       ranks_per_instance: int | None = None, itemsize: int = 1) -> float:
+                       ranks_per_instance: int | None = None, itemsize: int = 1, in_graph: bool = False) -> float:
     """Simulated seconds of one collective `kind` whose per-rank payload (the larger of input and output) is given.
 
     `where` ("chip", "instance" or "network") defaults to the placement of `group_size` ranks on this process's
     simulated machine; `instance` (an instance type) supplies the EFA bandwidth of network paths. Across instances,
     `ranks_per_instance` is the group's ranks on each instance (default: consecutive ranks filling instances, one
     rank per logical core) and `itemsize` the bytes of one element (a buffer of fewer elements than ranks is
-    all-reduced in one step).
+    all-reduced in one step). `in_graph`: the collective runs inside a compiled graph's execution (triggered by
+    its engines, module docstring), so it pays no launch of its own.
     """
     if group_size <= 1:
         return 0.0
@@ -211,13 +218,14 @@ def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: s
     if where is None:
         where = placement(group_size, per_chip, per_chip * chips)
     n = group_size
+    launch = 0.0 if in_graph else COLLECTIVE_LAUNCH_SECONDS
     if where == "network":
         if inst is None or inst.efa_gbps is None:
             raise RuntimeError(f"a collective over {n} ranks spans instances, but no EFA bandwidth is known for "
                                f"instance type {instance or topo.instance_type!r}; set NEURON_SIM_INSTANCE_TYPE "
                                "to an instance listed in neuron_spec.hardware.INSTANCE_TYPES")
         y = ranks_per_instance if ranks_per_instance is not None else min(per_chip * chips, max(1, n // 2))
-        return COLLECTIVE_LAUNCH_SECONDS + _across_seconds(kind, payload_bytes, n, y, spec, inst, itemsize)
+        return launch + _across_seconds(kind, payload_bytes, n, y, spec, inst, itemsize)
     if where not in ("chip", "instance"):
         raise ValueError(f"where must be 'chip', 'instance' or 'network', got {where!r}")
     link = _link(spec)
@@ -227,7 +235,7 @@ def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: s
         crossings = phases * (n - 1) / n
     else:  # broadcast, reduce, point-to-point: the payload crosses once
         steps, crossings = HOP_SECONDS_INSIDE_NODE, 1.0
-    return COLLECTIVE_LAUNCH_SECONDS + buckets(kind, payload_bytes) * steps + crossings * payload_bytes / link
+    return launch + buckets(kind, payload_bytes) * steps + crossings * payload_bytes / link
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
@@ -239,7 +247,8 @@ def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], g
     """Queue the collective's simulated time on the current stream of each `neuron` device it touches; `ranks`
     (the group's global ranks, when known) place it, else a group of `group_size` consecutive ranks is assumed."""
     devices = {t.device.index or 0 for t in (*inputs, *outputs) if t.device.type == "neuron"}
-    if not devices and services.host_code_device() is not None:  # a compiled graph's collective, on host aliases
+    in_graph = services.host_code_device() is not None  # a compiled graph's collective: inside its execution
+    if not devices and in_graph:  # on host aliases
         devices = {services.host_code_device()}
     if not devices:
         return
@@ -247,7 +256,7 @@ def charge(kind: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], g
     per_instance = ranks_on_each_instance(ranks) if where == "network" else None
     itemsize = max((t.element_size() for t in (*inputs, *outputs)), default=1)
     seconds = collective_seconds(kind, max(_nbytes(inputs), _nbytes(outputs)), group_size, where=where,
-                                 ranks_per_instance=per_instance, itemsize=itemsize)
+                                 ranks_per_instance=per_instance, itemsize=itemsize, in_graph=in_graph)
     for index in devices:
         services.charge(index, seconds, LABEL_PREFIX + kind)
 
