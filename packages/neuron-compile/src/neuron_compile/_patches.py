@@ -276,9 +276,9 @@ def async_collective_inputs_keep_requires_grad() -> Iterator[None]:
     The ACT's autograd history is on the wrapper only: `DTensor.to_local()` of an async redistribute (the output of
     tensor parallelism's `RowwiseParallel` embedding, the input of torchtitan's first compiled block) is an ACT
     whose `_ToTorchTensor` node is the wrapper's while its inner tensor requires no gradient. The input was traced
-    as not requiring one: the compiled graph returned no gradient for it, the embedding's gradient was dropped, and
-    the autograd engine gave DTensor's `Redistribute.backward` a zero plain tensor for it ("'Tensor' object has no
-    attribute '_local_tensor'"; with `aot_eager` and Inductor too, on 2 ranks). While a graph compiles, such an
+    as not requiring one: the compiled graph returned no gradient for it, which the autograd engine made zeros, a
+    plain tensor given to DTensor's `Redistribute.backward` ("'Tensor' object has no attribute '_local_tensor'";
+    with `aot_eager` too, on 2 ranks; one rank has no collective). While a graph compiles, such an
     input's fake requires a gradient as the ACT did (upstream: pytorch/pytorch#191113). At run time AOTAutograd
     unwraps the ACT inside its autograd function, so the gradient reaches the wrapper's node."""
     from unittest import mock
