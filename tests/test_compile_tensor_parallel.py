@@ -169,7 +169,9 @@ def _two_ranks(device: str, worker: str = "tp_fsdp_compiled.py", timeout: float 
 @pytest.mark.multiprocess
 def test_two_ranks_tp_compiled_per_block_then_fsdp_match_cpu_gloo(tmp_path, monkeypatch):
     """Two ranks: TP 2 over mesh["tp"], per-block compile, FSDP2 over mesh["dp"] (issue #39 item 1's recipe) give
-    the losses of the same recipe run eagerly on the CPU with Gloo."""
+    the losses of the same recipe run eagerly on the CPU with Gloo. The eager `RowwiseParallel` layer in front (as
+    torchtitan's embedding) hands the first block an `AsyncCollectiveTensor`: that layer's gradient was lost (the
+    losses differed from the second step) until `_patches.async_collective_inputs_keep_requires_grad`."""
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "cache"))
     torch.testing.assert_close(_two_ranks("neuron"), _two_ranks("cpu"), rtol=1e-5, atol=1e-6)
 
