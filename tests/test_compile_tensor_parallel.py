@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -106,6 +107,42 @@ def test_tensor_parallel_blocks_compiled_per_block_train_as_cpu_eager(tp_mesh, c
     assert torch.neuron.get_dynamo_metrics()  # compiled by the neuron backend, not run eagerly
 
 
+class _AsyncAllReduce(torch.autograd.Function):
+    """An all-reduce issued asynchronously inside an autograd function, as DTensor's `Redistribute` issues
+    `RowwiseParallel`'s output all-reduce on more ranks: its output is an `AsyncCollectiveTensor` whose autograd node
+    is the wrapper's, its inner tensor requiring no gradient (what `to_local()` hands the next block)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, mesh: Any) -> torch.Tensor:
+        return funcol.all_reduce(tensor, "sum", mesh)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def test_block_compiled_on_an_async_collective_output_passes_its_gradient_back(tp_mesh):
+    """torchtitan's TP: the embedding runs eagerly and its `RowwiseParallel` output reaches the first compiled block
+    as an `AsyncCollectiveTensor`. AOTAutograd traced that input as not requiring a gradient (torch 2.13 waits on
+    it first), so the block's backward returned none, which autograd made zeros: here a zero gradient, on two ranks
+    a plain zero tensor given to DTensor's `Redistribute.backward` ("'Tensor' object has no attribute
+    '_local_tensor'"), until neuron-compile's `_patches.async_collective_inputs_keep_requires_grad`."""
+    torch.manual_seed(0)
+    reference = Block()
+    block = copy.deepcopy(reference).to("neuron")
+    parallelize_module(block, tp_mesh, PLAN)
+    compiled = torch.compile(block, backend="neuron", fullgraph=True)
+    x = torch.randn(2, 8, HIDDEN, generator=torch.Generator().manual_seed(1))
+    source = x.to("neuron").requires_grad_()
+    gathered = _AsyncAllReduce.apply(source, tp_mesh)
+    assert isinstance(gathered, funcol.AsyncCollectiveTensor) and not gathered.elem.requires_grad
+    compiled(gathered).pow(2).mean().backward()
+    expected = x.clone().requires_grad_()
+    reference(expected).pow(2).mean().backward()
+    torch.testing.assert_close(source.grad.cpu(), expected.grad, rtol=1e-5, atol=1e-6)
+    assert torch.neuron.get_dynamo_metrics()  # compiled by the neuron backend, not run eagerly
+
+
 def _two_ranks(device: str, worker: str = "tp_fsdp_compiled.py", timeout: float = 300) -> Any:
     """The JSON line rank 0 prints last running `workers_compile/<worker>` on two ranks (torchrun's variables),
     each killed after `timeout` seconds."""
@@ -132,7 +169,9 @@ def _two_ranks(device: str, worker: str = "tp_fsdp_compiled.py", timeout: float 
 @pytest.mark.multiprocess
 def test_two_ranks_tp_compiled_per_block_then_fsdp_match_cpu_gloo(tmp_path, monkeypatch):
     """Two ranks: TP 2 over mesh["tp"], per-block compile, FSDP2 over mesh["dp"] (issue #39 item 1's recipe) give
-    the losses of the same recipe run eagerly on the CPU with Gloo."""
+    the losses of the same recipe run eagerly on the CPU with Gloo. The eager `RowwiseParallel` layer in front (as
+    torchtitan's embedding) hands the first block an `AsyncCollectiveTensor`: that layer's gradient was lost (the
+    losses differed from the second step) until `_patches.async_collective_inputs_keep_requires_grad`."""
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "cache"))
     torch.testing.assert_close(_two_ranks("neuron"), _two_ranks("cpu"), rtol=1e-5, atol=1e-6)
 

@@ -29,12 +29,6 @@ ONE_RANK = ["--parallelism.data_parallel_shard_degree", "1"]
 # torchtitan 0.2.2's MoE reorders tokens with a Triton kernel (generate_permute_indices): Triton's interpreter runs it
 TRITON_INTERPRETER = {"TRITON_INTERPRET": "1"}
 # what still stops a case (each a strict xfail: it fails until its fix lands, then must pass)
-TP_COMPILE_AC = ("TP blocks compiled under torchtitan's selective activation checkpointing: the forward runs (the "
-                 "generator state is saved among the tensors, neuron_compile._patches.rng_states_saved_as_tensors); "
-                 "the first backward stops in DTensor's Redistribute.backward, given a plain Tensor gradient "
-                 "(\"'Tensor' object has no attribute '_local_tensor'\" in NestedRedistribute.forward), not isolated; "
-                 "one process, TP blocks checkpointed then compiled train as on the CPU "
-                 "(tests/test_compile_tensor_parallel.py)")
 EP_SAC = ("expert parallelism under torchtitan's selective (op) activation checkpointing: the recompute in backward "
           "calls profiler._record_function_enter_new once more than the forward did (FSDP2's record_function in the "
           "experts' own fully_shard), so checkpoint's SAC raises RuntimeError 'invocation index 3 encountered during "
@@ -109,7 +103,7 @@ def test_cpu_reference(titan, parallelism, ranks):
     pytest.param(FSDP, False, id="fsdp-eager"),
     pytest.param(FSDP, True, id="fsdp-compiled"),
     pytest.param(TP, False, id="tp-eager"),
-    pytest.param(TP, True, id="tp-compiled", marks=pytest.mark.xfail(strict=True, reason=TP_COMPILE_AC)),
+    pytest.param(TP, True, id="tp-compiled"),
 ])
 def test_llama3_debugmodel(titan, parallelism, compiled):
     """torchtitan's llama3 debug model, 3 steps on 2 ranks of `neuron`, against the CPU."""

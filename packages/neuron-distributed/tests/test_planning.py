@@ -447,6 +447,27 @@ def step():
     assert not [w for w in result["warnings"] if "fell back to CPU" in w]
 
 
+def test_implicit_composites_and_device_kernels_are_no_false_fallbacks():
+    """Planning torchtitan's DeepSeek-V3 warned "fell back to CPU" for `softmax.int`, `result_type.Scalar` and
+    `histc`, which a real run does not. The first two are CompositeImplicitAutograd ops: a plan's dispatch mode sees
+    them whole where autograd does not decompose them first (`inference_mode`, as here), and the plan charged them as
+    CPU fallbacks; a real run on `neuron` runs their implicit kernel (`_softmax`; nothing for `result_type`), and so
+    does the plan now. `histc` has a kernel of the device's own (an integer histogram, as CUDA counts it): only an op
+    without one is a fallback."""
+    result = _launches_real_and_planned("""
+def step():
+    with torch.inference_mode():
+        scores = torch.randn(8, 16, device="neuron")
+        torch.softmax(scores, dim=-1), torch.result_type(scores, 2.0)
+    experts = torch.randint(0, 8, (32,), device="neuron")
+    torch.histc(experts, bins=8, min=0, max=8)
+""")
+    assert not [w for w in result["warnings"] if "fell back to CPU" in w]
+    assert "aten::softmax.int" not in result["planned"] and "aten::result_type.Scalar" not in result["planned"]
+    assert result["planned"]["aten::_softmax"] == 1
+    assert result["planned"]["aten::histc"] == result["real"]["aten::histc"] == 1
+
+
 def test_non_functional_composites_are_charged_as_the_real_run_runs_them():
     """An op with no device kernel whose CompositeExplicitAutogradNonFunctional kernel a real run takes (the
     dispatcher prefers it to the device's fallback, as it does a CompositeExplicitAutograd one): `select_backward`,

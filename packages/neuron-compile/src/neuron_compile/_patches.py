@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["aot_cache_key_without_inductor_backends", "inductor_decompositions", "lazy_trace_log_headers",
-           "linear_guard_cse", "patch_current_backend", "patch_scheduler_host_check", "register_stream_functions",
-           "rng_states_saved_as_tensors", "warn_on_recompile_limit"]
+__all__ = ["aot_cache_key_without_inductor_backends", "async_collective_inputs_keep_requires_grad",
+           "inductor_decompositions", "lazy_trace_log_headers", "linear_guard_cse", "patch_current_backend",
+           "patch_scheduler_host_check", "register_stream_functions", "rng_states_saved_as_tensors",
+           "warn_on_recompile_limit"]
 
 DEVICE = "neuron"
 
@@ -265,6 +266,42 @@ def rng_states_saved_as_tensors() -> Iterator[None]:
         return fw_module, bw_module
 
     with mock.patch.object(partitioners, "functionalize_rng_ops", functionalize_rng_ops):
+        yield
+
+
+@contextlib.contextmanager
+def async_collective_inputs_keep_requires_grad() -> Iterator[None]:
+    """AOTAutograd's `process_inputs` replaces a graph input that is an `AsyncCollectiveTensor` by its waited inner
+    tensor before making it fake (`trigger_wait()`, torch 2.13, so the ACT type stays out of the tangents' metadata).
+    The ACT's autograd history is on the wrapper only: `DTensor.to_local()` of an async redistribute (the output of
+    tensor parallelism's `RowwiseParallel` embedding, the input of torchtitan's first compiled block) is an ACT
+    whose `_ToTorchTensor` node is the wrapper's while its inner tensor requires no gradient. The input was traced
+    as not requiring one: the compiled graph returned no gradient for it, which the autograd engine made zeros, a
+    plain tensor given to DTensor's `Redistribute.backward` ("'Tensor' object has no attribute '_local_tensor'";
+    with `aot_eager` too, on 2 ranks; one rank has no collective). While a graph compiles, such an
+    input's fake requires a gradient as the ACT did (upstream: pytorch/pytorch#191113). At run time AOTAutograd
+    unwraps the ACT inside its autograd function, so the gradient reaches the wrapper's node."""
+    from unittest import mock
+
+    from torch._functorch import aot_autograd
+
+    try:
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    except ImportError:  # a torch built without distributed: no such input (AOTAutograd's own guard)
+        yield
+        return
+    original = aot_autograd.process_inputs
+
+    def process_inputs(flat_args: list[Any], *args: Any, **kwargs: Any) -> Any:
+        needing_grad = [index for index, arg in enumerate(flat_args)
+                        if isinstance(arg, AsyncCollectiveTensor) and arg.requires_grad]
+        fakes, act_input_indices = original(flat_args, *args, **kwargs)
+        for index in needing_grad:
+            if not fakes[index].requires_grad:  # the waited inner tensor: a leaf without autograd history
+                fakes[index].requires_grad_(True)
+        return fakes, act_input_indices
+
+    with mock.patch.object(aot_autograd, "process_inputs", process_inputs):
         yield
 
 

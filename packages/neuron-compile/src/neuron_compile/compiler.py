@@ -250,6 +250,7 @@ def compile_graph(
     # compile cache and the debug artifacts see both graphs.
     with (torch._functorch.config.patch(force_non_lazy_backward_lowering=True),
           _patches.rng_states_saved_as_tensors(),
+          _patches.async_collective_inputs_keep_requires_grad(),
           _inductor_caches(cache_key, host_code),
           collecting(plans)):
         compiled = _aot_autograd(gm, inputs, inner) if host_code == "aten" else _inductor(gm, inputs, inner)

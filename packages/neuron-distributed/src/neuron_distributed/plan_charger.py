@@ -37,7 +37,7 @@ _VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.de
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
 # the composite kernels a backend with no kernel of its own runs, in the dispatcher's order of preference
 _COMPOSITES = (torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional,
-               torch._C.DispatchKey.CompositeExplicitAutograd)
+               torch._C.DispatchKey.CompositeExplicitAutograd, torch._C.DispatchKey.CompositeImplicitAutograd)
 _DEVICE = torch._C.DispatchKey.PrivateUse1
 
 
@@ -51,10 +51,12 @@ def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
     """The dispatch key of the kernel a real run on `neuron` runs for `op` when that kernel is made of other ops,
     which the plan then runs too (its ops come back to the charger, each charged as the real run's), else None:
 
-    * an ATen op the device registers no kernel for, with a CompositeExplicitAutogradNonFunctional or
-      CompositeExplicitAutograd kernel (the dispatcher prefers either, in that order, to the device's fallback):
-      `randn` is an allocation and `normal_`, `zeros_like` one and `zero_`, `select_backward` one, `zero_` and a
-      copy;
+    * an ATen op the device registers no kernel for, with a CompositeExplicitAutogradNonFunctional,
+      CompositeExplicitAutograd or CompositeImplicitAutograd kernel (the dispatcher prefers each, in that order, to
+      the device's fallback): `randn` is an allocation and `normal_`, `zeros_like` one and `zero_`,
+      `select_backward` one, `zero_` and a copy; `softmax.int` is `_softmax`, `result_type.Scalar` no kernel at all.
+      An implicit one comes here whole where autograd does not decompose it first (under `inference_mode`, or
+      called by a kernel run whole): it was charged as a CPU fallback, with a false "fell back to CPU" warning;
     * an op of another library whose own `PrivateUse1` kernel (not the device's) is written in ATen ops: FSDP2's
       `fsdp::all_gather_copy_in`, `split_with_sizes_copy`, `chunk_cat`.
 

@@ -103,8 +103,11 @@ def account(op: torch._ops.OpOverload, args: tuple, kwargs: dict, result: Any) -
                 seconds = estimator(*args, **kwargs)
         if seconds is not None:
             _ledger.record_kernel(op.name(), index, _ledger.signature((*args, *kwargs.values())), seconds)
-        elif op_info(op).engine != "view":
-            _ledger.charge(_fallback.admit(op), index, args, kwargs, result)
+        else:
+            info = op_info(op)
+            if info.engine != "view":  # a fallback only where the device has no kernel of its own (as `histc`)
+                _ledger.charge(info if info.name in _registry.kernels else _fallback.admit(op), index, args, kwargs,
+                               result)
     fresh = []
     for tensor in outputs:
         storage = tensor.untyped_storage()
