@@ -59,6 +59,7 @@ from neuron_device import services
 
 from . import envvars, plan_state
 from .plan_pipeline import patched_schedules
+from .plan_replay import replaying
 from .plan_values import planned_format, planned_index, planned_tensor, planned_tensor_format
 
 __all__ = ["patched", "patched_everywhere", "patched_torch"]
@@ -523,6 +524,10 @@ def patched_torch() -> Iterator[None]:
             stack.enter_context(patched(launcher, "run", planned_launch(launcher.run)))
         for name in ("__getitem__", "__setitem__"):
             stack.enter_context(patched(torch.Tensor, name, planned_index(getattr(torch.Tensor, name))))
+        if importlib.util.find_spec("neuron_compile") is not None:  # a compiled decode's repeated calls replayed
+            from neuron_compile.output_code import AtenHostCode
+
+            stack.enter_context(patched(AtenHostCode, "run_graph", replaying(AtenHostCode.run_graph)))
         dist.Backend._plugins["NEURON"] = plugin._replace(creator_fn=_fake_neuron_group)
         stack.callback(dist.Backend._plugins.__setitem__, "NEURON", plugin)
         yield
