@@ -10,6 +10,8 @@ with its reason. Nothing here outlives the plan.
 * `torch.compile`: backend "neuron" compiles with the plan's modes off and runs without the planner's module
   tracker; a callable compiled with another backend, in the plan or before it, runs as its eager ops with a warning
   (Dynamo's `_callback_from_stance`: `_EagerInPlan`).
+* neuron-compile's `AtenHostCode.run_graph` (a compiled graph's host code): a call on inputs laid out as an earlier
+  call's replays it (`plan_replay`): a static-cache decode runs the same graph each token.
 * `torch.utils.swap_tensors`: `Module.to` on fakes.
 * `torch.neuron.get_rng_state` / `set_rng_state`: a planned (valueless) state, which setting leaves the generator
   as it is (DTensor's RNG tracker gets, moves, shifts and sets it around every random op on a DTensor).
