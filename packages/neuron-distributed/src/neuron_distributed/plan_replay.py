@@ -86,6 +86,10 @@ class _Recorder(TorchDispatchMode):
     """Sees each op of a host code's first call with a layout, before the planner's charger (`_Recorder`'s rules in
     the module's doc)."""
 
+    # a higher-order op (a checkpointed graph's RNG wrappers) comes here whole, and on to the charger's rules; it
+    # makes the layout never replayed
+    supports_higher_order_operators = True
+
     def __init__(self, planner: Any) -> None:
         super().__init__()
         self.planner = planner
