@@ -123,7 +123,8 @@ def main(argv: list[str]) -> int:
     configs = configurations({"batch": _batches(options.batch)}, command, instance=options.instance,
                              nodes=options.nodes)
     prices = {} if options.price_per_hour is None else {None: options.price_per_hour}
-    search(configs, steps=2, jobs=options.jobs, prices=prices, reuse=False, progress=sys.stderr)
+    search(configs, steps=2, jobs=options.jobs, prices=prices, reuse=False, progress=sys.stderr,
+           command="neuron-plan --serve")
     curve = serving_curve(configs)
     print(format_curve(curve, f"neuron-plan --serve: {options.nodes} x {options.instance}, {' '.join(command)}"))
     if options.json_path:
