@@ -67,11 +67,16 @@ class AtenHostCode(OutputCode):
     def __call__(self, inputs: Sequence[Any]) -> Any:
         assert self._graph_module is not None, "AtenHostCode called before post_compile"
         if not self.device_arguments:
-            return self._graph_module.forward(*inputs)
+            return self.run_graph(inputs)
         hosts = host_runtime.to_host(inputs)
         with services.running_host_code(host_runtime.device_index(inputs)):  # e.g. a backward's collectives
-            outputs = self._graph_module.forward(*hosts)
+            outputs = self.run_graph(hosts)
         return type(outputs)(host_runtime.to_device(outputs, inputs, hosts))
+
+    def run_graph(self, args: Sequence[Any]) -> Any:
+        """The graph run node by node on `args` (host tensors, or the inputs themselves): the one place its ops run,
+        which plan mode replaces for a call that repeats an earlier one (neuron-distributed's `plan_replay`)."""
+        return self._graph_module.forward(*args)
 
     def prepare_for_serialization(self) -> None:
         """Called on a shallow copy about to be pickled: keep the graph as `GraphPickler` bytes only."""

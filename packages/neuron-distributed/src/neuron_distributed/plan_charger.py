@@ -27,12 +27,12 @@ from neuron_device import services
 from . import catalogue, plan_hops
 from .plan_state import UNANSWERED, Planner, value_read
 
-__all__ = ["Charger"]
+__all__ = ["VALUE_READS", "Charger"]
 
 _aten = torch.ops.aten
 # Ops that read a tensor's values into Python: a fake tensor has none. `_local_scalar_dense` (`.item()`) is answered
 # with a symbol (`plan_values`); the others answer a branch (`bool(t)`, `torch.equal`), refused.
-_VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default,
+VALUE_READS = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default,
                           _aten.allclose.default})
 _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
 # the composite kernels a backend with no kernel of its own runs, in the dispatcher's order of preference
@@ -181,7 +181,7 @@ class Charger(TorchDispatchMode):
         if any(t is not _FakeTensor and t is not torch.Tensor for t in types):
             # a DTensor's op (global shapes): it runs ops on its local shards, which come back here to be charged
             return NotImplemented
-        if func in _VALUE_READS and not _known(args):
+        if func in VALUE_READS and not _known(args):
             assumed = self.planner.assumed.computed(func, args, kwargs)
             if assumed is not None:  # a value the plan assumes (`plan_values.AssumedValues`), read as the real run's
                 services.account_planned_op(func, args, kwargs, assumed)

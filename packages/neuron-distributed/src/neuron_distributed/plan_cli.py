@@ -4,6 +4,7 @@
                 [--breakdown] [--tokens-per-step N] [--price-per-hour USD] -- python train.py ARGS
     neuron-plan ... -- torchrun --nproc-per-node 32 --nnodes 1 train.py ARGS
     neuron-plan --search space.toml [--axis NAME=V1,V2] ... -- python train.py --tp {tp} ...   (`plan_search`)
+    neuron-plan --serve --batch 1,8,32 ... -- torchrun ... serve.py --batch {batch} ...   (`plan_serve`)
 
 Each planned rank runs in its own process (`plan_ranks`), with the environment torchrun would give it on the whole
 cluster; the report (`plan_report`) takes the slowest rank's step and the largest per-core HBM peak. Ranks that do the same work need planning once: by default
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         from .plan_search import main as search
 
         return search(argv)
+    if "--serve" in argv[:split]:
+        from .plan_serve import main as serve
+
+        return serve(argv)
     parser = argparse.ArgumentParser(prog="neuron-plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--instance", default="trn1.32xlarge")
     parser.add_argument("--nodes", type=int, default=1)

@@ -10,6 +10,8 @@ with its reason. Nothing here outlives the plan.
 * `torch.compile`: backend "neuron" compiles with the plan's modes off and runs without the planner's module
   tracker; a callable compiled with another backend, in the plan or before it, runs as its eager ops with a warning
   (Dynamo's `_callback_from_stance`: `_EagerInPlan`).
+* neuron-compile's `AtenHostCode.run_graph` (a compiled graph's host code): a call on inputs laid out as an earlier
+  call's replays it (`plan_replay`): a static-cache decode runs the same graph each token.
 * `torch.utils.swap_tensors`: `Module.to` on fakes.
 * `torch.neuron.get_rng_state` / `set_rng_state`: a planned (valueless) state, which setting leaves the generator
   as it is (DTensor's RNG tracker gets, moves, shifts and sets it around every random op on a DTensor).
@@ -59,6 +61,7 @@ from neuron_device import services
 
 from . import envvars, plan_state
 from .plan_pipeline import patched_schedules
+from .plan_replay import replaying
 from .plan_values import planned_format, planned_index, planned_tensor, planned_tensor_format
 
 __all__ = ["patched", "patched_everywhere", "patched_torch"]
@@ -523,6 +526,10 @@ def patched_torch() -> Iterator[None]:
             stack.enter_context(patched(launcher, "run", planned_launch(launcher.run)))
         for name in ("__getitem__", "__setitem__"):
             stack.enter_context(patched(torch.Tensor, name, planned_index(getattr(torch.Tensor, name))))
+        if importlib.util.find_spec("neuron_compile") is not None:  # a compiled decode's repeated calls replayed
+            from neuron_compile.output_code import AtenHostCode
+
+            stack.enter_context(patched(AtenHostCode, "run_graph", replaying(AtenHostCode.run_graph)))
         dist.Backend._plugins["NEURON"] = plugin._replace(creator_fn=_fake_neuron_group)
         stack.callback(dist.Backend._plugins.__setitem__, "NEURON", plugin)
         yield

@@ -255,10 +255,10 @@ def _last_error(log_path: str) -> str:
 
 
 def search(configs: list[Configuration], *, steps: int, jobs: int, prices: dict[str | None, float],
-           reuse: bool = True, progress: Any = sys.stderr) -> dict[str, int]:
+           reuse: bool = True, progress: Any = sys.stderr, command: str = "neuron-plan --search") -> dict[str, int]:
     """Plan every pending configuration as `neuron-plan` plans it alone, sharing rank plans between ranks that run
-    the same thing (`reuse`); a failure is recorded in its configuration and the search goes on. Returns the
-    counts of rank plans run and reused."""
+    the same thing (`reuse`); a failure is recorded in its configuration and the search goes on; each one done is
+    told on `progress`, as `command`'s. Returns the counts of rank plans run and reused."""
     pending = [c for c in configs if c.status == "pending"]
     started, done = time.monotonic(), 0
     with tempfile.TemporaryDirectory(prefix="neuron-plan-search-") as scratch:
@@ -299,7 +299,7 @@ def search(configs: list[Configuration], *, steps: int, jobs: int, prices: dict[
             done += 1
             elapsed = time.monotonic() - started
             eta = elapsed / done * (len(pending) - done)
-            print(f"neuron-plan --search: {done}/{len(pending)} planned configurations done "
+            print(f"{command}: {done}/{len(pending)} planned configurations done "
                   f"({len(configs)} in the space), elapsed {_clock(elapsed)}, ETA {_clock(eta)}; "
                   f"{config.label()}: {config.status}", file=progress, flush=True)
         for zygote in zygotes.values():

@@ -167,6 +167,10 @@ class AssumedValues:
         """What the plan assumed, for its report."""
         return ([BALANCED_ROUTER] if self.assumed else []) + sorted(self.stated)
 
+    def holds_values(self) -> bool:
+        """Some planned tensor has an assumed value (ops on it compute values the plan reads later)."""
+        return bool(self._values)
+
     def state(self, assumption: str) -> None:
         """The plan made `assumption` (a sentence for its report) where values it has none of steer the charges."""
         self.stated.add(assumption)

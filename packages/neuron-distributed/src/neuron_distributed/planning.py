@@ -15,10 +15,10 @@ What is PyTorch's and what is ours:
 The planner's parts: `plan_state` (the planned rank, its result), `plan_charger` (the dispatch mode that charges
 each op), `plan_hops` (its rules for higher-order ops), `plan_values` (the symbols that answer a script's value
 reads), `plan_generate` (transformers' `generate`: its reads answered by rule, its serving figures), `plan_patches`
-(what a plan changes in torch), `plan_pipeline` (pipelining schedules), `plan_report` and `plan_ranks` (neuron-plan's
-report and its planned processes), `plan_cli` (the command), `plan_search` and `plan_search_report`
-(`neuron-plan --search`). This module is the entry:
-`plan_rank` (a script's body as one rank), `plan` (`torch_neuronx.plan`).
+(what a plan changes in torch), `plan_replay` (a compiled graph's repeated calls replayed), `plan_pipeline`
+(pipelining schedules), `plan_report` and `plan_ranks` (neuron-plan's report and its planned processes), `plan_cli`
+(the command), `plan_search` and `plan_search_report` (`neuron-plan --search`), `plan_serve` (`neuron-plan
+--serve`). This module is the entry: `plan_rank` (a script's body as one rank), `plan` (`torch_neuronx.plan`).
 """
 
 from __future__ import annotations
