@@ -202,6 +202,57 @@ def test_zygote_is_neuron_plan_forked_under_its_own_interpreter(tmp_path, monkey
     assert [zygote.process.poll() for zygote in zygotes.values()] == [0, 0]
 
 
+@pytest.mark.multiprocess
+def test_zygote_warms_the_compile_caches_before_its_second_rank(tmp_path, monkeypatch):
+    """The hashes AOTAutograd's cache key holds (PyTorch's and Triton's sources) are computed once, in the zygote,
+    before it forks its second rank: the ranks after the first inherit them; a plan of one rank never computes them
+    there."""
+    (tmp_path / "probe.py").write_text("import os, sys\n"
+                                       "open(sys.argv[1] + os.environ['RANK'], 'w').write(str(os.path.exists(sys.argv[2])))\n")
+    monkeypatch.chdir(tmp_path)
+    warmed = tmp_path / "warmed"
+    monkeypatch.setattr(plan_ranks, "_warm_compile_caches", lambda: warmed.write_text(""))
+    options = argparse.Namespace(jobs=1, steps=1, instance="trn1.32xlarge")
+    seen = tmp_path / "seen"
+    with _planning_context(None, tmp_path / "ranks.log", 300):
+        plan_ranks.Ranks(str(tmp_path), [sys.executable], ["-m", "probe", str(seen), str(warmed)], options, 32, 32)([0])
+    assert not warmed.exists()
+    with _planning_context(None, tmp_path / "ranks.log", 300):
+        plans = plan_ranks.Ranks(str(tmp_path), [sys.executable], ["-m", "probe", str(seen), str(warmed)], options, 32,
+                                 32)([0, 1, 2])
+    assert [plan["rank"] for plan in plans] == [0, 1, 2], (tmp_path / "ranks.log").read_text()
+    assert [(tmp_path / f"seen{rank}").read_text() for rank in range(3)] == ["False", "True", "True"]
+
+
+def test_charger_walks_an_ops_tensors_as_pytree_does():
+    """The charger's walk of an op's arguments and results finds the tensors `tree_leaves` finds, in its order (a
+    namedtuple, an OrderedDict, a `torch.Size` left to pytree), and holds none of them after it returns (no
+    reference cycle: a tensor kept alive until the cycle collector runs keeps its planned memory allocated)."""
+    import collections
+    import gc
+    import weakref
+
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    from neuron_distributed.plan_charger import _tensors
+
+    pair = collections.namedtuple("pair", "first second")
+    a, b, c, d, e = (torch.zeros(i + 1) for i in range(5))
+    tree = ((a, [1, None, torch.float32, {"x": b, "y": (c,)}]), {"z": pair(d, 2.0)},
+            collections.OrderedDict(w=e), torch.Size([3, 4]), "s")
+    assert _tensors(tree) == [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)] and len(_tensors(tree)) == 5
+    gc.disable()
+    try:
+        tensor = torch.zeros(2)
+        alive = weakref.ref(tensor)
+        assert _tensors(([tensor], {"k": tensor})) == [tensor, tensor]
+        del tensor
+        assert alive() is None
+    finally:
+        gc.enable()
+
+
 def test_script_lines_are_looked_for_above_the_plan_only(monkeypatch):
     """A line "of the script" (a value read's, an out-of-HBM op's caller) is looked for in the frames the plan runs,
     never below `plan_rank`: neuron-plan's own (the ranks' zygote is forked from it; an OOM inside torch was reported

@@ -39,6 +39,34 @@ _FakeTensor = torch._subclasses.fake_tensor.FakeTensor
 _COMPOSITES = (torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional,
                torch._C.DispatchKey.CompositeExplicitAutograd, torch._C.DispatchKey.CompositeImplicitAutograd)
 _DEVICE = torch._C.DispatchKey.PrivateUse1
+# the tensor types of an op the charger charges itself (any other, a DTensor's, goes on to its subclass)
+_PLAIN = frozenset({_FakeTensor, torch.Tensor})
+# leaves `_tensors` knows hold no tensor (an op's other arguments)
+_NOT_TENSORS = frozenset({int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.layout,
+                          torch.memory_format, torch.SymInt, torch.SymFloat, torch.SymBool})
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    """The tensors among `tree_leaves(tree)`, in its order. An op's arguments and results are tensors, numbers and
+    lists, tuples and dicts of them, walked here without pytree's per-node type dispatch (the charger's `tree_leaves`
+    calls were 5 % of a 70B torchtitan rank's plan); any other type is left to pytree (a namedtuple, a registered
+    class, a subclass of list, tuple or dict). A loop, not a recursive closure: a closure that calls itself is a
+    reference cycle, which would keep the op's tensors alive, and their planned memory allocated, until Python's
+    cycle collector runs."""
+    found: list[torch.Tensor] = []
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        kind = type(node)
+        if kind is list or kind is tuple:
+            pending.extend(reversed(node))
+        elif kind is dict:
+            pending.extend(reversed(node.values()))
+        elif isinstance(node, torch.Tensor):
+            found.append(node)
+        elif kind not in _NOT_TENSORS:
+            found.extend(leaf for leaf in tree_leaves(node) if isinstance(leaf, torch.Tensor))
+    return found
 
 
 # Views whose schema does not say so: their composite kernel aliases its input below Python, which on the plan's
@@ -80,7 +108,7 @@ def _rewrapped(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[
     `wrapped_scalar_tensor(3)`); Python dispatch hands the wrapped number to the charger as a plain `int`, which the
     op's Python binding refuses for most ops (all but `add` / `mul`'s kind). The tensor has the dtype the wrapped
     number promotes to with the op's first tensor, so the result's dtype is the real run's."""
-    first = next((t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
+    first = next(iter(_tensors((args, kwargs))), None)
 
     def tensor(value: Any, argument: Any) -> Any:
         if not isinstance(argument.type, torch.TensorType) or type(value) not in (bool, int, float, complex):
@@ -94,6 +122,7 @@ def _rewrapped(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[
     return args, {name: tensor(value, named[name]) if name in named else value for name, value in kwargs.items()}
 
 
+@functools.cache
 def _rng_wrappers() -> tuple[Any, Any]:
     from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
@@ -115,7 +144,7 @@ def _on_neuron(args: tuple, kwargs: dict) -> bool:
     kernel; a CPU op inside a compiled graph (a `scalar_tensor` constant) stays whole on the plan's fakes, as before."""
     device = kwargs.get("device")
     if device is None:
-        device = next((leaf.device for leaf in tree_leaves(args) if isinstance(leaf, torch.Tensor)), None)
+        device = next((leaf.device for leaf in _tensors(args)), None)
     return device is not None and torch.device(device).type == "neuron"
 
 
@@ -166,7 +195,7 @@ class Charger(TorchDispatchMode):
             op, *rest = args
             with self:
                 result = op(*rest, **kwargs)
-            device = next((t.device for t in tree_leaves(rest) if isinstance(t, torch.Tensor)), None)
+            device = next((t.device for t in _tensors(rest)), None)
             state = torch.neuron.get_rng_state() if device is not None and device.type == "neuron" else \
                 torch.get_rng_state()
             return self.planner.fake_mode.from_tensor(state), result
@@ -178,7 +207,7 @@ class Charger(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in _rng_wrappers():
             return self._rng_wrapped(func, args, kwargs)
-        if any(t is not _FakeTensor and t is not torch.Tensor for t in types):
+        if not _PLAIN.issuperset(types):
             # a DTensor's op (global shapes): it runs ops on its local shards, which come back here to be charged
             return NotImplemented
         if func in VALUE_READS and not _known(args):
@@ -195,7 +224,7 @@ class Charger(TorchDispatchMode):
                 services.account_planned_op(func, args, kwargs, value)
                 return value
             raise value_read(f"{func.__name__} of a tensor, a branch on its value")
-        if any(_traced(leaf, self.planner.fake_mode) for leaf in tree_leaves((args, kwargs))):
+        if any(_traced(leaf, self.planner.fake_mode) for leaf in _tensors((args, kwargs))):
             # compile time (a compiler's fakes): run as is, charged nothing; never through a composite kernel of the
             # plan's, which would mix the compiler's fakes with the plan's (Dynamo's fake SDPA with dropout failed)
             return func(*args, **kwargs)
@@ -252,15 +281,14 @@ class Charger(TorchDispatchMode):
         an all-reduce): their values after it come from the peers, which the plan has none of, and the fake mode
         would otherwise run the collective for real on the constants (on the host, with no process group there)."""
         converter = self.planner.fake_mode.fake_tensor_converter
-        for leaf in tree_leaves(tree):
+        for leaf in _tensors(tree):
             if isinstance(leaf, _FakeTensor) and leaf.constant is not None:
                 converter.invalidate_constant_aliases(leaf.constant)
 
     def _refuse_read_shapes(self, result: Any) -> None:
         """A tensor whose shape is made from a read value (`torch.empty(n.item())`): its size steers what runs."""
-        for leaf in tree_leaves(result):
-            if isinstance(leaf, torch.Tensor):
-                sizes = [size for size in leaf.shape if isinstance(size, torch.SymInt)]
-                if sizes:
-                    where = self.planner.values.origins(sympy.Add(*(size.node.expr for size in sizes)))
-                    raise value_read(f"a tensor of shape {tuple(leaf.shape)} made from the values {where}")
+        for leaf in _tensors(result):
+            sizes = [size for size in leaf.shape if isinstance(size, torch.SymInt)]
+            if sizes:
+                where = self.planner.values.origins(sympy.Add(*(size.node.expr for size in sizes)))
+                raise value_read(f"a tensor of shape {tuple(leaf.shape)} made from the values {where}")
