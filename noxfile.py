@@ -156,9 +156,10 @@ def _inductor_host_code_tests(session: nox.Session) -> None:
     """neuron-compile's tests and adaptive eager's fused path on the "inductor" host code
     (`NEURON_COMPILE_HOST_CODE=inductor`: Inductor's C++ code generation; the `compile` session's first run tests the
     default "aten" host code). Not slow tests, to keep the C++ compiles few: the slow ones compile C++ or set the host
-    code themselves (`nox -s compile-inductor -- -m slow` runs them)."""
+    code themselves (`nox -s compile-inductor -- -m slow` runs them). Nor those marked `fixed_host_code`: they name
+    their host code themselves or compile without the neuron backend, so the variable cannot change their run."""
     _pytest(session, f"{PATHS['compile']}/tests", "tests/test_adaptive_eager_fused.py",
-            marks=f"not slow and {NOT_OPTIONAL}", env={"NEURON_COMPILE_HOST_CODE": "inductor"})
+            marks=f"not slow and not fixed_host_code and {NOT_OPTIONAL}", env={"NEURON_COMPILE_HOST_CODE": "inductor"})
 
 
 @nox.session(python=PYTHON, name="compile-inductor")

@@ -291,6 +291,7 @@ def _flex_attention_leaves():
     return inputs, leaves, create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 256, 256, device="neuron")
 
 
+@pytest.mark.fixed_host_code
 def test_flex_attention_compiles_for_neuron() -> None:
     """Issue 39, item 5: torchtitan's attention under `torch.compile(backend="neuron")` (the default "aten" host
     code), with a block mask built on the device: the CPU's causal attention, forward and backward (it was refused:
@@ -309,6 +310,7 @@ def test_flex_attention_compiles_for_neuron() -> None:
         torch.testing.assert_close(leaf.grad.cpu(), want.grad, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.fixed_host_code
 def test_flex_attention_training_with_the_inductor_host_code_is_refused_by_name() -> None:
     """With the "inductor" host code, a flex attention graph that needs gradients is Inductor's to lower, and
     Inductor's CPU lowering of it is inference-only: the compile fails naming that limit, never silently."""

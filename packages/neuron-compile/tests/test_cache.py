@@ -206,6 +206,7 @@ def _simulated_seconds_and_workspace(fn, *args) -> tuple[float, int]:
 
 
 @pytest.mark.compiler
+@pytest.mark.fixed_host_code
 def test_every_aten_host_code_cache_path_gives_the_cold_figures(tmp_path, monkeypatch) -> None:
     """A hit, an AOTAutograd record without our entry (its plan travels with it), and a stored host code that cannot
     be rebuilt (a stale or damaged record that passed the entry's checks: compiled afresh) all give the cold

@@ -59,6 +59,7 @@ def test_simulated_time_and_results_are_the_same_in_both_host_codes(monkeypatch)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.fixed_host_code
 def test_aten_host_code_runs_no_inductor_codegen(monkeypatch) -> None:
     from torch._inductor import compile_fx
 
@@ -89,6 +90,7 @@ _FIRST_COMPILES = textwrap.dedent("""
 """)
 
 
+@pytest.mark.fixed_host_code  # its processes run without NEURON_COMPILE_HOST_CODE
 def test_a_warm_aten_compile_imports_no_inductor_passes_or_code_generation(tmp_path) -> None:
     """Issue 36: the first `torch.compile(backend="neuron")` of a process imported Inductor (`compile_fx`: its
     passes, lowering and code generators, ~2 s) before AOTAutograd looked at its cache. With a warm compile cache the
@@ -109,6 +111,7 @@ def test_a_warm_aten_compile_imports_no_inductor_passes_or_code_generation(tmp_p
     assert sorted(set(_INDUCTOR) & set(warm["imported"])) == []
 
 
+@pytest.mark.fixed_host_code
 def test_aten_cache_hit_reuses_the_stored_kernel_plans(tmp_path, monkeypatch) -> None:
     """A hit of the compile cache on the "aten" host code traces again (the AOT graph is its host code) but takes
     the entry's kernel plans instead of planning again."""
@@ -128,6 +131,7 @@ def test_aten_cache_hit_reuses_the_stored_kernel_plans(tmp_path, monkeypatch) ->
     torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
 
 
+@pytest.mark.fixed_host_code  # sets and removes the variable itself
 def test_host_code_option_and_environment_variable(monkeypatch) -> None:
     assert CompileSettings.resolve(options={"host_code": "inductor"}).host_code == "inductor"
     monkeypatch.setenv("NEURON_COMPILE_HOST_CODE", "inductor")

@@ -9,7 +9,8 @@ from models import MLP
 
 from neuron_device import fallback as host_exec
 
-pytestmark = pytest.mark.compiler
+# plain Inductor, never the neuron backend: NEURON_COMPILE_HOST_CODE has no say
+pytestmark = [pytest.mark.compiler, pytest.mark.fixed_host_code]
 
 
 def test_inductor_compiles_neuron_graphs() -> None:

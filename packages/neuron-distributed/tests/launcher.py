@@ -9,7 +9,8 @@ folder start some 200 ranks. What a fork inherits is only what a fresh process w
 the same environment gives: the server imports with the device backends' autoload off, and each rank sets its own
 environment before it loads them (`neuron_device` reads its variables then), as `import torch` would have. An
 environment that torch itself reads at import (`TORCH*`, `PYTORCH*`, `PYTHON*` but the warnings filter, thread
-counts) cannot be given to an imported torch, so such a launch starts fresh interpreters instead.
+counts) cannot be given to an imported torch, so such a launch starts fresh interpreters instead. `run_code` runs
+a `python -W ignore -c code` the same way (the planning tests' single processes).
 """
 
 from __future__ import annotations
@@ -63,11 +64,13 @@ def _fork_context() -> multiprocessing.context.ForkServerContext:
     return _forked
 
 
-def _run_rank(script: str, args: list[str], env: dict[str, str], output: str) -> None:
-    """A forked rank: what `python script args` does with `env`, its output (stdout and stderr) into `output`."""
+def _run_rank(script: str, args: list[str], env: dict[str, str], output: str, errors: str | None = None) -> None:
+    """A forked rank: what `python script args` does with `env`, its output into `output` (stderr into `errors`
+    when given, else there too)."""
     code = 1
     with open(output, "w") as sink:
         os.dup2(sink.fileno(), 1)
+    with open(errors or output, "a") as sink:
         os.dup2(sink.fileno(), 2)
     try:
         os.environ.clear()
@@ -162,6 +165,28 @@ def launch(
                 if match:
                     results[rank][match.group(1)] = (match.group(2), match.group(3) or "")
     return results, outputs
+
+
+def run_code(code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300.0
+             ) -> subprocess.CompletedProcess:
+    """What `python -W ignore -c code args` returns with this environment updated by `env`, in a process of its own
+    forked from the launches' server (torch imported once), or a fresh interpreter when `env` names a variable read
+    at import. The code runs as a script's (`__main__`, argv `[script, *args]`)."""
+    full_env = {**os.environ, **(env or {})}  # `-W ignore` is the process's own, as `_run_rank` sets it
+    fresh = any(_READ_AT_IMPORT.match(name) for name in env or {})
+    with tempfile.TemporaryDirectory(prefix="run-code-") as folder:
+        script, stdout, stderr = (Path(folder) / name for name in ("main.py", "stdout", "stderr"))
+        script.write_text(code)
+        if fresh:
+            return subprocess.run([sys.executable, "-W", "ignore", "-c", code, *args], capture_output=True, text=True,
+                                  timeout=timeout, env=full_env, check=False)
+        process = _fork_context().Process(target=_run_rank, args=(str(script), list(args), full_env, str(stdout),
+                                                                  str(stderr)))
+        process.start()
+        if not _wait(process, time.monotonic() + timeout):
+            raise subprocess.TimeoutExpired([str(script), *args], timeout, stdout.read_text(), stderr.read_text())
+        return subprocess.CompletedProcess([str(script), *args], process.exitcode, stdout.read_text(errors="replace"),
+                                           stderr.read_text(errors="replace"))
 
 
 def assert_check(results, outputs, check: str) -> None:

@@ -7,11 +7,10 @@ values, refused by name."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
+from launcher import run_code
 
 from neuron_distributed.plan_report import build_report, format_report
 from neuron_distributed.plan_values import BALANCED_ROUTER
@@ -52,8 +51,8 @@ else:
 
 
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-W", "ignore", "-c", code, *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}, check=False)
+    """`python -W ignore -c code args` on a trn1.2xlarge, forked from the launcher's torch-preloaded server."""
+    return run_code(code, *args, env={"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"})
 
 
 def _kernel_script(tmp_path, mode: str) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from launcher import WORKERS, launch
+from launcher import WORKERS, launch, run_code
 
 from neuron_distributed import plan_cli, plan_ranks
 from neuron_distributed.plan_cli import cores_per_node, parse_command
@@ -444,8 +444,7 @@ plan = torch_neuronx.plan(step, world_size=8, rank=3)
 assert not torch_neuronx.is_planning()
 print(json.dumps(plan.as_dict()))
 """
-    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.32xlarge"}, check=False)
+    done = run_code(code, env={"NEURON_SIM_INSTANCE_TYPE": "trn1.32xlarge"})
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout.strip().splitlines()[-1])
     assert plan["rank"] == 3 and plan["world_size"] == 8 and plan["steps_observed"] == 1
@@ -559,8 +558,7 @@ with FlopCounterMode(display=False) as on_cpu:
     step("cpu", "cpu")()
 print(json.dumps({**after_backward, "flops": plan.flops_per_step, "cpu_flops": on_cpu.get_total_flops()}))
 """
-    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}, check=False)
+    done = _plan_in_subprocess(code)
     assert done.returncode == 0, done.stderr
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     assert measured["plan"] == measured["real"] > 0
@@ -861,9 +859,10 @@ torch_neuronx.plan(step, world_size=1)
     assert done.stdout.strip().splitlines()[-1] == "planned [torch.Size([64, 64]), torch.Size([64])]"
 
 
-def _plan_in_subprocess(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}, check=False)
+def _plan_in_subprocess(code: str, *args: str) -> subprocess.CompletedProcess:
+    """`code` run as `python -W ignore -c code args` on a trn1.2xlarge, in a process forked from the launcher's
+    server (torch imported once)."""
+    return run_code(code, *args, env={"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"})
 
 
 @pytest.mark.all_wheels  # needs neuron-compile
@@ -976,8 +975,7 @@ print(json.dumps(out))
 """
     runs = {}
     for mode in ("real", "plan"):
-        done = subprocess.run([sys.executable, "-W", "ignore", "-c", code, mode], capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}, check=False)
+        done = _plan_in_subprocess(code, mode)
         assert done.returncode == 0, done.stderr
         runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
     plan, real = runs["plan"], runs["real"]
