@@ -43,9 +43,11 @@ PACKAGES = {
 PATHS = {name: f"packages/neuron-{name}" for name in PACKAGES}
 TEST_TOOLS = ["pytest", "pytest-xdist", "expecttest", "hypothesis"]
 # Tests run on two pytest-xdist workers (CI's two cores), each with one intra-op thread: two workers with torch's
-# default of a thread per core would oversubscribe the cores. Tests that launch several processes run after them,
-# also on two workers: their ranks and the plans' single-process phases leave a core idle at times (the distributed
-# session's 132 multiprocess tests, on a quiet machine: 127 s in one process, 111 s on two workers).
+# default of a thread per core would oversubscribe the cores. Tests that launch several processes run among the others
+# on the same workers, in the same pytest run: a worker waiting on a test's ranks leaves the other worker's tests the
+# core (the distributed session's 132 multiprocess tests, on a quiet machine: 127 s in one process, 111 s on two
+# workers), and each pytest run pays its workers' start-up (importing torch and collecting: 7-10 s of wall); so does
+# torchtitan's, whose two modules run side by side.
 #
 # Bytecode is written (PYTHONDONTWRITEBYTECODE unset: None removes a variable in nox): a machine that sets it (this
 # one's image does) otherwise compiles every imported module from source in every process: `import torch` 3.7 s of
@@ -100,20 +102,17 @@ def _share_torch(session: nox.Session) -> None:
 
 
 def _pytest(session: nox.Session, *tests: str, marks: str = "", env: dict[str, str | None] | None = None,
-            multiprocess_workers: bool = True) -> None:
-    """pytest over `tests` (folders or files): the tests `marks` selects (all by default) that run in one process, on
-    the workers, then those that launch several processes, on the workers too unless `multiprocess_workers` is False
-    (tests that share a module's fixture: each worker would build its own). Arguments after `--` replace the
-    selection, and everything runs in one process."""
+            by_module: bool = False) -> None:
+    """pytest over `tests` (folders or files): the tests `marks` selects (all by default), in one run on the two
+    workers; with `by_module`, each module's tests on one worker (`--dist loadfile`: tests that share a module's
+    fixture, which each worker would otherwise build again). Arguments after `--` replace the selection, and
+    everything runs in one process."""
     env = {**TEST_ENV, **(env or {})}
     if session.posargs:
         session.run("python", "-m", "pytest", *tests, *session.posargs, env=env)
         return
-    within = f"({marks}) and " if marks else ""
-    session.run("python", "-m", "pytest", *tests, *WORKERS, "-m", f"{within}not multiprocess", env=env)
-    # pytest's code 5: no test selected (a folder without multiprocess tests)
-    session.run("python", "-m", "pytest", *tests, *(WORKERS if multiprocess_workers else ()), "-m",
-                f"{within}multiprocess", env=env, success_codes=(0, 5))
+    workers = (*WORKERS[:2], "--dist", "loadfile") if by_module else WORKERS
+    session.run("python", "-m", "pytest", *tests, *workers, *(("-m", marks) if marks else ()), env=env)
 
 
 def _install_alone(session: nox.Session, package: str) -> None:
@@ -244,8 +243,9 @@ def torchtitan(session: nox.Session) -> None:
     _install(session, *TEST_TOOLS, *PATHS.values(), TORCH_NEURONX, "-r", "requirements-torchtitan.txt")
     session.env["HF_HUB_OFFLINE"] = "1"
     session.env["HF_DATASETS_OFFLINE"] = "1"
-    # in one process: the training tests share their module's seed checkpoints and CPU reference runs
-    _pytest(session, "tests/torchtitan", multiprocess_workers=False)
+    # the training tests share their module's seed checkpoints and CPU reference runs: that module runs on one
+    # worker, the plan tests (their own real runs) on the other
+    _pytest(session, "tests/torchtitan", by_module=True)
     if key is not None:
         record.write_text(key)
 
