@@ -221,6 +221,33 @@ def test_flex_attention_is_priced_as_a_flash_kernel() -> None:
     assert _classify(node) == ("matmul", "tensor", attention_work(8, 128, 128, 64, causal=False, backward=True))
 
 
+def _cache_update(cache: torch.Tensor, position: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    cache.index_copy_(2, position, new)  # a static KV cache's update (transformers' StaticCache)
+    return cache.sum()
+
+
+@pytest.mark.parametrize("decompose", [False, True], ids=["index_copy", "index_put"])
+def test_a_scatter_into_an_input_copied_back_runs_in_place(decompose: bool) -> None:
+    """Issue 34 (E4's decode step): the functional form of an in-place cache update, a scatter into the graph input
+    and a copy of the result back, is an aliased output on the device (TorchNeuron's aliasing analysis, HLO
+    input_output_alias; Inductor reinplaces it): it writes its one row, not a copy of the whole 2 MiB cache read
+    and written twice. Out of place (no copy back), the scatter does write a new cache."""
+    cache, new = torch.zeros(1, 1, 8192, 128, dtype=torch.bfloat16), torch.randn(1, 1, 1, 128, dtype=torch.bfloat16)
+    position = torch.tensor([5])
+    table = torch._decomp.core_aten_decompositions() if decompose else {}
+
+    def plan(fn):
+        return plan_kernels(make_fx(torch.func.functionalize(fn, remove="mutations_and_views"), tracing_mode="fake",
+                                    decomposition_table=table)(cache, position, new))
+
+    row = 128 * 2
+    scatter, total = plan(_cache_update).kernels  # the copy back is no kernel
+    assert scatter.hbm_bytes == row + 8 + row  # the new row and its position in, the row out
+    assert total.hbm_bytes == cache.nbytes + 2  # the sum reads the updated cache
+    out_of_place, _ = plan(lambda cache, position, new: cache.index_copy(2, position, new).sum()).kernels
+    assert out_of_place.hbm_bytes == 2 * cache.nbytes + row + 8
+
+
 class _Cached(torch.nn.Module):
     """Two linear layers and a buffer the forward writes (as a static KV cache is written)."""
 

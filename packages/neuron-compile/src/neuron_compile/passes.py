@@ -19,6 +19,13 @@ instructions' fixed costs): at BERT's seq 128 that is ~3.5 us per head of Vector
 accesses, 10x what the fused lowering costs, and more than what neuronx-cc's compiled BERT takes (calibration E1/E2).
 Other Tensor-engine ops without a formula here are priced by eager's FLOP formula (`ops.catalogue`).
 
+A scatter into a graph input that the graph copies its result back into (the functional form of an in-place
+update, e.g. a static KV cache's `index_copy_`: `index_put(cache, ...)` then `copy_(cache, result)`) runs in place,
+as TorchNeuron's aliasing analysis makes that output the input's buffer (HLO `input_output_alias`; AWS's "Aliasing
+Output Rewrite Pass": "updating KV-cache state ... reuse the allocation instead of copying") and as Inductor's
+reinplacing turns it into `index_put_`: it moves only the elements it writes (and its indices and values), not
+the whole input twice, and the copy back is no kernel.
+
 The plan also gives the graph's workspace: the peak bytes of kernel results that later kernels read, each live from
 the kernel that writes it to the last kernel that reads it (results the graph returns belong to the caller).
 
@@ -289,6 +296,42 @@ def _foldable(node: torch.fx.Node, constants: set[torch.fx.Node]) -> bool:
     return bool(node.all_input_nodes) and all(a in constants for a in node.all_input_nodes)
 
 
+_SCATTERS = frozenset({aten.index_put, aten._unsafe_index_put, aten.index_copy, aten.scatter})
+
+
+def _scattered_elements(node: torch.fx.Node) -> int | None:
+    """Elements a scatter writes into its input: the indexed region (index_put: the broadcast indices by the
+    dims they leave whole; index_copy: its source; scatter: its index), or None when data decides (a mask)."""
+    def val(a: Any) -> Any:
+        return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
+    packet, values = _packet(node), [val(a) for a in node.args]
+    if packet in (aten.index_copy, aten.scatter):
+        return _size(values[3 if packet is aten.index_copy else 2].numel())
+    base, indices = values[0], [val(i) for i in values[1]]
+    if any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
+        return None
+    shape = torch.broadcast_shapes(*(tuple(i.shape) for i in indices if i is not None))
+    whole = [_size(n) for d, n in enumerate(base.shape) if d >= len(indices) or indices[d] is None]
+    return _size(math.prod(shape)) * math.prod(whole)
+
+
+def _in_place_scatters(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.fx.Node]:
+    """The scatters that run in place (module docstring), each with its copy back: scatter S into placeholder P,
+    a later `copy_(P, S)`, and no read of P in between (Inductor's `reinplace` condition for a graph input)."""
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    found = {}
+    for copy in gm.graph.find_nodes(op="call_function", target=aten.copy_.default):
+        dst, src = copy.args[0], copy.args[1]
+        if not (isinstance(src, torch.fx.Node) and dst.op == "placeholder" and _packet(src) in _SCATTERS
+                and src.args[0] is dst and _scattered_elements(src) is not None):
+            continue
+        readers = [u for u in _readers(dst) if u not in (src, copy)]
+        if not any(order[src] < order[u] < order[copy] for u in readers):
+            found[src] = copy
+    return found
+
+
 def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozenset()) -> KernelPlan:
     """Partition `gm` (an AOT graph with `val` metadata) into fused kernels. `frozen`: its placeholders that are
     constants (`frozen_inputs`); the work on them alone is folded at compile time, not planned."""
@@ -299,13 +342,20 @@ def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozense
     work: list[dict[str, float]] = []
     parts: list[str] = []  # each kernel's breakdown part: its first node's (attention by name, else its engine)
     constants = set(frozen)
+    in_place = _in_place_scatters(gm)
+    copies_back = {copy: scatter for scatter, copy in in_place.items()}
     for node in gm.graph.nodes:
         if node.op != "call_function":
+            continue
+        if node in copies_back:  # the scatter wrote the input's buffer: its users read that
+            source[node] = copies_back[node]
             continue
         if _foldable(node, constants):
             constants.add(node)
             continue
         kind, engine, amount = _classify(node)
+        if node in in_place:  # its engine handles only the elements it writes
+            amount = float(_scattered_elements(node))
         inputs = [source.get(a, a) for a in node.all_input_nodes]
         if kind == "substituted":  # a Neuron kernel that charges its own simulated time when it runs
             continue
@@ -331,21 +381,42 @@ def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozense
     for index, members in enumerate(groups):
         inside = set(members)
         read = {source.get(a, a) for n in members for a in n.all_input_nodes} - inside
+        # an in-place scatter neither reads its input nor writes more than its region
+        read -= {n.args[0] for n in members if n in in_place and not _read_elsewhere(n.args[0], n, members)}
         written = {}
         for node in members:
             consumers = [u for u in _consumers(node, source) if u not in inside]
-            if consumers:
+            if consumers or node in in_place:
                 written[node] = consumers
-        hbm = sum(_read_bytes(n, members, source) for n in read) + sum(_nbytes(n) for n in written)
+        hbm = sum(_read_bytes(n, members, source) for n in read) + sum(
+            _scattered_elements(n) * _element_size(n) if n in in_place else _nbytes(n) for n in written)
         tensors = services.flat_tensors(members[0].meta.get("val"))
         dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
         amounts = {engine: float(amount) for engine, amount in work[index].items()}  # static: SymFloat -> float
         kernels.append(Kernel([n.name for n in members], amounts, float(hbm), dtype, engines[index], parts[index]))
         for node, consumers in written.items():
-            if all(u.op != "output" for u in consumers):  # a result is the caller's memory, not the graph's
+            # a result, or an input written in place, is the caller's memory, not the graph's
+            if node not in in_place and all(u.op != "output" for u in consumers):
                 last = max((group_of[u] for u in consumers if u in group_of), default=index)
                 lifetimes.append((index, last, _nbytes(node)))
     return KernelPlan(kernels, _peak_live_bytes(lifetimes, len(groups)), _folded_bytes(constants - set(frozen), group_of))
+
+
+def _readers(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes that read `node`'s memory: its users, through views."""
+    found = []
+    for user in node.users:
+        found.extend(_readers(user) if _packet(user) in _VIEWS else [user])
+    return found
+
+
+def _read_elsewhere(value: torch.fx.Node, scatter: torch.fx.Node, members: list[torch.fx.Node]) -> bool:
+    """Whether a kernel member other than `scatter` reads `value` (then the kernel reads it from HBM)."""
+    return any(m is not scatter and value in m.all_input_nodes for m in members)
+
+
+def _element_size(node: torch.fx.Node) -> int:
+    return services.flat_tensors(node.meta.get("val"))[0].element_size()
 
 
 def _folded_bytes(folded: set[torch.fx.Node], group_of: Mapping[torch.fx.Node, int]) -> int:
