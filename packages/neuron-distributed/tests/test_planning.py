@@ -235,18 +235,19 @@ def test_charger_walks_an_ops_tensors_as_pytree_does():
     import torch
     from torch.utils._pytree import tree_leaves
 
-    from neuron_distributed.plan_charger import _tensors
+    from neuron_distributed.plan_charger import tensor_leaves
 
     pair = collections.namedtuple("pair", "first second")
     a, b, c, d, e = (torch.zeros(i + 1) for i in range(5))
     tree = ((a, [1, None, torch.float32, {"x": b, "y": (c,)}]), {"z": pair(d, 2.0)},
             collections.OrderedDict(w=e), torch.Size([3, 4]), "s")
-    assert _tensors(tree) == [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)] and len(_tensors(tree)) == 5
+    found = tensor_leaves(tree)
+    assert found == [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)] and len(found) == 5
     gc.disable()
     try:
         tensor = torch.zeros(2)
         alive = weakref.ref(tensor)
-        assert _tensors(([tensor], {"k": tensor})) == [tensor, tensor]
+        assert tensor_leaves(([tensor], {"k": tensor})) == [tensor, tensor]
         del tensor
         assert alive() is None
     finally:
