@@ -827,6 +827,31 @@ def test_pipeline_stages_built_as_torchtitan_builds_them_plan(tmp_path):
     assert stages[1]["backward_seconds"] > 0 and stages[0]["send_bytes"] == 4 * 256 * 4
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_pipeline_ranks_of_one_role_are_planned_once(tmp_path, capsys):
+    """PP 8 on 32 ranks, stages built as torchtitan builds them (each keeps its block under its number in the whole
+    model; no input_args: a stage's input shapes come from the previous stage's rank). The middle stages whose blocks
+    and neighbours' placement are alike run the same thing and are planned once: stages 1 and 5 (a neighbour on
+    their chip, then one across chips), 2, 4 and 6 (the other way round); stage 3, a layer deeper, and the first and
+    last stages are planned. The shared plans give the report every rank's own plan gives, to the last bit. (Before,
+    every stage was planned: a stage whose input shapes came from another rank had no role key, and the key held
+    the layers' names.)"""
+    args = ("1f1b", "--pp", "8", "--micro-batches", "8", "--split-copy", "--no-input-shape", "--deeper-stage", "3")
+    reports = {}
+    for reuse in ((), ("--no-reuse",)):
+        code, reports[reuse], output = plan(tmp_path, *args, script="pipeline.py", options=("--jobs", "2", *reuse))
+        assert code == 0, output
+    # 5, 4 and 6: stage 3 shared with 1 and 5 (its layer more unseen), or 2 with 1 (their neighbours' placement
+    # unseen), would make it 4
+    assert "3 of 8 ranks took the plan of a rank that runs the same thing" in capsys.readouterr().err
+    shared, each = reports[()], reports[("--no-reuse",)]
+    assert shared == each
+    stages = each["pipeline"]["stages"]
+    assert stages[1] == {**stages[5], "stage_index": 1} and stages[2] == {**stages[4], "stage_index": 2}
+    assert stages[3]["forward_seconds"] > stages[1]["forward_seconds"]
+
+
 def test_pipeline_stage_without_input_shapes_needs_neuron_plan():
     """The Python API plans one rank: a stage without input_args has no previous stage's rank to take its input
     shapes from, and is refused, naming both ways out."""
