@@ -852,6 +852,29 @@ def test_pipeline_ranks_of_one_role_are_planned_once(tmp_path, capsys):
     assert stages[3]["forward_seconds"] > stages[1]["forward_seconds"]
 
 
+def test_a_shared_role_plan_names_its_ranks_own_modules():
+    """A rank that takes another's plan of its role (`Roles.relabelled`) gets its own stage index and schedule, and
+    where the plan went past the HBM in its own modules' names (its layers carry other numbers than the planned
+    rank's), or its own record when it went past before its first step."""
+    roles = plan_ranks.Roles()
+    owner = {"stage_indices": [2], "modules": [["Part", "Part.layers", "Part.layers.2"]]}
+    roles.claim("key", owner, "scratch", 2)
+    oom = {"op": "aten.mm.default", "module": "Part.layers.2", "code": "train.py:9",
+           "largest_live_tensors_by_module": [{"module": "Part.layers.2", "bytes": 8, "tensors": 1},
+                                              {"module": "Global", "bytes": 4, "tensors": 2}]}
+    roles.planned("scratch", 2, {"rank": 2, "oom": oom, "pipeline": {"stages": [{"stage_index": 2}]}})
+    probe = {"stage_indices": [4], "pipeline_rank": 4, "num_stages": 8, "n_microbatches": 8,
+             "stage_ranks": list(range(8)), "programs": [], "modules": [["Part", "Part.layers", "Part.layers.4"]],
+             "oom": None}
+    plan = roles.relabelled("key", probe, 4)
+    assert plan["rank"] == 4 and plan["pipeline"]["stages"] == [{"stage_index": 4}]
+    assert plan["oom"]["module"] == "Part.layers.4"
+    assert [e["module"] for e in plan["oom"]["largest_live_tensors_by_module"]] == ["Part.layers.4", "Global"]
+    assert roles.plans["key"]["oom"]["module"] == "Part.layers.2"  # the role's plan itself is left as it is
+    own = {**oom, "module": "Part.layers.4", "op": "aten.empty.memory_format"}
+    assert roles.relabelled("key", {**probe, "oom": own}, 4)["oom"] == own
+
+
 def test_pipeline_stage_without_input_shapes_needs_neuron_plan():
     """The Python API plans one rank: a stage without input_args has no previous stage's rank to take its input
     shapes from, and is refused, naming both ways out."""
