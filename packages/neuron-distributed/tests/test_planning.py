@@ -235,18 +235,19 @@ def test_charger_walks_an_ops_tensors_as_pytree_does():
     import torch
     from torch.utils._pytree import tree_leaves
 
-    from neuron_distributed.plan_charger import _tensors
+    from neuron_distributed.plan_charger import tensor_leaves
 
     pair = collections.namedtuple("pair", "first second")
     a, b, c, d, e = (torch.zeros(i + 1) for i in range(5))
     tree = ((a, [1, None, torch.float32, {"x": b, "y": (c,)}]), {"z": pair(d, 2.0)},
             collections.OrderedDict(w=e), torch.Size([3, 4]), "s")
-    assert _tensors(tree) == [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)] and len(_tensors(tree)) == 5
+    found = tensor_leaves(tree)
+    assert found == [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)] and len(found) == 5
     gc.disable()
     try:
         tensor = torch.zeros(2)
         alive = weakref.ref(tensor)
-        assert _tensors(([tensor], {"k": tensor})) == [tensor, tensor]
+        assert tensor_leaves(([tensor], {"k": tensor})) == [tensor, tensor]
         del tensor
         assert alive() is None
     finally:
@@ -824,6 +825,54 @@ def test_pipeline_stages_built_as_torchtitan_builds_them_plan(tmp_path):
     stages = reports["given"]["pipeline"]["stages"]
     assert reports["torchtitan"]["pipeline"]["stages"] == [pytest.approx(stage, rel=1e-12) for stage in stages]
     assert stages[1]["backward_seconds"] > 0 and stages[0]["send_bytes"] == 4 * 256 * 4
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_pipeline_ranks_of_one_role_are_planned_once(tmp_path, capsys):
+    """PP 8 on 32 ranks, stages built as torchtitan builds them (each keeps its block under its number in the whole
+    model; no input_args: a stage's input shapes come from the previous stage's rank). The middle stages whose blocks
+    and neighbours' placement are alike run the same thing and are planned once: stages 1 and 5 (a neighbour on
+    their chip, then one across chips), 2, 4 and 6 (the other way round); stage 3, a layer deeper, and the first and
+    last stages are planned. The shared plans give the report every rank's own plan gives, to the last bit. (Before,
+    every stage was planned: a stage whose input shapes came from another rank had no role key, and the key held
+    the layers' names.)"""
+    args = ("1f1b", "--pp", "8", "--micro-batches", "8", "--split-copy", "--no-input-shape", "--deeper-stage", "3")
+    reports = {}
+    for reuse in ((), ("--no-reuse",)):
+        code, reports[reuse], output = plan(tmp_path, *args, script="pipeline.py", options=("--jobs", "2", *reuse))
+        assert code == 0, output
+    # 5, 4 and 6: stage 3 shared with 1 and 5 (its layer more unseen), or 2 with 1 (their neighbours' placement
+    # unseen), would make it 4
+    assert "3 of 8 ranks took the plan of a rank that runs the same thing" in capsys.readouterr().err
+    shared, each = reports[()], reports[("--no-reuse",)]
+    assert shared == each
+    stages = each["pipeline"]["stages"]
+    assert stages[1] == {**stages[5], "stage_index": 1} and stages[2] == {**stages[4], "stage_index": 2}
+    assert stages[3]["forward_seconds"] > stages[1]["forward_seconds"]
+
+
+def test_a_shared_role_plan_names_its_ranks_own_modules():
+    """A rank that takes another's plan of its role (`Roles.relabelled`) gets its own stage index and schedule, and
+    where the plan went past the HBM in its own modules' names (its layers carry other numbers than the planned
+    rank's), or its own record when it went past before its first step."""
+    roles = plan_ranks.Roles()
+    owner = {"stage_indices": [2], "modules": [["Part", "Part.layers", "Part.layers.2"]]}
+    roles.claim("key", owner, "scratch", 2)
+    oom = {"op": "aten.mm.default", "module": "Part.layers.2", "code": "train.py:9",
+           "largest_live_tensors_by_module": [{"module": "Part.layers.2", "bytes": 8, "tensors": 1},
+                                              {"module": "Global", "bytes": 4, "tensors": 2}]}
+    roles.planned("scratch", 2, {"rank": 2, "oom": oom, "pipeline": {"stages": [{"stage_index": 2}]}})
+    probe = {"stage_indices": [4], "pipeline_rank": 4, "num_stages": 8, "n_microbatches": 8,
+             "stage_ranks": list(range(8)), "programs": [], "modules": [["Part", "Part.layers", "Part.layers.4"]],
+             "oom": None}
+    plan = roles.relabelled("key", probe, 4)
+    assert plan["rank"] == 4 and plan["pipeline"]["stages"] == [{"stage_index": 4}]
+    assert plan["oom"]["module"] == "Part.layers.4"
+    assert [e["module"] for e in plan["oom"]["largest_live_tensors_by_module"]] == ["Part.layers.4", "Global"]
+    assert roles.plans["key"]["oom"]["module"] == "Part.layers.2"  # the role's plan itself is left as it is
+    own = {**oom, "module": "Part.layers.4", "op": "aten.empty.memory_format"}
+    assert roles.relabelled("key", {**probe, "oom": own}, 4)["oom"] == own
 
 
 def test_pipeline_stage_without_input_shapes_needs_neuron_plan():

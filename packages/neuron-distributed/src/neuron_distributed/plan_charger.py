@@ -27,7 +27,7 @@ from neuron_device import services
 from . import catalogue, plan_hops
 from .plan_state import UNANSWERED, Planner, value_read
 
-__all__ = ["VALUE_READS", "Charger"]
+__all__ = ["VALUE_READS", "Charger", "tensor_leaves"]
 
 _aten = torch.ops.aten
 # Ops that read a tensor's values into Python: a fake tensor has none. `_local_scalar_dense` (`.item()`) is answered
@@ -41,12 +41,12 @@ _COMPOSITES = (torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional,
 _DEVICE = torch._C.DispatchKey.PrivateUse1
 # the tensor types of an op the charger charges itself (any other, a DTensor's, goes on to its subclass)
 _PLAIN = frozenset({_FakeTensor, torch.Tensor})
-# leaves `_tensors` knows hold no tensor (an op's other arguments)
+# leaves `tensor_leaves` knows hold no tensor (an op's other arguments)
 _NOT_TENSORS = frozenset({int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.layout,
                           torch.memory_format, torch.SymInt, torch.SymFloat, torch.SymBool})
 
 
-def _tensors(tree: Any) -> list[torch.Tensor]:
+def tensor_leaves(tree: Any) -> list[torch.Tensor]:
     """The tensors among `tree_leaves(tree)`, in its order. An op's arguments and results are tensors, numbers and
     lists, tuples and dicts of them, walked here without pytree's per-node type dispatch (the charger's `tree_leaves`
     calls were 5 % of a 70B torchtitan rank's plan); any other type is left to pytree (a namedtuple, a registered
@@ -108,7 +108,7 @@ def _rewrapped(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[
     `wrapped_scalar_tensor(3)`); Python dispatch hands the wrapped number to the charger as a plain `int`, which the
     op's Python binding refuses for most ops (all but `add` / `mul`'s kind). The tensor has the dtype the wrapped
     number promotes to with the op's first tensor, so the result's dtype is the real run's."""
-    first = next(iter(_tensors((args, kwargs))), None)
+    first = next(iter(tensor_leaves((args, kwargs))), None)
 
     def tensor(value: Any, argument: Any) -> Any:
         if not isinstance(argument.type, torch.TensorType) or type(value) not in (bool, int, float, complex):
@@ -144,7 +144,7 @@ def _on_neuron(args: tuple, kwargs: dict) -> bool:
     kernel; a CPU op inside a compiled graph (a `scalar_tensor` constant) stays whole on the plan's fakes, as before."""
     device = kwargs.get("device")
     if device is None:
-        device = next((leaf.device for leaf in _tensors(args)), None)
+        device = next((leaf.device for leaf in tensor_leaves(args)), None)
     return device is not None and torch.device(device).type == "neuron"
 
 
@@ -195,7 +195,7 @@ class Charger(TorchDispatchMode):
             op, *rest = args
             with self:
                 result = op(*rest, **kwargs)
-            device = next((t.device for t in _tensors(rest)), None)
+            device = next((t.device for t in tensor_leaves(rest)), None)
             state = torch.neuron.get_rng_state() if device is not None and device.type == "neuron" else \
                 torch.get_rng_state()
             return self.planner.fake_mode.from_tensor(state), result
@@ -224,7 +224,7 @@ class Charger(TorchDispatchMode):
                 services.account_planned_op(func, args, kwargs, value)
                 return value
             raise value_read(f"{func.__name__} of a tensor, a branch on its value")
-        if any(_traced(leaf, self.planner.fake_mode) for leaf in _tensors((args, kwargs))):
+        if any(_traced(leaf, self.planner.fake_mode) for leaf in tensor_leaves((args, kwargs))):
             # compile time (a compiler's fakes): run as is, charged nothing; never through a composite kernel of the
             # plan's, which would mix the compiler's fakes with the plan's (Dynamo's fake SDPA with dropout failed)
             return func(*args, **kwargs)
@@ -281,13 +281,13 @@ class Charger(TorchDispatchMode):
         an all-reduce): their values after it come from the peers, which the plan has none of, and the fake mode
         would otherwise run the collective for real on the constants (on the host, with no process group there)."""
         converter = self.planner.fake_mode.fake_tensor_converter
-        for leaf in _tensors(tree):
+        for leaf in tensor_leaves(tree):
             if isinstance(leaf, _FakeTensor) and leaf.constant is not None:
                 converter.invalidate_constant_aliases(leaf.constant)
 
     def _refuse_read_shapes(self, result: Any) -> None:
         """A tensor whose shape is made from a read value (`torch.empty(n.item())`): its size steers what runs."""
-        for leaf in _tensors(result):
+        for leaf in tensor_leaves(result):
             sizes = [size for size in leaf.shape if isinstance(size, torch.SymInt)]
             if sizes:
                 where = self.planner.values.origins(sympy.Add(*(size.node.expr for size in sizes)))

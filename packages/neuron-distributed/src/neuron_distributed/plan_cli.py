@@ -10,7 +10,9 @@ Each planned rank runs in its own process (`plan_ranks`), with the environment t
 cluster; the report (`plan_report`) takes the slowest rank's step and the largest per-core HBM peak. Ranks that do the same work need planning once: by default
 (`--ranks auto`) rank 0 is planned and, when it turns out to be a pipeline stage, one rank of every other stage (the
 stages differ: first, middle, last), started as soon as rank 0's schedule names them; `--ranks 0,31` plans the
-listed ranks. Up to `--jobs` ranks are planned at once.
+listed ranks. Up to `--jobs` ranks are planned at once. Pipeline ranks that run the same thing (the middle stages of
+a model of equal blocks, their neighbours placed alike) are planned once: the others stop at their first schedule
+step and take that plan (`plan_ranks.Roles`; `--no-reuse` plans each).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import tempfile
 
 from .plan_command import cores_per_node, parse_command, positive, writable
 from .plan_pipeline import combine
-from .plan_ranks import Ranks
+from .plan_ranks import Ranks, Roles
 from .plan_report import build_report, format_report, write_trace
 
 __all__ = ["cores_per_node", "main", "parse_command"]
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated ranks to plan (the distinct roles); auto: rank 0, then every other "
                         "pipeline stage")
     parser.add_argument("--jobs", type=int, default=1, help="ranks planned at once (one process each)")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="plan every pipeline rank asked for, also those whose role another rank plans")
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--trace")
     parser.add_argument("--breakdown", action="store_true",
@@ -67,9 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 <= rank < world:
             raise SystemExit(f"neuron-plan: rank {rank} is outside the world: {options.nodes} x {options.instance} "
                              f"= {options.nodes} x {per_node} NeuronCores = {world} ranks")
+    roles = None if options.no_reuse else Roles()
     with tempfile.TemporaryDirectory() as scratch:
-        plans = Ranks(scratch, interpreter, script, options, world, per_node)(
+        plans = Ranks(scratch, interpreter, script, options, world, per_node, roles=roles)(
             ranks, stages_of=0 if options.ranks == "auto" else None)
+    if roles is not None and roles.reused:
+        print(f"neuron-plan: {roles.reused} of {len(plans)} ranks took the plan of a rank that runs the same thing "
+              "(--no-reuse plans each)", file=sys.stderr)
     report = build_report(plans, instance=options.instance, nodes=options.nodes,
                           tokens_per_step=options.tokens_per_step, price_per_hour=options.price_per_hour)
     print(format_report(report, breakdown=options.breakdown))

@@ -246,25 +246,44 @@ def _specs(tensors: Any) -> list[Any]:
     return [[list(t.shape), list(t.stride()), str(t.dtype), t.requires_grad] for t in flat_tensors(tensors)]
 
 
-def _hooks(module: torch.nn.Module) -> list[Any]:
-    """The hooks of a module and its submodules, by their functions' qualified names (they run in its forward)."""
+def _structure(module: torch.nn.Module) -> list[Any]:
+    """What a stage's module runs, without its modules' names: each module (depth-first, as `named_modules` walks
+    it) by its position under its parent, its class, its `extra_repr`, its own parameters (name, shape, dtype,
+    requires grad, placements of a DTensor) and buffers, its hooks (their functions' qualified names). The names are
+    left out because they hold the layers' numbers (torchtitan keeps a stage's layers under their numbers in the whole
+    model): two stages of equal structure run the same thing whatever their layers are called."""
+    position: dict[torch.nn.Module, tuple[int, ...]] = {module: ()}
     out = []
-    for name, sub in module.named_modules():
-        for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks"):
-            found = [getattr(h, "__qualname__", type(h).__qualname__) for h in getattr(sub, kind, {}).values()]
-            if found:
-                out.append([name, kind, found])
+    for _, sub in module.named_modules():  # a module before its children
+        for i, child in enumerate(sub.children()):
+            position.setdefault(child, (*position[sub], i))
+        hooks = [[kind, [getattr(h, "__qualname__", type(h).__qualname__) for h in getattr(sub, kind, {}).values()]]
+                 for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")]
+        out.append([position[sub], f"{type(sub).__module__}.{type(sub).__qualname__}", sub.extra_repr(),
+                    [[n, list(p.shape), str(p.dtype), p.requires_grad, repr(getattr(p, "placements", None))]
+                     for n, p in sub.named_parameters(recurse=False)],
+                    [[n, list(b.shape), str(b.dtype)] for n, b in sub.named_buffers(recurse=False)],
+                    [hook for hook in hooks if hook[1]]])
     return out
+
+
+def _module_names(stage: Any) -> list[str]:
+    """The names the planned rank's module tracker gives a stage's modules (in `named_modules` order): what a plan's
+    HBM figures name (`RankPlan.oom`), to tell a shared role's plan in this rank's names (`plan_ranks.Roles`)."""
+    tracker = active_planner().modules
+    tracker._get_mod_name(stage.submod)  # names the module and its children, as its first forward would
+    return [tracker._known_modules[sub] for _, sub in stage.submod.named_modules()]
 
 
 def _role_key(schedule: Any, stages: list[Any], args_split: Any, kwargs_split: Any, target: Any,
               ranks: list[int]) -> str | None:
-    """What this rank runs from its first schedule step on, as a hash: its stages (modules, parameters, buffers,
-    hooks, inputs, first or last), the schedule's kind and loss, the target's shape, every process group it is in
-    (size and placement, which price its collectives), where its stages' neighbours are (which prices the
-    transfers), the world, the machine, and the rank's state so far (simulated clock, FLOPs, HBM). Not the
-    stage's index nor the number of micro-batches: a stage's per-micro-batch costs depend on neither. None when a
-    stage's input shapes will come from another rank (not known here)."""
+    """What this rank runs from its first schedule step on, as a hash: its stages (their modules' structure without
+    their names (`_structure`), inputs, first or last), the schedule's kind and loss, the target's shape, every
+    process group it is in (size and placement, which price its collectives), where its stages' neighbours are
+    (which prices the transfers), the world, the machine, and the rank's state so far (simulated clock, FLOPs, HBM,
+    whether it went past the HBM). Not the stage's index, its layers' names nor the number of micro-batches: a
+    stage's per-micro-batch costs depend on none of them. A stage whose input shapes come from another rank waits
+    for them here (its first micro-batch would wait for them too). None when they cannot come (no neuron-plan)."""
     import hashlib
     import json
 
@@ -280,15 +299,15 @@ def _role_key(schedule: Any, stages: list[Any], args_split: Any, kwargs_split: A
             inputs = [[list(m.shape), list(m.stride), str(m.dtype), m.requires_grad] for m in stage._user_meta.inputs]
         elif any(s.stage_index == stage.stage_index - 1 for s in stages):
             inputs = "the previous stage's outputs, on this rank"
+        elif _exchange:
+            inputs = [[m["shape"], m["stride"], str(getattr(torch, m["dtype"])), m["requires_grad"]]
+                      for m in _exchange[-1][1](stage.stage_index - 1, ranks[stage.stage_index - 1])]
         else:
             return None
         neighbours = [costs.placement_of_ranks((ranks[stage.stage_index], ranks[other]))
                       for other in (stage.stage_index - 1, stage.stage_index + 1) if 0 <= other < len(ranks)]
-        described.append({
-            "first": stage.is_first, "last": stage.is_last, "module": repr(stage.submod),
-            "parameters": [[n, list(p.shape), str(p.dtype), p.requires_grad] for n, p in stage.submod.named_parameters()],
-            "buffers": [[n, list(b.shape), str(b.dtype)] for n, b in stage.submod.named_buffers()],
-            "hooks": _hooks(stage.submod), "inputs": inputs, "neighbours": neighbours})
+        described.append({"first": stage.is_first, "last": stage.is_last, "module": _structure(stage.submod),
+                          "inputs": inputs, "neighbours": neighbours})
     groups = sorted([len(members), costs.placement_of_ranks(list(members)),
                      costs.ranks_on_each_instance(list(members))]
                     for members in distributed_c10d._world.pg_group_ranks.values() if rank in members)
@@ -299,7 +318,7 @@ def _role_key(schedule: Any, stages: list[Any], args_split: Any, kwargs_split: A
         "world": dist.get_world_size(), "machine": repr(services.topology()), "steps": planner.steps,
         "state": [planner.clock(), float(planner.flops), torch.neuron.memory_allocated(index),
                   torch.neuron.max_memory_allocated(index), torch.neuron.memory_reserved(index),
-                  torch.neuron.max_memory_reserved(index), len(planner.boundaries)],
+                  torch.neuron.max_memory_reserved(index), len(planner.boundaries), planner.oom is not None],
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -352,7 +371,7 @@ def _plan_one_micro_batch(schedule: Any, *args: Any, target: Any = None, losses:
                         ranks)
         probe = {"stage_indices": [s.stage_index for s in stages], "pipeline_rank": stages[0].group_rank,
                  "num_stages": stages[0].num_stages, "n_microbatches": micro, "stage_ranks": ranks,
-                 "programs": _programs(schedule)}
+                 "programs": _programs(schedule), "modules": [_module_names(s) for s in stages], "oom": planner.oom}
         if key is not None and _identify[-1](key, probe):
             raise RoleReused(key, probe)
     # the step's first micro-batch (its backward creates the gradients), then one that accumulates into them

@@ -514,7 +514,9 @@ class Roles:
 
     def relabelled(self, key: str, probe: dict[str, Any], rank: int) -> dict[str, Any]:
         """The role's plan as rank `rank`'s: its stage indices, pipeline rank, stages' ranks, micro-batches and the
-        schedule's programs (from `probe`, what that rank's own schedule gave)."""
+        schedule's programs (from `probe`, what that rank's own schedule gave), and where it went past the HBM: its
+        own, before its first step, else the role's rank's with its modules' names in this rank's (a stage's layers
+        are named by their numbers in the whole model)."""
         plan = copy.deepcopy(self.plans[key])
         mapping = dict(zip(self.claims[key][2]["stage_indices"], probe["stage_indices"]))
         pipe = plan["pipeline"]
@@ -522,6 +524,15 @@ class Roles:
         pipe.update({name: probe[name] for name in ("pipeline_rank", "num_stages", "n_microbatches", "stage_ranks",
                                                    "programs")})
         plan["rank"] = rank
+        if probe["oom"] is not None:  # this rank went past the HBM before its first step: where it did
+            plan["oom"] = probe["oom"]
+        elif plan["oom"] is not None:  # the role's rank did during its step: the module in this rank's names
+            names = {theirs: mine for owner, own in zip(self.claims[key][2]["modules"], probe["modules"])
+                     for theirs, mine in zip(owner, own)}
+            oom = plan["oom"]
+            oom["module"] = names.get(oom["module"], oom["module"])
+            for entry in oom["largest_live_tensors_by_module"]:
+                entry["module"] = names.get(entry["module"], entry["module"])
         return plan
 
 

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
 
 from . import catalogue, plan_state
-from .plan_charger import VALUE_READS
+from .plan_charger import VALUE_READS, tensor_leaves
 
 __all__ = ["replaying"]
 
@@ -102,7 +102,7 @@ class _Recorder(TorchDispatchMode):
         charges, flops = len(self.planner.charges), self.planner.flops
         result = func(*args, **kwargs)
         plain = isinstance(func, torch._ops.OpOverload) and func not in VALUE_READS and all(
-            _plain(leaf) for leaf in tree_leaves((args, kwargs, result)) if isinstance(leaf, torch.Tensor))
+            _plain(leaf) for leaf in tensor_leaves((args, kwargs, result)))
         if plain and catalogue.kind_of(func) is not None:
             self.charged.append((func, args, kwargs, result))
         elif plain and len(self.planner.charges) == charges:
@@ -110,10 +110,6 @@ class _Recorder(TorchDispatchMode):
         else:
             self.replayable = False
         return result
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
 class _Replay:
@@ -139,7 +135,7 @@ class _Replay:
         self.steps: list[tuple[Any, Any]] = []
         for op, (func, op_args, op_kwargs, result) in enumerate(recorder.charged):
             self.steps.append((func, tree_map(ref, (op_args, op_kwargs))))
-            for k, tensor in enumerate(_tensors(result)):
+            for k, tensor in enumerate(tensor_leaves(result)):
                 produced.setdefault(id(tensor), (op, k))
                 produced_storages.setdefault(_storage(tensor), (op, k))
         self.flops = recorder.flops
@@ -183,7 +179,7 @@ class _Replay:
 
         for func, spec in self.steps:
             op_args, op_kwargs = tree_map(tensor, spec)
-            made.append(_tensors(func(*op_args, **op_kwargs)))
+            made.append(tensor_leaves(func(*op_args, **op_kwargs)))
         planner.flops += self.flops
         storages = [_storage_of(device, nbytes) for device, nbytes in self.fresh]
         outputs = []

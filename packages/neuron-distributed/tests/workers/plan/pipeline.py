@@ -1,9 +1,10 @@
 """A pipeline-parallel training script: a (dp, pp) device mesh, an MLP cut into `pp x stages-per-rank` stages run
 by `torch.distributed.pipelining` (gpipe, 1f1b, interleaved), gradients all-reduced over dp, SGD.
 
-`--split-copy` builds the stages as torchtitan's `pipeline_module_split` does: the whole model on the meta device,
-one `copy.deepcopy` of it per stage with the other stages' layers deleted, then `to_empty` on the device and an
-initialisation. `--fsdp` shards each stage with FSDP2 over dp as torchtitan does under PP (`fully_shard`,
+`--split-copy` builds the stages as torchtitan's `pipeline_module_split` does: the whole model on the meta device
+(its blocks in a `ModuleDict` by their numbers), one `copy.deepcopy` of it per stage with the other stages' blocks
+deleted (a stage keeps its block under its number in the whole model), then `to_empty` on the device and an
+initialisation. `--deeper-stage N` gives stage N's block a layer more. `--fsdp` shards each stage with FSDP2 over dp as torchtitan does under PP (`fully_shard`,
 `reshard_after_forward=False`: the parameters stay unsharded from the first micro-batch's forward to the schedule's
 last backward), its gradients reduced by FSDP instead of the all-reduce."""
 
@@ -28,6 +29,7 @@ parser.add_argument("--width", type=int, default=256)
 parser.add_argument("--no-input-shape", action="store_true", help="build later stages without input_args")
 parser.add_argument("--split-copy", action="store_true", help="stages from a deepcopy of the whole model on meta")
 parser.add_argument("--fsdp", action="store_true", help="each stage sharded by FSDP2 over dp, as torchtitan's PP")
+parser.add_argument("--deeper-stage", type=int, help="this stage's block has a hidden layer more")
 args = parser.parse_args()
 
 dist.init_process_group("neuron")
@@ -38,23 +40,38 @@ pp_rank, count = mesh["pp"].get_local_rank(), args.pp * args.stages_per_rank
 
 def block(index: int) -> nn.Sequential:
     layers = [nn.Linear(args.width, args.width), nn.GELU(), nn.Linear(args.width, args.width)]
+    if index == args.deeper_stage:
+        layers += [nn.GELU(), nn.Linear(args.width, args.width)]
     if index == count - 1:
         layers.append(nn.Linear(args.width, 1))  # the last stage is heavier: one more layer
     return nn.Sequential(*layers)
 
 
+class Model(nn.Module):
+    """Blocks by their numbers in the whole model, as torchtitan's `Transformer.layers`."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({str(index): block(index) for index in range(count)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers.values():
+            x = layer(x)
+        return x
+
+
 if args.split_copy:
     with torch.device("meta"):
-        whole = nn.ModuleList(block(index) for index in range(count))
+        whole = Model(count)
 stages, parameters = [], []
 for index in range(pp_rank, count, args.pp):
     if args.split_copy:  # torchtitan's way: a copy of the whole model, the other stages' layers deleted
         module = copy.deepcopy(whole)
-        for other in reversed(range(count)):
+        for other in range(count):
             if other != index:
-                del module[other]
-        module = module[0].to_empty(device=device)
-        for layer in module:
+                del module.layers[str(other)]
+        module = module.to_empty(device=device)
+        for layer in module.modules():
             if isinstance(layer, nn.Linear):
                 layer.reset_parameters()
     else:
