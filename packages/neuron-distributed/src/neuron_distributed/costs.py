@@ -156,6 +156,32 @@ def _link(spec: Target) -> float:
     return spec.neuronlink_bytes_per_second / LINKS_PER_CHIP * LINK_EFFICIENCY
 
 
+def _in_graph_phase_seconds(chunk: float, n: int, per_chip: int, spec: Target) -> float:
+    """One phase (reduce-scatter or all-gather; chunk: a rank's share of the buffer) over `n` consecutive ranks of
+    one instance, inside a compiled graph, by the algorithm the runtime picks for the phase's buffer (C4,
+    intranode-collective-comm.rst), each step one DMA (§2) and one hop (C4):
+
+    * mesh (below 1 MB): a routed write to every other chip of the group (the rank writes its chip's chunks to
+      its share of them, (chips - 1) chunks, through its one DMA queue: the target's per-engine bandwidth), then an
+      intra-chip exchange of the chunks received, (ranks per chip - 1) x chips chunks over the on-chip path; a
+      group on one chip has the exchange alone;
+    * halving-doubling (to 56 MB): the intra-chip step and log2(chips) exchanges along the torus axes;
+    * ring (above): n - 1 steps (the standalone model's).
+    The last two move (n - 1) chunks over one link, as the standalone model does."""
+    per_chip = min(per_chip, n)
+    chips = math.ceil(n / per_chip)
+    step = spec.dma_fixed_ns * 1e-9 + HOP_SECONDS_INSIDE_NODE
+    exchange = (per_chip - 1) * chips * chunk / _link(spec)
+    kind = algorithm(round(chunk * n))
+    if kind == "mesh":
+        if chips == 1:
+            return step + exchange
+        queue = spec.dma_bytes_per_ns_per_engine * 1e9
+        return 2 * step + (chips - 1) * chunk / queue + exchange
+    steps = 1 + math.ceil(math.log2(chips)) if kind == "halving-doubling" else n - 1
+    return steps * step + (n - 1) * chunk / _link(spec)
+
+
 def _inter_phase_seconds(x: int, y: int) -> float:
     """Step latency of one phase over `x` instances run by `y` parallel groups: each rank sends its x - 1 chunks
     across, and the instance's messages leave it one after another, one inter-node hop each (C2, C4)."""
@@ -229,6 +255,10 @@ def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: s
     if where not in ("chip", "instance"):
         raise ValueError(f"where must be 'chip', 'instance' or 'network', got {where!r}")
     link = _link(spec)
+    if in_graph and (kind in _ALLREDUCE or kind in _ALLGATHER or kind in _REDUCE_SCATTER):
+        phases = 2 if kind in _ALLREDUCE else 1
+        passes = buckets(kind, payload_bytes)
+        return passes * phases * _in_graph_phase_seconds(payload_bytes / passes / n, n, per_chip, spec)
     if kind in _ALLREDUCE or kind in _ALLGATHER or kind in _REDUCE_SCATTER or kind in _ALLTOALL:
         phases = 2 if kind in _ALLREDUCE else 1
         steps = phases * _intra_phase_seconds(n, spec)
