@@ -14,10 +14,15 @@ CC core advances through DMA rings built at load (SDK@HEAD `neuron-runtime/explo
 
 Inside an instance (the group on one chip or one instance):
 
-* a phase (an all-reduce has two: reduce-scatter, all-gather; the others one) moves each rank's n - 1 chunks one
-  after another, each one DMA (the target's fixed DMA cost, 1.3 us, calibration.md §2) and one hop
-  (`HOP_SECONDS_INSIDE_NODE`, C4), whatever the algorithm the runtime picks by size (`algorithm`: mesh below 1 MB,
-  recursive halving-doubling to 56 MB, ring above): C2 shows no drop where its 32-rank stages change algorithm;
+* a standalone collective's phase (an all-reduce has two: reduce-scatter, all-gather; the others one) moves each
+  rank's n - 1 chunks one after another, each one DMA (the target's fixed DMA cost, 1.3 us, calibration.md §2) and
+  one hop (`HOP_SECONDS_INSIDE_NODE`, C4), whatever the algorithm the runtime picks by size (`algorithm`: mesh
+  below 1 MB, recursive halving-doubling to 56 MB, ring above): the points measured standalone (nccom-test on
+  SDK 2.10: C1, C2, the 32-rank all-gather at 149-179 us) show no drop where a 32-rank stage changes algorithm;
+* inside a compiled graph (the runtime's current collectives: nccom-test on SDK 2.28 runs its ops inside NEFFs,
+  6.2-23 us for the same all-gather), all-reduce, all-gather and reduce-scatter take the algorithm's own steps
+  (`_in_graph_phase_seconds`: mesh two steps a phase, a routed write through the rank's DMA queue and an
+  intra-chip exchange; halving-doubling 1 + log2(chips); ring n - 1); all-to-all keeps n - 1 steps;
 * the path is one NeuronLink link of a rank's chip (the chip's NeuronLink bandwidth over its `LINKS_PER_CHIP` torus
   links). Ranks on one chip: no published figure separates their path from a neighbour link, so it is priced as one
   (assumption; C1, the two cores of chip 0, is what it is checked on).
@@ -145,9 +150,10 @@ def ranks_on_each_instance(ranks: list[int] | tuple[int, ...], cores_per_instanc
 
 
 def _intra_phase_seconds(n: int, spec: Target) -> float:
-    """Step latency of one phase (reduce-scatter, all-gather, ...) over `n` ranks inside an instance: a rank moves
-    its n - 1 chunks one after another, each one DMA (the target's fixed cost, calibration.md §2) and one hop (C4),
-    whatever the algorithm (C2 shows no drop where a 32-rank stage leaves mesh for halving-doubling at 1 MB)."""
+    """Step latency of one standalone phase (reduce-scatter, all-gather, ...) over `n` ranks inside an instance, and
+    of a hierarchical collective's intra-node stages: a rank moves its n - 1 chunks one after another, each one DMA
+    (the target's fixed cost, calibration.md §2) and one hop (C4), whatever the algorithm (C2 shows no drop where a
+    32-rank stage leaves mesh for halving-doubling at 1 MB)."""
     return (n - 1) * (spec.dma_fixed_ns * 1e-9 + HOP_SECONDS_INSIDE_NODE)
 
 
