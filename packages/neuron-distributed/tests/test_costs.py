@@ -164,17 +164,76 @@ def test_collective_inside_a_compiled_graph_pays_no_launch_of_its_own(monkeypatc
 
     topology = read_topology({"NEURON_SIM_INSTANCE_TYPE": "trn1.32xlarge"})
     monkeypatch.setattr(costs.services, "topology", lambda: topology)
-    for where, n in (("instance", 32), ("network", 64)):
-        eager = costs.collective_seconds("allreduce", 8192, n, target="trn1", where=where, instance="trn1.32xlarge",
-                                         itemsize=2)
-        graph = costs.collective_seconds("allreduce", 8192, n, target="trn1", where=where, instance="trn1.32xlarge",
-                                         itemsize=2, in_graph=True)
-        assert eager - graph == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS)
+    eager = costs.collective_seconds("allreduce", 8192, 64, target="trn1", where="network", instance="trn1.32xlarge",
+                                     itemsize=2)
+    graph = costs.collective_seconds("allreduce", 8192, 64, target="trn1", where="network", instance="trn1.32xlarge",
+                                     itemsize=2, in_graph=True)
+    assert eager - graph == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS)
     charged = []
     monkeypatch.setattr(costs.services, "charge", lambda index, seconds, name: charged.append(seconds))
     hidden = torch.empty(4096, dtype=torch.bfloat16)  # a host alias, as a compiled graph's host code holds it
-    with costs.services.running_host_code(0):
-        costs.charge("allreduce", [hidden], [hidden], 32, list(range(32)))
-    costs.charge("allreduce", [hidden.to("neuron")], [hidden.to("neuron")], 32, list(range(32)))
-    in_graph, eager = charged
-    assert eager - in_graph == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS)
+    for ranks in (list(range(32)), list(range(64))):
+        with costs.services.running_host_code(0):
+            costs.charge("allreduce", [hidden], [hidden], len(ranks), ranks)
+        costs.charge("allreduce", [hidden.to("neuron")], [hidden.to("neuron")], len(ranks), ranks)
+    inside_graph, inside_eager, across_graph, across_eager = charged
+    assert inside_graph == pytest.approx(costs.collective_seconds("allreduce", 8192, 32, target="trn1",
+                                                                  where="instance", in_graph=True))
+    assert inside_eager == pytest.approx(costs.collective_seconds("allreduce", 8192, 32, target="trn1",
+                                                                  where="instance"))
+    assert across_eager - across_graph == pytest.approx(costs.COLLECTIVE_LAUNCH_SECONDS)
+
+
+STEP = 1.3e-6 + costs.HOP_SECONDS_INSIDE_NODE  # one DMA (calibration.md §2) and one hop inside a node (C4)
+LINK = 384e9 / costs.LINKS_PER_CHIP * costs.LINK_EFFICIENCY  # one trn1 NeuronLink link, effective
+QUEUE = 17e9  # one trn1 DMA engine (nki-dma-bandwidth-guide.rst)
+
+
+def _inside(kind: str, nbytes: int, n: int, in_graph: bool) -> float:
+    return costs.collective_seconds(kind, nbytes, n, target="trn1", where="instance" if n > 2 else "chip",
+                                    instance="trn1.32xlarge", in_graph=in_graph)
+
+
+def test_standalone_collective_inside_an_instance_moves_its_chunks_one_after_another():
+    """A standalone collective (eager c10d call, nccom-test's 2023 runs: C1, the 32-rank all-gather at 149-179 us)
+    keeps the launch and n - 1 steps a phase, whatever the algorithm."""
+    assert _inside("allreduce", 8192, 32, in_graph=False) == pytest.approx(
+        costs.COLLECTIVE_LAUNCH_SECONDS + 2 * 31 * STEP + 2 * 31 / 32 * 8192 / LINK)
+    assert _inside("allgather", 1024, 32, in_graph=False) == pytest.approx(
+        costs.COLLECTIVE_LAUNCH_SECONDS + 31 * STEP + 31 / 32 * 1024 / LINK)
+
+
+def test_small_collective_in_a_compiled_graph_runs_the_mesh_steps():
+    """Inside a graph the runtime's mesh runs (intranode-collective-comm.rst): a phase is a routed write to the
+    other chips (a rank writes (chips - 1) chunks through its DMA queue) and an intra-chip exchange, two steps
+    whatever the ranks; E4's 8 KiB all-reduce over 32 ranks (16 chips): 4 steps, not 62, and no launch."""
+    chunk = 8192 / 32
+    phase = 2 * STEP + 15 * chunk / QUEUE + 16 * chunk / LINK
+    assert _inside("allreduce", 8192, 32, in_graph=True) == pytest.approx(2 * phase)
+    assert _inside("allreduce", 8192, 32, in_graph=False) - _inside("allreduce", 8192, 32, in_graph=True) > (
+        costs.COLLECTIVE_LAUNCH_SECONDS + 50 * STEP)
+    # O(1) latency: 8 and 32 ranks differ only by their bytes
+    assert _inside("allreduce", 64, 8, in_graph=True) == pytest.approx(_inside("allreduce", 64, 32, in_graph=True),
+                                                                       rel=1e-3)
+    # on one chip the exchange alone: one step a phase
+    assert _inside("allreduce", 1024, 2, in_graph=True) == pytest.approx(2 * (STEP + 512 / LINK))
+
+
+def test_in_graph_all_gather_rises_with_the_routed_writes_of_one_dma_queue():
+    """nccom-test's 32-rank all-gather inside NEFFs (SDK 2.28: 6.16 / 8.17 / 23.16 us at 1 / 64 / 512 KiB) is
+    flat where the two steps dominate and rises by a rank's routed writes, 15 chunks through one DMA engine."""
+    small, mid, big = (_inside("allgather", size, 32, in_graph=True) for size in (1024, 64 * 1024, 512 * 1024))
+    assert small == pytest.approx(6.16e-6, rel=0.10)
+    assert big - mid == pytest.approx(15 * (16384 - 2048) / QUEUE + 16 * (16384 - 2048) / LINK)
+    assert big == pytest.approx(23.16e-6, rel=0.10)
+
+
+def test_mid_size_collective_in_a_compiled_graph_runs_halving_doubling():
+    """1-56 MB: the intra-chip step and log2(chips) exchanges a phase (O(log n)), the bytes over one link."""
+    nbytes = 4 << 20
+    for n, steps in ((32, 1 + 4), (8, 1 + 2)):
+        assert _inside("reduce_scatter", nbytes, n, in_graph=True) == pytest.approx(
+            steps * STEP + (n - 1) / n * nbytes / LINK)
+    ring = 64 << 20  # above 56 MB: the ring's n - 1 steps, as standalone, without the launch
+    assert _inside("allreduce", ring, 32, in_graph=True) == pytest.approx(
+        _inside("allreduce", ring, 32, in_graph=False) - costs.COLLECTIVE_LAUNCH_SECONDS)

@@ -14,10 +14,15 @@ CC core advances through DMA rings built at load (SDK@HEAD `neuron-runtime/explo
 
 Inside an instance (the group on one chip or one instance):
 
-* a phase (an all-reduce has two: reduce-scatter, all-gather; the others one) moves each rank's n - 1 chunks one
-  after another, each one DMA (the target's fixed DMA cost, 1.3 us, calibration.md §2) and one hop
-  (`HOP_SECONDS_INSIDE_NODE`, C4), whatever the algorithm the runtime picks by size (`algorithm`: mesh below 1 MB,
-  recursive halving-doubling to 56 MB, ring above): C2 shows no drop where its 32-rank stages change algorithm;
+* a standalone collective's phase (an all-reduce has two: reduce-scatter, all-gather; the others one) moves each
+  rank's n - 1 chunks one after another, each one DMA (the target's fixed DMA cost, 1.3 us, calibration.md §2) and
+  one hop (`HOP_SECONDS_INSIDE_NODE`, C4), whatever the algorithm the runtime picks by size (`algorithm`: mesh
+  below 1 MB, recursive halving-doubling to 56 MB, ring above): the points measured standalone (nccom-test on
+  SDK 2.10: C1, C2, the 32-rank all-gather at 149-179 us) show no drop where a 32-rank stage changes algorithm;
+* inside a compiled graph (the runtime's current collectives: nccom-test on SDK 2.28 runs its ops inside NEFFs,
+  6.2-23 us for the same all-gather), all-reduce, all-gather and reduce-scatter take the algorithm's own steps
+  (`_in_graph_phase_seconds`: mesh two steps a phase, a routed write through the rank's DMA queue and an
+  intra-chip exchange; halving-doubling 1 + log2(chips); ring n - 1); all-to-all keeps n - 1 steps;
 * the path is one NeuronLink link of a rank's chip (the chip's NeuronLink bandwidth over its `LINKS_PER_CHIP` torus
   links). Ranks on one chip: no published figure separates their path from a neighbour link, so it is priced as one
   (assumption; C1, the two cores of chip 0, is what it is checked on).
@@ -145,15 +150,42 @@ def ranks_on_each_instance(ranks: list[int] | tuple[int, ...], cores_per_instanc
 
 
 def _intra_phase_seconds(n: int, spec: Target) -> float:
-    """Step latency of one phase (reduce-scatter, all-gather, ...) over `n` ranks inside an instance: a rank moves
-    its n - 1 chunks one after another, each one DMA (the target's fixed cost, calibration.md §2) and one hop (C4),
-    whatever the algorithm (C2 shows no drop where a 32-rank stage leaves mesh for halving-doubling at 1 MB)."""
+    """Step latency of one standalone phase (reduce-scatter, all-gather, ...) over `n` ranks inside an instance, and
+    of a hierarchical collective's intra-node stages: a rank moves its n - 1 chunks one after another, each one DMA
+    (the target's fixed cost, calibration.md §2) and one hop (C4), whatever the algorithm (C2 shows no drop where a
+    32-rank stage leaves mesh for halving-doubling at 1 MB)."""
     return (n - 1) * (spec.dma_fixed_ns * 1e-9 + HOP_SECONDS_INSIDE_NODE)
 
 
 def _link(spec: Target) -> float:
     """Effective bandwidth of a rank's NeuronLink path: one of its chip's torus links."""
     return spec.neuronlink_bytes_per_second / LINKS_PER_CHIP * LINK_EFFICIENCY
+
+
+def _in_graph_phase_seconds(chunk: float, n: int, per_chip: int, spec: Target) -> float:
+    """One phase (reduce-scatter or all-gather; chunk: a rank's share of the buffer) over `n` consecutive ranks of
+    one instance, inside a compiled graph, by the algorithm the runtime picks for the phase's buffer (C4,
+    intranode-collective-comm.rst), each step one DMA (§2) and one hop (C4):
+
+    * mesh (below 1 MB): a routed write to every other chip of the group (the rank writes its chip's chunks to
+      its share of them, (chips - 1) chunks, through its one DMA queue: the target's per-engine bandwidth), then an
+      intra-chip exchange of the chunks received, (ranks per chip - 1) x chips chunks over the on-chip path; a
+      group on one chip has the exchange alone;
+    * halving-doubling (to 56 MB): the intra-chip step and log2(chips) exchanges along the torus axes;
+    * ring (above): n - 1 steps (the standalone model's).
+    The last two move (n - 1) chunks over one link, as the standalone model does."""
+    per_chip = min(per_chip, n)
+    chips = math.ceil(n / per_chip)
+    step = spec.dma_fixed_ns * 1e-9 + HOP_SECONDS_INSIDE_NODE
+    exchange = (per_chip - 1) * chips * chunk / _link(spec)
+    kind = algorithm(round(chunk * n))
+    if kind == "mesh":
+        if chips == 1:
+            return step + exchange
+        queue = spec.dma_bytes_per_ns_per_engine * 1e9
+        return 2 * step + (chips - 1) * chunk / queue + exchange
+    steps = 1 + math.ceil(math.log2(chips)) if kind == "halving-doubling" else n - 1
+    return steps * step + (n - 1) * chunk / _link(spec)
 
 
 def _inter_phase_seconds(x: int, y: int) -> float:
@@ -229,6 +261,10 @@ def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: s
     if where not in ("chip", "instance"):
         raise ValueError(f"where must be 'chip', 'instance' or 'network', got {where!r}")
     link = _link(spec)
+    if in_graph and (kind in _ALLREDUCE or kind in _ALLGATHER or kind in _REDUCE_SCATTER):
+        phases = 2 if kind in _ALLREDUCE else 1
+        passes = buckets(kind, payload_bytes)
+        return passes * phases * _in_graph_phase_seconds(payload_bytes / passes / n, n, per_chip, spec)
     if kind in _ALLREDUCE or kind in _ALLGATHER or kind in _REDUCE_SCATTER or kind in _ALLTOALL:
         phases = 2 if kind in _ALLREDUCE else 1
         steps = phases * _intra_phase_seconds(n, spec)
