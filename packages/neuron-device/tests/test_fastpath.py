@@ -12,8 +12,8 @@ import torch.nn.functional as F
 import torch_neuronx
 from neuron_device import allocator
 from neuron_device import storage as hostmem
-from neuron_device.fallback import executed_ops
 from neuron_device.ops import call, fastpath, registry
+from neuron_device.simulation.ledger import executed_ops
 
 
 def _inputs(*shapes, dtype=torch.float32):

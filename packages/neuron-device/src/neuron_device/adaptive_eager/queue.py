@@ -45,8 +45,8 @@ from .. import barrier as _barrier
 from .. import numerics as _numerics
 from .. import storage as _storage
 from .. import topology as _topology
-from ..fallback import executed_ops
 from ..ops import fastpath as _fastpath
+from ..ops import host_numerics as _host_numerics
 from ..ops.call import OverloadRecord, walk
 from ..ops.catalogue import OpInfo
 from ..simulation import ledger as _ledger
@@ -406,7 +406,7 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     _queue.append(entry)
     _device = index
     _counters["recorded"] += 1
-    executed_ops[overload.name] += 1
+    _ledger.executed_ops[overload.name] += 1
     _barrier.set_pending(flush)
     if len(_queue) >= buffer_size_limit:
         flush()
@@ -443,7 +443,7 @@ class _HostContext:
     def __enter__(self) -> None:
         self._autocast = torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST)
         self._autocast.__enter__()
-        self._ieee = _numerics.ieee_host_matmul()
+        self._ieee = _host_numerics.ieee_host_matmul()
         self._ieee.__enter__()
         self._inference = torch.inference_mode()  # outputs recorded in inference mode are inference tensors
         self._inference.__enter__()

@@ -28,7 +28,7 @@ import torch
 from .. import allocator
 from .. import numerics as _numerics
 from ..barrier import flush_barrier
-from ..fallback import executed_ops, run_on_host
+from ..fallback import run_on_host
 from ..simulation import ledger as _ledger
 from ..storage import adopt, kernel_input
 from . import registry
@@ -86,7 +86,7 @@ def _direct(overload: OverloadRecord, args: tuple, kwargs: dict):
     if walked is None:
         return None
     host, index, call = walked
-    executed_ops[overload.name] += 1
+    _ledger.executed_ops[overload.name] += 1
     result = call(*host, **kwargs)
     if type(result) is _Tensor and not overload.in_place:  # a functional op's one result is fresh: the common case
         tensor = adopt(result, index)

@@ -47,6 +47,7 @@ __all__ = [
     "clear_compilation_counters",
     "clear_op_tracking",
     "compilation_stats",
+    "executed_ops",
     "flat_tensors",
     "get_executed_ops",
     "get_fallback_ops",
@@ -62,6 +63,7 @@ __all__ = [
 
 _NEURON = "neuron"
 
+executed_ops: Counter[str] = Counter()  # op name -> calls on `neuron` (every path, fallbacks too), for tests and tools
 _executed: set[str] = set()
 _fallbacks: set[str] = set()
 _kernels: dict[tuple, float] = {}  # signature of a compiled native kernel -> its estimated device seconds
