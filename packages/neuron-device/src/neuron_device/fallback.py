@@ -34,7 +34,6 @@ from . import allocator, envvars
 from . import numerics as _numerics
 from .ops import host_numerics as _host_numerics
 from .ops.call import OverloadRecord, overload_record, records
-from .ops.catalogue import OpInfo
 from .ops.seeded import on_device_generator
 from .simulation import ledger as _ledger
 from .storage import host_alias
@@ -70,12 +69,12 @@ def _stack_trace() -> str:
     return "\nPython stack of the call (TORCH_NEURONX_ENABLE_STACK_TRACE=1):\n" + "".join(traceback.format_list(frames))
 
 
-def admit(op: torch._ops.OpOverload) -> OpInfo:
+def admit(op: torch._ops.OpOverload) -> None:
     """Classify `op` before it runs: a fallback warns once per op, is recorded, and raises in strict mode."""
-    return _admit(records.get(op) or overload_record(op))
+    _admit(records.get(op) or overload_record(op))
 
 
-def _admit(overload: OverloadRecord) -> OpInfo:
+def _admit(overload: OverloadRecord) -> None:
     info = overload.info
     if info.engine is None:
         name = info.name
@@ -87,7 +86,6 @@ def _admit(overload: OverloadRecord) -> OpInfo:
                 f"Operator '{name}' has no Neuron kernel and CPU fallback is disabled ({FALLBACK_ENV}=0); unset "
                 f"{FALLBACK_ENV} to let it fall back to CPU{_stack_trace()}"
             )
-    return info
 
 
 
@@ -311,7 +309,7 @@ def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
 
 def _run_on_host(overload: OverloadRecord, /, *args, **kwargs):
     _ledger.executed_ops[overload.name] += 1
-    tracked = _admit(overload)  # native kernel or CPU fallback (warns once; raises in strict mode)
+    _admit(overload)  # native kernel or CPU fallback (warns once; raises in strict mode)
     call = _Call(overload)
     host_args = call.to_host(args)
     positions = overload.wrapped_number_positions
@@ -363,5 +361,5 @@ def _run_on_host(overload: OverloadRecord, /, *args, **kwargs):
             call.aliases[id(host_kwargs[key])] = out
         else:
             _sync_resized_alias(out, host_kwargs[key])
-    _ledger.charge(tracked, index, host_args, host_kwargs, result)
+    _ledger.charge(overload, index, host_args, host_kwargs, result)
     return call.to_device(result)

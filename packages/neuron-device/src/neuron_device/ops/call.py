@@ -113,6 +113,7 @@ class OverloadRecord:
 
     __slots__ = (
         "call",
+        "charges",
         "cpu_ok_position",
         "direct",
         "dropout_position",
@@ -157,6 +158,7 @@ class OverloadRecord:
     generator_form: tuple[torch._ops.OpOverload, str, int] | None  # a seeded op's form on an explicit generator:
     # (the overload, its generator argument's name and position), how `ops.seeded.seeded_call` runs it
     cpu_ok_position: int | None  # the argument that may be a CPU tensor with dimensions (indexing's indices)
+    charges: dict[tuple, tuple]  # the op ledger's cache of this overload's calls, by shapes (`ledger.charge`)
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -188,6 +190,7 @@ class OverloadRecord:
         self.generator_form = _generator_form(op) if self.seeded else None
         self.cpu_ok_position = _position(arguments, _CPU_OK_ARGUMENT) if name in _INDEXING else None
         self.direct = _direct_call_applies(op, self.seeded, self.dropout_position)
+        self.charges = {}
 
     def __repr__(self) -> str:
         return f"OverloadRecord({self.name})"

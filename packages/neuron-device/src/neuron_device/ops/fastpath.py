@@ -90,9 +90,9 @@ def _direct(overload: OverloadRecord, args: tuple, kwargs: dict):
     result = call(*host, **kwargs)
     if type(result) is _Tensor and not overload.in_place:  # a functional op's one result is fresh: the common case
         tensor = adopt(result, index)
-        _ledger.charge(overload.info, index, host, kwargs, result)
+        _ledger.charge(overload, index, host, kwargs, result)
         return allocator.track(tensor, index)
-    _ledger.charge(overload.info, index, host, kwargs, result)
+    _ledger.charge(overload, index, host, kwargs, result)
     return _adopt(result, host, args, overload.tensor_positions, index)
 
 

@@ -17,6 +17,7 @@ from ..fallback import admit, run_on_host
 from ..simulation import ledger as _ledger
 from ..storage import host_alias
 from . import host_numerics
+from .call import overload_record
 from .fastpath import run_direct
 from .registry import kernel
 
@@ -63,7 +64,8 @@ def _in_fp32(functional: torch._ops.OpOverload, args: tuple, kwargs: dict, dtype
     with host_numerics.ieee_host_matmul():
         result = functional(*host_args, **kwargs).to(dtype)
     index = next(a.device.index for a in args if isinstance(a, torch.Tensor))
-    _ledger.charge(admit(functional), index, args, kwargs, result)  # a Tensor engine kernel
+    admit(functional)  # a Tensor engine kernel
+    _ledger.charge(overload_record(functional), index, args, kwargs, result)
     return result
 
 
