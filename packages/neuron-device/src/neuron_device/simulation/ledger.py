@@ -18,7 +18,8 @@ Which engine runs an op, and its work, is the op catalogue's (`ops.catalogue`); 
 `fallback.admit`. This module keeps the books: `charge` per op, `record_kernel` for kernels that do not run through
 the fallback (NKI kernels, compiled graphs), `transfer` for host<->device copies, `compilation_stats`.
 
-The per-op work is a dict lookup per op, a tuple of shapes and dtypes per call, and a dict lookup per signature.
+The per-op work is a tuple of shapes and dtypes per call and one lookup of it in the cache the op's record keeps
+(`ops.call.OverloadRecord.charges`); a call of shapes not seen since the last clear estimates, or finds, its kernel.
 """
 
 from __future__ import annotations
