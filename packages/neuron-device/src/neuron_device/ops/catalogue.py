@@ -4,8 +4,9 @@ registers the op.
 
 An op is native when it has an engine (`NATIVE`, plus every op tagged `pointwise` or `reduction`, and metadata-only
 views); every other op is a CPU fallback (`neuron_device.fallback.admit`). `op_info` classifies an op (the op's record,
-`ops.call.overload_record`, keeps the answer); the op ledger (`simulation.ledger`) turns an op's work into charged device time. A matmul's work is the
-Tensor engine's occupancy as it tiles onto the 128 x 128 array (`simulation.costmodel.matmul_array_flops`).
+`ops.call.overload_record`, keeps the answer); the op ledger (`simulation.ledger`) turns an op's work into charged
+device time. A matmul's work is the Tensor engine's occupancy as it tiles onto the 128 x 128 array
+(`simulation.costmodel.matmul_array_flops`).
 """
 
 from __future__ import annotations

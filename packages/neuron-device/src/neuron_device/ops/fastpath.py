@@ -10,7 +10,8 @@ that call, with the overload's record (`ops.call`) computed at registration:
 * the CPU kernel runs on zero-copy host aliases of the inputs (`storage.kernel_input`: the storage's host twin itself
   for an input laid out as it, as op results are), and its fresh result is adopted as device storage (an in-place op
   writes device memory through the alias and returns `self`);
-* it is charged by the op ledger (`simulation.ledger`) as the fallback is, in the cache of its record (one dict lookup per call);
+* it is charged by the op ledger (`simulation.ledger`) as the fallback is, in the cache of its record (one dict
+  lookup per call);
 * anything outside the common call (a CPU tensor, two devices, 64-bit downcasting, a Python number where the
   schema has a Tensor) goes to `run_on_host` unchanged, so results and errors are the fallback's.
 
