@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import torch_neuronx
-from neuron_device.fallback import executed_ops
+from neuron_device.simulation.ledger import executed_ops
 
 STEPS = 15
 

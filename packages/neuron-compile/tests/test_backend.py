@@ -13,7 +13,7 @@ import torch
 from neuron_compile import backend, compiler, metrics
 from neuron_compile.backend import DynamicShapesNotSupported, NeuronCompileError
 from neuron_compile.settings import CompileSettings
-from neuron_device import fallback as host_exec
+from neuron_device.simulation import ledger as host_exec
 
 pytestmark = [pytest.mark.compiler, pytest.mark.usefixtures("fresh_dynamo_and_metrics")]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from models import MLP
 
-from neuron_device import fallback as host_exec
+from neuron_device.simulation import ledger as host_exec
 
 # plain Inductor, never the neuron backend: NEURON_COMPILE_HOST_CODE has no say
 pytestmark = [pytest.mark.compiler, pytest.mark.fixed_host_code]

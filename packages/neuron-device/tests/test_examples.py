@@ -54,7 +54,7 @@ def test_python_kernel_floor_benchmark_restores_the_device_kernel() -> None:
         f"runpy.run_path({str(BENCHMARKS / 'python_kernel_floor.py')!r}, run_name='__main__'); "
         "a = torch.ones(2, device='neuron'); "
         "assert torch.equal((a + a).cpu(), torch.full((2,), 2.0)); "
-        "from neuron_device.fallback import executed_ops; before = executed_ops['aten::add.Tensor']; a + a; "
+        "from neuron_device.simulation.ledger import executed_ops; before = executed_ops['aten::add.Tensor']; a + a; "
         "assert executed_ops['aten::add.Tensor'] == before + 1, 'the device kernel is not back'"
     )
     run = run_python(code, timeout=600)

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 import torch_neuronx
 from neuron_device import allocator
 from neuron_device import storage as hostmem
-from neuron_device.fallback import executed_ops
 from neuron_device.ops import call, fastpath, registry
+from neuron_device.simulation.ledger import executed_ops
 
 
 def _inputs(*shapes, dtype=torch.float32):
@@ -101,6 +101,26 @@ def test_every_path_reads_one_record_per_overload(monkeypatch):
         for op in ops:
             call.records.pop(op, None)
         call.records.update(saved)
+
+
+def test_the_charge_is_cached_in_the_overload_record():
+    """The ledger keeps its per-call lookup in the op's record, keyed by the call's shapes (not by a signature with
+    the op's name in a cache of its own), and a clear of the op tracking empties it: the next call counts anew."""
+    from neuron_device.simulation import ledger
+
+    record = call.overload_record(torch.ops.aten.add.Tensor)
+    a, b = (t.to("neuron") for t in _inputs((3, 5), (3, 5)))
+    torch_neuronx.clear_op_tracking()
+    assert record.charges == {}
+    a + b
+    a + b
+    (launch, _, part), = record.charges.values()
+    assert (launch.name, launch.calls, part) == ("aten::add.Tensor", 2, "vector_scalar")
+    assert next(iter(record.charges))[0] == ((torch.Size([3, 5]), torch.float32), (torch.Size([3, 5]), torch.float32))
+    torch_neuronx.clear_op_tracking()
+    assert record.charges == {}
+    a + b
+    assert [(launch.name, launch.calls) for launch in ledger.launches()] == [("aten::add.Tensor", 1)]
 
 
 def test_walk_takes_the_common_call_only():

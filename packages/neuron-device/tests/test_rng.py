@@ -215,7 +215,7 @@ def test_every_random_cpu_kernel_has_a_way_to_run_on_the_device_generator():
     """`seeded_call` raises for a random op it can run only by borrowing the CPU's generator: no CPU kernel of the
     installed torch is one (each takes a generator, has an overload that does, has a step-by-step form, or draws
     nothing)."""
-    from neuron_device import fallback
+    from neuron_device.ops import seeded
     from neuron_device.ops.call import overload_record
 
     stranded = []
@@ -227,8 +227,8 @@ def test_every_random_cpu_kernel_has_a_way_to_run_on_the_device_generator():
             continue
         if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
             continue  # composite or CPU-less: reaches the device as the ops it is made of
-        if overload_record(op).generator_form is None and name not in fallback._WITH_GENERATOR \
-                and name not in fallback._DRAW_NOTHING_ON_CPU:
+        if overload_record(op).generator_form is None and name not in seeded.WITH_GENERATOR \
+                and name not in seeded.DRAW_NOTHING_ON_CPU:
             stranded.append(name)
     assert stranded == []
 

@@ -13,18 +13,21 @@ machine and figures    `topology` (this process's machine), the hardware spec `n
 memory                 `allocator` (caching allocator per device, HBM capacity, stats), `storage` (adopting CPU
                        memory as device storage, host aliases)
 streams and clocks     `neuron/streams` (`Stream`, `Event`), `timeline` (a simulated clock per stream)
-random numbers         `neuron/random` (one generator per device; CUDA's (seed, offset) state)
+random numbers         `neuron/random` (one generator per device; CUDA's (seed, offset) state), `ops/seeded` (how a
+                       random op runs on its device's generator)
 kernels                `ops/registry` (registration), `ops/catalogue` (engine and work per op), `ops/call` (the
                        record of each op overload that every path reads, the common call's argument walk),
                        `ops/minimal`, `ops/matmul`, `ops/attention`, `ops/flex_attention`, `ops/rnn_cells`,
                        `ops/cpu_exact` (kernels), `ops/fastpath` (the direct call of common ops)
-CPU fallback           `fallback` (any op on host aliases; which ops fall back, `NEURON_FALLBACK_ENABLED`)
+CPU fallback           `fallback` (the policy: which ops fall back, `NEURON_FALLBACK_ENABLED`; the boxed run of any
+                       op on host aliases)
 simulated cost         `simulation/costmodel` (an op's device time), `simulation/ledger` (the op ledger: charging,
-                       compile cache, counters), `simulation/planned` (plan mode's charges), `simulation/report`,
+                       compile cache, counters, `executed_ops`), `simulation/planned` (plan mode's charges), `simulation/report`,
                        `simulation/profiler`
 adaptive eager         `barrier` (the flush barrier: a leaf the lowest modules call), `adaptive_eager/queue`
                        (queue and fusion)
-numerics, autocast     `numerics`, `autocast`, `neuron/amp`
+numerics, autocast     `numerics` (the policy), `ops/host_numerics` (its host execution: 64-bit ops in 32 bits,
+                       IEEE float32 host matmuls), `autocast`, `neuron/amp`
 torch.neuron           `neuron/` (the `torch.cuda`-shaped facade), `neuron/memory`, `neuron/comm`, `neuron/legacy` (FloatTensor, …)
 patches of torch       `_patches` (each with its reason)
 environment variables  `envvars` (declared once; parser in `neuron_spec.env`)

@@ -8,7 +8,8 @@ are adopted as device storage without a copy. The semantics follow PyTorch's own
 * in-place ops return `self`; `out=` ops write into `out`, resizing it only when its shape must change;
 * a result that aliases an input becomes a `neuron` view of that input's storage;
 * tensors of one op must share one device (0-dim CPU tensors are allowed as scalars, as on CUDA);
-* random ops draw from the device's generator (`torch.neuron.random`), so they are reproducible per device;
+* random ops draw from the device's generator (`torch.neuron.random`, in the forms of `ops.seeded`), so they are
+  reproducible per device;
 * an op the catalogue (`ops.catalogue`) gives no engine is a CPU fallback on the real device too: `admit` warns
   once per op with TorchNeuron's text ``Operator 'aten::X' fell back to CPU``, records it, and raises instead with
   ``NEURON_FALLBACK_ENABLED=0``; its host copies are charged by the op ledger (`simulation.ledger`);
@@ -25,20 +26,19 @@ import os
 import sys
 import traceback
 import warnings
-from collections import Counter
 from collections.abc import Callable
 
 import torch
 
 from . import allocator, envvars
 from . import numerics as _numerics
-from .neuron import random as _random
+from .ops import host_numerics as _host_numerics
 from .ops.call import OverloadRecord, overload_record, records
-from .ops.catalogue import OpInfo
+from .ops.seeded import on_device_generator
 from .simulation import ledger as _ledger
 from .storage import host_alias
 
-__all__ = ["FALLBACK_ENV", "admit", "executed_ops", "run_on_host", "seeded_call"]
+__all__ = ["FALLBACK_ENV", "admit", "run_on_host"]
 
 FALLBACK_ENV = envvars.FALLBACK.name
 
@@ -69,12 +69,12 @@ def _stack_trace() -> str:
     return "\nPython stack of the call (TORCH_NEURONX_ENABLE_STACK_TRACE=1):\n" + "".join(traceback.format_list(frames))
 
 
-def admit(op: torch._ops.OpOverload) -> OpInfo:
+def admit(op: torch._ops.OpOverload) -> None:
     """Classify `op` before it runs: a fallback warns once per op, is recorded, and raises in strict mode."""
-    return _admit(records.get(op) or overload_record(op))
+    _admit(records.get(op) or overload_record(op))
 
 
-def _admit(overload: OverloadRecord) -> OpInfo:
+def _admit(overload: OverloadRecord) -> None:
     info = overload.info
     if info.engine is None:
         name = info.name
@@ -86,12 +86,10 @@ def _admit(overload: OverloadRecord) -> OpInfo:
                 f"Operator '{name}' has no Neuron kernel and CPU fallback is disabled ({FALLBACK_ENV}=0); unset "
                 f"{FALLBACK_ENV} to let it fall back to CPU{_stack_trace()}"
             )
-    return info
 
 
 
 _NEURON = "neuron"
-executed_ops: Counter[str] = Counter()  # op name -> calls, for op tracking and tests
 
 # A CPU `out=` of a `neuron` op: the message of CUDA's structured kernels (their generated device check), or that of a
 # CUDA kernel that checks the device of `out` itself (PyTorch's tests match these texts).
@@ -240,73 +238,6 @@ def _wrap_numbers(args: tuple, positions: tuple[int, ...]) -> tuple:
     return tuple(wrapped)
 
 
-def _native_dropout(generator: torch.Generator, input: torch.Tensor, p: float, train: bool | None):
-    """The CPU's `native_dropout` (aten/src/ATen/native/Dropout.cpp, step by step, so the numbers are bitwise the
-    CPU's), drawing its mask from `generator`."""
-    if input.numel() == 0:
-        return input, torch.empty_like(input)
-    if train is False:
-        return input.clone(), torch.ones_like(input, dtype=torch.bool)
-    keep = 1.0 - p
-    mask = torch.empty_like(input, dtype=torch.bool).bernoulli_(keep, generator=generator)
-    return torch.ops.aten.mul_.Scalar(input.mul(mask), 0.0 if keep == 0 else 1.0 / keep), mask
-
-
-# Random ops whose CPU kernel takes no generator, done with an explicit one (the common one: dropout in training).
-_WITH_GENERATOR: dict[str, Callable] = {"aten::native_dropout": _native_dropout}
-# Seeded ops whose CPU kernel draws no random numbers at all: the CPU flash-attention kernel refuses
-# `dropout_p > 0` ("Currently do not support dropout > 0"), and the SDPA backend choice only returns a number.
-_DRAW_NOTHING_ON_CPU = frozenset({"aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_fused_sdp_choice"})
-
-
-def seeded_call(op: torch._ops.OpOverload, index: int, args: tuple, kwargs: dict):
-    """Run the random op `op` on the generator of device `index`, on host tensors, leaving the CPU's default
-    generator alone. Compiled graphs run their random ATen ops through it too (neuron-compile's `rng`).
-
-    The op draws from the device's generator explicitly: through its generator argument (filled in when None), the
-    overload of its packet that takes one, or a step-by-step form taking one (`_WITH_GENERATOR`). Threads draw from
-    the device's stream one at a time (the generator's own lock), so each gets numbers of its own, and a CPU thread's
-    `torch.rand` never sees the device's state. An op with none of these raises rather than borrow the CPU's
-    generator (no CPU kernel of torch 2.13 is such an op: a test checks it).
-    """
-    generator = _random.default_generator(index)
-    name = _op_name(op)
-    with_generator = _WITH_GENERATOR.get(name)
-    if with_generator is not None:
-        return with_generator(generator, *args, **kwargs)
-    # the record's `generator_form`; None for a function with no schema
-    form = None if name is None else (records.get(op) or overload_record(op)).generator_form
-    if form is not None:
-        overload, argument, position = form
-        if overload is op and position < len(args):
-            if args[position] is None:
-                args = (*args[:position], generator, *args[position + 1 :])
-        elif kwargs.get(argument) is None:
-            kwargs = {**kwargs, argument: generator}
-        return overload(*args, **kwargs)
-    if name in _DRAW_NOTHING_ON_CPU:
-        return op(*args, **kwargs)
-    raise NotImplementedError(
-        f"{name} draws random numbers but has no form taking a generator, so neuron cannot run it on the device's "
-        "generator without borrowing the CPU's default generator (which other threads may be using)"
-    )
-
-
-def _op_name(op: Callable) -> str | None:
-    schema = getattr(op, "_schema", None)  # an OpOverload; None for a decomposition's function
-    if schema is None:
-        return None
-    return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
-
-
-def _no_dropout(overload: OverloadRecord, args: tuple, kwargs: dict) -> bool:
-    """A seeded op called with `dropout_p == 0` (attention in eval mode) draws no random numbers."""
-    position = overload.dropout_position
-    if position is None:
-        return False
-    return (args[position] if position < len(args) else kwargs.get("dropout_p", 0.0)) == 0.0
-
-
 def _shares_storage_with_input(call: _Call, outs: list[tuple[str, torch.Tensor]]) -> bool:
     inputs = {t.untyped_storage()._cdata for t in call.storages if all(t is not out for _, out in outs)}
     return any(out.untyped_storage()._cdata in inputs for _, out in outs)
@@ -372,14 +303,13 @@ def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
     """The boxed fallback: execute `op` with its CPU kernel on host aliases of the `neuron` arguments."""
     overload = records.get(op) or overload_record(op)
     if _numerics.downcast_64bit:  # opt-in: 64-bit types computed in 32 bits (numerics.py)
-        return _numerics.run_downcast(_run_on_host, overload, args, kwargs)
+        return _host_numerics.run_downcast(_run_on_host, overload, args, kwargs)
     return _run_on_host(overload, *args, **kwargs)
 
 
 def _run_on_host(overload: OverloadRecord, /, *args, **kwargs):
-    op = overload.op
-    executed_ops[overload.name] += 1
-    tracked = _admit(overload)  # native kernel or CPU fallback (warns once; raises in strict mode)
+    _ledger.executed_ops[overload.name] += 1
+    _admit(overload)  # native kernel or CPU fallback (warns once; raises in strict mode)
     call = _Call(overload)
     host_args = call.to_host(args)
     positions = overload.wrapped_number_positions
@@ -396,19 +326,7 @@ def _run_on_host(overload: OverloadRecord, /, *args, **kwargs):
     call.check_devices(args, kwargs)
     index = call.device_index()
 
-    if overload.generator is not None:
-        position, name = overload.generator
-        if position < len(host_args):
-            if host_args[position] is None:
-                host_args = (*host_args[:position], _random.default_generator(index), *host_args[position + 1 :])
-        elif host_kwargs.get(name) is None:
-            host_kwargs[name] = _random.default_generator(index)
-        run = overload.host_call
-    elif overload.seeded and not _no_dropout(overload, host_args, host_kwargs):
-        def run(*a, **k):
-            return seeded_call(op, index, a, k)
-    else:
-        run = overload.host_call
+    run, host_args, host_kwargs = on_device_generator(overload, index, host_args, host_kwargs)
 
     fresh = {key: out for key, out in outs if out.numel() == 0}
     for key, out in fresh.items():
@@ -443,5 +361,5 @@ def _run_on_host(overload: OverloadRecord, /, *args, **kwargs):
             call.aliases[id(host_kwargs[key])] = out
         else:
             _sync_resized_alias(out, host_kwargs[key])
-    _ledger.charge(tracked, index, host_args, host_kwargs, result)
+    _ledger.charge(overload, index, host_args, host_kwargs, result)
     return call.to_device(result)

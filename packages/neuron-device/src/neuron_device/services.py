@@ -35,13 +35,14 @@ from __future__ import annotations
 from .allocator import adopt_tracked
 from .allocator import device as device_allocator
 from .envvars import LOCAL_RANK
-from .fallback import run_on_host, seeded_call
+from .fallback import run_on_host
 from .ops import flex_attention
 from .ops.catalogue import OpInfo, breakdown_part, op_info
 from .ops.registry import builtin as builtin_kernels
 from .ops.registry import kernels as registered_kernels
 from .ops.registry import plugin_estimator
 from .ops.registry import register as register_kernel
+from .ops.seeded import seeded_call
 from .plugins import hookimpl
 from .simulation.costmodel import LAUNCH_SECONDS, KernelEstimate, estimate_kernel, matmul_array_flops
 from .simulation.ledger import Work, flat_tensors, record_kernel

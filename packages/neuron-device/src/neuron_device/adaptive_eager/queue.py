@@ -45,8 +45,8 @@ from .. import barrier as _barrier
 from .. import numerics as _numerics
 from .. import storage as _storage
 from .. import topology as _topology
-from ..fallback import executed_ops
 from ..ops import fastpath as _fastpath
+from ..ops import host_numerics as _host_numerics
 from ..ops.call import OverloadRecord, walk
 from ..ops.catalogue import OpInfo
 from ..simulation import ledger as _ledger
@@ -112,10 +112,10 @@ class _Spec(NamedTuple):
 class _Entry:
     """One queued op: what to call, its arguments (tensors replaced by `_External`/`_Queued`), its outputs."""
 
-    __slots__ = ("args", "call", "info", "kwargs", "outputs", "signature", "spec")
+    __slots__ = ("args", "call", "kwargs", "outputs", "record", "signature", "spec")
 
-    def __init__(self, call, args, kwargs, info, spec, signature) -> None:
-        self.call, self.args, self.kwargs, self.info, self.spec = call, args, kwargs, info, spec
+    def __init__(self, call, args, kwargs, record: OverloadRecord, spec, signature) -> None:
+        self.call, self.args, self.kwargs, self.record, self.spec = call, args, kwargs, record, spec
         self.signature = signature
         self.outputs: list[tuple[torch.Tensor, weakref.ref | None]] = []  # (host buffer, ref to device storage)
 
@@ -382,7 +382,7 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     if spec is None:
         return None
     position = len(_queue)
-    entry = _Entry(call, template, kwargs, overload.info, spec, (signature, tuple(refs)))
+    entry = _Entry(call, template, kwargs, overload, spec, (signature, tuple(refs)))
     outputs = entry.outputs
     results = None if spec.single else []
     for number, metadata in enumerate(spec.outputs):
@@ -406,7 +406,7 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     _queue.append(entry)
     _device = index
     _counters["recorded"] += 1
-    executed_ops[overload.name] += 1
+    _ledger.executed_ops[overload.name] += 1
     _barrier.set_pending(flush)
     if len(_queue) >= buffer_size_limit:
         flush()
@@ -443,7 +443,7 @@ class _HostContext:
     def __enter__(self) -> None:
         self._autocast = torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST)
         self._autocast.__enter__()
-        self._ieee = _numerics.ieee_host_matmul()
+        self._ieee = _host_numerics.ieee_host_matmul()
         self._ieee.__enter__()
         self._inference = torch.inference_mode()  # outputs recorded in inference mode are inference tensors
         self._inference.__enter__()
@@ -534,7 +534,7 @@ def _op_by_op(queue: list[_Entry], hosts: list, live: tuple, index: int) -> None
                 _write(host, ref, output, taken)
             produced.append(output)
         values.append(produced)
-        _ledger.charge(entry.info, index, args, entry.kwargs, result)
+        _ledger.charge(entry.record, index, args, entry.kwargs, result)
 
 
 def _compile(run: _Run, queue: list[_Entry], hosts: list, live: tuple) -> None:
@@ -556,7 +556,7 @@ def _compile(run: _Run, queue: list[_Entry], hosts: list, live: tuple) -> None:
         return
     _counters["compiled"] += 1
     run.compiled = compiled
-    run.names = frozenset(entry.info.name for entry in queue)
+    run.names = frozenset(entry.record.name for entry in queue)
     run.work = _fused_work(queue, hosts, live)
     run.seconds = run.work.seconds(_topology.topology().target)
 

@@ -2,7 +2,7 @@
 
 torch 2.13 cannot create a `torch.Generator("neuron")` from Python (`_patches` makes it raise an error naming
 `default_generator`), so each device owns a CPU `torch.Generator` that the host kernels draw from, passed to them
-explicitly (`fallback.seeded_call`; never swapped into the CPU's default generator). Random ops on `neuron` are
+explicitly (`ops.seeded`; never swapped into the CPU's default generator). Random ops on `neuron` are
 therefore reproducible under `torch.manual_seed`, and after it they produce exactly the numbers the CPU would.
 
 The state a device hands out is CUDA's: 16 bytes, a Philox-style (seed: uint64, offset: int64) pair, which

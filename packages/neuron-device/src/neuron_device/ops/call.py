@@ -1,10 +1,11 @@
 """What `neuron` knows about one ATen overload, and the argument walk of the common call.
 
 Every path an op can take on `neuron` reads the same facts of its schema: the fast path (`ops.fastpath`) its direct
-callable and where its tensors are, the boxed fallback (`fallback`) its `out=` and generator arguments and device
-rules, the 64-bit numerics (`numerics.run_downcast`) what it writes, adaptive eager (`adaptive_eager.queue`) its
-Scalar overload, and the charge (`simulation.ledger`) its engine and work (`ops.catalogue`). `overload_record(op)`
-computes them once per overload, in one `OverloadRecord`, cached here.
+callable and where its tensors are, the boxed fallback (`fallback`) its `out=` arguments and device rules, the
+random forms (`ops.seeded`) its generator arguments, the 64-bit numerics (`ops.host_numerics.run_downcast`) what it
+writes, adaptive eager (`adaptive_eager.queue`) its Scalar overload, and the charge (`simulation.ledger`) its engine
+and work (`ops.catalogue`). `overload_record(op)` computes them once per overload, in one `OverloadRecord`, cached
+here.
 
 `walk` is the argument walk of the common call, the one the fast path runs and adaptive eager queues: every tensor
 argument a `neuron` tensor of one device, each converted by the caller (a host alias to run now, a reference into the
@@ -112,6 +113,7 @@ class OverloadRecord:
 
     __slots__ = (
         "call",
+        "charges",
         "cpu_ok_position",
         "direct",
         "dropout_position",
@@ -154,8 +156,9 @@ class OverloadRecord:
     generator: tuple[int, str] | None  # (position, name) of its Generator? argument
     dropout_position: int | None  # a seeded op's `dropout_p`: with `dropout_p == 0` it draws no random numbers
     generator_form: tuple[torch._ops.OpOverload, str, int] | None  # a seeded op's form on an explicit generator:
-    # (the overload, its generator argument's name and position), how `fallback.seeded_call` runs it
+    # (the overload, its generator argument's name and position), how `ops.seeded.seeded_call` runs it
     cpu_ok_position: int | None  # the argument that may be a CPU tensor with dimensions (indexing's indices)
+    charges: dict[tuple, tuple]  # the op ledger's cache of this overload's calls, by shapes (`ledger.charge`)
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -187,6 +190,7 @@ class OverloadRecord:
         self.generator_form = _generator_form(op) if self.seeded else None
         self.cpu_ok_position = _position(arguments, _CPU_OK_ARGUMENT) if name in _INDEXING else None
         self.direct = _direct_call_applies(op, self.seeded, self.dropout_position)
+        self.charges = {}
 
     def __repr__(self) -> str:
         return f"OverloadRecord({self.name})"

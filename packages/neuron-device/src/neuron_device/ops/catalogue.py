@@ -3,9 +3,10 @@ Tensor engine), declared beside kernel registration (`ops.registry`) as torchax 
 registers the op.
 
 An op is native when it has an engine (`NATIVE`, plus every op tagged `pointwise` or `reduction`, and metadata-only
-views); every other op is a CPU fallback (`neuron_device.fallback.admit`). `op_info` classifies an op once and
-caches the answer; the op ledger (`simulation.ledger`) turns an op's work into charged device time. A matmul's work is the
-Tensor engine's occupancy as it tiles onto the 128 x 128 array (`simulation.costmodel.matmul_array_flops`).
+views); every other op is a CPU fallback (`neuron_device.fallback.admit`). `op_info` classifies an op (the op's record,
+`ops.call.overload_record`, keeps the answer); the op ledger (`simulation.ledger`) turns an op's work into charged
+device time. A matmul's work is the Tensor engine's occupancy as it tiles onto the 128 x 128 array
+(`simulation.costmodel.matmul_array_flops`).
 """
 
 from __future__ import annotations
@@ -228,17 +229,11 @@ def _name(op: torch._ops.OpOverload) -> str:
     return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
 
 
-_infos: dict[torch._ops.OpOverload, OpInfo] = {}
-
-
 def op_info(op: torch._ops.OpOverload) -> OpInfo:
-    """How the chip runs `op` (cached per overload)."""
-    info = _infos.get(op)
-    if info is None:
-        base = _base_name(op)
-        engine = _engine(op, base)
-        info = _infos[op] = OpInfo(_name(op), engine, _TENSOR.get(base) if engine == "tensor" else None)
-    return info
+    """How the chip runs `op`, computed: the hot paths read it from the op's record (`ops.call`), which keeps it."""
+    base = _base_name(op)
+    engine = _engine(op, base)
+    return OpInfo(_name(op), engine, _TENSOR.get(base) if engine == "tensor" else None)
 
 
 # What a step's device time went to (`neuron-plan --breakdown`): the part of each charge, by the engine that bounds

@@ -10,7 +10,8 @@ that call, with the overload's record (`ops.call`) computed at registration:
 * the CPU kernel runs on zero-copy host aliases of the inputs (`storage.kernel_input`: the storage's host twin itself
   for an input laid out as it, as op results are), and its fresh result is adopted as device storage (an in-place op
   writes device memory through the alias and returns `self`);
-* it is charged to the same signature cache of the op ledger (`simulation.ledger`) as the fallback (one dict lookup per call);
+* it is charged by the op ledger (`simulation.ledger`) as the fallback is, in the cache of its record (one dict
+  lookup per call);
 * anything outside the common call (a CPU tensor, two devices, 64-bit downcasting, a Python number where the
   schema has a Tensor) goes to `run_on_host` unchanged, so results and errors are the fallback's.
 
@@ -28,7 +29,7 @@ import torch
 from .. import allocator
 from .. import numerics as _numerics
 from ..barrier import flush_barrier
-from ..fallback import executed_ops, run_on_host
+from ..fallback import run_on_host
 from ..simulation import ledger as _ledger
 from ..storage import adopt, kernel_input
 from . import registry
@@ -86,13 +87,13 @@ def _direct(overload: OverloadRecord, args: tuple, kwargs: dict):
     if walked is None:
         return None
     host, index, call = walked
-    executed_ops[overload.name] += 1
+    _ledger.executed_ops[overload.name] += 1
     result = call(*host, **kwargs)
     if type(result) is _Tensor and not overload.in_place:  # a functional op's one result is fresh: the common case
         tensor = adopt(result, index)
-        _ledger.charge(overload.info, index, host, kwargs, result)
+        _ledger.charge(overload, index, host, kwargs, result)
         return allocator.track(tensor, index)
-    _ledger.charge(overload.info, index, host, kwargs, result)
+    _ledger.charge(overload, index, host, kwargs, result)
     return _adopt(result, host, args, overload.tensor_positions, index)
 
 

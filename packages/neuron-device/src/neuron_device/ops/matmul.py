@@ -16,6 +16,8 @@ from .. import allocator, numerics
 from ..fallback import admit, run_on_host
 from ..simulation import ledger as _ledger
 from ..storage import host_alias
+from . import host_numerics
+from .call import overload_record
 from .fastpath import run_direct
 from .registry import kernel
 
@@ -59,10 +61,11 @@ def _round_to_bf16(tensor: torch.Tensor) -> torch.Tensor:
 def _in_fp32(functional: torch._ops.OpOverload, args: tuple, kwargs: dict, dtype: torch.dtype) -> torch.Tensor:
     """`functional` computed on the host in float32 from low-precision inputs, rounded once to `dtype`."""
     host_args = [host_alias(a).float() if isinstance(a, torch.Tensor) else a for a in args]
-    with numerics.ieee_host_matmul():
+    with host_numerics.ieee_host_matmul():
         result = functional(*host_args, **kwargs).to(dtype)
     index = next(a.device.index for a in args if isinstance(a, torch.Tensor))
-    _ledger.charge(admit(functional), index, args, kwargs, result)  # a Tensor engine kernel
+    admit(functional)  # a Tensor engine kernel
+    _ledger.charge(overload_record(functional), index, args, kwargs, result)
     return result
 
 
@@ -86,7 +89,7 @@ def _matmul_kernel(op: torch._ops.OpOverload, functional: torch._ops.OpOverload,
             rounded = list(args)
             for position in operands:
                 rounded[position] = _round_to_bf16(args[position])
-            with numerics.ieee_host_matmul():
+            with host_numerics.ieee_host_matmul():
                 return run_direct(op, *rounded, **kwargs)
         if dtype not in _LOW or not _uniform(args, kwargs, dtype, index):
             return run_on_host(op, *args, **kwargs)

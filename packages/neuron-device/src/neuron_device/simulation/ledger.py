@@ -18,7 +18,8 @@ Which engine runs an op, and its work, is the op catalogue's (`ops.catalogue`); 
 `fallback.admit`. This module keeps the books: `charge` per op, `record_kernel` for kernels that do not run through
 the fallback (NKI kernels, compiled graphs), `transfer` for host<->device copies, `compilation_stats`.
 
-The per-op work is a dict lookup per op, a tuple of shapes and dtypes per call, and a dict lookup per signature.
+The per-op work is a tuple of shapes and dtypes per call and one lookup of it in the cache the op's record keeps
+(`ops.call.OverloadRecord.charges`); a call of shapes not seen since the last clear estimates, or finds, its kernel.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Hashable, Iterable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -38,6 +39,9 @@ from ..ops import catalogue as _catalogue
 from ..ops.catalogue import OpInfo
 from . import costmodel as _costmodel
 
+if TYPE_CHECKING:  # the record's module is above the ledger: the ledger only keeps its cache in it
+    from ..ops.call import OverloadRecord
+
 __all__ = [
     "Launch",
     "Tracking",
@@ -47,6 +51,7 @@ __all__ = [
     "clear_compilation_counters",
     "clear_op_tracking",
     "compilation_stats",
+    "executed_ops",
     "flat_tensors",
     "get_executed_ops",
     "get_fallback_ops",
@@ -62,6 +67,7 @@ __all__ = [
 
 _NEURON = "neuron"
 
+executed_ops: Counter[str] = Counter()  # op name -> calls on `neuron` (every path, fallbacks too), for tests and tools
 _executed: set[str] = set()
 _fallbacks: set[str] = set()
 _kernels: dict[tuple, float] = {}  # signature of a compiled native kernel -> its estimated device seconds
@@ -140,9 +146,11 @@ class Launch:
 
 _launches: dict[tuple, Launch] = {}
 _works: dict[tuple, Work] = {}  # signature -> its work, beside the cached seconds in `_kernels` / `_seconds`
-# `charge`'s one lookup for a signature it has seen since the last clear of either: its Launch and cached seconds.
-# Both clears empty it, so a hit means the kernel is cached, the op is recorded as executed and the Launch is live.
-_charged: dict[tuple, tuple[Launch, float, str]] = {}  # ... and its breakdown part
+# `charge`'s one lookup for a call whose shapes it has seen since the last clear of either: the overload's record
+# keeps, by the call's key (`_call_key`), its Launch, cached seconds and breakdown part (`OverloadRecord.charges`).
+# Both clears empty every such cache (`_charging` lists the ones filled), so a hit means the kernel is cached, the
+# op is recorded as executed and the Launch is live.
+_charging: list[dict[tuple, tuple[Launch, float, str]]] = []
 _parts: dict[tuple, str] = {}  # a recorded kernel's signature -> its breakdown part
 
 
@@ -206,23 +214,28 @@ def _seconds_of(info: OpInfo, key: tuple, args: tuple, kwargs: dict, result: Any
     return seconds
 
 
-def charge(info: OpInfo, index: int, args: tuple, kwargs: dict, result: Any) -> None:
-    """Account one executed call of `info`'s op on device `index` (host arguments and result)."""
+def charge(record: OverloadRecord, index: int, args: tuple, kwargs: dict, result: Any) -> None:
+    """Account one executed call of `record`'s op (`ops.call`) on device `index` (host arguments and result)."""
     global _cache_hits
+    info = record.info
     engine = info.engine
     name = info.name
     if engine == "view":
         _executed.add(name)
         return
-    key = (name, signature(args), (tuple(kwargs), signature(kwargs.values())) if kwargs else None)
+    key = (signature(args), (tuple(kwargs), signature(kwargs.values())) if kwargs else None)
     if engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
         key += (_numerics.fp32_matmul_rounds_to_bf16(),)  # the Tensor engine rate of fp32 depends on it
-    charged = _charged.get(key)
+    charges = record.charges
+    charged = charges.get(key)
     if charged is None:
-        seconds = _seconds_of(info, key, args, kwargs, result)
-        _launch(key, name, seconds)
+        key_of_kernel = (name, *key)  # the kernel's signature in the ledger's books
+        seconds = _seconds_of(info, key_of_kernel, args, kwargs, result)
+        _launch(key_of_kernel, name, seconds)
         part = _catalogue.breakdown_part(name, engine)
-        _charged[key] = (_launches[key], seconds, part)
+        if not charges:
+            _charging.append(charges)
+        charges[key] = (_launches[key_of_kernel], seconds, part)
     else:  # the common call: one lookup
         launch, seconds, part = charged
         launch.calls += 1
@@ -340,13 +353,20 @@ def get_executed_ops() -> list[str]:
     return sorted(_executed)
 
 
+def _forget_charges() -> None:
+    """Empty every record's cache of charges (`charge`)."""
+    for charges in _charging:
+        charges.clear()
+    _charging.clear()
+
+
 def clear_op_tracking() -> None:
     """Forget executed and fallback ops; a fallback warns again the next time it runs."""
     _settle()
     _executed.clear()
     _fallbacks.clear()
     _launches.clear()
-    _charged.clear()
+    _forget_charges()
 
 
 def clear_compilation_counters() -> None:
@@ -363,7 +383,7 @@ def clear_compilation_cache() -> None:
     _kernels.clear()
     _seconds.clear()
     _works.clear()
-    _charged.clear()
+    _forget_charges()
     _parts.clear()
     clear_compilation_counters()
 

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .. import allocator as _allocator
 from .. import fallback as _fallback
 from ..ops import registry as _registry
-from ..ops.catalogue import op_info
+from ..ops.call import overload_record, records
 from . import ledger as _ledger
 
 __all__ = ["account", "resize_storage", "track_storage"]
@@ -104,10 +104,11 @@ def account(op: torch._ops.OpOverload, args: tuple, kwargs: dict, result: Any) -
         if seconds is not None:
             _ledger.record_kernel(op.name(), index, _ledger.signature((*args, *kwargs.values())), seconds)
         else:
-            info = op_info(op)
-            if info.engine != "view":  # a fallback only where the device has no kernel of its own (as `histc`)
-                _ledger.charge(info if info.name in _registry.kernels else _fallback.admit(op), index, args, kwargs,
-                               result)
+            record = records.get(op) or overload_record(op)
+            if record.info.engine != "view":  # a fallback only where the device has no kernel of its own (`histc`)
+                if record.name not in _registry.kernels:
+                    _fallback.admit(op)
+                _ledger.charge(record, index, args, kwargs, result)
     fresh = []
     for tensor in outputs:
         storage = tensor.untyped_storage()

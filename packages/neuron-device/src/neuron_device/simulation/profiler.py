@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity
 
 from .. import timeline as _timeline
 from .. import topology as _topology
-from ..ops.catalogue import _infos
+from ..ops import call as _call
 
 __all__ = ["DEVICE_PID_BASE", "NeuronProfiler", "device_trace_events"]
 
@@ -56,7 +56,7 @@ def _engine_of(name: str, engines: dict[str, str | None]) -> str | None:
 def device_trace_events(records: Iterable[_Record], base_ns: int) -> list[dict[str, Any]]:
     """Chrome trace events (lanes and their metadata) of the recorded device work; `base_ns` is the trace's
     ``baseTimeNanoseconds`` (timestamps are microseconds after it)."""
-    engines = {info.name: info.engine for info in list(_infos.values())}
+    engines = {record.name: record.info.engine for record in list(_call.records.values())}
     target = _topology.topology().target.name
     events: list[dict[str, Any]] = []
     lanes: dict[tuple[int, int], str] = {}
