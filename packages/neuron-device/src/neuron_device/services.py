@@ -9,8 +9,8 @@ Device memory
 Kernels
     `register_kernel` (a `neuron` kernel for an op; plugins get the registry through `neuron_register`),
     `registered_kernels` / `builtin_kernels` (which ops have a direct kernel, and which of them are neuron-device's
-    own), `plugin_estimator` (the seconds a plugin's kernel charges for a call), `op_info` (the op catalogue: an op's engine and FLOPs), `scattered_elements` (the elements a
-    scatter writes into its first argument).
+    own), `plugin_estimator` (the seconds a plugin's kernel charges for a call), `op_info` (the op catalogue: an
+    op's engine and FLOPs), `scattered_elements` (the elements a scatter writes into its first argument).
 Running on the host
     `flat_tensors` (every tensor in nested lists and tuples), `run_on_host` (the CPU fallback: any op on `neuron` tensors), `seeded_call` (call a random op with the device's
     generator).

@@ -147,7 +147,6 @@ _GPSIMD = frozenset({
 })
 
 
-
 def _indexed_region(args: tuple) -> Any:
     """index_put(self, indices, values, ...): the broadcast indices by the dims they leave whole; None when a mask
     indexes (its data decides the region)."""
@@ -166,15 +165,15 @@ _SCATTER_REGIONS: dict[str, Callable[[tuple], Any]] = {
 }
 
 
-# Gathers from their first argument (a table): the DMA reads only the rows they select.
-_GATHERS = frozenset({"embedding", "index_select", "gather", "index"})
-
-
 def scattered_elements(base: str, args: tuple) -> Any:
     """Elements the scatter op `base` ("index_copy", "index_put", ...; any other op: None) writes into its first
     argument, from its arguments (tensors or fakes, whose sizes may be symbolic); None when data decides."""
     region = _SCATTER_REGIONS.get(base)
     return None if region is None else region(args)
+
+
+# Gathers from their first argument (a table): the DMA reads only the rows they select.
+_GATHERS = frozenset({"embedding", "index_select", "gather", "index"})
 
 
 # Pure data movement: DMA engines, HBM to HBM.
