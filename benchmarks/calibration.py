@@ -308,9 +308,10 @@ E4_PUBLISHED_MS = {"TTFT": 13.3, "TPOT": 6.70}  # calibration.md E4: Llama-2-7B,
 
 
 def e4() -> list[dict]:
-    """E4 planned from an unmodified HF `generate` script (plan_scripts/llama_generate.py: DTensor TP 32, static
-    cache of the whole generation's 8,192 tokens, the decode compiled by transformers), 128 prompt tokens and 16
-    planned new ones (a static cache's decode runs one graph whatever the position)."""
+    """E4 planned from an unmodified HF `generate` script (plan_scripts/llama_generate.py: DTensor TP 32 with
+    transformers' Llama plan, `lm_head` sharded; a static cache of the whole generation's 8,192 tokens; the prompt
+    prefilled in one chunk through the forward transformers compiles, and the decode compiled), 128 prompt tokens
+    and 16 planned new ones (a static cache's decode runs one graph whatever the position)."""
     args = ["--model", "llama2-7b", "--batch", "1", "--input", "128", "--output", "16", "--cache-length", "8192"]
     report = _plan("llama_generate.py", args, nodes=1, launcher=("torchrun", "--nproc-per-node", "32"))
     return [{"id": f"E4 Llama-2-7B TP 32 {name} (planned)", "published": ms,

@@ -156,3 +156,51 @@ def test_matmul_array_flops_charges_the_idle_part_of_the_array():
     # either operand can be the stationary one: the cheaper orientation is taken
     assert costmodel.matmul_array_flops(1, 4096, 4096) == costmodel.matmul_array_flops(4096, 4096, 1)
     assert costmodel.matmul_array_flops(0, 8, 8) == 0.0
+
+
+@pytest.mark.parametrize("update", ["index_copy_", "setitem"])
+def test_an_in_place_scatter_is_charged_the_rows_it_moves(update):
+    """Issue 38 (E4's eager prefill): a static KV cache's update, `cache.index_copy_(2, positions, new)` (or its
+    fallback `cache[:, :, positions] = new`), writes its rows into the cache's buffer: the rows and their positions
+    in, the rows out, not the whole cache read and written. An out-of-place `index_copy` does write a new cache."""
+    cache = torch.zeros(1, 1, 8192, 128, dtype=torch.bfloat16, device="neuron")
+    new = torch.ones(1, 1, 16, 128, dtype=torch.bfloat16, device="neuron")
+    positions = torch.arange(16, device="neuron")
+    rows, index = new.nbytes, positions.nbytes
+
+    def scatter():
+        if update == "index_copy_":
+            cache.index_copy_(2, positions, new)
+        else:
+            cache[:, :, positions] = new
+
+    def expected_ms(elements: int, hbm_bytes: int) -> float:
+        return costmodel.estimate_kernel({"gpsimd": elements}, hbm_bytes, dtype=torch.bfloat16).seconds * 1e3
+
+    assert elapsed_ms(scatter) == pytest.approx(expected_ms(16 * 128, rows + index + rows))
+    out_of_place = elapsed_ms(lambda: cache.index_copy(2, positions, new))
+    assert out_of_place == pytest.approx(expected_ms(cache.numel(), 2 * cache.nbytes + rows + index))
+
+
+@pytest.mark.parametrize("gather", ["embedding", "index_select"])
+def test_a_gather_reads_only_the_rows_it_selects(gather):
+    """Issue 38 (E4's eager prefill): an embedding lookup of 128 tokens reads their 128 rows of the table, not the
+    whole table (32,000 x 4,096 bf16, 262 MB: ~1 ms a lookup on a trn1 core), as the compiled path prices a gather
+    (`neuron_compile.passes`); a table smaller than what is gathered from it is read once."""
+    table = torch.zeros(32000, 256, dtype=torch.bfloat16, device="neuron")
+    tokens = torch.arange(128, device="neuron")
+    out_bytes = 128 * 256 * 2
+
+    def lookup(rows):
+        if gather == "embedding":
+            return torch.nn.functional.embedding(rows, table)
+        return table.index_select(0, rows)
+
+    def expected_ms(hbm_bytes: int, elements: int) -> float:
+        return costmodel.estimate_kernel({"gpsimd": elements}, hbm_bytes, dtype=torch.bfloat16).seconds * 1e3
+
+    assert elapsed_ms(lambda: lookup(tokens)) == pytest.approx(expected_ms(out_bytes + tokens.nbytes + out_bytes,
+                                                                           128 * 256))
+    repeated = torch.zeros(64000, dtype=torch.int64, device="neuron")  # every row twice over: the table read once
+    assert elapsed_ms(lambda: lookup(repeated)) == pytest.approx(
+        expected_ms(table.nbytes + repeated.nbytes + 2 * table.nbytes, 2 * table.numel()))

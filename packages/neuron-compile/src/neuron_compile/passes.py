@@ -300,20 +300,16 @@ _SCATTERS = frozenset({aten.index_put, aten._unsafe_index_put, aten.index_copy, 
 
 
 def _scattered_elements(node: torch.fx.Node) -> int | None:
-    """Elements a scatter writes into its input: the indexed region (index_put: the broadcast indices by the
-    dims they leave whole; index_copy: its source; scatter: its index), or None when data decides (a mask)."""
+    """Elements a scatter writes into its input (`services.scattered_elements`: the indexed region), or None when
+    data decides (a mask)."""
     def val(a: Any) -> Any:
+        if isinstance(a, (list, tuple)):
+            return [val(i) for i in a]
         return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
 
-    packet, values = _packet(node), [val(a) for a in node.args]
-    if packet in (aten.index_copy, aten.scatter):
-        return _size(values[3 if packet is aten.index_copy else 2].numel())
-    base, indices = values[0], [val(i) for i in values[1]]
-    if any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
-        return None
-    shape = torch.broadcast_shapes(*(tuple(i.shape) for i in indices if i is not None))
-    whole = [_size(n) for d, n in enumerate(base.shape) if d >= len(indices) or indices[d] is None]
-    return _size(math.prod(shape)) * math.prod(whole)
+    packet = _packet(node)
+    region = services.scattered_elements(packet.__name__, tuple(val(a) for a in node.args))
+    return None if region is None else _size(region)
 
 
 def _in_place_scatters(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.fx.Node]:

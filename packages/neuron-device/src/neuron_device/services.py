@@ -9,7 +9,8 @@ Device memory
 Kernels
     `register_kernel` (a `neuron` kernel for an op; plugins get the registry through `neuron_register`),
     `registered_kernels` / `builtin_kernels` (which ops have a direct kernel, and which of them are neuron-device's
-    own), `plugin_estimator` (the seconds a plugin's kernel charges for a call), `op_info` (the op catalogue: an op's engine and FLOPs).
+    own), `plugin_estimator` (the seconds a plugin's kernel charges for a call), `op_info` (the op catalogue: an
+    op's engine and FLOPs), `scattered_elements` (the elements a scatter writes into its first argument).
 Running on the host
     `flat_tensors` (every tensor in nested lists and tuples), `run_on_host` (the CPU fallback: any op on `neuron` tensors), `seeded_call` (call a random op with the device's
     generator).
@@ -37,7 +38,7 @@ from .allocator import device as device_allocator
 from .envvars import LOCAL_RANK
 from .fallback import run_on_host
 from .ops import flex_attention
-from .ops.catalogue import OpInfo, breakdown_part, op_info
+from .ops.catalogue import OpInfo, breakdown_part, op_info, scattered_elements
 from .ops.registry import builtin as builtin_kernels
 from .ops.registry import kernels as registered_kernels
 from .ops.registry import plugin_estimator
@@ -86,6 +87,7 @@ __all__ = [
     "resize_planned_storage",
     "run_on_host",
     "running_host_code",
+    "scattered_elements",
     "seeded_call",
     "set_charge_recorder",
     "timeline",

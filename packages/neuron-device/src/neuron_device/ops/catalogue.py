@@ -12,6 +12,7 @@ device time. A matmul's work is the Tensor engine's occupancy as it tiles onto t
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 
 from ..simulation import costmodel as _costmodel
 
-__all__ = ["BREAKDOWN_PARTS", "NATIVE", "OpInfo", "attention_flops", "breakdown_part", "op_info"]
+__all__ = ["BREAKDOWN_PARTS", "NATIVE", "OpInfo", "attention_flops", "breakdown_part", "op_info", "scattered_elements"]
 
 _Flops = Callable[[tuple, Any], float]
 
@@ -146,6 +147,36 @@ _GPSIMD = frozenset({
     "randperm", "multinomial",  # random draws, then a sort / search (native, as the RNG ops of `_VECTOR`)
 })
 
+
+def _indexed_region(args: tuple) -> Any:
+    """index_put(self, indices, values, ...): the broadcast indices by the dims they leave whole; None when a mask
+    indexes (its data decides the region)."""
+    base, indices = args[0], args[1]
+    if any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
+        return None
+    shape = torch.broadcast_shapes(*(tuple(i.shape) for i in indices if i is not None))
+    return math.prod(shape) * math.prod(n for d, n in enumerate(base.shape) if d >= len(indices) or indices[d] is None)
+
+
+# Scatters into their first argument, by base name: the elements they write (index_copy: its source; scatter: its
+# index, whether it scatters a tensor or a value).
+_SCATTER_REGIONS: dict[str, Callable[[tuple], Any]] = {
+    "index_put": _indexed_region, "_index_put_impl": _indexed_region, "_unsafe_index_put": _indexed_region,
+    "index_copy": lambda args: args[3].numel(), "scatter": lambda args: args[2].numel(),
+}
+
+
+def scattered_elements(base: str, args: tuple) -> Any:
+    """Elements the scatter op `base` ("index_copy", "index_put", ...; any other op: None) writes into its first
+    argument, from its arguments (tensors or fakes, whose sizes may be symbolic); None when data decides."""
+    region = _SCATTER_REGIONS.get(base)
+    return None if region is None else region(args)
+
+
+# Gathers from their first argument (a table): the DMA reads only the rows they select.
+_GATHERS = frozenset({"embedding", "index_select", "gather", "index"})
+
+
 # Pure data movement: DMA engines, HBM to HBM.
 _DMA = frozenset({
     "copy", "clone", "contiguous", "_copy_from", "_copy_from_and_resize", "cat", "_cat", "stack", "_stack", "repeat",
@@ -177,6 +208,9 @@ class OpInfo:
     name: str  # "aten::add.Tensor", as TorchNeuron names ops
     engine: str | None
     flops: _Flops | None = None
+    # a scatter into its first argument (`index_copy`, `index_put`, ...): its base name, for `scattered_elements`
+    scatter_base: str | None = None
+    gathers: bool = False  # it reads only the selected rows of its first argument
 
 
 _FOREACH = "_foreach_"
@@ -233,7 +267,8 @@ def op_info(op: torch._ops.OpOverload) -> OpInfo:
     """How the chip runs `op`, computed: the hot paths read it from the op's record (`ops.call`), which keeps it."""
     base = _base_name(op)
     engine = _engine(op, base)
-    return OpInfo(_name(op), engine, _TENSOR.get(base) if engine == "tensor" else None)
+    return OpInfo(_name(op), engine, _TENSOR.get(base) if engine == "tensor" else None,
+                  base if base in _SCATTER_REGIONS else None, base in _GATHERS)
 
 
 # What a step's device time went to (`neuron-plan --breakdown`): the part of each charge, by the engine that bounds

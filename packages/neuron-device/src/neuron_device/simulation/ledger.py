@@ -183,6 +183,13 @@ def op_work(info: OpInfo, args: tuple, kwargs: dict, result: Any) -> Work:
         return Work(host_copies=(_nbytes(inputs), _nbytes(outputs)))
     first = outputs[0] if outputs else None
     dtype = inputs[0].dtype if inputs else (first.dtype if first is not None else torch.float32)
+    if info.scatter_base is not None and result is args[0]:
+        # a scatter into its first argument's buffer (`index_copy_`, run as `index_copy.out` into itself), as a
+        # static KV cache's update: the other inputs in, the written region out, the rest of the buffer untouched
+        region = _catalogue.scattered_elements(info.scatter_base, args)
+        if region is not None:
+            moved = [t for t in inputs if t is not args[0]]
+            return Work(((info.engine, float(region)),), _nbytes(moved) + region * args[0].element_size(), dtype)
     out_elements = sum(t.numel() for t in outputs)
     if info.engine == "tensor":
         amount = info.flops(args, first)
@@ -190,7 +197,10 @@ def op_work(info: OpInfo, args: tuple, kwargs: dict, result: Any) -> Work:
         amount = max(sum(t.numel() for t in inputs), out_elements)
     else:
         amount = out_elements or max((t.numel() for t in inputs), default=0)
-    return Work(((info.engine, amount),), _nbytes(inputs) + _nbytes(outputs), dtype)
+    read = _nbytes(inputs)
+    if info.gathers and inputs and inputs[0] is args[0]:  # the table's selected rows, at most the whole table once
+        read += min(0, _nbytes(outputs) - _nbytes(inputs[:1]))
+    return Work(((info.engine, amount),), read + _nbytes(outputs), dtype)
 
 
 def _seconds_of(info: OpInfo, key: tuple, args: tuple, kwargs: dict, result: Any) -> float:
@@ -226,6 +236,8 @@ def charge(record: OverloadRecord, index: int, args: tuple, kwargs: dict, result
     key = (signature(args), (tuple(kwargs), signature(kwargs.values())) if kwargs else None)
     if engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
         key += (_numerics.fp32_matmul_rounds_to_bf16(),)  # the Tensor engine rate of fp32 depends on it
+    elif info.scatter_base is not None:
+        key += (result is args[0],)  # into its first argument's buffer, or a new tensor (`op_work`)
     charges = record.charges
     charged = charges.get(key)
     if charged is None:
