@@ -31,12 +31,24 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.nn import functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 SIZES = {  # config.json of meta-llama/Llama-2-7b-hf; "tiny" for tests
     "llama2-7b": LLAMA_2_7B,
     "tiny": tiny(layers=2, heads=4),
 }
+
+
+def causal_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """SDPA with `is_causal=True` and no mask tensor, as torchtitan's attention and NeuronX Distributed's flash
+    attention run a causal training step. transformers' own "sdpa" gets there only when it can see the position ids
+    are not packed sequences, a read of their values: in plan mode they have none, so it would hand every layer a
+    materialised [seq, seq] mask, and attention would be planned over every score, masked ones included."""
+    return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+
+
+AttentionInterface.register("causal_sdpa", causal_sdpa)
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="llama2-7b", choices=sorted(SIZES))
 parser.add_argument("--tp", type=int, default=8)
@@ -52,7 +64,7 @@ device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
 torch.neuron.set_device(device)
 dp = dist.get_world_size() // args.tp
 mesh = init_device_mesh("neuron", (dp, args.tp), mesh_dim_names=("dp", "tp"))
-config = LlamaConfig(max_position_embeddings=args.seq, attn_implementation="sdpa", use_cache=False,
+config = LlamaConfig(max_position_embeddings=args.seq, attn_implementation="causal_sdpa", use_cache=False,
                      **SIZES[args.model])
 model = LlamaForCausalLM(config).to(device, torch.bfloat16)
 # torchtitan's plan outside the layers: vocabulary-sharded embedding (its output sharded by sequence) and head, the
