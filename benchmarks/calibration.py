@@ -295,9 +295,10 @@ T2_PUBLISHED_SEQ_PER_S = 101.3  # calibration.md T2: Llama2-7B, 16 x trn1.32xlar
 
 
 def t2() -> list[dict]:
-    """T2 planned from a torchtitan-style script (plan_scripts/llama_tp_zero1.py: DTensor TP 8, every decoder layer
-    compiled with backend "neuron" and checkpointed, ZeRO-1 over DP 64 with fp32 master weights, 16 micro-batches
-    of one 4,096-token sequence a rank); sequences per second of the second optimizer step."""
+    """T2 planned from a torchtitan-style script (plan_scripts/llama_tp_zero1.py: DTensor TP 8 with sequence
+    parallelism and causal SDPA, as the published NeuronX Distributed recipe runs them, every decoder layer compiled
+    with backend "neuron" and checkpointed, ZeRO-1 over DP 64 with fp32 master weights, 16 micro-batches of one
+    4,096-token sequence a rank); sequences per second of the second optimizer step."""
     report = _plan("llama_tp_zero1.py", ["--tp", "8", "--seq", "4096", "--global-batch", "1024", "--steps", "2"],
                    nodes=16)
     return [{"id": "T2 Llama2-7B TP 8 DP 64 (planned)", "published": T2_PUBLISHED_SEQ_PER_S,

@@ -1,8 +1,11 @@
 """Llama pre-training as torchtitan-style users write it: DTensor tensor parallelism (`parallelize_module`,
-column-sharded q/k/v/gate/up, row-sharded o/down) on mesh["tp"], every decoder layer wrapped for activation
-checkpointing and compiled on its own (`torch.compile(block, backend="neuron")`), bf16 weights, gradient
-accumulation over micro-batches, and ZeRO-1 over mesh["dp"] as NeuronX Distributed runs it: the bf16 gradients
-reduce-scattered once a step, AdamW on this rank's fp32 master shard, the updated bf16 weights all-gathered.
+column-sharded q/k/v/gate/up, row-sharded o/down) with sequence parallelism on mesh["tp"] (torchtitan's
+`parallelize_llama`: the RMSNorms and residual adds on this rank's 1/tp of the tokens, the attention and MLP inputs
+all-gathered, their outputs reduce-scattered; NeuronX Distributed's Llama2-7B TP/ZeRO-1 recipe, T2's published run,
+enables the same "sequence parallel"), every decoder layer wrapped for activation checkpointing and compiled on its
+own (`torch.compile(block, backend="neuron")`), bf16 weights, gradient accumulation over micro-batches, and ZeRO-1
+over mesh["dp"] as NeuronX Distributed runs it: the bf16 gradients reduce-scattered once a step, AdamW on this
+rank's fp32 master shard, the updated bf16 weights all-gathered.
 
 calibration.md T2 (Llama2-7B, 16 x trn1.32xlarge, TP 8, DP 64, micro-batch 1, global batch 1,024, seq 4096):
 
@@ -21,17 +24,31 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    PrepareModuleInput,
     RowwiseParallel,
+    SequenceParallel,
     loss_parallel,
     parallelize_module,
 )
 from torch.nn import functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 SIZES = {  # config.json of meta-llama/Llama-2-7b-hf; "tiny" for tests
     "llama2-7b": LLAMA_2_7B,
     "tiny": tiny(layers=2, heads=4),
 }
+
+
+def causal_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """SDPA with `is_causal=True` and no mask tensor, as torchtitan's attention and NeuronX Distributed's flash
+    attention run a causal training step. transformers' own "sdpa" gets there only when it can see the position ids
+    are not packed sequences, a read of their values: in plan mode they have none, so it would hand every layer a
+    materialised [seq, seq] mask, and attention would be planned over every score, masked ones included."""
+    return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+
+
+AttentionInterface.register("causal_sdpa", causal_sdpa)
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="llama2-7b", choices=sorted(SIZES))
 parser.add_argument("--tp", type=int, default=8)
@@ -47,18 +64,27 @@ device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
 torch.neuron.set_device(device)
 dp = dist.get_world_size() // args.tp
 mesh = init_device_mesh("neuron", (dp, args.tp), mesh_dim_names=("dp", "tp"))
-config = LlamaConfig(max_position_embeddings=args.seq, attn_implementation="sdpa", use_cache=False,
+config = LlamaConfig(max_position_embeddings=args.seq, attn_implementation="causal_sdpa", use_cache=False,
                      **SIZES[args.model])
 model = LlamaForCausalLM(config).to(device, torch.bfloat16)
-# torchtitan's plan outside the layers: vocabulary-sharded embedding and head, the loss on the sharded logits
-parallelize_module(model, mesh["tp"], {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
-                                       "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)})
+# torchtitan's plan outside the layers: vocabulary-sharded embedding (its output sharded by sequence) and head, the
+# final norm on the sequence shard, the loss on the sharded logits
+parallelize_module(model, mesh["tp"], {
+    "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+    "model.norm": SequenceParallel(),
+    "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)})
 layers = model.model.layers
 for i, layer in enumerate(layers):
-    parallelize_module(layer, mesh["tp"], {**{f"self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")},
-                                           "self_attn.o_proj": RowwiseParallel(),
-                                           "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-                                           "mlp.down_proj": RowwiseParallel()})
+    parallelize_module(layer, mesh["tp"], {
+        "input_layernorm": SequenceParallel(),
+        "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                        desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+        **{f"self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")},
+        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "post_attention_layernorm": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
     # compiled, then checkpointed (the backward recomputes the compiled forward): compiling torchtitan's order (the
     # checkpointed block) puts SDPA, a seeded random op, in AOT's run_and_save_rng_state, which has no neuron kernel
     block = layer if args.eager else torch.compile(layer, backend="neuron", fullgraph=True)
@@ -74,10 +100,12 @@ flat = torch.cat([t.detach().reshape(-1) for t in local] + [local[0].new_zeros(s
 master = flat[dp_rank * shard:(dp_rank + 1) * shard].float().requires_grad_()
 optimizer = torch.optim.AdamW([master], lr=1e-5)
 accumulation = args.global_batch // (dp * args.micro_batch)
+# the layers see this rank's sequence shard: the whole sequence's positions are given (the rotary tables span them)
+positions = torch.arange(args.seq, device=device).unsqueeze(0)
 for _ in range(args.steps):
     for _ in range(accumulation):
         ids = torch.randint(0, config.vocab_size, (args.micro_batch, args.seq), device=device)
-        logits = model.lm_head(model.model(input_ids=ids).last_hidden_state)
+        logits = model.lm_head(model.model(input_ids=ids, position_ids=positions).last_hidden_state)
         with loss_parallel():  # cross-entropy on the vocabulary shards (labels: the next token)
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten()) / accumulation
             loss.backward()

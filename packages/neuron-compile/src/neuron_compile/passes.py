@@ -26,6 +26,13 @@ Output Rewrite Pass": "updating KV-cache state ... reuse the allocation instead 
 reinplacing turns it into `index_put_`: it moves only the elements it writes (and its indices and values), not
 the whole input twice, and the copy back is no kernel.
 
+A concatenation of pieces of one buffer that lie side by side in it, in order, each contiguous, into a result laid
+out as the buffer is (no dimension before the concatenated one larger than 1) is that buffer: no kernel
+(`_concatenated_base`). DTensor writes a sequence-parallel all-gather and reduce-scatter on dim 1 as a collective on
+dim 0 with a `split` and a `cat` around it; the compiler gathers and scatters on dim 1 directly (an XLA all-gather or
+reduce-scatter takes any dimension, and XLA's algebraic simplifier folds a concatenation of adjacent slices of one
+operand back into the operand), so at batch 1 the reorder moves nothing.
+
 The plan also gives the graph's workspace: the peak bytes of kernel results that later kernels read, each live from
 the kernel that writes it to the last kernel that reads it (results the graph returns belong to the caller).
 
@@ -328,6 +335,35 @@ def _in_place_scatters(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.fx
     return found
 
 
+def _concatenated_base(node: torch.fx.Node, source: Mapping[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node | None:
+    """The buffer a `cat` node merely reassembles (module docstring), or None when it moves data: its inputs are
+    views of one node's memory, each contiguous, adjacent and in memory order, covering all of it, and the result
+    lays their elements out in that order."""
+    if _packet(node) is not aten.cat or not node.args[0]:
+        return None
+    pieces = node.args[0]
+    if not all(isinstance(a, torch.fx.Node) for a in pieces):
+        return None
+    bases = {source.get(a, a) for a in pieces}
+    base = bases.pop()
+    if bases or base in pieces:
+        return None
+    vals = [a.meta.get("val") for a in pieces]
+    out, whole = node.meta.get("val"), base.meta.get("val")
+    if not all(isinstance(v, torch.Tensor) for v in (*vals, out, whole)):
+        return None
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    dim = dim % out.dim() if out.dim() else 0
+    if math.prod(_size(n) for n in out.shape[:dim]) != 1 or not all(v.is_contiguous() for v in (*vals, out, whole)):
+        return None
+    offset = _size(whole.storage_offset())
+    for value in vals:
+        if _size(value.storage_offset()) != offset:
+            return None
+        offset += _size(value.numel())
+    return base if offset - _size(whole.storage_offset()) == _size(whole.numel()) else None
+
+
 def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozenset()) -> KernelPlan:
     """Partition `gm` (an AOT graph with `val` metadata) into fused kernels. `frozen`: its placeholders that are
     constants (`frozen_inputs`); the work on them alone is folded at compile time, not planned."""
@@ -348,6 +384,10 @@ def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozense
             continue
         if _foldable(node, constants):
             constants.add(node)
+            continue
+        base = _concatenated_base(node, source)
+        if base is not None:  # the buffer reassembled: its readers read the buffer
+            source[node] = base
             continue
         kind, engine, amount = _classify(node)
         if node in in_place:  # its engine handles only the elements it writes
