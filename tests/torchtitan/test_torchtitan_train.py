@@ -35,8 +35,6 @@ EP_SAC = ("expert parallelism under torchtitan's selective (op) activation check
           "backward but not found in storage' from backward() (it aborted the process on neuron until neuron-device's "
           "_patch_backward_mode_errors guarded unpack hooks; unchecked on the CPU, which cannot run the MoE); without "
           "activation checkpointing it trains")
-CP_ATTENTION = ("torch 2.13's context parallelism shards the CUDA SDPA ops only; neuron, like the CPU, runs "
-                "_scaled_dot_product_flash_attention_for_cpu: 'does not have a sharding strategy registered'")
 
 
 class TitanRuns:
@@ -120,7 +118,6 @@ def test_moe_expert_parallel(titan):
     _check(titan.run([*MOE, "--parallelism.expert_parallel_degree", "2"], env=TRITON_INTERPRETER), whole)
 
 
-@pytest.mark.xfail(strict=True, reason=CP_ATTENTION)
 def test_llama3_context_parallel(titan):
     """Context parallelism 2 (each rank holds half of every sequence, ring attention) gives one CPU rank's losses."""
     _check(titan.run(CP), titan.cpu(ONE_RANK, ranks=1))

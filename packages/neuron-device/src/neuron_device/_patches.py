@@ -653,6 +653,94 @@ def _patch_flex_attention_devices() -> None:
         sys.meta_path.insert(0, _AfterImport(_FLEX_ATTENTION, accept_neuron))
 
 
+_CONTEXT_PARALLEL = "torch.distributed.tensor.experimental._context_parallel._attention"
+
+
+def _patch_context_parallel_fused_attention() -> None:
+    """torch 2.13's context parallelism shards only the CUDA SDPA ops (flash, efficient, cuDNN: their ring-attention
+    handlers and sequence-sharding rules), so SDPA on a PrivateUse1 backend, which runs the fused op torch keeps for
+    such backends (`_scaled_dot_product_fused_attention_overrideable`, as TorchNeuron's and neuron's SDPA do), fails
+    under `context_parallel` with "does not have a sharding strategy registered". The fused op returns what the
+    flash op returns (output and logsumexp first), so the same ring attention serves it: its forward and backward
+    join CP's op handlers, with sequence-sharded (dim 2) rules registered and removed with CP's own. The module is
+    not imported by `import torch`, so an import hook waits for it."""
+    def shard_fused_attention(attention) -> None:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+        from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+        from torch.distributed.tensor.experimental._context_parallel import _sharding_rules
+
+        aten, seq = torch.ops.aten, Shard(2)
+        forward_op = aten._scaled_dot_product_fused_attention_overrideable.default
+        backward_op = aten._scaled_dot_product_fused_attention_overrideable_backward.default
+
+        def ring_forward(mesh, query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False,
+                         return_debug_mask=False, *, scale=None):
+            if attn_bias is not None or return_debug_mask:
+                raise NotImplementedError("context parallelism of the fused attention: attn_bias and "
+                                          "return_debug_mask are not supported")
+            return attention._templated_ring_attention(mesh.get_group(), 2, forward_op, query=query, key=key,
+                                                       value=value, is_causal=is_causal, dropout_p=dropout_p,
+                                                       scale=scale)
+
+        def ring_backward(mesh, grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
+                          cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+            return attention._templated_ring_attention_backward(
+                mesh.get_group(), 2, backward_op, grad_out=grad_out, grad_out_name="grad_out", query=query, key=key,
+                value=value, out=out, logsumexp=logsumexp, is_causal=is_causal, attn_bias=attn_bias,
+                grad_input_mask=grad_input_mask, cum_seq_q=cum_seq_q, cum_seq_k=cum_seq_k, max_q=max_q,
+                max_k=max_k, dropout_p=dropout_p, philox_seed=philox_seed, philox_offset=philox_offset, scale=scale)
+
+        rings = {forward_op: ring_forward, backward_op: ring_backward}
+
+        def handler(op_call, args, kwargs):  # CP's `_sdpa_handler`, with the fused op's ring attention
+            dispatcher = DTensor._op_dispatcher
+            info = dispatcher.unwrap_to_op_info(op_call, args, kwargs)
+            dispatcher.sharding_propagator.propagate(info)
+            if info.output_sharding is None or info.output_sharding.needs_redistribute:
+                raise AssertionError("context parallelism expects q, k and v sharded on the sequence dim")
+            local = rings[op_call](info.compute_mesh, *info.local_args, **info.local_kwargs)
+            return dispatcher.wrap(local, info.output_sharding.output_spec)
+
+        def forward_strategy(op_schema):
+            # outputs: out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset, debug mask;
+            # then the tensor inputs q, k, v
+            outputs = [None, None, None, None, Replicate(), Replicate(), None]
+            strategies = [[Replicate(), Replicate(), *outputs, Replicate(), Replicate(), Replicate()],
+                          [seq, seq, *outputs, seq, seq, seq]]
+            return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, strategies,
+                                                   input_index=9)
+
+        def backward_strategy(op_schema):
+            # outputs: grad q, k, v, bias (none); inputs: grad_out, q, k, v, out, logsumexp, philox seed and offset
+            strategies = [[Replicate()] * 3 + [None] + [Replicate()] * 8,
+                          [seq] * 3 + [None] + [seq] * 6 + [Replicate()] * 2]
+            return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(validate=False), op_schema,
+                                                   strategies, input_index=4)
+
+        register = _sharding_rules.register_cp_sharding_rules
+
+        @functools.wraps(register)
+        def register_cp_sharding_rules() -> None:
+            registered = bool(_sharding_rules._cp_strategy_contexts)
+            register()
+            if registered:
+                return
+            for op, strategy, schema in ((forward_op, forward_strategy, RuntimeSchemaInfo(4)),
+                                         (backward_op, backward_strategy, None)):
+                context = _sharding_rules._op_strategy_context(op, strategy, schema)
+                _sharding_rules._original_strategies[op] = context.__enter__()
+                _sharding_rules._cp_strategy_contexts[op] = context
+
+        _sharding_rules.register_cp_sharding_rules = register_cp_sharding_rules
+        attention.custom_ops.update({forward_op: handler, backward_op: handler})
+
+    if _CONTEXT_PARALLEL in sys.modules:
+        shard_fused_attention(sys.modules[_CONTEXT_PARALLEL])
+    else:
+        sys.meta_path.insert(0, _AfterImport(_CONTEXT_PARALLEL, shard_fused_attention))
+
+
 class _AfterImport:
     """A meta-path finder that runs `then(module)` once the module named `name` has been executed."""
 
@@ -695,6 +783,7 @@ _PATCHES = (
     _patch_printing_on_host,
     _skip_runtime_in_dynamo,
     _patch_flex_attention_devices,
+    _patch_context_parallel_fused_attention,
 )
 
 
