@@ -741,6 +741,65 @@ def _patch_context_parallel_fused_attention() -> None:
         sys.meta_path.insert(0, _AfterImport(_CONTEXT_PARALLEL, shard_fused_attention))
 
 
+_FSDP_PARAM_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+_sac_bypass = threading.local()  # depth of FSDP's unshard calls on this thread: selective checkpointing skips them
+
+
+def _outside_selective_checkpointing(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        depth = getattr(_sac_bypass, "depth", 0)
+        _sac_bypass.depth = depth + 1
+        try:
+            return method(*args, **kwargs)
+        finally:
+            _sac_bypass.depth = depth
+
+    return run
+
+
+def _patch_selective_checkpointing_fsdp_runtime() -> None:
+    """Selective activation checkpointing (SAC) caches each op of a checkpointed region by its invocation index per
+    op, in the forward, and replays them by the same index in the recompute, so the region must run the same ops
+    both times. FSDP2's hooks inside the region do not: a module sharded on its own inside a checkpointed block (the
+    routed experts torchtitan shards apart for expert parallelism) is all-gathered in the forward by the previous
+    block's explicit prefetch, outside the region, but in the recompute by its own pre-forward, inside it; and its
+    `record_function` annotations run a different number of times. SAC then raises "... invocation index N
+    encountered during backward but not found in storage" (`profiler._record_function_enter_new`,
+    `fsdp.all_gather_copy_in`), and a differing count of an op could hand back another call's cached output. The same
+    happens on the CPU with Gloo (torch 2.13). As upstream (pytorch/pytorch#196862, "[FSDP] Exclude all-gather
+    internals from selective checkpointing"): the profiler's record-function ops join SAC's ignored ops, and FSDP's
+    unshard (all-gather launch) and wait for it (copy-out) run outside SAC's caching (other dispatch modes still see
+    them). The FSDP module is not imported by `import torch`, so an import hook waits for it."""
+    from torch.utils import checkpoint
+
+    profiler = torch.ops.profiler
+    checkpoint.SAC_IGNORED_OPS.update({profiler._record_function_enter.default,
+                                       profiler._record_function_enter_new.default,
+                                       profiler._record_function_exit.default,
+                                       profiler._record_function_exit._RecordFunction})
+    for mode in (checkpoint._CachingTorchDispatchMode, checkpoint._CachedTorchDispatchMode):
+        dispatch = mode.__torch_dispatch__
+
+        @functools.wraps(dispatch)
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None, _dispatch=dispatch):
+            if getattr(_sac_bypass, "depth", 0):
+                return func(*args, **(kwargs or {}))
+            return _dispatch(self, func, types, args, kwargs)
+
+        mode.__torch_dispatch__ = __torch_dispatch__
+
+    def unshard_outside(module) -> None:
+        group = module.FSDPParamGroup
+        group.unshard = _outside_selective_checkpointing(group.unshard)
+        group.wait_for_unshard = _outside_selective_checkpointing(group.wait_for_unshard)
+
+    if _FSDP_PARAM_GROUP in sys.modules:
+        unshard_outside(sys.modules[_FSDP_PARAM_GROUP])
+    else:
+        sys.meta_path.insert(0, _AfterImport(_FSDP_PARAM_GROUP, unshard_outside))
+
+
 class _AfterImport:
     """A meta-path finder that runs `then(module)` once the module named `name` has been executed."""
 
@@ -784,6 +843,7 @@ _PATCHES = (
     _skip_runtime_in_dynamo,
     _patch_flex_attention_devices,
     _patch_context_parallel_fused_attention,
+    _patch_selective_checkpointing_fsdp_runtime,
 )
 
 
