@@ -26,8 +26,9 @@ MACHINE = {"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"}
 
 
 # torchtitan's deepseek_v3 debug model (MoE: 8 routed experts, top 3) with expert parallelism 2 and no activation
-# checkpointing (under torchtitan's selective one its backward stops in a real run and a plan alike: EP_SAC of
-# test_torchtitan_train); its token permutation is a Triton kernel, run by Triton's interpreter. The real run routes
+# checkpointing (its backward stopped under torchtitan's selective one, a torch bug since patched, see
+# docs/torchtitan.md; this check predates the fix and was not rerun with it); its token permutation is a Triton
+# kernel, run by Triton's interpreter. The real run routes
 # as the plan assumes (torchtitan's round-robin `--debug.moe_force_load_balance`: a balanced router).
 MOE = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel", "--parallelism.expert_parallel_degree", "2",
        "--activation_checkpoint.mode", "none", "--debug.moe_force_load_balance"]

@@ -28,15 +28,6 @@ CP = ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.context_pa
 ONE_RANK = ["--parallelism.data_parallel_shard_degree", "1"]
 # torchtitan 0.2.2's MoE reorders tokens with a Triton kernel (generate_permute_indices): Triton's interpreter runs it
 TRITON_INTERPRETER = {"TRITON_INTERPRET": "1"}
-# what still stops a case (each a strict xfail: it fails until its fix lands, then must pass)
-EP_SAC = ("expert parallelism under torchtitan's selective (op) activation checkpointing: the recompute in backward "
-          "calls profiler._record_function_enter_new once more than the forward did (FSDP2's record_function in the "
-          "experts' own fully_shard), so checkpoint's SAC raises RuntimeError 'invocation index 3 encountered during "
-          "backward but not found in storage' from backward() (it aborted the process on neuron until neuron-device's "
-          "_patch_backward_mode_errors guarded unpack hooks; unchecked on the CPU, which cannot run the MoE); without "
-          "activation checkpointing it trains")
-CP_ATTENTION = ("torch 2.13's context parallelism shards the CUDA SDPA ops only; neuron, like the CPU, runs "
-                "_scaled_dot_product_flash_attention_for_cpu: 'does not have a sharding strategy registered'")
 
 
 class TitanRuns:
@@ -111,7 +102,6 @@ def test_llama3_debugmodel(titan, parallelism, compiled):
     _check(titan.run([*parallelism, *(COMPILED if compiled else [])]), cpu)
 
 
-@pytest.mark.xfail(strict=True, reason=EP_SAC)
 def test_moe_expert_parallel(titan):
     """torchtitan's deepseek_v3 debug model (MoE: 8 routed experts, top 3) with expert parallelism 2, its tokens
     sent to their experts' rank by all-to-all, gives the losses of expert parallelism 1 (the CPU has no reference:
@@ -120,7 +110,6 @@ def test_moe_expert_parallel(titan):
     _check(titan.run([*MOE, "--parallelism.expert_parallel_degree", "2"], env=TRITON_INTERPRETER), whole)
 
 
-@pytest.mark.xfail(strict=True, reason=CP_ATTENTION)
 def test_llama3_context_parallel(titan):
     """Context parallelism 2 (each rank holds half of every sequence, ring attention) gives one CPU rank's losses."""
     _check(titan.run(CP), titan.cpu(ONE_RANK, ranks=1))

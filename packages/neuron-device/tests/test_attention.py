@@ -1,4 +1,6 @@
-"""`scaled_dot_product_attention` on `neuron` takes the fused flash kernel wherever the CPU does, and matches it."""
+"""`scaled_dot_product_attention` on `neuron` takes the fused attention op (TorchNeuron's
+`_scaled_dot_product_fused_attention_overrideable`), run as the flash kernel, wherever the CPU takes its flash kernel,
+and matches it."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ pytestmark = pytest.mark.all_wheels
 
 _FLASH = {"aten::_scaled_dot_product_flash_attention_for_cpu", "nki::flash_attention_fwd"}  # nki: when installed
 _FLASH_BACKWARD = {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", "nki::flash_attention_bwd"}
+_FUSED = {"aten::_scaled_dot_product_fused_attention_overrideable",
+          "aten::_scaled_dot_product_fused_attention_overrideable_backward"}
 
 
 def _run(device: str, inputs: list[torch.Tensor], **options) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -34,8 +38,10 @@ def test_sdpa_takes_the_flash_kernel_and_matches_cpu(options: dict, shapes: list
     torch.manual_seed(0)
     inputs = [torch.randn(shape) for shape in shapes]
     torch_neuronx.clear_op_tracking()
-    out, grads = _run("neuron", inputs, **options)
-    executed = set(torch_neuronx.get_executed_ops())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        out, grads = _run("neuron", inputs, **options)
+    assert _FUSED <= {event.name for event in profiler.events()}  # the op context parallelism shards
+    executed = set(torch_neuronx.get_executed_ops())  # the kernels launched: the flash kernel's
     assert executed & _FLASH and executed & _FLASH_BACKWARD
     assert "aten::_safe_softmax" not in executed and not torch_neuronx.get_fallback_ops()
     expected, expected_grads = _run("cpu", inputs, **options)

@@ -4,21 +4,9 @@ Philox-style (seed, offset) state, as on CUDA. A one-process world here; two ran
 
 from __future__ import annotations
 
-import pytest
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor import randn as dtensor_randn
-
-
-@pytest.fixture
-def mesh():
-    dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield init_device_mesh("neuron", (1,))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_dtensor_random_ops_draw_the_cpus_numbers_and_advance_the_offset(mesh) -> None:

@@ -535,6 +535,22 @@ def step():
     assert not [w for w in result["warnings"] if "fell back to CPU" in w]
 
 
+def test_sdpa_fused_op_is_charged_as_the_real_run_runs_it():
+    """SDPA on `neuron` runs the fused op (`_scaled_dot_product_fused_attention_overrideable`, + backward), whose
+    device kernels are made of the flash op: a real run launches one flash kernel each way, and so does the plan,
+    which runs those kernels whole (a direct kernel of the device's own is otherwise charged by the op catalogue,
+    which has no entry for the fused op)."""
+    result = _launches_real_and_planned("""
+def step():
+    q = torch.randn(1, 2, 128, 16, device="neuron", requires_grad=True)
+    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+""")
+    flash = {kind: sum(calls for name, calls in result[kind].items() if "flash" in name) for kind in ("real", "planned")}
+    assert flash["real"] == flash["planned"] == 2  # (named by the NKI kernel in a real run when neuron-nki is there)
+    rest = {kind: {name: calls for name, calls in result[kind].items() if "flash" not in name} for kind in flash}
+    assert rest["real"] == rest["planned"] and not [name for name in rest["real"] if "overrideable" in name]
+
+
 def test_checkpointed_backward_frees_what_the_real_run_frees():
     """After a backward through checkpointed blocks a plan holds what the real run holds: the FLOP counter's
     per-module hooks, which kept each block's recomputed activations' gradients alive, are not installed."""

@@ -653,6 +653,153 @@ def _patch_flex_attention_devices() -> None:
         sys.meta_path.insert(0, _AfterImport(_FLEX_ATTENTION, accept_neuron))
 
 
+_CONTEXT_PARALLEL = "torch.distributed.tensor.experimental._context_parallel._attention"
+
+
+def _patch_context_parallel_fused_attention() -> None:
+    """torch 2.13's context parallelism shards only the CUDA SDPA ops (flash, efficient, cuDNN: their ring-attention
+    handlers and sequence-sharding rules), so SDPA on a PrivateUse1 backend, which runs the fused op torch keeps for
+    such backends (`_scaled_dot_product_fused_attention_overrideable`, as TorchNeuron's and neuron's SDPA do), fails
+    under `context_parallel` with "does not have a sharding strategy registered". The fused op returns what the
+    flash op returns (output and logsumexp first), so the same ring attention serves it: its forward and backward
+    join CP's op handlers, with sequence-sharded (dim 2) rules registered and removed with CP's own. The module is
+    not imported by `import torch`, so an import hook waits for it."""
+    def shard_fused_attention(attention) -> None:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+        from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+        from torch.distributed.tensor.experimental._context_parallel import _sharding_rules
+
+        aten, seq = torch.ops.aten, Shard(2)
+        forward_op = aten._scaled_dot_product_fused_attention_overrideable.default
+        backward_op = aten._scaled_dot_product_fused_attention_overrideable_backward.default
+
+        def ring_forward(mesh, query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False,
+                         return_debug_mask=False, *, scale=None):
+            if attn_bias is not None or return_debug_mask:
+                raise NotImplementedError("context parallelism of the fused attention: attn_bias and "
+                                          "return_debug_mask are not supported")
+            return attention._templated_ring_attention(mesh.get_group(), 2, forward_op, query=query, key=key,
+                                                       value=value, is_causal=is_causal, dropout_p=dropout_p,
+                                                       scale=scale)
+
+        def ring_backward(mesh, grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
+                          cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+            return attention._templated_ring_attention_backward(
+                mesh.get_group(), 2, backward_op, grad_out=grad_out, grad_out_name="grad_out", query=query, key=key,
+                value=value, out=out, logsumexp=logsumexp, is_causal=is_causal, attn_bias=attn_bias,
+                grad_input_mask=grad_input_mask, cum_seq_q=cum_seq_q, cum_seq_k=cum_seq_k, max_q=max_q,
+                max_k=max_k, dropout_p=dropout_p, philox_seed=philox_seed, philox_offset=philox_offset, scale=scale)
+
+        rings = {forward_op: ring_forward, backward_op: ring_backward}
+
+        def handler(op_call, args, kwargs):  # CP's `_sdpa_handler`, with the fused op's ring attention
+            dispatcher = DTensor._op_dispatcher
+            info = dispatcher.unwrap_to_op_info(op_call, args, kwargs)
+            dispatcher.sharding_propagator.propagate(info)
+            if info.output_sharding is None or info.output_sharding.needs_redistribute:
+                raise AssertionError("context parallelism expects q, k and v sharded on the sequence dim")
+            local = rings[op_call](info.compute_mesh, *info.local_args, **info.local_kwargs)
+            return dispatcher.wrap(local, info.output_sharding.output_spec)
+
+        def forward_strategy(op_schema):
+            # outputs: out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset, debug mask;
+            # then the tensor inputs q, k, v
+            outputs = [None, None, None, None, Replicate(), Replicate(), None]
+            strategies = [[Replicate(), Replicate(), *outputs, Replicate(), Replicate(), Replicate()],
+                          [seq, seq, *outputs, seq, seq, seq]]
+            return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, strategies,
+                                                   input_index=9)
+
+        def backward_strategy(op_schema):
+            # outputs: grad q, k, v, bias (none); inputs: grad_out, q, k, v, out, logsumexp, philox seed and offset
+            strategies = [[Replicate()] * 3 + [None] + [Replicate()] * 8,
+                          [seq] * 3 + [None] + [seq] * 6 + [Replicate()] * 2]
+            return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(validate=False), op_schema,
+                                                   strategies, input_index=4)
+
+        register = _sharding_rules.register_cp_sharding_rules
+
+        @functools.wraps(register)
+        def register_cp_sharding_rules() -> None:
+            registered = bool(_sharding_rules._cp_strategy_contexts)
+            register()
+            if registered:
+                return
+            for op, strategy, schema in ((forward_op, forward_strategy, RuntimeSchemaInfo(4)),
+                                         (backward_op, backward_strategy, None)):
+                context = _sharding_rules._op_strategy_context(op, strategy, schema)
+                _sharding_rules._original_strategies[op] = context.__enter__()
+                _sharding_rules._cp_strategy_contexts[op] = context
+
+        _sharding_rules.register_cp_sharding_rules = register_cp_sharding_rules
+        attention.custom_ops.update({forward_op: handler, backward_op: handler})
+
+    if _CONTEXT_PARALLEL in sys.modules:
+        shard_fused_attention(sys.modules[_CONTEXT_PARALLEL])
+    else:
+        sys.meta_path.insert(0, _AfterImport(_CONTEXT_PARALLEL, shard_fused_attention))
+
+
+_FSDP_PARAM_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+_sac_bypass = threading.local()  # depth of FSDP's unshard calls on this thread: selective checkpointing skips them
+
+
+def _outside_selective_checkpointing(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        depth = getattr(_sac_bypass, "depth", 0)
+        _sac_bypass.depth = depth + 1
+        try:
+            return method(*args, **kwargs)
+        finally:
+            _sac_bypass.depth = depth
+
+    return run
+
+
+def _patch_selective_checkpointing_fsdp_runtime() -> None:
+    """Selective activation checkpointing (SAC) caches each op of a checkpointed region by its invocation index per
+    op, in the forward, and replays them by the same index in the recompute, so the region must run the same ops
+    both times. FSDP2's hooks inside the region do not: a module sharded on its own inside a checkpointed block (the
+    routed experts torchtitan shards apart for expert parallelism) is all-gathered in the forward by the previous
+    block's explicit prefetch, outside the region, but in the recompute by its own pre-forward, inside it; and its
+    `record_function` annotations run a different number of times. SAC then raises "... invocation index N
+    encountered during backward but not found in storage" (`profiler._record_function_enter_new`,
+    `fsdp.all_gather_copy_in`), and a differing count of an op could hand back another call's cached output. The same
+    happens on the CPU with Gloo (torch 2.13). As upstream (pytorch/pytorch#196862, "[FSDP] Exclude all-gather
+    internals from selective checkpointing"): the profiler's record-function ops join SAC's ignored ops, and FSDP's
+    unshard (all-gather launch) and wait for it (copy-out) run outside SAC's caching (other dispatch modes still see
+    them). The FSDP module is not imported by `import torch`, so an import hook waits for it."""
+    from torch.utils import checkpoint
+
+    profiler = torch.ops.profiler
+    checkpoint.SAC_IGNORED_OPS.update({profiler._record_function_enter.default,
+                                       profiler._record_function_enter_new.default,
+                                       profiler._record_function_exit.default,
+                                       profiler._record_function_exit._RecordFunction})
+    for mode in (checkpoint._CachingTorchDispatchMode, checkpoint._CachedTorchDispatchMode):
+        dispatch = mode.__torch_dispatch__
+
+        @functools.wraps(dispatch)
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None, _dispatch=dispatch):
+            if getattr(_sac_bypass, "depth", 0):
+                return func(*args, **(kwargs or {}))
+            return _dispatch(self, func, types, args, kwargs)
+
+        mode.__torch_dispatch__ = __torch_dispatch__
+
+    def unshard_outside(module) -> None:
+        group = module.FSDPParamGroup
+        group.unshard = _outside_selective_checkpointing(group.unshard)
+        group.wait_for_unshard = _outside_selective_checkpointing(group.wait_for_unshard)
+
+    if _FSDP_PARAM_GROUP in sys.modules:
+        unshard_outside(sys.modules[_FSDP_PARAM_GROUP])
+    else:
+        sys.meta_path.insert(0, _AfterImport(_FSDP_PARAM_GROUP, unshard_outside))
+
+
 class _AfterImport:
     """A meta-path finder that runs `then(module)` once the module named `name` has been executed."""
 
@@ -695,6 +842,8 @@ _PATCHES = (
     _patch_printing_on_host,
     _skip_runtime_in_dynamo,
     _patch_flex_attention_devices,
+    _patch_context_parallel_fused_attention,
+    _patch_selective_checkpointing_fsdp_runtime,
 )
 
 

@@ -8,9 +8,11 @@ Device memory
     `device_allocator` (one device's caching allocator: malloc/free of workspace).
 Kernels
     `register_kernel` (a `neuron` kernel for an op; plugins get the registry through `neuron_register`),
-    `registered_kernels` / `builtin_kernels` (which ops have a direct kernel, and which of them are neuron-device's
-    own), `plugin_estimator` (the seconds a plugin's kernel charges for a call), `op_info` (the op catalogue: an
-    op's engine and FLOPs), `scattered_elements` (the elements a scatter writes into its first argument).
+    `registered_kernels` / `builtin_kernels` / `composite_kernels` (which ops have a direct kernel, which of them
+    are neuron-device's own, which are made of other ops on the device), `plugin_estimator` (the seconds a plugin's
+    kernel charges for a call), `op_info` (the op catalogue: an op's engine and FLOPs), `scattered_elements` (the
+    elements a scatter writes into its first argument), `fused_attention_decompositions` (SDPA's fused op and its
+    backward as the flash op their kernels run: a compiler's lowering of them).
 Running on the host
     `flat_tensors` (every tensor in nested lists and tuples), `run_on_host` (the CPU fallback: any op on `neuron` tensors), `seeded_call` (call a random op with the device's
     generator).
@@ -38,8 +40,10 @@ from .allocator import device as device_allocator
 from .envvars import LOCAL_RANK
 from .fallback import run_on_host
 from .ops import flex_attention
+from .ops.attention import fused_attention_decompositions
 from .ops.catalogue import OpInfo, breakdown_part, op_info, scattered_elements
 from .ops.registry import builtin as builtin_kernels
+from .ops.registry import composite as composite_kernels
 from .ops.registry import kernels as registered_kernels
 from .ops.registry import plugin_estimator
 from .ops.registry import register as register_kernel
@@ -70,11 +74,13 @@ __all__ = [
     "breakdown_part",
     "builtin_kernels",
     "charge",
+    "composite_kernels",
     "current_stream_id",
     "device_allocator",
     "estimate_kernel",
     "flat_tensors",
     "flex_attention",
+    "fused_attention_decompositions",
     "hookimpl",
     "host_alias",
     "host_code_device",

@@ -86,7 +86,9 @@ def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
       An implicit one comes here whole where autograd does not decompose it first (under `inference_mode`, or
       called by a kernel run whole): it was charged as a CPU fallback, with a false "fell back to CPU" warning;
     * an op of another library whose own `PrivateUse1` kernel (not the device's) is written in ATen ops: FSDP2's
-      `fsdp::all_gather_copy_in`, `split_with_sizes_copy`, `chunk_cat`.
+      `fsdp::all_gather_copy_in`, `split_with_sizes_copy`, `chunk_cat`;
+    * an ATen op whose `neuron` kernel is one of the device's made of other ops (`services.composite_kernels`):
+      SDPA's fused op, which runs the flash kernel.
 
     The fake mode sees such an op whole. Views are left whole (they charge nothing either way), and so are the
     catalogue's collectives."""
@@ -96,7 +98,7 @@ def _kernel_run_whole(op: torch._ops.OpOverload) -> torch._C.DispatchKey | None:
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     if op.namespace == "aten":
         if has(name, "PrivateUse1"):
-            return None
+            return _DEVICE if name in services.composite_kernels else None
         return next((key for key in _COMPOSITES if has(name, key.name)), None)
     own = name in services.registered_kernels or f"{name}.{op._overloadname}" in services.registered_kernels
     return _DEVICE if op.namespace != "prim" and not own and has(name, "PrivateUse1") else None

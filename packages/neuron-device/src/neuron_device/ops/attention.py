@@ -1,23 +1,30 @@
-"""`scaled_dot_product_attention` on `neuron` takes the fused flash kernel where the CPU would.
+"""`scaled_dot_product_attention` on `neuron` takes the fused attention op, as TorchNeuron's does.
 
 torch picks an SDPA backend per device through `_fused_sdp_choice`, a C++ dispatch stub that a Python backend cannot
-fill, so on `neuron` every call would take the math decomposition: a dozen ops and an S x S score matrix, where the
-CPU runs one fused kernel. This route sits above autograd (AutogradPrivateUse1), as the CPU's choice does, and sends
-each call where the CPU's `use_flash_attention_cpp` would send it: to `_scaled_dot_product_flash_attention_for_cpu`,
-whose derivative formula autograd then uses, else to the math decomposition. The flash op itself is a native
-Tensor-engine op (`simulation.ledger`): its `neuron` kernel is the CPU kernel on host aliases, or neuron-nki's NKI flash
-attention when that plugin registers one.
+fill, so on `neuron` every call would take the math decomposition: a dozen ops and an S x S score matrix. TorchNeuron's
+C++ stub answers `SDPBackend.overrideable`, so SDPA runs `_scaled_dot_product_fused_attention_overrideable` (the
+fused op torch keeps for out-of-tree backends, with its own derivative formula), whose `neuron` kernel is an NKI flash
+kernel. This route sits above autograd (AutogradPrivateUse1), as the C++ choice does, and sends each call where the
+CPU's `use_flash_attention_cpp` would send it to that fused op, else to the math decomposition.
+
+The fused op's `neuron` kernels (forward and backward) run the flash kernel `_scaled_dot_product_flash_attention_for_cpu`
+(+ `_backward`) on the same `neuron` tensors: a native Tensor-engine op (`simulation.ledger`) whose `neuron` kernel is
+the CPU kernel on host aliases, or neuron-nki's NKI flash attention when that plugin registers one; so the numerics
+are the CPU's and the time is one flash kernel's. Compiled graphs lower the fused op to the same flash op
+(`fused_attention_decompositions`, in neuron-compile's table). Context parallelism shards the fused op
+(`_patches._patch_context_parallel_fused_attention`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from . import registry
 
-__all__ = ["cpu_would_use_flash"]
+__all__ = ["cpu_would_use_flash", "fused_attention_decompositions"]
 
 _aten = torch.ops.aten
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -49,10 +56,47 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if cpu_would_use_flash(query, key, value, attn_mask, dropout_p, enable_gqa):
         if attn_mask is not None and attn_mask.dtype == torch.bool:  # as CPU's convert_boolean_attn_mask
             attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(~attn_mask, -math.inf)
-        return _aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
-                                                                 attn_mask=attn_mask, scale=scale)[0]
+        return _aten._scaled_dot_product_fused_attention_overrideable(query, key, value, attn_mask, dropout_p,
+                                                                      is_causal, False, scale=scale)[0]
     return _aten.scaled_dot_product_attention.default.decompose(query, key, value, attn_mask, dropout_p, is_causal,
                                                                 scale=scale, enable_gqa=enable_gqa)
+
+
+@registry.kernel("aten::_scaled_dot_product_fused_attention_overrideable", is_composite=True)
+def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_bias: torch.Tensor | None = None,
+                    dropout_p: float = 0.0, is_causal: bool = False, return_debug_mask: bool = False, *,
+                    scale: float | None = None) -> tuple:
+    """The fused op as the flash kernel computes it: output and logsumexp ([B, H, Sq], float32), the sequence lengths
+    (a dense batch has no cumulative ones), an RNG seed and offset (the flash kernel draws none) and no debug mask
+    (the meta function's outputs)."""
+    if return_debug_mask:
+        raise NotImplementedError("_scaled_dot_product_fused_attention_overrideable on neuron: return_debug_mask=True "
+                                  "is not supported (the flash kernel materialises no attention probabilities)")
+    out, logsumexp = _aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
+                                                                       attn_mask=attn_bias, scale=scale)
+    seed, offset = (torch.empty((), dtype=torch.long, device=query.device) for _ in range(2))
+    return out, logsumexp, None, None, query.size(-2), key.size(-2), seed, offset, None
+
+
+@registry.kernel("aten::_scaled_dot_product_fused_attention_overrideable_backward", is_composite=True)
+def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attn_bias: torch.Tensor | None, grad_input_mask: list[bool], out: torch.Tensor,
+                             logsumexp: torch.Tensor, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p: float,
+                             is_causal: bool, philox_seed, philox_offset, *, scale: float | None = None) -> tuple:
+    """The flash kernel's backward; the bias gets no gradient (SDPA takes the math path for a bias that needs one)."""
+    if grad_input_mask[3]:
+        raise NotImplementedError("_scaled_dot_product_fused_attention_overrideable_backward on neuron: the flash "
+                                  "kernel computes no gradient for attn_bias")
+    grads = _aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumexp,
+                                                                       dropout_p, is_causal, attn_mask=attn_bias,
+                                                                       scale=scale)
+    return *grads, None
+
+
+def fused_attention_decompositions() -> dict[torch._ops.OpOverload, Callable]:
+    """The fused op and its backward as the flash op they run (the compiler's lowering of them)."""
+    return {_aten._scaled_dot_product_fused_attention_overrideable.default: fused_attention,
+            _aten._scaled_dot_product_fused_attention_overrideable_backward.default: fused_attention_backward}
 
 
 @registry.kernel("aten::_native_multi_head_attention")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["builtin", "kernel", "kernels", "plugin_estimator", "register", "register_fallback"]
+__all__ = ["builtin", "composite", "kernel", "kernels", "plugin_estimator", "register", "register_fallback"]
 
 _DISPATCH_KEY = "PrivateUse1"
 _libraries: dict[str, torch.library.Library] = {}
@@ -20,6 +20,9 @@ kernels: dict[str, Callable] = {}  # "aten::add.Tensor" -> kernel, for every op 
 # Ops whose kernel is neuron-device's own (the CPU kernel on host aliases), not one a plugin or a user registered:
 # neuron-compile substitutes only the latter in compiled graphs.
 builtin: set[str] = set()
+# Direct kernels made of other ops on the same `neuron` tensors, which charge the device (each its own launch): the
+# kernel itself charges nothing, so plan mode runs it whole too (as SDPA's fused op, which runs the flash kernel).
+composite: set[str] = set()
 
 
 def plugin_estimator(name: str) -> Callable | None:
@@ -40,8 +43,10 @@ def _library(namespace: str) -> torch.library.Library:
 _AUTOGRAD_KEY = "AutogradPrivateUse1"
 
 
-def register(name: str, fn: Callable, *, with_keyset: bool = False, dispatch_key: str = _DISPATCH_KEY) -> None:
-    """Register `fn` as the `neuron` kernel of op `name` ("namespace::op.overload").
+def register(name: str, fn: Callable, *, with_keyset: bool = False, dispatch_key: str = _DISPATCH_KEY,
+             is_composite: bool = False) -> None:
+    """Register `fn` as the `neuron` kernel of op `name` ("namespace::op.overload"); `is_composite`: it is made of
+    other ops on `neuron` tensors (`composite`).
 
     `dispatch_key="AutogradPrivateUse1"` registers above autograd instead: how a composite op is routed on `neuron`
     (e.g. `scaled_dot_product_attention` to the fused op that has a `neuron` kernel). Only direct kernels are listed
@@ -56,14 +61,19 @@ def register(name: str, fn: Callable, *, with_keyset: bool = False, dispatch_key
     if dispatch_key == _DISPATCH_KEY:
         kernels[name] = fn
         builtin.discard(name)
+        if is_composite:
+            composite.add(name)
+        else:
+            composite.discard(name)
 
 
-def kernel(*names: str, with_keyset: bool = False, dispatch_key: str = _DISPATCH_KEY) -> Callable[[Callable], Callable]:
+def kernel(*names: str, with_keyset: bool = False, dispatch_key: str = _DISPATCH_KEY,
+           is_composite: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: register the function as the `neuron` kernel of each op in `names` (see `register`)."""
 
     def decorate(fn: Callable) -> Callable:
         for name in names:
-            register(name, fn, with_keyset=with_keyset, dispatch_key=dispatch_key)
+            register(name, fn, with_keyset=with_keyset, dispatch_key=dispatch_key, is_composite=is_composite)
         return fn
 
     return decorate

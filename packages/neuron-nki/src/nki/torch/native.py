@@ -9,7 +9,8 @@ decomposition), so an unsupported input is never computed wrongly:
   ``_softmax`` (+ ``_softmax_backward_data``) over the last dim.
 
 Composite ops reach those fused ops above autograd (AutogradPrivateUse1), so autograd uses the fused ops'
-derivative formulas: neuron-device already sends ``scaled_dot_product_attention`` to the flash op wherever CPU's
+derivative formulas: neuron-device already sends ``scaled_dot_product_attention`` to the fused op
+(``_scaled_dot_product_fused_attention_overrideable``, whose kernels run the flash op) wherever CPU's
 ``use_flash_attention_cpp`` would (``neuron_device.ops.attention``), and here ``rms_norm`` takes
 ``_fused_rms_norm`` when the NKI kernel supports the input. ``aten::mm`` is left to neuron-device: its matmul kernel is already a native
 Tensor-engine kernel with the numerics policy, so an NKI replacement would not change the estimate (``nki.library.
