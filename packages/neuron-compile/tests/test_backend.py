@@ -324,6 +324,43 @@ def test_flex_attention_training_with_the_inductor_host_code_is_refused_by_name(
     assert isinstance(error, NeuronCompileError) and "only supports inference" in str(error)
 
 
+def test_pattern_matches_fail_at_once_without_their_targets(monkeypatch) -> None:
+    """Inductor's pattern passes walked each pattern's tree at every node of its first function, also when no node
+    of the graph calls one of its functions (the attention patterns at every `view` of a graph with no `bmm`: 6 s of
+    a 70B decode plan). With `_patches.pattern_matches_need_their_targets` such a pattern fails before its tree is
+    walked; a pattern whose functions are all in the graph matches the same nodes as before."""
+    from torch._inductor import pattern_matcher as pm
+
+    from neuron_compile import _patches
+
+    for cls in (pm.PatternExpr, pm.MultiOutputPattern):  # Inductor's own, also after an earlier compile patched it
+        monkeypatch.setattr(cls, "match", getattr(cls.__dict__["match"], "__wrapped__", cls.__dict__["match"]))
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    view = graph.call_function(aten.view.default, (graph.call_function(aten.mm.default, (x, y)), [4]))
+    graph.output(view)
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    on_mm = pm.CallFunction(aten.view.default, pm.CallFunction(aten.mm.default, pm.Arg(), pm.Arg()), pm.Arg())
+    on_bmm = pm.CallFunction(aten.view.default, pm.CallFunction(aten.bmm.default, pm.Arg(), pm.Arg()), pm.Arg())
+    both = pm.MultiOutputPattern([on_mm, pm.CallFunction(aten.bmm.default, pm.Arg(), pm.Arg())])
+    walked = []
+    walk = pm.CallFunction._match
+    monkeypatch.setattr(pm.CallFunction, "_match", lambda self, node, ctx: walked.append(self) or walk(self, node, ctx))
+
+    def matches() -> list:
+        return [pm.is_match(pattern.match(view)) for pattern in (on_mm, on_bmm, both)]
+
+    before = matches()
+    assert before == [True, False, False] and len(walked) > 3  # the bmm patterns were walked from the view
+    _patches.pattern_matches_need_their_targets()
+    walked.clear()
+    assert matches() == before
+    assert {id(pattern) for pattern in walked} <= {id(on_mm), id(on_mm.args[0])}  # only the mm pattern's tree
+    assert {node.target for node in on_mm.match(view).nodes} == {aten.view.default, aten.mm.default}
+    assert module.graph is graph
+
+
 def test_guard_cse_is_linear_and_writes_dynamos_guard_code(monkeypatch) -> None:
     """Dynamo's CSE pass over guard expressions unparsed every subtree on every level (quadratic in the depth: 3.7 s
     of a 35 s plan of a TP 32 Llama decode). The patched pass (`_patches.linear_guard_cse`) writes the same guard

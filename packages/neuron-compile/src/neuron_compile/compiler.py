@@ -268,6 +268,7 @@ def _inductor(gm: torch.fx.GraphModule, inputs: Sequence[Any], inner: Callable) 
     from . import inductor_device
 
     inductor_device.register()  # an AOT graph traced on `neuron` (tensor subclasses) is lowered for `neuron`
+    _patches.pattern_matches_need_their_targets()
     with _patches.inductor_decompositions(neuron_decompositions):
         return compile_fx_module.compile_fx(gm, inputs, inner_compile=inner)
 
@@ -300,12 +301,14 @@ def _aot_autograd(gm: torch.fx.GraphModule, inputs: Sequence[Any], inner: Callab
     def partition(joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
         from torch._inductor.compile_fx import partition_fn
 
+        _patches.pattern_matches_need_their_targets()
         return partition_fn(joint, joint_inputs, **kwargs)
 
     def forward(graph: torch.fx.GraphModule, example_inputs: Sequence[Any], *, is_inference: bool) -> Any:
         if is_inference:  # a training graph's joint-graph passes ran in `partition`
             from torch._inductor.compile_fx import _recursive_joint_graph_passes
 
+            _patches.pattern_matches_need_their_targets()
             graph = _recursive_joint_graph_passes(graph,
                                                   input_device=next(iter(get_inputs_devices(example_inputs, graph))))
         context = TracingContext.try_get()
