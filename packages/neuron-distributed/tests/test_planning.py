@@ -172,8 +172,7 @@ def test_command_keeps_its_interpreter_and_module(tmp_path, monkeypatch):
     assert started[0][-2:] == ["-m", "pkg.train"]
 
 
-@pytest.mark.multiprocess
-def test_zygote_is_neuron_plan_forked_under_its_own_interpreter(tmp_path, monkeypatch):
+def _zygote_is_neuron_plan_forked_under_its_own_interpreter(tmp_path, monkeypatch):
     """Under neuron-plan's own interpreter the ranks' zygote is neuron-plan's process forked: what it imported (torch,
     the planner: about 2 s of CPU) is not imported again; a module run with `-m` is found in the working directory
     as under `python -m`. Under interpreter options the zygote is a new interpreter, as before."""
@@ -202,8 +201,7 @@ def test_zygote_is_neuron_plan_forked_under_its_own_interpreter(tmp_path, monkey
     assert [zygote.process.poll() for zygote in zygotes.values()] == [0, 0]
 
 
-@pytest.mark.multiprocess
-def test_zygote_warms_the_compile_caches_before_its_second_rank(tmp_path, monkeypatch):
+def _zygote_warms_the_compile_caches_before_its_second_rank(tmp_path, monkeypatch):
     """The hashes AOTAutograd's cache key holds (PyTorch's and Triton's sources) are computed once, in the zygote,
     before it forks its second rank: the ranks after the first inherit them; a plan of one rank never computes them
     there."""
@@ -222,6 +220,51 @@ def test_zygote_warms_the_compile_caches_before_its_second_rank(tmp_path, monkey
                                  32)([0, 1, 2])
     assert [plan["rank"] for plan in plans] == [0, 1, 2], (tmp_path / "ranks.log").read_text()
     assert [(tmp_path / f"seen{rank}").read_text() for rank in range(3)] == ["False", "True", "True"]
+
+
+def _in_a_process_that_never_used_neuron(body, tmp_path) -> None:
+    """`body(tmp_path, monkeypatch)` in a process forked from the launches' server, which never initialised `neuron`:
+    neuron-plan forks its zygote only from such a process (a pytest worker may have run on the device already)."""
+    code = ("import pathlib, sys, pytest\n"
+            f"sys.path.insert(0, {str(WORKERS.parent)!r})\n"
+            "import test_planning\n"
+            "with pytest.MonkeyPatch.context() as monkeypatch:\n"
+            f"    test_planning.{body.__name__}(pathlib.Path(sys.argv[1]), monkeypatch)\n")
+    done = run_code(code, str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.multiprocess
+def test_zygote_is_neuron_plan_forked_under_its_own_interpreter(tmp_path):
+    _in_a_process_that_never_used_neuron(_zygote_is_neuron_plan_forked_under_its_own_interpreter, tmp_path)
+
+
+@pytest.mark.multiprocess
+def test_zygote_warms_the_compile_caches_before_its_second_rank(tmp_path):
+    _in_a_process_that_never_used_neuron(_zygote_warms_the_compile_caches_before_its_second_rank, tmp_path)
+
+
+def _zygote_is_a_new_interpreter_after_neuron_ran_here(tmp_path, monkeypatch):
+    """A plan asked for from a process that ran on `neuron`: its zygote is a new interpreter (a forked one could not
+    initialise the device again: "Cannot re-initialize Neuron in forked subprocess"), and the plan succeeds."""
+    import torch
+
+    (tmp_path / "probe.py").write_text("import sys\n"
+                                       "open(sys.argv[1], 'w').write(str('_plan_sentinel' in sys.modules))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "_plan_sentinel", sys)
+    torch.ones(2, device="neuron").sum().item()
+    options = argparse.Namespace(jobs=1, steps=1, instance="trn1.32xlarge")
+    with _planning_context(None, tmp_path / "ranks.log", 300):
+        plans = plan_ranks.Ranks(str(tmp_path), [sys.executable], ["-m", "probe", str(tmp_path / "seen")], options,
+                                 32, 32)([0])
+    assert plans[0]["rank"] == 0, (tmp_path / "ranks.log").read_text()
+    assert (tmp_path / "seen").read_text() == "False"
+
+
+@pytest.mark.multiprocess
+def test_zygote_is_a_new_interpreter_after_neuron_ran_here(tmp_path):
+    _in_a_process_that_never_used_neuron(_zygote_is_a_new_interpreter_after_neuron_ran_here, tmp_path)
 
 
 def test_charger_walks_an_ops_tensors_as_pytree_does():

@@ -27,6 +27,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, NoReturn
 
+import torch
+
 from neuron_spec.machine import INSTANCE
 
 from . import envvars
@@ -294,11 +296,18 @@ class _Forked:
         return self.returncode
 
 
+def _device_used_here() -> bool:
+    """Whether this process initialised `neuron` (or is a fork of one that did): a child forked from it cannot."""
+    return torch.neuron.is_initialized() or torch.neuron._is_in_bad_fork()
+
+
 class Zygote:
     """The process that forks the planned ranks (`_zygote`), and its two pipes. Under neuron-plan's own interpreter
     it is forked from this process, which imported torch and the planner already (about 2 s of CPU a plan that a
-    new interpreter pays again); under another (`neuron-plan -- /other/python train.py`, or interpreter options) it
-    is that interpreter, started as `python -m neuron_distributed.plan_ranks`."""
+    new interpreter pays again); under another (`neuron-plan -- /other/python train.py`, or interpreter options), or
+    when this process has used `neuron` (a plan asked for from a process that ran on the device: its forked children
+    could not initialise it again, as CUDA's cannot), it is that interpreter, started as
+    `python -m neuron_distributed.plan_ranks`."""
 
     _held: ClassVar[set[int]] = set()  # this process's ends of every running zygote's pipes
 
@@ -306,7 +315,7 @@ class Zygote:
         requests, self.requests = os.pipe()
         self.replies, replies = os.pipe()
         with INSTANCE.overridden(instance):  # read by the zygote's simulator when a rank first asks for the machine
-            if interpreter == [sys.executable]:
+            if interpreter == [sys.executable] and not _device_used_here():
                 self.process: subprocess.Popen | _Forked = _Forked(
                     lambda: _forked_zygote(requests, replies, steps, script),
                     close=(self.requests, self.replies, *Zygote._held))
