@@ -85,8 +85,8 @@ for i, layer in enumerate(layers):
         "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
-    # compiled, then checkpointed (the backward recomputes the compiled forward): compiling torchtitan's order (the
-    # checkpointed block) puts SDPA, a seeded random op, in AOT's run_and_save_rng_state, which has no neuron kernel
+    # compiled, then checkpointed: the backward reruns the compiled forward, as NxD's recipe recomputes (torchtitan's
+    # order, the checkpointed block compiled, runs too and recomputes inside the compiled backward)
     block = layer if args.eager else torch.compile(layer, backend="neuron", fullgraph=True)
     layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
@@ -109,7 +109,9 @@ for _ in range(args.steps):
         with loss_parallel():  # cross-entropy on the vocabulary shards (labels: the next token)
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten()) / accumulation
             loss.backward()
-    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in parameters]
+    # each gradient on its weight's layout first: DTensor gives the vocabulary-sharded embedding a replicated one
+    grads = [p.grad.redistribute(p.device_mesh, p.placements).to_local() if isinstance(p.grad, DTensor) else p.grad
+             for p in parameters]
     flat_grad = torch.cat([g.reshape(-1) for g in grads] + [grads[0].new_zeros(shard * dp - numel)])
     grad_shard = flat_grad.new_empty(shard)
     dist.reduce_scatter_tensor(grad_shard, flat_grad, group=dp_group)

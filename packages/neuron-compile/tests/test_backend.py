@@ -13,6 +13,7 @@ import torch
 from neuron_compile import backend, compiler, metrics
 from neuron_compile.backend import DynamicShapesNotSupported, NeuronCompileError
 from neuron_compile.settings import CompileSettings
+from neuron_device import services
 from neuron_device.simulation import ledger as host_exec
 
 pytestmark = [pytest.mark.compiler, pytest.mark.usefixtures("fresh_dynamo_and_metrics")]
@@ -220,6 +221,25 @@ def test_intermediates_count_toward_peak_memory_as_in_eager() -> None:
         assert torch.neuron.memory_allocated() - before == out.nbytes  # the workspace is given back
         del out
     assert peaks["compiled"] == peaks["eager"] == 2 * 512 * 512 * 4
+
+
+def test_checkpointed_compiled_block_charges_its_recompute(monkeypatch) -> None:
+    """A compiled block under non-reentrant activation checkpointing (`checkpoint_wrapper` around
+    `torch.compile`) runs its forward graph again in the backward, and that run is charged as the first was
+    (issue #34): checkpointing's early stop ends the rerun from the graph's `save_for_backward`, after the graph
+    ran, and the charge used to be skipped with it."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    charges = []
+    charge = services.charge
+    monkeypatch.setattr(services, "charge", lambda index, seconds, name, *args, **kwargs: (
+        charges.append((name, seconds)), charge(index, seconds, name, *args, **kwargs))[1])
+    block = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16)).to("neuron")
+    checkpointed = checkpoint_wrapper(torch.compile(block, backend="neuron", fullgraph=True), preserve_rng_state=False)
+    checkpointed(torch.randn(8, 16, device="neuron", requires_grad=True)).sum().backward()
+    forwards = [seconds for name, seconds in charges if name == "neuron_compile::graph_forward"]
+    assert len(forwards) == 2 and forwards[0] == forwards[1] > 0
+    assert [name for name, _ in charges].count("neuron_compile::graph_backward") == 1
 
 
 def _failing_compile(*args, **kwargs):

@@ -693,6 +693,37 @@ def test_pipeline_breakdown_adds_the_micro_batches_and_the_bubble():
     assert sum(first["breakdown"].values()) == pytest.approx(first["step_seconds"])
 
 
+def test_a_reduce_scatter_or_all_gather_of_the_wrong_size_is_refused_as_in_a_real_run():
+    """A reduce-scatter whose input is not world size times its output (or an all-gather whose output is not world
+    size times its input) fails in a real run (Gloo's size check); on fakes the plan priced it and went on (T2's
+    script reduce-scattered a replicated embedding gradient at full size, issue #34). The plan refuses it too."""
+    code = """
+import sys, torch, torch.distributed as dist, torch_neuronx
+def step(kind, extra):
+    def run():
+        dist.init_process_group("neuron")
+        small, big = torch.empty(8, device="neuron"), torch.empty(16 + extra, device="neuron")
+        if kind == "rs":
+            dist.reduce_scatter_tensor(small, big)
+        else:
+            dist.all_gather_into_tensor(big, small)
+        dist.destroy_process_group()
+    return run
+for kind in ("rs", "ag"):
+    torch_neuronx.plan(step(kind, 0), world_size=2)
+    try:
+        torch_neuronx.plan(step(kind, 4), world_size=2)
+    except ValueError as error:
+        print(kind, error)
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("must have world size") == 2, done.stdout[-2000:]
+    lines = done.stdout.strip().splitlines()[-2:]
+    assert lines[0].startswith("rs reduce_scatter_single: the input tensor must have world size (2) times")
+    assert lines[1].startswith("ag all_gather_single: the output tensor must have world size (2) times")
+
+
 @pytest.mark.all_wheels  # needs neuron-compile
 def test_collectives_a_compiled_graph_traced_are_charged():
     """A compiled graph's collectives (here DTensor's, row-parallel output all-reduced) run in its host code on host

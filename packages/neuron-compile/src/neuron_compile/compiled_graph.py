@@ -1,7 +1,8 @@
 """The callable the backend hands Dynamo: auto-copies CPU inputs to `neuron` (and, with
 `TORCH_NEURONX_RETAIN_DEVICE_MODE=1`, brings outputs and in-place changes back to the CPU), runs the compiled graph, and charges
 the simulated device timeline once per graph execution with the summed time of its fused kernels (the backward
-kernels are charged when autograd runs the graph's backward).
+kernels are charged when autograd runs the graph's backward; activation checkpointing's rerun of the forward in the
+backward is an execution too, also when checkpointing stops it early).
 
 The graph's intermediates live in host buffers Inductor allocates, which the device allocator never sees; each run
 therefore takes the plan's workspace (`KernelPlan.workspace_bytes`) from the device allocator while the graph runs,
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import _StopRecomputationError
 
 from neuron_device import services
 
@@ -104,19 +106,30 @@ class CompiledGraph:
             return type(outputs)(to_cpu(v) for v in outputs)
         return to_cpu(outputs)
 
-    def _run(self, args: tuple) -> Any:
-        with services.running_host_code(self.index):  # the collectives it traced are charged to its device
-            if self.forward_workspace:
-                device = services.device_allocator(self.index)
-                workspace = device.malloc(self.forward_workspace)
-                try:
-                    outputs = self.fn(*args)
-                finally:
-                    device.free(workspace)
-            else:
-                outputs = self.fn(*args)
+    def _charge_forward(self) -> None:
         if self.forward_seconds:
             services.charge(self.index, self.forward_seconds, "neuron_compile::graph_forward", self.forward_parts)
+
+    def _run(self, args: tuple) -> Any:
+        try:
+            with services.running_host_code(self.index):  # the collectives it traced are charged to its device
+                if self.forward_workspace:
+                    device = services.device_allocator(self.index)
+                    workspace = device.malloc(self.forward_workspace)
+                    try:
+                        outputs = self.fn(*args)
+                    finally:
+                        device.free(workspace)
+                else:
+                    outputs = self.fn(*args)
+        except _StopRecomputationError:
+            # Non-reentrant activation checkpointing reruns the graph in the backward and stops the rerun once the
+            # last tensor it needs is saved: from the pack hook of the graph's `save_for_backward`, after the
+            # forward graph ran. The recompute's work was done; uncharged, a checkpointed compiled block's
+            # recompute was free (issue #34).
+            self._charge_forward()
+            raise
+        self._charge_forward()
         if self.backward_seconds or self.backward_workspace:
             for output in outputs if isinstance(outputs, (list, tuple)) else (outputs,):
                 if isinstance(output, torch.Tensor) and output.grad_fn is not None:

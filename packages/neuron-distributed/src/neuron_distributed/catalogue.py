@@ -87,11 +87,27 @@ def group_ranks(group: torch.distributed.ProcessGroup) -> list[int] | None:
         return None
 
 
+# kind -> (the tensor that is `size` times the other: 0 the output, 1 the input), for the single-tensor collectives
+_SIZED = {"all_gather_single": 0, "reduce_scatter_single": 1}
+
+
+def _check_sizes(kind: str, output: torch.Tensor, input: torch.Tensor, size: int) -> None:
+    """Refuse an all-gather / reduce-scatter into a tensor of the wrong size, as the real run's process group does
+    (Gloo: "outputShape[0] * worldSize == inputShape[0]"); on fakes the plan would go on and price it."""
+    whole, part = (output, input) if _SIZED[kind] == 0 else (input, output)
+    if whole.numel() != part.numel() * size:
+        name = "output" if _SIZED[kind] == 0 else "input"
+        raise ValueError(f"{kind}: the {name} tensor must have world size ({size}) times the other's elements, got "
+                         f"{tuple(output.shape)} output and {tuple(input.shape)} input")
+
+
 def charge_c10d(kind: str, args: tuple[Any, ...]) -> None:
     """Charge one `c10d::*` call of collective `kind` (its first argument is the output or in-place tensors)."""
     second = flat_tensors(args[1]) if len(args) > 1 else []
     group = _boxed_group(args)
     size = int(group.size()) if group is not None else 1
+    if kind in _SIZED:
+        _check_sizes(kind, args[0], args[1], size)
     costs.charge(kind, second, flat_tensors(args[0]), size, group_ranks(group) if group is not None else None)
 
 
