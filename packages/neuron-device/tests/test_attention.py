@@ -50,6 +50,21 @@ def test_sdpa_takes_the_flash_kernel_and_matches_cpu(options: dict, shapes: list
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_sdpa_under_inference_mode_takes_the_flash_kernel_and_matches_cpu() -> None:
+    """`inference_mode` skips autograd's dispatch keys, where the route to the fused op sits; the route is on the
+    backend key too (as TorchNeuron's C++ choice is made under any mode), so serving code does not fall to the math
+    path's S x S scores."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 24, 8) for _ in range(3))
+    torch_neuronx.clear_op_tracking()
+    with torch.inference_mode():
+        out = F.scaled_dot_product_attention(q.to("neuron"), k.to("neuron"), v.to("neuron"), is_causal=True)
+    executed = set(torch_neuronx.get_executed_ops())
+    assert executed & _FLASH and "aten::bmm" not in executed and not torch_neuronx.get_fallback_ops()
+    torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_sdpa_with_a_mask_that_requires_grad_takes_the_math_path_as_on_cpu() -> None:
     torch.manual_seed(0)
     q = torch.randn(1, 2, 8, 16)

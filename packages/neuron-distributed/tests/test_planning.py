@@ -594,6 +594,23 @@ def step():
     assert rest["real"] == rest["planned"] and not [name for name in rest["real"] if "overrideable" in name]
 
 
+def test_multi_head_attention_fast_path_is_charged_as_the_real_run_runs_it():
+    """`nn.MultiheadAttention`'s inference fast path (`_native_multi_head_attention`) has a `neuron` kernel made of
+    other ops (projections, SDPA's flash route): a plan runs it whole, so it launches the real run's kernels (it was
+    charged by the op catalogue as one kernel of its own)."""
+    result = _launches_real_and_planned("""
+def step():
+    attention = torch.nn.MultiheadAttention(32, 4, batch_first=True).to("neuron").eval()
+    x = torch.randn(2, 16, 32, device="neuron")
+    with torch.inference_mode():
+        attention(x, x, x, need_weights=False)
+""")
+    flash = {kind: sum(calls for name, calls in result[kind].items() if "flash" in name) for kind in ("real", "planned")}
+    assert flash["real"] == flash["planned"] == 1  # (named by the NKI kernel in a real run when neuron-nki is there)
+    rest = {kind: {name: calls for name, calls in result[kind].items() if "flash" not in name} for kind in flash}
+    assert rest["real"] == rest["planned"] and not [name for name in rest["planned"] if "multi_head" in name]
+
+
 def test_checkpointed_backward_frees_what_the_real_run_frees():
     """After a backward through checkpointed blocks a plan holds what the real run holds: the FLOP counter's
     per-module hooks, which kept each block's recomputed activations' gradients alive, are not installed."""

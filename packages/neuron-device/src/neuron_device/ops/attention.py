@@ -4,7 +4,8 @@ torch picks an SDPA backend per device through `_fused_sdp_choice`, a C++ dispat
 fill, so on `neuron` every call would take the math decomposition: a dozen ops and an S x S score matrix. TorchNeuron's
 C++ stub answers `SDPBackend.overrideable`, so SDPA runs `_scaled_dot_product_fused_attention_overrideable` (the
 fused op torch keeps for out-of-tree backends, with its own derivative formula), whose `neuron` kernel is an NKI flash
-kernel. This route sits above autograd (AutogradPrivateUse1), as the C++ choice does, and sends each call where the
+kernel. This route sits above autograd (AutogradPrivateUse1), as the C++ choice does, and on the backend key too
+(`inference_mode` skips autograd's keys; the C++ choice is made all the same), and sends each call where the
 CPU's `use_flash_attention_cpp` would send it to that fused op, else to the math decomposition.
 
 The fused op's `neuron` kernels (forward and backward) run the flash kernel `_scaled_dot_product_flash_attention_for_cpu`
@@ -51,6 +52,7 @@ def cpu_would_use_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_
 
 
 @registry.kernel("aten::scaled_dot_product_attention", dispatch_key="AutogradPrivateUse1")
+@registry.kernel("aten::scaled_dot_product_attention", is_composite=True)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                                  enable_gqa=False):
     if cpu_would_use_flash(query, key, value, attn_mask, dropout_p, enable_gqa):
@@ -99,7 +101,7 @@ def fused_attention_decompositions() -> dict[torch._ops.OpOverload, Callable]:
             _aten._scaled_dot_product_fused_attention_overrideable_backward.default: fused_attention_backward}
 
 
-@registry.kernel("aten::_native_multi_head_attention")
+@registry.kernel("aten::_native_multi_head_attention", is_composite=True)
 def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
                                 mask=None, need_weights=True, average_attn_weights=True, mask_type=None):
     """`nn.MultiheadAttention`'s inference fast path: the input projections, `scaled_dot_product_attention` (the
