@@ -1529,11 +1529,13 @@ def _serving_measured(outputs: dict[int, str]) -> dict:
 @pytest.mark.multiprocess
 @pytest.mark.optional
 @pytest.mark.all_wheels  # the compiled decode needs neuron-compile
-@pytest.mark.parametrize("args", [("--eager",), ()], ids=["eager", "compiled"])
+@pytest.mark.parametrize("args", [("--eager",), (), ("--compiled-prefill",)],
+                         ids=["eager", "compiled", "compiled_prefill"])
 def test_generate_plan_matches_the_real_run_at_two_ranks(tmp_path, args):
-    """Serving planned unmodified: a tiny Llama, TP 2 (DTensor), greedy `generate` with a static cache, eager and with
-    the decode compiled by transformers (backend "neuron"), on trn1.2xlarge. The real run's greedy tokens are the
-    CPU's; plan and real run agree on the time to first token, per output token and the peak HBM within 2 %."""
+    """Serving planned unmodified: a tiny Llama, TP 2 (DTensor), greedy `generate` with a static cache, eager, with
+    the decode compiled by transformers (backend "neuron"), and with the prefill through the compiled forward too (its
+    graph allocates the cache), on trn1.2xlarge. The real run's greedy tokens are the CPU's; plan and real run agree
+    on the time to first token, per output token and the peak HBM within 2 %."""
     pytest.importorskip("transformers")
     script = PLAN / "llama_generate.py"
     cpu = subprocess.run([sys.executable, "-W", "ignore", str(script), "--cpu"], capture_output=True, text=True,
