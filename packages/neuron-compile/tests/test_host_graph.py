@@ -1,6 +1,7 @@
 """What compiling a `neuron` graph as a host graph must get right beyond lowering: random numbers from the `neuron`
 generator, ops the host's CPU kernels refuse (integer `histc`), data-dependent sizes, the device's streams under
-Dynamo, substituted kernels' output layouts, and `torch.autocast("neuron")` (which never fires on host tensors)."""
+Dynamo, substituted kernels' output layouts, `torch.autocast("neuron")` (which never fires on host tensors), and the
+node each output is sourced at (what a plan's out-of-memory names)."""
 
 from __future__ import annotations
 
@@ -155,3 +156,34 @@ def test_compiled_graphs_follow_neuron_autocast_as_eager() -> None:
     graph[1].sum().backward()
     assert x.grad is not None and x.grad.dtype == torch.float32
     assert all(t.dtype == torch.float32 for t in compiled(x, w))
+
+
+
+def _cache_made_and_updated(values: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    cache = torch.zeros(4, 8)
+    cache.index_copy_(0, positions, values)
+    return cache, values * 2
+
+
+def test_an_output_is_sourced_at_the_node_that_allocates_it() -> None:
+    """What a plan's out-of-memory names for a compiled graph's output (`host_runtime.output_sources`): the op and the
+    stack trace of the node that allocated its buffer. In the functional AOT graph, a buffer made and then updated in
+    place is an `index_copy` of a `zeros`: the allocation is the `zeros`, back through ops torch's reinplacing would
+    run in place; an op whose result is new memory (`values * 2`) is its own."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from neuron_compile.host_runtime import output_sources
+
+    graphs = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    compiled = torch.compile(_cache_made_and_updated, backend=aot_autograd(fw_compiler=capture), fullgraph=True)
+    compiled(torch.ones(2, 8), torch.tensor([0, 2]))
+    (graph,) = graphs
+    assert torch.ops.aten.index_copy.default in [node.target for node in graph.graph.nodes]
+    (cache_op, cache_trace), (product_op, product_trace) = output_sources(graph)
+    assert cache_op == "aten.zeros.default" and "cache = torch.zeros(4, 8)" in cache_trace
+    assert product_op == "aten.mul.Tensor" and "values * 2" in product_trace

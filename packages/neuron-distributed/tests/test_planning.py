@@ -1458,6 +1458,7 @@ print(sys.modules["reads_argv"].ARGS)
     assert done.stdout.strip().splitlines()[-1] == "['--job.config_file', 'x.toml']"
 
 
+_EAGER = 'cache_implementation="static", disable_compile=True'
 _GENERATE = """
 import json, sys, torch, torch_neuronx, transformers
 config = transformers.LlamaConfig(vocab_size=128, hidden_size={hidden}, intermediate_size=128, num_hidden_layers=2,
@@ -1466,7 +1467,7 @@ config = transformers.LlamaConfig(vocab_size=128, hidden_size={hidden}, intermed
 def serve():
     model = transformers.LlamaForCausalLM(config).eval().to("neuron")
     prompt = torch.randint(3, 128, ({batch}, 8), device="neuron")
-    model.generate(prompt, max_new_tokens={new}, do_sample=False, cache_implementation="static", disable_compile=True)
+    model.generate(prompt, max_new_tokens={new}, do_sample=False, {cache})
 plan = torch_neuronx.plan(serve, world_size=1)
 print(json.dumps({{"serving": plan.serving, "fits": plan.fits, "oom": plan.oom}}))
 """
@@ -1478,7 +1479,7 @@ def test_generate_plans_to_max_new_tokens_under_named_rules():
     decodes exactly max_new_tokens tokens (the stop check answered by the length limit alone: no sequence ends on
     EOS) and names the rules that answered its reads; the KV cache is the static cache's bytes."""
     pytest.importorskip("transformers")
-    done = _plan_in_subprocess(_GENERATE.format(hidden=64, heads=4, batch=2, new=5))
+    done = _plan_in_subprocess(_GENERATE.format(hidden=64, heads=4, batch=2, new=5, cache=_EAGER))
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     serving = result["serving"]
@@ -1490,16 +1491,30 @@ def test_generate_plans_to_max_new_tokens_under_named_rules():
     assert any("unpadded" in rule for rule in serving["assumed"])
 
 
+# the prompt through the compiled forward (transformers compiles it for a chunked prefill): the static cache passed in
+# is allocated inside the compiled graph, at its first update, and adopted on the device with the graph's outputs
+_COMPILED_PREFILL = ("prefill_chunk_size=8, past_key_values=transformers.StaticCache(config=config, "
+                     "max_cache_len=144)")
+
+
 @pytest.mark.optional
-def test_kv_cache_that_cannot_fit_is_reported_at_its_allocation():
-    """A static cache larger than a core (batch 2048 x 143 positions x 2 layers x 32 heads x 128 dims x 2 x 4 B =
-    19.2 GB > trn1's 16 GiB) does not fit, and the plan says where: the cache's allocation in transformers' code."""
+@pytest.mark.parametrize("cache", [_EAGER, pytest.param(_COMPILED_PREFILL, marks=pytest.mark.all_wheels)],
+                         ids=["eager", "compiled_prefill"])
+def test_kv_cache_that_cannot_fit_is_reported_at_its_allocation(cache):
+    """A static cache larger than a core (batch 2048 x 144 positions x 2 layers x 32 heads x 128 dims x 2 x 4 B =
+    19.3 GB > trn1's 16 GiB) does not fit, and the plan says where: the cache's allocation in transformers' code, also
+    when the allocation is inside a compiled prefill (named by the line its graph node was traced from: the plan
+    named the simulator's adoption of the graph's outputs, `host_runtime._view_of`)."""
     pytest.importorskip("transformers")
-    done = _plan_in_subprocess(_GENERATE.format(hidden=4096, heads=32, batch=2048, new=136))
+    if cache is _COMPILED_PREFILL:
+        pytest.importorskip("neuron_compile")
+    done = _plan_in_subprocess(_GENERATE.format(hidden=4096, heads=32, batch=2048, new=136 if cache is _EAGER else 2,
+                                                cache=cache))
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["fits"] is False
     assert "cache_utils.py" in result["oom"]["code"] and "lazy_initialization" in result["oom"]["code"]
+    assert result["oom"]["op"] in ("aten.zeros.default", "torch.zeros")
 
 
 def test_op_on_neuron_constants_is_charged_once():
@@ -1531,11 +1546,13 @@ def _serving_measured(outputs: dict[int, str]) -> dict:
 @pytest.mark.multiprocess
 @pytest.mark.optional
 @pytest.mark.all_wheels  # the compiled decode needs neuron-compile
-@pytest.mark.parametrize("args", [("--eager",), ()], ids=["eager", "compiled"])
+@pytest.mark.parametrize("args", [("--eager",), (), ("--compiled-prefill",)],
+                         ids=["eager", "compiled", "compiled_prefill"])
 def test_generate_plan_matches_the_real_run_at_two_ranks(tmp_path, args):
-    """Serving planned unmodified: a tiny Llama, TP 2 (DTensor), greedy `generate` with a static cache, eager and with
-    the decode compiled by transformers (backend "neuron"), on trn1.2xlarge. The real run's greedy tokens are the
-    CPU's; plan and real run agree on the time to first token, per output token and the peak HBM within 2 %."""
+    """Serving planned unmodified: a tiny Llama, TP 2 (DTensor), greedy `generate` with a static cache, eager, with
+    the decode compiled by transformers (backend "neuron"), and with the prefill through the compiled forward too (its
+    graph allocates the cache), on trn1.2xlarge. The real run's greedy tokens are the CPU's; plan and real run agree
+    on the time to first token, per output token and the peak HBM within 2 %."""
     pytest.importorskip("transformers")
     script = PLAN / "llama_generate.py"
     cpu = subprocess.run([sys.executable, "-W", "ignore", str(script), "--cpu"], capture_output=True, text=True,

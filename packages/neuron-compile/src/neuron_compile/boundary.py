@@ -17,6 +17,7 @@ import torch
 from neuron_device import services
 from neuron_device.services import host_alias
 
+from .host_runtime import OutputSource
 from .host_runtime import to_device as _outputs_to_device
 
 __all__ = ["enter", "leave"]
@@ -56,14 +57,15 @@ class _ToHost(torch.autograd.Function):
 
 class _ToDevice(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, inputs: tuple, hosts: tuple, *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        results = _outputs_to_device(outputs, inputs, hosts)
+    def forward(ctx: Any, inputs: tuple, hosts: tuple, sources: list | None,
+                *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        results = _outputs_to_device(outputs, inputs, hosts, sources)
         ctx.mark_non_differentiable(*[r for r, o in zip(results, outputs) if not o.requires_grad])
         return results
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
-        return (None, None, *(_alias_grad(g) for g in grads))
+        return (None, None, None, *(_alias_grad(g) for g in grads))
 
 
 class _Mutated(torch.autograd.Function):
@@ -100,9 +102,11 @@ def enter(args: Sequence[Any]) -> list[Any]:
     return hosts
 
 
-def leave(outputs: Any, args: Sequence[Any], hosts: Sequence[Any]) -> Any:
+def leave(outputs: Any, args: Sequence[Any], hosts: Sequence[Any],
+          sources: Sequence[OutputSource] | None = None) -> Any:
     """`neuron` tensors for the host `outputs` of a compiled graph called with `args` (aliased as `hosts`); an
-    argument the graph mutated with autograd recording takes its alias's history."""
+    argument the graph mutated with autograd recording takes its alias's history. `sources`: each output's node
+    (`host_runtime.output_sources`)."""
     for arg, host in zip(args, hosts):
         if host is not arg and host.grad_fn is not None and not isinstance(host.grad_fn, _ToHost._backward_cls):
             _Mutated.apply(arg, host)
@@ -112,10 +116,11 @@ def leave(outputs: Any, args: Sequence[Any], hosts: Sequence[Any]) -> Any:
     if not positions:
         return outputs
     tensors = [items[i] for i in positions]
+    made_by = [sources[i] for i in positions] if sources is not None and len(sources) == len(items) else None
     if _recording(tensors):
-        converted = _ToDevice.apply(tuple(args), tuple(hosts), *tensors)
+        converted = _ToDevice.apply(tuple(args), tuple(hosts), made_by, *tensors)
     else:
-        converted = _outputs_to_device(tensors, args, hosts)
+        converted = _outputs_to_device(tensors, args, hosts, made_by)
     result = list(items)
     for position, value in zip(positions, converted):
         result[position] = value

@@ -6,7 +6,8 @@ backward is an execution too, also when checkpointing stops it early).
 
 The graph's intermediates live in host buffers Inductor allocates, which the device allocator never sees; each run
 therefore takes the plan's workspace (`KernelPlan.workspace_bytes`) from the device allocator while the graph runs,
-so `max_memory_allocated` and out-of-memory account for them as in eager mode. The graph's constants (the frozen
+so `max_memory_allocated` and out-of-memory account for them as in eager mode (a plan names the workspace and the
+line that called the graph when it goes past the HBM: `services.allocating_from`). The graph's constants (the frozen
 weights' folded copies, `KernelPlan.constant_bytes`) are taken once, when the graph is made, and given back when it
 is collected, as the runtime loads a compiled graph's constants with it.
 """
@@ -51,7 +52,8 @@ class CompiledGraph:
     ) -> None:
         if constant_bytes:
             device = services.device_allocator(index)
-            weakref.finalize(self, device.free, device.malloc(constant_bytes))
+            with services.allocating_from("neuron_compile::graph_constants", None):
+                weakref.finalize(self, device.free, device.malloc(constant_bytes))
         self.fn = fn
         self.autocopy = autocopy
         self.index = index
@@ -68,7 +70,8 @@ class CompiledGraph:
             services.charge(self.index, self.backward_seconds, "neuron_compile::graph_backward", self.backward_parts)
         if self.backward_workspace:  # the backward graph runs right after this hook: its peak, checked now
             device = services.device_allocator(self.index)
-            device.free(device.malloc(self.backward_workspace))
+            with services.allocating_from("neuron_compile::graph_backward_workspace", None):
+                device.free(device.malloc(self.backward_workspace))
 
     def __call__(self, *args: Any) -> Any:
         if self.autocopy and self.retain_device:
@@ -115,7 +118,8 @@ class CompiledGraph:
             with services.running_host_code(self.index):  # the collectives it traced are charged to its device
                 if self.forward_workspace:
                     device = services.device_allocator(self.index)
-                    workspace = device.malloc(self.forward_workspace)
+                    with services.allocating_from("neuron_compile::graph_forward_workspace", None):
+                        workspace = device.malloc(self.forward_workspace)
                     try:
                         outputs = self.fn(*args)
                     finally:

@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from . import _patches, boundary, metrics, nki_substitution, passes, rms_norm, rng
 from .artifacts import ArtifactWriter
 from .decompositions import neuron_decompositions
+from .host_runtime import OutputSource, output_sources
 from .output_code import AtenHostCode, collecting
 
 __all__ = ["HostGraph", "compile_graph", "has_cpu_tensor_inputs", "to_neuron"]
@@ -162,16 +163,18 @@ def _meets_tensor_subclasses(gm: torch.fx.GraphModule, example_inputs: Sequence[
 
 
 class HostGraph:
-    """A graph compiled for the host, called with `neuron` arguments."""
+    """A graph compiled for the host, called with `neuron` arguments; `sources`: its outputs' nodes in the Dynamo
+    graph (`host_runtime.output_sources`)."""
 
-    __slots__ = ("fn",)
+    __slots__ = ("fn", "sources")
 
-    def __init__(self, fn: Callable) -> None:
+    def __init__(self, fn: Callable, sources: list[OutputSource] | None = None) -> None:
         self.fn = fn
+        self.sources = sources
 
     def __call__(self, *args: Any) -> Any:
         hosts = boundary.enter(args)
-        return boundary.leave(self.fn(*hosts), args, hosts)
+        return boundary.leave(self.fn(*hosts), args, hosts, self.sources)
 
 
 def _inner_compile(
@@ -254,7 +257,7 @@ def compile_graph(
           _inductor_caches(cache_key, host_code),
           collecting(plans)):
         compiled = _aot_autograd(gm, inputs, inner) if host_code == "aten" else _inductor(gm, inputs, inner)
-    return compiled if on_device else HostGraph(compiled)
+    return compiled if on_device else HostGraph(compiled, output_sources(gm))
 
 
 def _inductor(gm: torch.fx.GraphModule, inputs: Sequence[Any], inner: Callable) -> Callable:

@@ -5,21 +5,66 @@ A compiled `neuron` graph runs entirely on zero-copy host aliases of its inputs,
 (mm, conv) and intermediate buffer is a plain CPU one: no per-op Python, no per-op dispatch through the device.
 Only the graph's boundary touches the device: inputs are aliased once on entry, and each output becomes a `neuron`
 tensor on exit (adopted and charged to the device allocator, or, if it lies in an input's memory, the same view
-of that input).
+of that input). An output is adopted as made by its graph node, at the node's source line (`output_sources`): what
+an out-of-memory in a plan names, not this module.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.passes import reinplace
 
 from neuron_device import services
 from neuron_device.services import host_alias
 
-__all__ = ["device_index", "to_device", "to_host"]
+__all__ = ["OutputSource", "device_index", "output_sources", "to_device", "to_host"]
+
+OutputSource = tuple[str, str | None] | None  # (op, stack trace) of the node that makes an output
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    """The op the user called for `node` (an AOT graph's decomposed op by the one traced, `original_aten`)."""
+    if node.op == "call_function":
+        target = node.meta.get("original_aten", node.target)
+        return str(target) if isinstance(target, torch._ops.OpOverload) else torch.fx.node._get_qualified_name(target)
+    return f"Tensor.{node.target}" if node.op == "call_method" else str(node.target)
+
+
+def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    x, y = a.meta.get("val"), b.meta.get("val")
+    return (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype
+            and x.shape == y.shape and x.stride() == y.stride())
+
+
+def _allocated_by(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose buffer `node`'s result is: back through ops that may run in place on their first argument
+    (torch's reinplacing rule, `torch.fx.passes.reinplace`: the op has an in-place variant, the argument is this op's
+    alone and of its layout) to the op that allocated it. An AOT graph is functional: a cache made in the graph and
+    updated there (`cache.index_copy_(...)`) is an `index_put` of a `zeros`, and the cache's allocation the `zeros`."""
+    while node.args and isinstance(base := node.args[0], torch.fx.Node) and base.op == "call_function" \
+            and len(base.users) == 1 and reinplace._maybe_get_inplace_op(node.target) is not None \
+            and _same_layout(base, node):
+        node = base
+    return node
+
+
+def output_sources(gm: torch.fx.GraphModule) -> list[OutputSource]:
+    """For each output of `gm`, the op of the node that allocates it (`_allocated_by`) and the node's stack trace
+    (the user's code, innermost frame last; Inductor reads the same for its CUDA graphs' messages,
+    `output_stack_traces`); None for an output that is no node's result (an input, a constant)."""
+    sources: list[OutputSource] = []
+    for arg in gm.graph.output_node().args[0]:
+        if isinstance(arg, torch.fx.Node) and arg.op != "placeholder":
+            node = _allocated_by(arg)
+            sources.append((_op_name(node), node.stack_trace))
+        else:
+            sources.append(None)
+    return sources
 
 _NEURON = "neuron"
 
@@ -59,12 +104,18 @@ def _whole_storage(output: torch.Tensor, index: int) -> torch.Tensor:
     return services.adopt_tracked(torch.empty(0, dtype=torch.uint8).set_(output.untyped_storage()), index)
 
 
-def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any]) -> tuple[Any, ...]:
+def _made_by(source: OutputSource) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext() if source is None else services.allocating_from(*source)
+
+
+def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any],
+              sources: Sequence[OutputSource] | None = None) -> tuple[Any, ...]:
     """Turn the host outputs of a compiled graph into `neuron` tensors.
 
     `inputs` are the graph's original arguments and `hosts` what `to_host` made of them. An output that is an input
     alias (or a view of one) maps back to that input's memory; a fresh buffer is adopted by the device allocator,
-    once per storage, so outputs sharing a buffer stay views of one device storage.
+    once per storage, so outputs sharing a buffer stay views of one device storage. `sources`: each output's
+    (`output_sources`), under which its buffer is adopted.
     """
     bases: dict[int, torch.Tensor] = {}
     for original, host in zip(inputs, hosts):
@@ -78,16 +129,17 @@ def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any
                 fresh[pointer] = fresh.get(pointer, 0) + 1
     index = device_index(inputs)
     result = []
-    for output in outputs:
+    for position, output in enumerate(outputs):
         if not isinstance(output, torch.Tensor) or output.device.type != "cpu":
             result.append(output)
             continue
         pointer = _storage_key(output)
         base = bases.get(pointer)
-        if base is None and fresh[pointer] == 1:
-            result.append(services.adopt_tracked(output, index))
-            continue
         if base is None:
-            base = bases[pointer] = _whole_storage(output, index)
+            with _made_by(sources[position] if sources is not None else None):
+                if fresh[pointer] == 1:
+                    result.append(services.adopt_tracked(output, index))
+                    continue
+                base = bases[pointer] = _whole_storage(output, index)
         result.append(_view_of(output, base))
     return tuple(result)

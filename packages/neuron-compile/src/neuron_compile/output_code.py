@@ -63,6 +63,8 @@ class AtenHostCode(OutputCode):
         self.device_arguments = device_arguments
         self._graph_module: torch.fx.GraphModule | None = gm
         self._serialized: bytes | None = None
+        # kept apart from the graph, whose node metadata is not stored: what a plan's out-of-memory names
+        self.output_sources = host_runtime.output_sources(gm) if device_arguments else None
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         assert self._graph_module is not None, "AtenHostCode called before post_compile"
@@ -71,7 +73,7 @@ class AtenHostCode(OutputCode):
         hosts = host_runtime.to_host(inputs)
         with services.running_host_code(host_runtime.device_index(inputs)):  # e.g. a backward's collectives
             outputs = self.run_graph(hosts)
-        return type(outputs)(host_runtime.to_device(outputs, inputs, hosts))
+        return type(outputs)(host_runtime.to_device(outputs, inputs, hosts, self.output_sources))
 
     def run_graph(self, args: Sequence[Any]) -> Any:
         """The graph run node by node on `args` (host tensors, or the inputs themselves): the one place its ops run,

@@ -29,8 +29,11 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
+import contextvars
 import math
 import threading
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -43,6 +46,8 @@ __all__ = [
     "DeviceAllocator",
     "OutOfMemoryError",
     "adopt_tracked",
+    "allocating_from",
+    "allocation_source",
     "device",
     "empty",
     "format_size",
@@ -221,6 +226,11 @@ class DeviceAllocator:
         # the first block of every reserved segment, by address (the segment's): `segments` walks them
         self._heads: dict[int, _Block] = {}
         self._counters = dict.fromkeys(_COUNTERS, 0)
+        # Called with the reserved bytes after each new segment, as CUDA's allocator calls its trace trackers
+        # (`attachAllocatorTraceTracker`) on a "segment_alloc": a planner, whose allocator has no capacity limit,
+        # sees the allocation that goes past the HBM, whatever makes it (an op, a compiled graph's output).
+        # Called with `lock` held.
+        self.segment_tracker: Callable[[int], None] | None = None
 
     # -- statistics ------------------------------------------------------------------------------------------------
 
@@ -392,6 +402,8 @@ class DeviceAllocator:
         pool.stats.add(SEGMENT, 1)
         pool.stats.add(RESERVED_BYTES, size)
         self._counters["num_device_alloc"] += 1
+        if self.segment_tracker is not None:
+            self.segment_tracker(self._current(RESERVED_BYTES))
         return block
 
     def _use(self, block: _Block, size: int, requested: int, pool: _Pool) -> _Block:
@@ -553,6 +565,27 @@ def _extent(size, stride, itemsize: int) -> int:
     if 0 in size:
         return 0
     return itemsize * (1 + sum((s - 1) * st for s, st in zip(size, stride, strict=True)))
+
+
+_source: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
+    "neuron_allocation_source", default=None)
+
+
+@contextlib.contextmanager
+def allocating_from(op: str, stack_trace: str | None) -> Iterator[None]:
+    """Allocations in the block are made for `op`'s result, written at `stack_trace` (an FX node's, innermost frame
+    last): a compiled graph's output adopted on the device, whose Python stack is the simulator's, not the line
+    that made it."""
+    token = _source.set((op, stack_trace))
+    try:
+        yield
+    finally:
+        _source.reset(token)
+
+
+def allocation_source() -> tuple[str, str | None] | None:
+    """(op, stack trace) of the innermost `allocating_from` block, or None outside one."""
+    return _source.get()
 
 
 def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:

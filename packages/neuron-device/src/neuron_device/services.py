@@ -5,7 +5,9 @@ neuron-nki) may use of it. They import nothing else of ``neuron_device`` (``test
 Device memory
     `adopt` (a CPU tensor's memory becomes a `neuron` tensor's, no copy), `adopt_tracked` (the same, charged to the
     device allocator: it counts against HBM), `host_alias` (a CPU view of a `neuron` tensor's memory),
-    `device_allocator` (one device's caching allocator: malloc/free of workspace).
+    `device_allocator` (one device's caching allocator: malloc/free of workspace, its `segment_tracker`),
+    `allocating_from` / `allocation_source` (what a block's allocations are made for: a compiled graph's output and
+    the source line of the node that made it).
 Kernels
     `register_kernel` (a `neuron` kernel for an op; plugins get the registry through `neuron_register`),
     `registered_kernels` / `builtin_kernels` / `composite_kernels` (which ops have a direct kernel, which of them
@@ -35,7 +37,7 @@ Plugins
 
 from __future__ import annotations
 
-from .allocator import adopt_tracked
+from .allocator import adopt_tracked, allocating_from, allocation_source
 from .allocator import device as device_allocator
 from .envvars import LOCAL_RANK
 from .fallback import run_on_host
@@ -71,6 +73,8 @@ __all__ = [
     "account_planned_op",
     "adopt",
     "adopt_tracked",
+    "allocating_from",
+    "allocation_source",
     "breakdown_part",
     "builtin_kernels",
     "charge",

@@ -4,14 +4,15 @@ result (`RankPlan`), and whether a plan is running (`is_planning`).
 The planned step is found without changing the script: an optimizer step (an optimizer stepped inside another's
 step, as `ZeroRedundancyOptimizer` steps its local one, is part of it) closes it; a script without an optimizer is
 planned whole. HBM: the allocator model runs with no capacity limit so a plan that does not fit still completes; the
-first allocation that takes the reserved bytes past the core's HBM is recorded with its op, its module and the
-largest live tensors by module.
+first allocation that takes the reserved bytes past the core's HBM is recorded with its op, its module, the line
+that made it (for a compiled graph's output, its node's source line) and the largest live tensors by module.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import itertools
 import os
 import traceback
@@ -31,8 +32,19 @@ __all__ = ["INTERNALS", "UNANSWERED", "PlanValueError", "Planner", "RankPlan", "
 
 _HERE = (os.path.dirname(os.path.dirname(torch.__file__)), os.path.dirname(__file__),
          os.path.dirname(services.__file__))
-# torch, this package and neuron-device: a frame outside them is the code an op was called from (`code_site`)
-INTERNALS = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(services.__file__))
+
+
+def _sibling_wheels() -> tuple[str, ...]:
+    """The folders of the sibling wheels that run a script's ops (neuron-compile's compiled graphs, neuron-nki's
+    kernels), when installed: found, not imported."""
+    found = (importlib.util.find_spec(name) for name in ("neuron_compile", "nki", "neuronxcc"))
+    return tuple(folder for spec in found if spec is not None for folder in spec.submodule_search_locations or ())
+
+
+# torch and the simulator (this package, neuron-device, its siblings): a frame outside them is the code an op was
+# called from (`code_site`)
+INTERNALS = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(services.__file__),
+             *_sibling_wheels())
 _active: Planner | None = None
 UNANSWERED = object()  # what a rule of `answering_by` returns for a read it does not answer
 
@@ -74,9 +86,14 @@ def user_frame(frames: list[traceback.FrameSummary] | None = None) -> traceback.
     return None
 
 
-def code_site() -> str:
-    """The innermost line outside torch and plan mode (a library's or the script's) on the stack: `file:line in
-    function ('code')`."""
+def code_site(stack_trace: str | None = None) -> str:
+    """The innermost line outside torch and the simulator (a library's or the script's) on the stack, or in
+    `stack_trace` (an FX node's: the line a compiled graph's op was traced from): `file:line in function ('code')`."""
+    if stack_trace is not None:
+        frame = torch.fx.graph._parse_stack_trace(
+            stack_trace, lambda file, name, code: not file.startswith(INTERNALS) and not file.startswith("<"))
+        if frame is not None:
+            return f"{frame.file}:{frame.lineno} in {frame.name} ({frame.code!r})"
     for frame in reversed(_in_plan(traceback.extract_stack())):
         if not frame.filename.startswith(INTERNALS) and not frame.filename.startswith("<"):
             return f"{frame.filename}:{frame.lineno} in {frame.name} ({(frame.line or '').strip()!r})"
@@ -243,9 +260,21 @@ class Planner:
             ref = weakref.ref(storage, lambda r: self.live.pop(id(r), None))
             self.live[id(ref)] = (ref, storage.nbytes(), module, str(op))
         if self.oom is None and torch.neuron.memory_reserved(self.index) > self.capacity:
-            self.oom = {"op": str(op), "module": module, "code": code_site(),
-                        "reserved_bytes": torch.neuron.memory_reserved(self.index),
-                        "largest_live_tensors_by_module": self._largest_live()}
+            self._ran_out(str(op), module, code_site(), torch.neuron.memory_reserved(self.index))
+
+    def segment_reserved(self, reserved: int) -> None:
+        """The allocator's `segment_tracker`: an allocation made for a compiled graph (`services.allocating_from`: an
+        output, adopted after the graph ran; its workspace) that goes past the HBM is where the plan runs out, named
+        by the line its node was traced from (else the line that called the graph). An op's allocation is named by
+        `allocated`, which knows the op."""
+        source = services.allocation_source() if self.oom is None and reserved > self.capacity else None
+        if source is not None:
+            module = max(self.modules.parents, key=len) if self.modules is not None else "Global"
+            self._ran_out(source[0], module, code_site(source[1]), reserved)
+
+    def _ran_out(self, op: str, module: str, code: str, reserved: int) -> None:
+        self.oom = {"op": op, "module": module, "code": code, "reserved_bytes": reserved,
+                    "largest_live_tensors_by_module": self._largest_live()}
 
     def _largest_live(self, top: int = 10) -> list[dict[str, Any]]:
         by_module: dict[str, list[int]] = {}

@@ -1,5 +1,7 @@
 """Serving as a user writes it: a tiny Llama from its config, tensor-parallel over every rank (DTensor
 `parallelize_module`), greedy `generate` with a static cache, whose decode transformers compiles (backend "neuron");
+`--compiled-prefill` prefills through the same compiled forward too (`prefill_chunk_size`, the whole prompt one
+chunk, with a static cache passed in, which the compiled prefill allocates: benchmarks' llama_generate.py's default),
 `--eager` generates without compiling, `--cpu` on the CPU in one process (the reference tokens). Planned, and run
 for real. Prints the tokens."""
 
@@ -30,7 +32,11 @@ plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParall
         "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
 for layer in model.model.layers:
     parallelize_module(layer, mesh, plan)
-tokens = model.generate(prompt.to("neuron"), max_new_tokens=8, do_sample=False, cache_implementation="static",
-                        disable_compile="--eager" in sys.argv)
+# generate's own static cache would have every head on a model sharded by hand: the cache passed in is allocated at
+# its first update, with each rank's
+cache = {"prefill_chunk_size": 8, "past_key_values": transformers.StaticCache(config=config, max_cache_len=16)} \
+    if "--compiled-prefill" in sys.argv else {"cache_implementation": "static"}
+tokens = model.generate(prompt.to("neuron"), max_new_tokens=8, do_sample=False, disable_compile="--eager" in sys.argv,
+                        **cache)
 print("TOKENS", tokens.cpu().tolist(), flush=True)
 dist.destroy_process_group()
