@@ -116,7 +116,7 @@ def test_the_charge_is_cached_in_the_overload_record():
     a + b
     (launch, _, part), = record.charges.values()
     assert (launch.name, launch.calls, part) == ("aten::add.Tensor", 2, "vector_scalar")
-    assert next(iter(record.charges))[0] == ((torch.Size([3, 5]), torch.float32), (torch.Size([3, 5]), torch.float32))
+    assert next(iter(record.charges)) == ((torch.Size([3, 5]), torch.float32), (torch.Size([3, 5]), torch.float32))
     torch_neuronx.clear_op_tracking()
     assert record.charges == {}
     a + b

@@ -51,15 +51,6 @@ class DeviceTimeline:
         clock = self.clocks.get(stream_id, 0.0)
         return clock if clock > self.host else self.host
 
-    def charge(self, stream_id: int, seconds: float) -> float:
-        """Queue `seconds` of work on `stream_id`; return its completion time."""
-        with self._lock:  # ready(), inlined: this runs for every op
-            clock, host = self.clocks.get(stream_id, 0.0), self.host
-            end = (clock if clock > host else host) + seconds
-            self.clocks[stream_id] = end
-            self.busy[stream_id] = self.busy.get(stream_id, 0.0) + seconds
-        return end
-
     def wait_until(self, stream_id: int, when: float) -> None:
         """Later work on `stream_id` starts no earlier than `when` (a stream waiting for an event)."""
         with self._lock:
@@ -117,6 +108,14 @@ def set_recorder(recorder: Recorder | None) -> Recorder | None:
     return previous
 
 
+def _read_launch_blocking(found: DeviceTimeline, end: float) -> None:
+    """The first charge reads `NEURON_LAUNCH_BLOCKING` (never `import torch`) and applies it to itself."""
+    global _launch_blocking
+    _launch_blocking = envvars.LAUNCH_BLOCKING.read()
+    if _launch_blocking:
+        found.host_wait(end)
+
+
 def charge(index: int, seconds: float, name: str = "device work", part: Part = None, *,
            stream: int | None = None) -> float:
     """Queue `seconds` of work named `name` on this thread's current stream of device `index` (or on stream id
@@ -125,12 +124,16 @@ def charge(index: int, seconds: float, name: str = "device work", part: Part = N
     planner's breakdown)."""
     found = _timelines.get(index) or timeline(index)
     stream_id = _current.ids.get(index, 0) if stream is None else stream
-    end = found.charge(stream_id, seconds)
-    global _launch_blocking
-    if _launch_blocking is None:
-        _launch_blocking = envvars.LAUNCH_BLOCKING.read()
+    with found._lock:  # the stream's work queued (`DeviceTimeline.ready`, inlined: this runs for every op)
+        clocks, busy = found.clocks, found.busy
+        clock, host = clocks.get(stream_id, 0.0), found.host
+        end = (clock if clock > host else host) + seconds
+        clocks[stream_id] = end
+        busy[stream_id] = busy.get(stream_id, 0.0) + seconds
     if _launch_blocking:
         found.host_wait(end)
+    elif _launch_blocking is None:
+        _read_launch_blocking(found, end)
     if _recorder is not None:
         _recorder(name, index, stream_id, end - seconds, end, part)
     return end
