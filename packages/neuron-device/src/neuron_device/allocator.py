@@ -23,6 +23,9 @@ Every op result goes through `malloc` and, when it dies, `_free`, so both are wr
 changes by one signed amount per call (`_Stats.add`), and the totals that follow from others are derived when read.
 In a loop's steady state an op's result dies just before the next op asks for the same size; `_reuse_pending`
 hands that block out again without merging and re-splitting it, with the statistics `_free` then `malloc` would give.
+Whether it can, and how the splits' statistics move, depends only on the block's neighbours and its pool's free
+blocks, so it is decided once per state of the pool (`_Pool.version`, bumped by every change of its free blocks)
+and kept on the block.
 """
 
 from __future__ import annotations

@@ -200,14 +200,16 @@ class OverloadRecord:
         return f"OverloadRecord({self.name})"
 
 
-records: dict[torch._ops.OpOverload, OverloadRecord] = {}  # read directly by the hot paths: `records.get(op)`
+# Read directly by the hot paths, `records.get(op._op)`: keyed by the overload's C callable, which hashes in C (an
+# `OpOverload` hashes in Python, a frame per lookup)
+records: dict[Callable, OverloadRecord] = {}
 
 
 def overload_record(op: torch._ops.OpOverload) -> OverloadRecord:
     """The record of `op` (computed on first use, then cached)."""
-    record = records.get(op)
+    record = records.get(op._op)
     if record is None:
-        record = records[op] = OverloadRecord(op)
+        record = records[op._op] = OverloadRecord(op)
     return record
 
 
