@@ -88,6 +88,9 @@ class _CurrentStreams(threading.local):
 
 
 _current = _CurrentStreams()
+# False until a thread first makes a stream other than the default current: until then every thread's current stream
+# is stream 0, and `charge` reads no thread-local state (about a microsecond per op once other work evicts caches)
+_streams_set = False
 
 
 def current_stream_id(index: int) -> int:
@@ -97,8 +100,10 @@ def current_stream_id(index: int) -> int:
 
 def set_current_stream_id(index: int, stream_id: int) -> None:
     """Make `stream_id` this thread's current stream on device `index`."""
+    global _streams_set
     flush_barrier()  # queued ops are charged to the stream they were issued on
     _current.ids[index] = stream_id
+    _streams_set = True
 
 
 def set_recorder(recorder: Recorder | None) -> Recorder | None:
@@ -123,7 +128,10 @@ def charge(index: int, seconds: float, name: str = "device work", part: Part = N
     `name` and `part` (what the time went to) reach only an installed recorder (a profiler's device lane, a
     planner's breakdown)."""
     found = _timelines.get(index) or timeline(index)
-    stream_id = _current.ids.get(index, 0) if stream is None else stream
+    if stream is not None:
+        stream_id = stream
+    else:
+        stream_id = _current.ids.get(index, 0) if _streams_set else 0
     with found._lock:  # the stream's work queued (`DeviceTimeline.ready`, inlined: this runs for every op)
         clocks, busy = found.clocks, found.busy
         clock, host = clocks.get(stream_id, 0.0), found.host
