@@ -83,7 +83,7 @@ def test_every_path_reads_one_record_per_overload(monkeypatch):
     ops = (aten.add.out, aten.nonzero.default, aten.exp.default)
     x = torch.arange(6.0).to("neuron")
     out, wide = torch.empty(6).to("neuron"), x.double()
-    saved = {op: call.records.pop(op) for op in ops if op in call.records}
+    saved = {op._op: call.records.pop(op._op) for op in ops if op._op in call.records}
     monkeypatch.setattr(call, "OverloadRecord", Counting)
     try:
         with warnings.catch_warnings():
@@ -99,7 +99,7 @@ def test_every_path_reads_one_record_per_overload(monkeypatch):
         assert sorted(map(str, built)) == sorted(map(str, ops))
     finally:
         for op in ops:
-            call.records.pop(op, None)
+            call.records.pop(op._op, None)
         call.records.update(saved)
 
 
@@ -116,7 +116,7 @@ def test_the_charge_is_cached_in_the_overload_record():
     a + b
     (launch, _, part), = record.charges.values()
     assert (launch.name, launch.calls, part) == ("aten::add.Tensor", 2, "vector_scalar")
-    assert next(iter(record.charges))[0] == ((torch.Size([3, 5]), torch.float32), (torch.Size([3, 5]), torch.float32))
+    assert next(iter(record.charges)) == ((torch.Size([3, 5]), torch.float32), (torch.Size([3, 5]), torch.float32))
     torch_neuronx.clear_op_tracking()
     assert record.charges == {}
     a + b
@@ -313,3 +313,25 @@ def test_handing_out_the_twin_changes_nothing_but_speed(monkeypatch):
         assert new.keys() == old.keys() and all(new[k] == pytest.approx(old[k], rel=1e-9) for k in new)
     for new, old in zip(new_values, old_values, strict=True):
         torch.testing.assert_close(new, old, rtol=0, atol=0)
+
+
+def test_records_are_found_without_hashing_an_op_overload_in_python(monkeypatch):
+    """`OpOverload.__hash__` is a Python method: the hot lookups (`run_direct`, the fallback, adaptive eager's
+    signatures) key by the overload's C callable instead, so no op runs that frame."""
+    aten = torch.ops.aten
+    x = torch.arange(6.0).to("neuron")
+    hashed = []
+    original = torch._ops.OpOverload.__hash__
+    monkeypatch.setattr(torch._ops.OpOverload, "__hash__", lambda op: hashed.append(op) or original(op))
+    fastpath.run_direct(aten.add.Tensor, x, x)
+    fastpath.run_direct(aten.add.out, x, x, out=torch.empty(6).to("neuron"))  # the fallback
+    from neuron_device.adaptive_eager import queue
+
+    previous = queue.set_enabled(True)
+    try:
+        y = x * 3.0 + x  # queued, then run op by op at the flush
+        queue.flush()
+    finally:
+        queue.set_enabled(previous)
+    assert hashed == []
+    assert y.cpu().tolist() == [4.0 * v for v in range(6)]

@@ -492,3 +492,28 @@ def test_device_tensors_cannot_be_pinned_as_on_cuda() -> None:
         torch.empty(2, device="neuron", pin_memory=True)
     with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
         torch.empty_strided((2,), (1,), device="neuron", pin_memory=True)
+
+
+def test_a_block_handed_out_again_is_judged_once_per_state_of_its_pool():
+    """The steady state of a loop (each result dies before the next op asks for its size) decides whether the
+    queued block can be handed out again once, and again only after its pool's free blocks changed."""
+
+    class Judging(DeviceAllocator):
+        judged = 0
+
+        def _reuse_kind(self, block, pool, size):
+            self.judged += 1
+            return super()._reuse_kind(block, pool, size)
+
+    model = Judging(0, GiB)
+    model.malloc(1000)  # a neighbour, so the reused block is a split one
+    block = model.malloc(64)
+    for _ in range(5):
+        model.pending.append(block)
+        assert model.malloc(64) is block
+    assert model.judged == 1
+    model.free(model.malloc(4096))  # the pool's free blocks change: the next reuse is judged anew
+    model.pending.append(block)
+    assert model.malloc(64) is block
+    assert model.judged == 2
+    assert stat(model, "allocation", metric="allocated") == 9

@@ -343,3 +343,33 @@ def test_fsdp2_forward_backward_uses_its_streams(python):
     assert result.returncode == 0, result.stderr
     priorities = json.loads(result.stdout.strip().splitlines()[-1])
     assert 0 in priorities and -1 in priorities  # the default stream and FSDP2's high-priority streams
+
+
+def test_charges_read_no_thread_state_until_a_stream_is_made_current(monkeypatch):
+    """Until some thread makes a stream other than the default current, every op is charged to stream 0 without
+    reading the thread-local current streams; from then on each charge goes to its thread's current stream."""
+    from neuron_device import timeline
+
+    class Watched(threading.local):
+        reads = 0
+
+        def __init__(self) -> None:
+            self._ids: dict[int, int] = {}
+
+        @property
+        def ids(self) -> dict[int, int]:
+            Watched.reads += 1
+            return self._ids
+
+    monkeypatch.setattr(timeline, "_current", Watched())
+    monkeypatch.setattr(timeline, "_streams_set", False)
+    x = torch.ones(4).to("neuron")
+    line = timeline.timeline(0)
+    x + x
+    assert Watched.reads == 0
+    timeline.set_current_stream_id(0, 7)
+    before = line.clocks.get(7, 0.0)
+    x + x
+    assert line.clocks[7] > before
+    assert Watched.reads >= 2
+    timeline.set_current_stream_id(0, 0)

@@ -23,6 +23,9 @@ Every op result goes through `malloc` and, when it dies, `_free`, so both are wr
 changes by one signed amount per call (`_Stats.add`), and the totals that follow from others are derived when read.
 In a loop's steady state an op's result dies just before the next op asks for the same size; `_reuse_pending`
 hands that block out again without merging and re-splitting it, with the statistics `_free` then `malloc` would give.
+Whether it can, and how the splits' statistics move, depends only on the block's neighbours and its pool's free
+blocks, so it is decided once per state of the pool (`_Pool.version`, bumped by every change of its free blocks)
+and kept on the block.
 """
 
 from __future__ import annotations
@@ -124,6 +127,19 @@ class _Stats:
             if value > self.peak_all[index]:
                 self.peak_all[index] = value
 
+    def allocate(self, size: int, requested: int) -> None:
+        """`add` of one allocation, its `requested` bytes and its block's `size`, in one call: every op's result."""
+        current, allocated, peak, peak_all, other = self.current, self.allocated, self.peak, self.peak_all, \
+            self.other.current
+        for index, amount in ((ALLOCATION, 1), (REQUESTED_BYTES, requested), (ALLOCATED_BYTES, size)):
+            value = current[index] = current[index] + amount
+            allocated[index] += amount
+            if value > peak[index]:
+                peak[index] = value
+            value += other[index]
+            if value > peak_all[index]:
+                peak_all[index] = value
+
     def rise_and_fall(self, index: int, amount: int) -> None:
         """`add(index, amount)` then `add(index, -amount)` (amount > 0): the current value is back, the total and
         the peaks are those of the rise."""
@@ -148,7 +164,7 @@ class _Stats:
 class _Block:
     """A piece of a segment of simulated device memory; `prev`/`next` link the pieces of one segment."""
 
-    __slots__ = ("address", "allocated", "next", "prev", "requested", "size", "small")
+    __slots__ = ("address", "allocated", "next", "prev", "ref", "requested", "reuse", "size", "small")
 
     def __init__(self, size: int, address: int, small: bool) -> None:
         self.size = size
@@ -158,6 +174,7 @@ class _Block:
         self.allocated = False
         self.prev: _Block | None = None
         self.next: _Block | None = None
+        self.reuse: tuple[int, int, int] | None = None  # `DeviceAllocator._reuse_pending`'s verdict, by pool version
 
     @property
     def is_split(self) -> bool:
@@ -181,24 +198,34 @@ class _Pool:
     """One pool of blocks: its free blocks, ordered by (size, address) so the best fit is a bisection away, and the
     statistics of all its blocks."""
 
-    __slots__ = ("entries", "stats")
+    __slots__ = ("entries", "stats", "version")
 
     def __init__(self, stats: _Stats) -> None:
         self.entries: list[tuple[int, int, _Block]] = []
         self.stats = stats
+        # Bumped by every change of `entries`. Every change of a block's neighbours (split, merge, freed, taken)
+        # changes its pool's free blocks, so what was decided from them holds while the version does.
+        self.version = 0
 
     def insert(self, block: _Block) -> None:
         bisect.insort(self.entries, (block.size, block.address, block))
+        self.version += 1
 
     def remove(self, block: _Block) -> None:
         del self.entries[bisect.bisect_left(self.entries, (block.size, block.address))]
+        self.version += 1
 
     def take_best_fit(self, size: int) -> _Block | None:
         entries = self.entries
         position = bisect.bisect_left(entries, (size,))
         if position == len(entries):
             return None
+        self.version += 1
         return entries.pop(position)[2]
+
+
+# What handing a queued block out again does to the inactive splits (`DeviceAllocator._reuse_pending`)
+_DRAIN, _REUSE_ALONE, _REUSE_SPLIT, _REUSE_SPLIT_MERGED, _REUSE_UNSPLIT_MERGED = range(5)
 
 
 def _segment_size(size: int) -> int:
@@ -343,43 +370,60 @@ class DeviceAllocator:
         split, with the statistics changed exactly as those two would (the steady state of a loop: each op's result
         dies before the next op allocates the same size). None: drained the ordinary way. Caller holds `lock`."""
         pending = self.pending
-        block = pending.popleft()
-        if pending or block.size != size:
-            self._free(block)
+        block = pending[0]
+        if len(pending) != 1 or block.size != size:
             self.drain()
             return None
+        pool = self._pools[block.small]
+        verdict = block.reuse
+        if verdict is None or verdict[0] != pool.version:  # decided once per state of the pool's free blocks
+            verdict = block.reuse = (pool.version, *self._reuse_kind(block, pool, size))
+        kind = verdict[1]
+        if kind == _DRAIN:
+            self.drain()
+            return None
+        pending.clear()
+        # The statistics as `_free` then `_use` would leave them. Each count falls and rises back, or rises and falls
+        # back: only its total increase moves, and its peak if it rose first (a fall cannot move a peak, which is
+        # never below the current value).
+        stats = pool.stats
+        allocated, current = stats.allocated, stats.current
+        allocated[ALLOCATION] += 1
+        allocated[ALLOCATED_BYTES] += size
+        allocated[REQUESTED_BYTES] += requested  # `stats.add(REQUESTED_BYTES, requested)`, inline: every op
+        value = current[REQUESTED_BYTES] = current[REQUESTED_BYTES] - block.requested + requested
+        block.requested = requested
+        if value > stats.peak[REQUESTED_BYTES]:
+            stats.peak[REQUESTED_BYTES] = value
+        value += stats.other.current[REQUESTED_BYTES]
+        if value > stats.peak_all[REQUESTED_BYTES]:
+            stats.peak_all[REQUESTED_BYTES] = value
+        if kind == _REUSE_UNSPLIT_MERGED:  # freed: the neighbour merges into a whole segment; handed out: split again
+            allocated[INACTIVE_SPLIT] += 1
+            allocated[INACTIVE_SPLIT_BYTES] += verdict[2]
+        elif kind == _REUSE_SPLIT_MERGED:  # freed: the merged block is an inactive split of `size` more bytes
+            stats.rise_and_fall(INACTIVE_SPLIT_BYTES, size)
+        elif kind == _REUSE_SPLIT:  # freed: the block is an inactive split; handed out: it is not
+            stats.rise_and_fall(INACTIVE_SPLIT, 1)
+            stats.rise_and_fall(INACTIVE_SPLIT_BYTES, size)
+        return block
+
+    def _reuse_kind(self, block: _Block, pool: _Pool, size: int) -> tuple[int, int]:
+        """How `_free` then `malloc` of `size` would change the inactive splits around the queued `block`
+        (`_REUSE_*`, with the size of the free neighbour it would merge), or `_DRAIN` if they would not hand `block`
+        out again as it is."""
         previous, following = block.prev, block.next
         merges_next = following is not None and not following.allocated
-        pool = self._pools[block.small]
         if (
             (previous is not None and not previous.allocated)  # `_free` would merge the block into its predecessor
             or self._fits_before(pool, size, following if merges_next else None,
                                  size + following.size if merges_next else size, block.address)
         ):
-            self._free(block)
-            self.drain()  # blocks a callback queued meanwhile
-            return None
-        # The statistics as `_free` then `_use` would leave them. Each count falls and rises back, or rises and falls
-        # back: only its total increase moves, and its peak if it rose first (a fall cannot move a peak, which is
-        # never below the current value).
-        stats = pool.stats
-        allocated = stats.allocated
-        allocated[ALLOCATION] += 1
-        allocated[ALLOCATED_BYTES] += size
-        stats.current[REQUESTED_BYTES] -= block.requested
-        block.requested = requested
-        stats.add(REQUESTED_BYTES, requested)
+            return _DRAIN, 0
         split = previous is not None or (following.next if merges_next else following) is not None
         if merges_next:
-            if split:  # freed: the merged block is an inactive split of `size` more bytes; handed out: they go again
-                stats.rise_and_fall(INACTIVE_SPLIT_BYTES, size)
-            else:  # freed: `following` merges into a whole segment, no split; handed out: `following` is one again
-                allocated[INACTIVE_SPLIT] += 1
-                allocated[INACTIVE_SPLIT_BYTES] += following.size
-        elif split:  # freed: the block is an inactive split; handed out: it is not
-            stats.rise_and_fall(INACTIVE_SPLIT, 1)
-            stats.rise_and_fall(INACTIVE_SPLIT_BYTES, size)
-        return block
+            return (_REUSE_SPLIT_MERGED if split else _REUSE_UNSPLIT_MERGED), following.size
+        return (_REUSE_SPLIT if split else _REUSE_ALONE), 0
 
     @staticmethod
     def _fits_before(pool: _Pool, size: int, absorbed: _Block | None, merged_size: int, address: int) -> bool:
@@ -435,9 +479,7 @@ class DeviceAllocator:
             stats.add(INACTIVE_SPLIT, -1)
         block.allocated = True
         block.requested = requested
-        stats.add(ALLOCATION, 1)
-        stats.add(REQUESTED_BYTES, requested)
-        stats.add(ALLOCATED_BYTES, block.size)
+        stats.allocate(block.size, requested)
         return block
 
     def _free(self, block: _Block) -> None:
@@ -484,6 +526,7 @@ class DeviceAllocator:
                 pool.stats.add(RESERVED_BYTES, -block.size)
                 self._counters["num_device_free"] += 1
             pool.entries = kept
+            pool.version += 1
 
     def empty_cache(self) -> None:
         with self.lock:

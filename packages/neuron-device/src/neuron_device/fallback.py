@@ -71,7 +71,7 @@ def _stack_trace() -> str:
 
 def admit(op: torch._ops.OpOverload) -> None:
     """Classify `op` before it runs: a fallback warns once per op, is recorded, and raises in strict mode."""
-    _admit(records.get(op) or overload_record(op))
+    _admit(records.get(op._op) or overload_record(op))
 
 
 def _admit(overload: OverloadRecord) -> None:
@@ -301,7 +301,7 @@ def refusing(kind: str) -> Callable:
 
 def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
     """The boxed fallback: execute `op` with its CPU kernel on host aliases of the `neuron` arguments."""
-    overload = records.get(op) or overload_record(op)
+    overload = records.get(op._op) or overload_record(op)
     if _numerics.downcast_64bit:  # opt-in: 64-bit types computed in 32 bits (numerics.py)
         return _host_numerics.run_downcast(_run_on_host, overload, args, kwargs)
     return _run_on_host(overload, *args, **kwargs)

@@ -51,15 +51,6 @@ class DeviceTimeline:
         clock = self.clocks.get(stream_id, 0.0)
         return clock if clock > self.host else self.host
 
-    def charge(self, stream_id: int, seconds: float) -> float:
-        """Queue `seconds` of work on `stream_id`; return its completion time."""
-        with self._lock:  # ready(), inlined: this runs for every op
-            clock, host = self.clocks.get(stream_id, 0.0), self.host
-            end = (clock if clock > host else host) + seconds
-            self.clocks[stream_id] = end
-            self.busy[stream_id] = self.busy.get(stream_id, 0.0) + seconds
-        return end
-
     def wait_until(self, stream_id: int, when: float) -> None:
         """Later work on `stream_id` starts no earlier than `when` (a stream waiting for an event)."""
         with self._lock:
@@ -97,6 +88,9 @@ class _CurrentStreams(threading.local):
 
 
 _current = _CurrentStreams()
+# False until a thread first makes a stream other than the default current: until then every thread's current stream
+# is stream 0, and `charge` reads no thread-local state (about a microsecond per op once other work evicts caches)
+_streams_set = False
 
 
 def current_stream_id(index: int) -> int:
@@ -106,8 +100,10 @@ def current_stream_id(index: int) -> int:
 
 def set_current_stream_id(index: int, stream_id: int) -> None:
     """Make `stream_id` this thread's current stream on device `index`."""
+    global _streams_set
     flush_barrier()  # queued ops are charged to the stream they were issued on
     _current.ids[index] = stream_id
+    _streams_set = True
 
 
 def set_recorder(recorder: Recorder | None) -> Recorder | None:
@@ -117,6 +113,14 @@ def set_recorder(recorder: Recorder | None) -> Recorder | None:
     return previous
 
 
+def _read_launch_blocking(found: DeviceTimeline, end: float) -> None:
+    """The first charge reads `NEURON_LAUNCH_BLOCKING` (never `import torch`) and applies it to itself."""
+    global _launch_blocking
+    _launch_blocking = envvars.LAUNCH_BLOCKING.read()
+    if _launch_blocking:
+        found.host_wait(end)
+
+
 def charge(index: int, seconds: float, name: str = "device work", part: Part = None, *,
            stream: int | None = None) -> float:
     """Queue `seconds` of work named `name` on this thread's current stream of device `index` (or on stream id
@@ -124,13 +128,20 @@ def charge(index: int, seconds: float, name: str = "device work", part: Part = N
     `name` and `part` (what the time went to) reach only an installed recorder (a profiler's device lane, a
     planner's breakdown)."""
     found = _timelines.get(index) or timeline(index)
-    stream_id = _current.ids.get(index, 0) if stream is None else stream
-    end = found.charge(stream_id, seconds)
-    global _launch_blocking
-    if _launch_blocking is None:
-        _launch_blocking = envvars.LAUNCH_BLOCKING.read()
+    if stream is not None:
+        stream_id = stream
+    else:
+        stream_id = _current.ids.get(index, 0) if _streams_set else 0
+    with found._lock:  # the stream's work queued (`DeviceTimeline.ready`, inlined: this runs for every op)
+        clocks, busy = found.clocks, found.busy
+        clock, host = clocks.get(stream_id, 0.0), found.host
+        end = (clock if clock > host else host) + seconds
+        clocks[stream_id] = end
+        busy[stream_id] = busy.get(stream_id, 0.0) + seconds
     if _launch_blocking:
         found.host_wait(end)
+    elif _launch_blocking is None:
+        _read_launch_blocking(found, end)
     if _recorder is not None:
         _recorder(name, index, stream_id, end - seconds, end, part)
     return end

@@ -343,8 +343,8 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     walked = walk(overload, args, _argument)  # the fast path's walk: (reference, signature) per tensor
     if walked is None:
         return None
-    converted, index, call = walked
-    call = overload.op if call is overload.call else overload.scalar_op
+    converted, index, host_call = walked
+    call = overload.op if host_call is overload.call else overload.scalar_op
     template = list(args)
     key = list(args)  # the op's signature: tensors by sizes, strides and dtype, numbers by their bits
     refs = []  # how the tensor arguments connect to the run
@@ -375,7 +375,8 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
             key[position] = _key(value)
     if _queue and index != _device:
         return False
-    signature = (call, tuple(key), tuple((k, _key(v)) for k, v in kwargs.items()) if kwargs else None)
+    # the op by its C callable: an `OpOverload` hashes in Python, once per queued op here and again at every flush
+    signature = (host_call, tuple(key), tuple((k, _key(v)) for k, v in kwargs.items()) if kwargs else None)
     spec = _specs.get(signature, False)
     if spec is False:
         spec = _spec(signature, call, overload.info, args, kwargs)

@@ -123,6 +123,7 @@ class OverloadRecord:
         "host_call",
         "in_place",
         "info",
+        "keyed_by_arguments",
         "name",
         "op",
         "out_names",
@@ -159,6 +160,7 @@ class OverloadRecord:
     # (the overload, its generator argument's name and position), how `ops.seeded.seeded_call` runs it
     cpu_ok_position: int | None  # the argument that may be a CPU tensor with dimensions (indexing's indices)
     charges: dict[tuple, tuple]  # the op ledger's cache of this overload's calls, by shapes (`ledger.charge`)
+    keyed_by_arguments: bool  # its charge depends on its arguments' shapes alone (not a view, matmul or scatter)
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -191,19 +193,23 @@ class OverloadRecord:
         self.cpu_ok_position = _position(arguments, _CPU_OK_ARGUMENT) if name in _INDEXING else None
         self.direct = _direct_call_applies(op, self.seeded, self.dropout_position)
         self.charges = {}
+        info = self.info
+        self.keyed_by_arguments = info.engine not in ("view", "tensor") and info.scatter_base is None
 
     def __repr__(self) -> str:
         return f"OverloadRecord({self.name})"
 
 
-records: dict[torch._ops.OpOverload, OverloadRecord] = {}  # read directly by the hot paths: `records.get(op)`
+# Read directly by the hot paths, `records.get(op._op)`: keyed by the overload's C callable, which hashes in C (an
+# `OpOverload` hashes in Python, a frame per lookup)
+records: dict[Callable, OverloadRecord] = {}
 
 
 def overload_record(op: torch._ops.OpOverload) -> OverloadRecord:
     """The record of `op` (computed on first use, then cached)."""
-    record = records.get(op)
+    record = records.get(op._op)
     if record is None:
-        record = records[op] = OverloadRecord(op)
+        record = records[op._op] = OverloadRecord(op)
     return record
 
 

@@ -124,7 +124,7 @@ def set_recorder(record: Record | None) -> None:
 
 def run_direct(op: torch._ops.OpOverload, *args, **kwargs):
     """`op` on `neuron` tensors: the direct call when it applies, else the boxed fallback."""
-    overload = records.get(op) or overload_record(op)
+    overload = records.get(op._op) or overload_record(op)
     if overload.direct:
         result = _call(overload, args, kwargs)
         if result is not None:

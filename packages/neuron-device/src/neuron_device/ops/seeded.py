@@ -59,7 +59,7 @@ def seeded_call(op: torch._ops.OpOverload, index: int, args: tuple, kwargs: dict
     if with_generator is not None:
         return with_generator(generator, *args, **kwargs)
     # the record's `generator_form`; None for a function with no schema
-    form = None if name is None else (records.get(op) or overload_record(op)).generator_form
+    form = None if name is None else (records.get(op._op) or overload_record(op)).generator_form
     if form is not None:
         overload, argument, position = form
         if overload is op and position < len(args):

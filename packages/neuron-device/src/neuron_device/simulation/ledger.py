@@ -224,38 +224,60 @@ def _seconds_of(info: OpInfo, key: tuple, args: tuple, kwargs: dict, result: Any
     return seconds
 
 
+_KWARGS = object()  # opens the cache key of a call with keyword arguments: no `signature` starts with it
+
+
+def _kernel_key(record: OverloadRecord, args: tuple, kwargs: dict, result: Any) -> tuple:
+    """The signature of the kernel a call of `record`'s op runs, in the ledger's books: the op, the arguments'
+    `signature`, and what else its estimate depends on."""
+    info = record.info
+    key = (info.name, signature(args), (tuple(kwargs), signature(kwargs.values())) if kwargs else None)
+    if info.engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
+        key += (_numerics.fp32_matmul_rounds_to_bf16(),)  # the Tensor engine rate of fp32 depends on it
+    elif info.scatter_base is not None:
+        key += (result is args[0],)  # into its first argument's buffer, or a new tensor (`op_work`)
+    return key
+
+
 def charge(record: OverloadRecord, index: int, args: tuple, kwargs: dict, result: Any) -> None:
     """Account one executed call of `record`'s op (`ops.call`) on device `index` (host arguments and result)."""
     global _cache_hits
     info = record.info
     engine = info.engine
-    name = info.name
-    if engine == "view":
-        _executed.add(name)
+    if record.keyed_by_arguments:  # the call's key in the record's cache: its arguments' shapes, as cheap as can be
+        key = signature(args) if not kwargs else (_KWARGS, signature(args), tuple(kwargs),
+                                                  signature(kwargs.values()))
+    elif engine == "view":
+        _executed.add(info.name)
         return
-    key = (signature(args), (tuple(kwargs), signature(kwargs.values())) if kwargs else None)
-    if engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
-        key += (_numerics.fp32_matmul_rounds_to_bf16(),)  # the Tensor engine rate of fp32 depends on it
-    elif info.scatter_base is not None:
-        key += (result is args[0],)  # into its first argument's buffer, or a new tensor (`op_work`)
-    charges = record.charges
-    charged = charges.get(key)
+    else:  # a key that also depends on the float32 matmul precision or the result: the kernel's whole signature
+        key = _kernel_key(record, args, kwargs, result)
+    charged = record.charges.get(key)
     if charged is None:
-        key_of_kernel = (name, *key)  # the kernel's signature in the ledger's books
-        seconds = _seconds_of(info, key_of_kernel, args, kwargs, result)
-        _launch(key_of_kernel, name, seconds)
-        part = _catalogue.breakdown_part(name, engine)
-        if not charges:
-            _charging.append(charges)
-        charges[key] = (_launches[key_of_kernel], seconds, part)
+        charged = _first_charge(record, key, args, kwargs, result)
     else:  # the common call: one lookup
-        launch, seconds, part = charged
-        launch.calls += 1
+        charged[0].calls += 1
         if engine is not None:
             _cache_hits += 1
-    end = _timeline.charge(index, seconds, name, part)
+    end = _timeline.charge(index, charged[1], info.name, charged[2])
     if engine is None:
         _timeline.timeline(index).host_wait(end)  # the host ran the op: it waited for its inputs and outputs
+
+
+def _first_charge(record: OverloadRecord, key: tuple, args: tuple, kwargs: dict,
+                  result: Any) -> tuple[Launch, float, str]:
+    """`charge` of a call whose key its record has not cached since the last clear: the kernel's seconds (cached, or
+    estimated now), its launch counted, and the entry cached."""
+    info = record.info
+    name = info.name
+    key_of_kernel = key if not record.keyed_by_arguments else _kernel_key(record, args, kwargs, result)
+    seconds = _seconds_of(info, key_of_kernel, args, kwargs, result)
+    _launch(key_of_kernel, name, seconds)
+    charges = record.charges
+    if not charges:
+        _charging.append(charges)
+    charged = charges[key] = (_launches[key_of_kernel], seconds, _catalogue.breakdown_part(name, info.engine))
+    return charged
 
 
 def record_kernel(name: str, index: int, signature: Hashable, seconds: float, work: Work | None = None) -> None:
