@@ -155,6 +155,27 @@ def test_a_plan_releases_the_cache_before_it_says_an_allocation_does_not_fit():
     assert done.stdout.split() == ["True", "50", "None"]
 
 
+_SET_TO_A_STORAGE = """
+import torch, torch_neuronx
+def step():
+    for _ in range(3):
+        x = torch.empty(1 << 20, device="neuron")
+        torch.empty(0, device="neuron").set_(x.untyped_storage())  # as the runtime makes a tensor over a storage
+        del x
+    print(torch.neuron.memory_allocated())
+torch_neuronx.plan(step, world_size=1)
+"""
+
+
+def test_a_planned_storage_given_to_set_is_freed_when_it_dies():
+    """FakeTensorMode caches a dispatch by a key holding its arguments; `set_(storage)`'s kept the storage, and its
+    block in the allocator model, for the process's life. A checkpointed compiled layer's saved inputs went so in
+    every micro-batch of T2's plan (127 MiB each, never freed); a real run frees them."""
+    done = run_code(_SET_TO_A_STORAGE, env={"NEURON_SIM_INSTANCE_TYPE": "trn1.2xlarge"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "0"
+
+
 def test_world_size_the_nodes_cannot_hold_is_refused():
     per_node = cores_per_node("trn1.32xlarge")
     assert per_node == 32
