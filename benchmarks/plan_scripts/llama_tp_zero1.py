@@ -132,7 +132,7 @@ def zero1_step() -> None:
     for bucket in buckets:
         send = by_rank([grads[i] for i in bucket], bucket)
         received = send.new_empty(send.shape[1])
-        dist.reduce_scatter_tensor(received, send, group=dp_group)
+        dist.reduce_scatter_tensor(received, send.view(-1), group=dp_group)
         for i, piece in zip(bucket, received.split([widths[i] for i in bucket]), strict=True):
             masters[i].grad = piece.float()
     del grads
@@ -142,9 +142,9 @@ def zero1_step() -> None:
     with torch.no_grad():
         for bucket in buckets:
             send = torch.cat([masters[i].detach().to(torch.bfloat16) for i in bucket])
-            gathered = send.new_empty(dp, send.numel())
+            gathered = send.new_empty(dp * send.numel())
             dist.all_gather_into_tensor(gathered, send, group=dp_group)
-            for i, piece in zip(bucket, gathered.split([widths[i] for i in bucket], dim=1), strict=True):
+            for i, piece in zip(bucket, gathered.view(dp, -1).split([widths[i] for i in bucket], dim=1), strict=True):
                 target = local[i].view(-1)
                 if target.numel() == piece.numel():
                     target.view(dp, -1).copy_(piece)
