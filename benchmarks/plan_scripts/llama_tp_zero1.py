@@ -4,8 +4,9 @@ column-sharded q/k/v/gate/up, row-sharded o/down) with sequence parallelism on m
 all-gathered, their outputs reduce-scattered; NeuronX Distributed's Llama2-7B TP/ZeRO-1 recipe, T2's published run,
 enables the same "sequence parallel"), every decoder layer wrapped for activation checkpointing and compiled on its
 own (`torch.compile(block, backend="neuron")`), bf16 weights, gradient accumulation over micro-batches, and ZeRO-1
-over mesh["dp"] as NeuronX Distributed runs it: the bf16 gradients reduce-scattered once a step, AdamW on this
-rank's fp32 master shard, the updated bf16 weights all-gathered.
+over mesh["dp"] as NeuronX Distributed runs it: each weight's fp32 master shard on its rank, the bf16 gradients
+reduce-scattered once a step in buckets of about 130 MB, AdamW on the shards, the updated bf16 weights all-gathered
+by the same buckets (never a flat copy of all the weights or gradients).
 
 calibration.md T2 (Llama2-7B, 16 x trn1.32xlarge, TP 8, DP 64, micro-batch 1, global batch 1,024, seq 4096):
 
@@ -90,15 +91,67 @@ for i, layer in enumerate(layers):
     block = layer if args.eager else torch.compile(layer, backend="neuron", fullgraph=True)
     layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
-# ZeRO-1: this rank's fp32 master shard of the flattened local (TP-sharded) weights, and AdamW on it
+# ZeRO-1 as NeuronX Distributed's NeuronZero1Optimizer runs it (torch_xla's ZeroRedundancyOptimizer): every local
+# (TP-sharded) weight padded to a multiple of dp and cut in dp shards, this rank's shard kept in fp32 for AdamW; no
+# flat copy of all the weights or gradients. The gradients are reduce-scattered in buckets of about 130 MB (NxD's
+# ALL_GATHER_REDUCE_SCATTER_BUCKET_CAP_MB, torch_xla's `reduce_scatter_bucketized`: a bucket is filled until the next
+# weight would spill it), each bucket one collective over its weights' shards side by side, and the updated bf16
+# shards all-gathered by the same buckets (NxD caps the all-gather's input at 130 MB / dp: the same weights).
+BUCKET_BYTES = 130 * 2**20
 parameters = list(model.parameters())
 local = [p.to_local() if isinstance(p, DTensor) else p for p in parameters]
-numel = sum(t.numel() for t in local)
-shard = -(-numel // dp)
 dp_group, dp_rank = mesh["dp"].get_group(), mesh["dp"].get_local_rank()
-flat = torch.cat([t.detach().reshape(-1) for t in local] + [local[0].new_zeros(shard * dp - numel)])
-master = flat[dp_rank * shard:(dp_rank + 1) * shard].float().requires_grad_()
-optimizer = torch.optim.AdamW([master], lr=1e-5)
+widths = [-(-t.numel() // dp) for t in local]  # each weight's shard, padded
+buckets, filled = [[]], 0
+for i, t in enumerate(local):
+    if buckets[-1] and filled + t.nbytes > BUCKET_BYTES:
+        buckets.append([])
+        filled = 0
+    buckets[-1].append(i)
+    filled += t.nbytes
+
+
+def by_rank(tensors: list[torch.Tensor], bucket: list[int]) -> torch.Tensor:
+    """[dp, shard widths]: the dp shards of each tensor of `bucket` side by side, rank r's in row r (a tensor whose
+    size dp does not divide padded with zeros)."""
+    flats = [t.reshape(-1) for t in tensors]
+    return torch.cat([(f if f.numel() == dp * widths[i] else F.pad(f, (0, dp * widths[i] - f.numel()))).view(dp, -1)
+                      for i, f in zip(bucket, flats, strict=True)], dim=1)
+
+
+with torch.no_grad():
+    masters = [by_rank([local[i]], [i])[dp_rank].float().requires_grad_() for i in range(len(local))]
+optimizer = torch.optim.AdamW(masters, lr=1e-5)
+
+
+def zero1_step() -> None:
+    """Reduce-scatter the gradients by buckets into the fp32 shards' `.grad`, step AdamW, all-gather the weights."""
+    # each gradient on its weight's layout first: DTensor gives the vocabulary-sharded embedding a replicated one
+    grads = [p.grad.redistribute(p.device_mesh, p.placements).to_local() if isinstance(p.grad, DTensor) else p.grad
+             for p in parameters]
+    for bucket in buckets:
+        send = by_rank([grads[i] for i in bucket], bucket)
+        received = send.new_empty(send.shape[1])
+        dist.reduce_scatter_tensor(received, send.view(-1), group=dp_group)
+        for i, piece in zip(bucket, received.split([widths[i] for i in bucket]), strict=True):
+            masters[i].grad = piece.float()
+    del grads
+    model.zero_grad()  # the bf16 gradients are dead once scattered (as in NxD's compiled step): freed before AdamW
+    optimizer.step()
+    optimizer.zero_grad()
+    with torch.no_grad():
+        for bucket in buckets:
+            send = torch.cat([masters[i].detach().to(torch.bfloat16) for i in bucket])
+            gathered = send.new_empty(dp * send.numel())
+            dist.all_gather_into_tensor(gathered, send, group=dp_group)
+            for i, piece in zip(bucket, gathered.view(dp, -1).split([widths[i] for i in bucket], dim=1), strict=True):
+                target = local[i].view(-1)
+                if target.numel() == piece.numel():
+                    target.view(dp, -1).copy_(piece)
+                else:  # padded: the weight is the start of its shards
+                    target.copy_(piece.reshape(-1)[:target.numel()])
+
+
 accumulation = args.global_batch // (dp * args.micro_batch)
 # the layers see this rank's sequence shard: the whole sequence's positions are given (the rotary tables span them)
 positions = torch.arange(args.seq, device=device).unsqueeze(0)
@@ -109,18 +162,6 @@ for _ in range(args.steps):
         with loss_parallel():  # cross-entropy on the vocabulary shards (labels: the next token)
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten()) / accumulation
             loss.backward()
-    # each gradient on its weight's layout first: DTensor gives the vocabulary-sharded embedding a replicated one
-    grads = [p.grad.redistribute(p.device_mesh, p.placements).to_local() if isinstance(p.grad, DTensor) else p.grad
-             for p in parameters]
-    flat_grad = torch.cat([g.reshape(-1) for g in grads] + [grads[0].new_zeros(shard * dp - numel)])
-    grad_shard = flat_grad.new_empty(shard)
-    dist.reduce_scatter_tensor(grad_shard, flat_grad, group=dp_group)
-    master.grad = grad_shard.float()
-    optimizer.step()
-    optimizer.zero_grad()
-    model.zero_grad()
-    updated = flat.new_empty(shard * dp)
-    dist.all_gather_into_tensor(updated, master.detach().to(torch.bfloat16), group=dp_group)
-    with torch.no_grad():
-        torch._foreach_copy_(local, [v.view_as(t) for v, t in zip(updated[:numel].split([t.numel() for t in local]), local)])
+    del logits, loss
+    zero1_step()
 dist.destroy_process_group()

@@ -204,6 +204,23 @@ def test_cache_is_flushed_and_retried_before_oom():
     model.free(b)
 
 
+def test_overcommit_releases_the_cache_and_retries_before_it_grants_past_the_capacity():
+    """Plan mode's allocator (`overcommit`) runs on past an allocation that does not fit, but only after the real
+    allocator's release of the cache and retry: a cached segment is not counted as reserved past that point (plans
+    had lifted the capacity instead, so the cache was never released and its bytes were reported as not fitting)."""
+    model = DeviceAllocator(0, 64 * MiB)
+    model.overcommit = True
+    model.free(model.malloc(40 * MiB))  # 40 MiB cached
+    model.malloc(50 * MiB)  # 40 + 50 > 64: the cache is released, 50 fits
+    stats = model.stats_as_nested_dict()
+    assert (stats["num_alloc_retries"], stats["num_ooms"]) == (1, 0)
+    assert stat(model, "reserved_bytes") == 50 * MiB
+    model.malloc(20 * MiB)  # 70 > 64 with nothing cached: granted, counted as an OOM
+    stats = model.stats_as_nested_dict()
+    assert (stats["num_alloc_retries"], stats["num_ooms"]) == (2, 1)
+    assert stat(model, "reserved_bytes") == stat(model, "reserved_bytes", metric="peak") == 70 * MiB
+
+
 def test_fraction_caps_reserved_memory():
     model = DeviceAllocator(0, 64 * MiB)
     model.fraction = 0.5

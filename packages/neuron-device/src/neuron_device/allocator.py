@@ -12,7 +12,10 @@ a GPU of the same size:
 * when a new segment does not fit under the capacity (or the `set_per_process_memory_fraction` limit), every
   unsplit cached segment is released and the allocation retried once (`num_alloc_retries`); if it still does not
   fit, `OutOfMemoryError` is raised (`num_ooms`). `empty` checks before it takes any host memory; `adopt_tracked`
-  charges memory an op result already holds on the host, which is dropped with the error.
+  charges memory an op result already holds on the host, which is dropped with the error. With `overcommit` (plan
+  mode, which must run on past the first allocation that does not fit), that allocation is counted in `num_ooms`
+  and granted beyond the capacity instead: every step before it, the release of the cache and the retry, is the
+  real allocator's, so what is reserved above the capacity is what a real run could not hold.
 
 Streams are not modelled (one stream per device). A storage's block is freed when the storage's Python object dies
 (`_Holding`), which torch keeps alive exactly as long as the C++ StorageImpl. That may happen inside any allocation
@@ -243,6 +246,7 @@ class DeviceAllocator:
         self.index = index
         self.capacity = capacity
         self.fraction = 1.0
+        self.overcommit = False  # grant, and count in num_ooms, what does not fit after the retry (plan mode)
         self.lock = threading.Lock()
         self.pending: collections.deque[_Block] = collections.deque()  # freed by callbacks, not yet returned
         peak_all = [0] * len(_STAT_ARRAYS)
@@ -361,7 +365,9 @@ class DeviceAllocator:
                     block = self._new_segment(segment, pool, small)
                 if block is None:
                     self._counters["num_ooms"] += 1
-                    raise OutOfMemoryError(self._oom_message(segment))
+                    if not self.overcommit:
+                        raise OutOfMemoryError(self._oom_message(segment))
+                    block = self._new_segment(segment, pool, small, over_limit=True)
             return self._use(block, size, nbytes, pool)
 
     def _reuse_pending(self, size: int, requested: int) -> _Block | None:
@@ -438,8 +444,8 @@ class DeviceAllocator:
         best = entries[position]
         return best[0] < merged_size or (best[0] == merged_size and best[1] < address)
 
-    def _new_segment(self, size: int, pool: _Pool, small: bool) -> _Block | None:
-        if self._current(RESERVED_BYTES) + size > self.limit:
+    def _new_segment(self, size: int, pool: _Pool, small: bool, over_limit: bool = False) -> _Block | None:
+        if not over_limit and self._current(RESERVED_BYTES) + size > self.limit:
             return None
         block = self._heads[self._next_address] = _Block(size, self._next_address, small)
         self._next_address += size

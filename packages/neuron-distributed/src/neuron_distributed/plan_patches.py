@@ -26,6 +26,8 @@ with its reason. Nothing here outlives the plan.
 * a DataLoader iterator's set-up runs outside the plan's modes: it draws and reads its workers' base seed from a
   host generator, as the real run does.
 * Module-level functions are patched in every module that bound them (`patched_everywhere`).
+* FakeTensorMode's dispatch cache: a call given a storage (`set_(storage, ...)`) is not cached; its key would keep
+  the storage, and its block in the allocator model, for the process's life (`_storage_args_uncached`).
 * `UntypedStorage.resize_`: a planned storage's block in the allocator model follows (FSDP2 frees an unsharded
   parameter by resizing its storage to 0 bytes, and refills it; a fake's storage has no device memory to resize).
 * pipelining schedules: two micro-batches a stage (`plan_pipeline`).
@@ -474,9 +476,27 @@ def _triton_launchers() -> list[tuple[Any, Callable[[Callable], Callable]]]:
     return [(JITFunction, _refused_launch), (InterpretedFunction, _interpreted_launch)]
 
 
+def _storage_args_uncached(cache_key: Callable) -> Callable:
+    """FakeTensorMode's `_cache_key` in plan mode: a call given a storage (`set_(storage, ...)`, as the device runtime
+    makes a tensor over a storage it holds) is not cached. Its key would hold the storage itself, kept for the
+    process's life in the fake dispatch cache: with the storage, its block in the allocator model, never freed (a
+    plan of a checkpointed compiled Llama layer grew by every layer's saved input each micro-batch, 2 GiB a step
+    at T2, where a real run holds none of it)."""
+
+    def key(self: Any, state: Any, func: Any, args: Any, kwargs: Any) -> Any:
+        if any(isinstance(arg, torch.UntypedStorage) for arg in (*args, *kwargs.values())):
+            from torch._subclasses.fake_tensor import _BypassDispatchCache
+
+            raise _BypassDispatchCache("storage argument (plan mode)")
+        return cache_key(self, state, func, args, kwargs)
+
+    return key
+
+
 @contextlib.contextmanager
 def patched_torch() -> Iterator[None]:
     """torch patched for a plan (see the module's doc), restored after the block."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed import device_mesh
 
     plugin = dist.Backend._plugins["NEURON"]
@@ -486,6 +506,7 @@ def patched_torch() -> Iterator[None]:
         frames = torch._dynamo.eval_frame
         stack.enter_context(patched(frames, "_callback_from_stance", _eager_in_plan(frames._callback_from_stance)))
         stack.enter_context(patched(torch.UntypedStorage, "resize_", _tracked_resize(torch.UntypedStorage.resize_)))
+        stack.enter_context(patched(FakeTensorMode, "_cache_key", _storage_args_uncached(FakeTensorMode._cache_key)))
         # A strided shard (FSDP over TP) computes its layout by splitting a real CPU `arange` and reading it
         # (`tolist`): ints in, ints out, the layout and not the job's data, computed outside the plan's modes.
         strided = torch.distributed.tensor.placement_types._StridedShard

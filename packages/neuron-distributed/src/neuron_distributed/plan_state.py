@@ -3,9 +3,10 @@ result (`RankPlan`), and whether a plan is running (`is_planning`).
 
 The planned step is found without changing the script: an optimizer step (an optimizer stepped inside another's
 step, as `ZeroRedundancyOptimizer` steps its local one, is part of it) closes it; a script without an optimizer is
-planned whole. HBM: the allocator model runs with no capacity limit so a plan that does not fit still completes; the
-first allocation that takes the reserved bytes past the core's HBM is recorded with its op, its module, the line
-that made it (for a compiled graph's output, its node's source line) and the largest live tensors by module.
+planned whole. HBM: the allocator model overcommits (`DeviceAllocator.overcommit`) so a plan that does not fit still
+completes: an allocation is granted past the core's HBM only once the real allocator would have failed too (after
+releasing its cache and retrying), and the first such allocation is recorded with its op, its module, the line that
+made it (for a compiled graph's output, its node's source line) and the largest live tensors by module.
 """
 
 from __future__ import annotations

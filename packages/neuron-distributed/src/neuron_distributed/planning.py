@@ -63,7 +63,7 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
     planner.assumed = AssumedValues()
     allocator = services.device_allocator(planner.index)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(patched(allocator, "capacity", 1 << 62))  # over-capacity is recorded, not raised
+        stack.enter_context(patched(allocator, "overcommit", True))  # what does not fit is recorded, not raised
         stack.enter_context(patched(allocator, "segment_tracker", planner.segment_reserved))
         stack.enter_context(patched_torch())
         serving = Serving(planner.index)
