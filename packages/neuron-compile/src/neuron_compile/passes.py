@@ -33,6 +33,15 @@ dim 0 with a `split` and a `cat` around it; the compiler gathers and scatters on
 reduce-scatter takes any dimension, and XLA's algebraic simplifier folds a concatenation of adjacent slices of one
 operand back into the operand), so at batch 1 the reorder moves nothing.
 
+Values a kernel makes on chip (`_classify`'s "generated"): random numbers (Inductor's `inductor_random`, what
+dropout's mask is drawn from; on the chip the Vector engine's random-number instruction, `nki.isa.rand2` /
+`nki.isa.dropout`: one pass of N elements) and constant fills (`full`: a broadcast constant, a scalar operand of the
+instructions that read it, as XLA fuses a broadcast of a constant into its users) are made inside the kernel that
+first reads them, with the pointwise ops on them alone (dropout's `rand > p`): they never cross HBM. Only a value
+that no compute kernel reads (a graph output, the zeros a scatter accumulates into) is a kernel of its own, which
+writes it. They were kernels of their own: dropout's fp32 random numbers written to HBM and read back, 0.25 ms a
+BERT-Large layer and micro-batch (T1).
+
 The plan also gives the graph's workspace: the peak bytes of kernel results that later kernels read, each live from
 the kernel that writes it to the last kernel that reads it (results the graph returns belong to the caller).
 
@@ -76,6 +85,8 @@ _NO_FUSION_ENGINES = frozenset({"dma", "gpsimd"})
 # A graph's collectives (DTensor's, traced `dist` calls) charge themselves as the process group prices them when the
 # host code runs them (`services.running_host_code`), like a substituted kernel.
 _COLLECTIVES = frozenset({"_c10d_functional", "_c10d_functional_autograd", "c10d"})
+# Inductor's random numbers (dropout's mask), by name: the prims exist only once Inductor has loaded
+_RANDOM = frozenset({"prims.inductor_random.default", "prims.inductor_randint.default"})
 _UNBACKED_SIZE = 8192  # Inductor's `unbacked_symint_fallback`: the size a data-dependent dim is planned with
 
 
@@ -238,7 +249,9 @@ def _flex_attention(node: torch.fx.Node) -> dict[str, float]:
 
 def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
     """(kind, engine, work) of a call_function node; kind is "view", "matmul", "fusable", "substituted" (a Neuron
-    kernel put in by `nki_substitution`, or a collective: both charge their own time when they run) or "other"; attention's work is on several engines (`attention_work`)."""
+    kernel put in by `nki_substitution`, or a collective: both charge their own time when they run), "generated" (values
+    the kernel reading them makes on chip: module doc) or "other"; attention's work is on several engines
+    (`attention_work`)."""
     packet = _packet(node)
     if packet in _VIEWS or node.target in (getattr, operator.getitem):  # getitem: one result of a multi-output op
         return "view", "", 0.0
@@ -254,6 +267,10 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
         return "fusable", "vector", float(sum(_numel(a) for a in inputs[:1]))
     if str(node.target).startswith("neuron_compile.nki_") or getattr(node.target, "namespace", "") in _COLLECTIVES:
         return "substituted", "", 0.0
+    if str(node.target) in _RANDOM:  # the Vector engine's random-number instruction (`nki.isa.rand2`): N elements
+        return "generated", "vector", float(_numel(node))
+    if packet is aten.full:  # a broadcast constant: a scalar operand of the instructions that read it
+        return "generated", "vector", 0.0
     if packet in _FLASH_ATTENTION:
         return "matmul", "tensor", _attention(node)
     if node.target in _FLEX_ATTENTION:
@@ -374,6 +391,30 @@ def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozense
     work: list[dict[str, float]] = []
     parts: list[str] = []  # each kernel's breakdown part: its first node's (attention by name, else its engine)
     constants = set(frozen)
+    pending: dict[torch.fx.Node, tuple[str, Any]] = {}  # values made on chip, not yet in a kernel (module doc)
+
+    def new_kernel(node: torch.fx.Node, engine: str) -> int:
+        groups.append([])
+        engines.append(engine)
+        work.append({})
+        parts.append(services.breakdown_part(str(node.target), engine))
+        return len(groups) - 1
+
+    def add(node: torch.fx.Node, index: int, engine: str, amount: Any) -> None:
+        groups[index].append(node)
+        group_of[node] = index
+        for unit, count in (amount.items() if isinstance(amount, dict) else ((engine, amount),)):
+            work[index][unit] = work[index].get(unit, 0.0) + count
+
+    def place(value: torch.fx.Node, index: int) -> None:
+        """Make pending `value` (and the pending values it is computed from) in kernel `index`."""
+        engine, amount = pending.pop(value)
+        for a in value.all_input_nodes:
+            a = source.get(a, a)
+            if a in pending:
+                place(a, index)
+        add(value, index, engine, amount)
+
     in_place = _in_place_scatters(gm)
     copies_back = {copy: scatter for scatter, copy in in_place.items()}
     for node in gm.graph.nodes:
@@ -398,20 +439,26 @@ def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozense
         if kind == "view":
             source[node] = inputs[0] if inputs else node
             continue
+        if kind == "generated" or (kind == "fusable" and inputs and all(a in pending for a in inputs)):
+            pending[node] = (engine, amount)  # made on chip by the kernel that first reads it
+            continue
+        waiting = [a for a in inputs if a in pending]
         input_groups = [group_of[a] for a in inputs if a in group_of]
         latest = max(input_groups, default=None)
         if kind == "fusable" and latest is not None and engines[latest] not in _NO_FUSION_ENGINES:
             index = latest
         else:
-            index = len(groups)
-            groups.append([])
-            engines.append(engine)
-            work.append({})
-            parts.append(services.breakdown_part(str(node.target), engine))
-        groups[index].append(node)
-        group_of[node] = index
-        for unit, count in (amount.items() if isinstance(amount, dict) else ((engine, amount),)):
-            work[index][unit] = work[index].get(unit, 0.0) + count
+            if engine in _NO_FUSION_ENGINES:  # data movement reads memory: what it reads is written first
+                for value in waiting:
+                    place(value, new_kernel(value, pending[value][0]))
+                waiting = []
+            index = new_kernel(node, engine)
+        add(node, index, engine, amount)
+        for value in waiting:
+            place(value, index)
+    for value in list(pending):  # read by no compute kernel: a kernel of its own writes it
+        if value in pending:
+            place(value, new_kernel(value, pending[value][0]))
     kernels = []
     lifetimes = []  # (first kernel, last kernel, bytes) of each intermediate written to HBM
     for index, members in enumerate(groups):
