@@ -363,3 +363,23 @@ def test_a_constant_fill_a_scatter_accumulates_into_is_written() -> None:
     plan = _plan(lambda g, ids: torch.full((100, 8), 0.0).index_put([ids], g, accumulate=True), torch.randn(3, 8), ids)
     fill = next(k for k in plan.kernels if k.nodes == ["full"])
     assert fill.hbm_bytes == table.nbytes
+
+
+def test_a_scatter_accumulate_into_zeros_added_to_a_result_runs_in_place_in_it() -> None:
+    """Issue 34 (T1): a tied embedding's gradient, the embedding's backward (index_put-accumulate into zeros) plus
+    the output projection's weight gradient, is the projection's gradient with the looked-up rows added in place
+    (XLA: `X + scatter(0, i, u)` -> `scatter(X, i, u)`): no zeros, no pass over the whole table to add them. For
+    BERT-Large ([30522, 1024] fp32) that was 2.8 ms a micro-batch."""
+    table, rows = (1000, 64), 16
+    grad_out, hidden, ids = torch.randn(rows, table[0]), torch.randn(rows, table[1]), torch.randint(0, 1000, (rows,))
+
+    def tied(grad_out, hidden, ids, values):
+        projection = torch.mm(grad_out.t(), hidden)
+        return projection + torch.ops.aten._unsafe_masked_index_put_accumulate(
+            torch.full(table, 0.0), (ids != -1).unsqueeze(1), [ids], values)  # the padding mask
+
+    kernels = _plan(tied, grad_out, hidden, ids, torch.randn(rows, table[1])).kernels
+    assert [k.anchor_engine for k in kernels] == ["tensor", "vector", "gpsimd"]  # the mask; no fill, no add
+    scatter = kernels[2]
+    row_bytes = rows * table[1] * 4
+    assert scatter.hbm_bytes == rows + rows * 8 + row_bytes + row_bytes  # mask, ids, values in; the rows out

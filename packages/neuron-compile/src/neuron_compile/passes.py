@@ -24,7 +24,10 @@ update, e.g. a static KV cache's `index_copy_`: `index_put(cache, ...)` then `co
 as TorchNeuron's aliasing analysis makes that output the input's buffer (HLO `input_output_alias`; AWS's "Aliasing
 Output Rewrite Pass": "updating KV-cache state ... reuse the allocation instead of copying") and as Inductor's
 reinplacing turns it into `index_put_`: it moves only the elements it writes (and its indices and values), not
-the whole input twice, and the copy back is no kernel.
+the whole input twice, and the copy back is no kernel. Likewise a scatter-accumulate into zeros that is only added
+to another result (a tied embedding's gradient: the embedding's backward plus the output projection's `mm`) runs
+in place in that result (`_scatter_adds`, XLA's `X + scatter(0, i, u)` -> `scatter(X, i, u)`): it moves the rows it
+adds, where the zeros, the scatter over them and the add moved the [vocabulary, hidden] table five times.
 
 A concatenation of pieces of one buffer that lie side by side in it, in order, each contiguous, into a result laid
 out as the buffer is (no dimension before the concatenated one larger than 1) is that buffer: no kernel
@@ -332,15 +335,54 @@ def _scattered_elements(node: torch.fx.Node) -> int | None:
         return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
 
     packet = _packet(node)
-    region = services.scattered_elements(packet.__name__, tuple(val(a) for a in node.args))
+    args = tuple(val(a) for a in node.args)
+    if packet is aten._unsafe_masked_index_put_accumulate:  # (self, mask, indices, values): index_put's region
+        packet, args = aten.index_put, (args[0], *args[2:])
+    region = services.scattered_elements(packet.__name__, args)
     return None if region is None else _size(region)
+
+
+_ACCUMULATING_SCATTERS = frozenset({aten.index_put, aten._unsafe_index_put, aten._unsafe_masked_index_put_accumulate})
+
+
+def _accumulated_into_zeros(node: torch.fx.Node) -> bool:
+    """Whether `node` adds its values into a zero fill (`full(0)`): an embedding's backward."""
+    packet = _packet(node)
+    if packet not in _ACCUMULATING_SCATTERS or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    base = node.args[0]
+    accumulate = packet is aten._unsafe_masked_index_put_accumulate or (
+        len(node.args) > 3 and bool(node.args[3])) or bool(node.kwargs.get("accumulate", False))
+    return accumulate and _packet(base) is aten.full and base.args[1] == 0 and _scattered_elements(node) is not None
+
+
+def _scatter_adds(gm: torch.fx.GraphModule, order: Mapping[torch.fx.Node, int]) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Scatter-accumulates into zeros whose only reader adds them to another result X of the same layout, made
+    before them and read by nothing else (a tied embedding's two gradients): each with its add. The sum is X with
+    the values accumulated into its rows, as XLA's algebraic simplifier rewrites `X + scatter(0, i, u)` into
+    `scatter(X, i, u)` and runs it in place: the add and the zeros are no kernels."""
+    found = {}
+    for add in gm.graph.find_nodes(op="call_function", target=aten.add.Tensor):
+        if len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
+            continue
+        for scatter, other in (add.args, add.args[::-1]):
+            if not (isinstance(scatter, torch.fx.Node) and isinstance(other, torch.fx.Node)
+                    and _accumulated_into_zeros(scatter) and list(scatter.users) == [add]
+                    and _readers(other) == [add] and order[other] < order[scatter]):
+                continue
+            values = [n.meta.get("val") for n in (scatter, other, add)]
+            if all(isinstance(v, torch.Tensor) for v in values) and len({(v.shape, v.dtype) for v in values}) == 1:
+                found[scatter] = add
+                break
+    return found
 
 
 def _in_place_scatters(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.fx.Node]:
     """The scatters that run in place (module docstring), each with its copy back: scatter S into placeholder P,
-    a later `copy_(P, S)`, and no read of P in between (Inductor's `reinplace` condition for a graph input)."""
+    a later `copy_(P, S)`, and no read of P in between (Inductor's `reinplace` condition for a graph input); and
+    the scatter-accumulates into zeros added to another result, each with its add (`_scatter_adds`)."""
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    found = {}
+    found = _scatter_adds(gm, order)
     for copy in gm.graph.find_nodes(op="call_function", target=aten.copy_.default):
         dst, src = copy.args[0], copy.args[1]
         if not (isinstance(src, torch.fx.Node) and dst.op == "placeholder" and _packet(src) in _SCATTERS
@@ -433,6 +475,8 @@ def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozense
         kind, engine, amount = _classify(node)
         if node in in_place:  # its engine handles only the elements it writes
             amount = float(_scattered_elements(node))
+            if _accumulated_into_zeros(node):  # into the other addend's buffer: the zeros are never made
+                pending.pop(source.get(node.args[0], node.args[0]), None)
         inputs = [source.get(a, a) for a in node.all_input_nodes]
         if kind == "substituted":  # a Neuron kernel that charges its own simulated time when it runs
             continue
