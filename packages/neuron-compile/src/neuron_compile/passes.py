@@ -346,14 +346,16 @@ _ACCUMULATING_SCATTERS = frozenset({aten.index_put, aten._unsafe_index_put, aten
 
 
 def _accumulated_into_zeros(node: torch.fx.Node) -> bool:
-    """Whether `node` adds its values into a zero fill (`full(0)`): an embedding's backward."""
+    """Whether `node` adds its values into a zero fill (`full(0)`) that nothing else reads: an embedding's
+    backward."""
     packet = _packet(node)
     if packet not in _ACCUMULATING_SCATTERS or not isinstance(node.args[0], torch.fx.Node):
         return False
     base = node.args[0]
     accumulate = packet is aten._unsafe_masked_index_put_accumulate or (
         len(node.args) > 3 and bool(node.args[3])) or bool(node.kwargs.get("accumulate", False))
-    return accumulate and _packet(base) is aten.full and base.args[1] == 0 and _scattered_elements(node) is not None
+    return (accumulate and _packet(base) is aten.full and base.args[1] == 0 and list(base.users) == [node]
+            and _scattered_elements(node) is not None)
 
 
 def _scatter_adds(gm: torch.fx.GraphModule, order: Mapping[torch.fx.Node, int]) -> dict[torch.fx.Node, torch.fx.Node]:
