@@ -265,10 +265,11 @@ def t1() -> list[dict]:
     "neuron" inside DDP as one graph per pass, as the published run's XLA stack compiles each micro-batch
     (`optimize_ddp="no_optimization"`), bf16 autocast, AdamW, 32 micro-batches of 16 per rank, seq 128, gradients
     all-reduced on the last micro-batch only); sequences per second of the second optimizer step (the first also
-    builds the model, its buffers' broadcast and AdamW's states). Measured: 5.22 s a step, 3,137 seq/s (-18.0 %):
-    per micro-batch the compiled backward 87 ms and forward 53 ms, the eager gradient accumulation
-    (`AccumulateGrad`'s add per parameter) 15.8 ms; AdamW 0.13 s and the all-reduce 45.6 ms once a step. With
-    Dynamo's default DDPOptimizer (`--split-at-buckets`: 38 graphs a pass, split at DDP's buckets): 5.73 s,
+    builds the model, its buffers' broadcast and AdamW's states). Measured: 4.85 s a step, 3,377 seq/s (-11.7 %;
+    5.22 s, -18.0 % before dropout's random numbers were made on chip and the tied embedding's gradient scattered
+    in place): per micro-batch the compiled backward 87 ms and forward 53 ms (before those), the eager gradient
+    accumulation (`AccumulateGrad`'s add per parameter) 15.8 ms; AdamW 0.13 s and the all-reduce 45.6 ms once a
+    step. With Dynamo's default DDPOptimizer (`--split-at-buckets`: 38 graphs a pass, split at DDP's buckets): 5.73 s,
     2,857 seq/s (-25.3 %). Eager planning gave 1,888 seq/s (-51 %)."""
     report = _plan("bert_pretrain_ddp.py", ["--global-batch", "16384", "--steps", "2"], nodes=1)
     return [{"id": "T1 BERT-Large DP 32 (planned)", "published": T1_PUBLISHED_SEQ_PER_S,

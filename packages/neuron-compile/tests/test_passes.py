@@ -327,3 +327,59 @@ def test_a_training_graph_charges_the_casts_of_its_weights(monkeypatch: pytest.M
     planned = {name for kernel in plan.kernels for name in kernel.nodes}
     assert len(casts) == 3 and casts <= planned
     assert plan.constant_bytes == 0
+
+
+def _dropout_after_matmul(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dropout on a matmul's result as Inductor decomposes it (random numbers from `inductor_random`), then a
+    `where` with a constant fill, as SDPA's safe softmax writes it; the mask is returned (saved for backward)."""
+    seeds = torch.ops.prims.inductor_seeds(1, torch.device("cpu"))
+    keep = torch.ops.prims.inductor_random([32, 16], torch.ops.prims.inductor_lookup_seed(seeds, 0), "rand") > 0.1
+    y = torch.mm(x, w)
+    return torch.where(y > 0, torch.full([32, 16], 0.0), y * keep * 1.1), keep
+
+
+def test_random_numbers_and_constant_fills_are_made_on_chip() -> None:
+    """Issue 34 (T1): dropout's random numbers are made by the Vector engine inside the kernel that uses them
+    (`nki.isa.rand2` / `nki.isa.dropout`: one pass), and a constant fill is a scalar operand; neither crosses HBM.
+    They were kernels of their own: BERT-Large's fp32 random numbers written and read back, 0.25 ms a layer and
+    micro-batch."""
+    import torch._inductor.inductor_prims  # defines the prims
+
+    x, w = torch.randn(32, 64), torch.randn(64, 16)
+    plan = _plan(_dropout_after_matmul, x, w)
+    matmul = next(k for k in plan.kernels if "mm" in k.nodes)
+    assert {"inductor_random", "gt", "full", "where"} <= set(matmul.nodes)
+    # x, w and the seed in; the result and the kept mask (bool) out: no fp32 random numbers, no fill
+    assert matmul.hbm_bytes == 4 * (32 * 64 + 64 * 16 + 32 * 16) + 8 + 32 * 16
+    assert matmul.work["vector"] >= 32 * 16  # the random-number pass
+    assert all(k.hbm_bytes < 100 for k in plan.kernels if k is not matmul)  # the seed's look-ups
+
+
+def test_a_constant_fill_a_scatter_accumulates_into_is_written() -> None:
+    """The zeros an embedding's backward accumulates into are memory the scatter (data movement) reads: a kernel
+    writes them first (as before the fills were made on chip)."""
+    table = torch.randn(100, 8)
+    ids = torch.tensor([1, 5, 5])
+    plan = _plan(lambda g, ids: torch.full((100, 8), 0.0).index_put([ids], g, accumulate=True), torch.randn(3, 8), ids)
+    fill = next(k for k in plan.kernels if k.nodes == ["full"])
+    assert fill.hbm_bytes == table.nbytes
+
+
+def test_a_scatter_accumulate_into_zeros_added_to_a_result_runs_in_place_in_it() -> None:
+    """Issue 34 (T1): a tied embedding's gradient, the embedding's backward (index_put-accumulate into zeros) plus
+    the output projection's weight gradient, is the projection's gradient with the looked-up rows added in place
+    (XLA: `X + scatter(0, i, u)` -> `scatter(X, i, u)`): no zeros, no pass over the whole table to add them. For
+    BERT-Large ([30522, 1024] fp32) that was 2.8 ms a micro-batch."""
+    table, rows = (1000, 64), 16
+    grad_out, hidden, ids = torch.randn(rows, table[0]), torch.randn(rows, table[1]), torch.randint(0, 1000, (rows,))
+
+    def tied(grad_out, hidden, ids, values):
+        projection = torch.mm(grad_out.t(), hidden)
+        return projection + torch.ops.aten._unsafe_masked_index_put_accumulate(
+            torch.full(table, 0.0), (ids != -1).unsqueeze(1), [ids], values)  # the padding mask
+
+    kernels = _plan(tied, grad_out, hidden, ids, torch.randn(rows, table[1])).kernels
+    assert [k.anchor_engine for k in kernels] == ["tensor", "vector", "gpsimd"]  # the mask; no fill, no add
+    scatter = kernels[2]
+    row_bytes = rows * table[1] * 4
+    assert scatter.hbm_bytes == rows + rows * 8 + row_bytes + row_bytes  # mask, ids, values in; the rows out

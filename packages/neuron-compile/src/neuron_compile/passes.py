@@ -24,7 +24,10 @@ update, e.g. a static KV cache's `index_copy_`: `index_put(cache, ...)` then `co
 as TorchNeuron's aliasing analysis makes that output the input's buffer (HLO `input_output_alias`; AWS's "Aliasing
 Output Rewrite Pass": "updating KV-cache state ... reuse the allocation instead of copying") and as Inductor's
 reinplacing turns it into `index_put_`: it moves only the elements it writes (and its indices and values), not
-the whole input twice, and the copy back is no kernel.
+the whole input twice, and the copy back is no kernel. Likewise a scatter-accumulate into zeros that is only added
+to another result (a tied embedding's gradient: the embedding's backward plus the output projection's `mm`) runs
+in place in that result (`_scatter_adds`, XLA's `X + scatter(0, i, u)` -> `scatter(X, i, u)`): it moves the rows it
+adds, where the zeros, the scatter over them and the add moved the [vocabulary, hidden] table five times.
 
 A concatenation of pieces of one buffer that lie side by side in it, in order, each contiguous, into a result laid
 out as the buffer is (no dimension before the concatenated one larger than 1) is that buffer: no kernel
@@ -32,6 +35,15 @@ out as the buffer is (no dimension before the concatenated one larger than 1) is
 dim 0 with a `split` and a `cat` around it; the compiler gathers and scatters on dim 1 directly (an XLA all-gather or
 reduce-scatter takes any dimension, and XLA's algebraic simplifier folds a concatenation of adjacent slices of one
 operand back into the operand), so at batch 1 the reorder moves nothing.
+
+Values a kernel makes on chip (`_classify`'s "generated"): random numbers (Inductor's `inductor_random`, what
+dropout's mask is drawn from; on the chip the Vector engine's random-number instruction, `nki.isa.rand2` /
+`nki.isa.dropout`: one pass of N elements) and constant fills (`full`: a broadcast constant, a scalar operand of the
+instructions that read it, as XLA fuses a broadcast of a constant into its users) are made inside the kernel that
+first reads them, with the pointwise ops on them alone (dropout's `rand > p`): they never cross HBM. Only a value
+that no compute kernel reads (a graph output, the zeros a scatter accumulates into) is a kernel of its own, which
+writes it. They were kernels of their own: dropout's fp32 random numbers written to HBM and read back, 0.25 ms a
+BERT-Large layer and micro-batch (T1).
 
 The plan also gives the graph's workspace: the peak bytes of kernel results that later kernels read, each live from
 the kernel that writes it to the last kernel that reads it (results the graph returns belong to the caller).
@@ -76,6 +88,8 @@ _NO_FUSION_ENGINES = frozenset({"dma", "gpsimd"})
 # A graph's collectives (DTensor's, traced `dist` calls) charge themselves as the process group prices them when the
 # host code runs them (`services.running_host_code`), like a substituted kernel.
 _COLLECTIVES = frozenset({"_c10d_functional", "_c10d_functional_autograd", "c10d"})
+# Inductor's random numbers (dropout's mask), by name: the prims exist only once Inductor has loaded
+_RANDOM = frozenset({"prims.inductor_random.default", "prims.inductor_randint.default"})
 _UNBACKED_SIZE = 8192  # Inductor's `unbacked_symint_fallback`: the size a data-dependent dim is planned with
 
 
@@ -238,7 +252,9 @@ def _flex_attention(node: torch.fx.Node) -> dict[str, float]:
 
 def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
     """(kind, engine, work) of a call_function node; kind is "view", "matmul", "fusable", "substituted" (a Neuron
-    kernel put in by `nki_substitution`, or a collective: both charge their own time when they run) or "other"; attention's work is on several engines (`attention_work`)."""
+    kernel put in by `nki_substitution`, or a collective: both charge their own time when they run), "generated" (values
+    the kernel reading them makes on chip: module doc) or "other"; attention's work is on several engines
+    (`attention_work`)."""
     packet = _packet(node)
     if packet in _VIEWS or node.target in (getattr, operator.getitem):  # getitem: one result of a multi-output op
         return "view", "", 0.0
@@ -254,6 +270,10 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
         return "fusable", "vector", float(sum(_numel(a) for a in inputs[:1]))
     if str(node.target).startswith("neuron_compile.nki_") or getattr(node.target, "namespace", "") in _COLLECTIVES:
         return "substituted", "", 0.0
+    if str(node.target) in _RANDOM:  # the Vector engine's random-number instruction (`nki.isa.rand2`): N elements
+        return "generated", "vector", float(_numel(node))
+    if packet is aten.full:  # a broadcast constant: a scalar operand of the instructions that read it
+        return "generated", "vector", 0.0
     if packet in _FLASH_ATTENTION:
         return "matmul", "tensor", _attention(node)
     if node.target in _FLEX_ATTENTION:
@@ -315,15 +335,56 @@ def _scattered_elements(node: torch.fx.Node) -> int | None:
         return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
 
     packet = _packet(node)
-    region = services.scattered_elements(packet.__name__, tuple(val(a) for a in node.args))
+    args = tuple(val(a) for a in node.args)
+    if packet is aten._unsafe_masked_index_put_accumulate:  # (self, mask, indices, values): index_put's region
+        packet, args = aten.index_put, (args[0], *args[2:])
+    region = services.scattered_elements(packet.__name__, args)
     return None if region is None else _size(region)
+
+
+_ACCUMULATING_SCATTERS = frozenset({aten.index_put, aten._unsafe_index_put, aten._unsafe_masked_index_put_accumulate})
+
+
+def _accumulated_into_zeros(node: torch.fx.Node) -> bool:
+    """Whether `node` adds its values into a zero fill (`full(0)`) that nothing else reads: an embedding's
+    backward."""
+    packet = _packet(node)
+    if packet not in _ACCUMULATING_SCATTERS or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    base = node.args[0]
+    accumulate = packet is aten._unsafe_masked_index_put_accumulate or (
+        len(node.args) > 3 and bool(node.args[3])) or bool(node.kwargs.get("accumulate", False))
+    return (accumulate and _packet(base) is aten.full and base.args[1] == 0 and list(base.users) == [node]
+            and _scattered_elements(node) is not None)
+
+
+def _scatter_adds(gm: torch.fx.GraphModule, order: Mapping[torch.fx.Node, int]) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Scatter-accumulates into zeros whose only reader adds them to another result X of the same layout, made
+    before them and read by nothing else (a tied embedding's two gradients): each with its add. The sum is X with
+    the values accumulated into its rows, as XLA's algebraic simplifier rewrites `X + scatter(0, i, u)` into
+    `scatter(X, i, u)` and runs it in place: the add and the zeros are no kernels."""
+    found = {}
+    for add in gm.graph.find_nodes(op="call_function", target=aten.add.Tensor):
+        if len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
+            continue
+        for scatter, other in (add.args, add.args[::-1]):
+            if not (isinstance(scatter, torch.fx.Node) and isinstance(other, torch.fx.Node)
+                    and _accumulated_into_zeros(scatter) and list(scatter.users) == [add]
+                    and _readers(other) == [add] and order[other] < order[scatter]):
+                continue
+            values = [n.meta.get("val") for n in (scatter, other, add)]
+            if all(isinstance(v, torch.Tensor) for v in values) and len({(v.shape, v.dtype) for v in values}) == 1:
+                found[scatter] = add
+                break
+    return found
 
 
 def _in_place_scatters(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.fx.Node]:
     """The scatters that run in place (module docstring), each with its copy back: scatter S into placeholder P,
-    a later `copy_(P, S)`, and no read of P in between (Inductor's `reinplace` condition for a graph input)."""
+    a later `copy_(P, S)`, and no read of P in between (Inductor's `reinplace` condition for a graph input); and
+    the scatter-accumulates into zeros added to another result, each with its add (`_scatter_adds`)."""
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    found = {}
+    found = _scatter_adds(gm, order)
     for copy in gm.graph.find_nodes(op="call_function", target=aten.copy_.default):
         dst, src = copy.args[0], copy.args[1]
         if not (isinstance(src, torch.fx.Node) and dst.op == "placeholder" and _packet(src) in _SCATTERS
@@ -374,6 +435,30 @@ def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozense
     work: list[dict[str, float]] = []
     parts: list[str] = []  # each kernel's breakdown part: its first node's (attention by name, else its engine)
     constants = set(frozen)
+    pending: dict[torch.fx.Node, tuple[str, Any]] = {}  # values made on chip, not yet in a kernel (module doc)
+
+    def new_kernel(node: torch.fx.Node, engine: str) -> int:
+        groups.append([])
+        engines.append(engine)
+        work.append({})
+        parts.append(services.breakdown_part(str(node.target), engine))
+        return len(groups) - 1
+
+    def add(node: torch.fx.Node, index: int, engine: str, amount: Any) -> None:
+        groups[index].append(node)
+        group_of[node] = index
+        for unit, count in (amount.items() if isinstance(amount, dict) else ((engine, amount),)):
+            work[index][unit] = work[index].get(unit, 0.0) + count
+
+    def place(value: torch.fx.Node, index: int) -> None:
+        """Make pending `value` (and the pending values it is computed from) in kernel `index`."""
+        engine, amount = pending.pop(value)
+        for a in value.all_input_nodes:
+            a = source.get(a, a)
+            if a in pending:
+                place(a, index)
+        add(value, index, engine, amount)
+
     in_place = _in_place_scatters(gm)
     copies_back = {copy: scatter for scatter, copy in in_place.items()}
     for node in gm.graph.nodes:
@@ -392,26 +477,34 @@ def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozense
         kind, engine, amount = _classify(node)
         if node in in_place:  # its engine handles only the elements it writes
             amount = float(_scattered_elements(node))
+            if _accumulated_into_zeros(node):  # into the other addend's buffer: the zeros are never made
+                pending.pop(source.get(node.args[0], node.args[0]), None)
         inputs = [source.get(a, a) for a in node.all_input_nodes]
         if kind == "substituted":  # a Neuron kernel that charges its own simulated time when it runs
             continue
         if kind == "view":
             source[node] = inputs[0] if inputs else node
             continue
+        if kind == "generated" or (kind == "fusable" and inputs and all(a in pending for a in inputs)):
+            pending[node] = (engine, amount)  # made on chip by the kernel that first reads it
+            continue
+        waiting = [a for a in inputs if a in pending]
         input_groups = [group_of[a] for a in inputs if a in group_of]
         latest = max(input_groups, default=None)
         if kind == "fusable" and latest is not None and engines[latest] not in _NO_FUSION_ENGINES:
             index = latest
         else:
-            index = len(groups)
-            groups.append([])
-            engines.append(engine)
-            work.append({})
-            parts.append(services.breakdown_part(str(node.target), engine))
-        groups[index].append(node)
-        group_of[node] = index
-        for unit, count in (amount.items() if isinstance(amount, dict) else ((engine, amount),)):
-            work[index][unit] = work[index].get(unit, 0.0) + count
+            if engine in _NO_FUSION_ENGINES:  # data movement reads memory: what it reads is written first
+                for value in waiting:
+                    place(value, new_kernel(value, pending[value][0]))
+                waiting = []
+            index = new_kernel(node, engine)
+        add(node, index, engine, amount)
+        for value in waiting:
+            place(value, index)
+    for value in list(pending):  # read by no compute kernel: a kernel of its own writes it
+        if value in pending:
+            place(value, new_kernel(value, pending[value][0]))
     kernels = []
     lifetimes = []  # (first kernel, last kernel, bytes) of each intermediate written to HBM
     for index, members in enumerate(groups):
