@@ -6,6 +6,12 @@ A compiled `neuron` graph runs entirely on zero-copy host aliases of its inputs,
 Only the graph's boundary touches the device: inputs are aliased once on entry, and each output becomes a `neuron`
 tensor on exit (adopted and charged to the device allocator, or, if it lies in an input's memory, the same view
 of that input).
+
+A training forward on plain tensors (`charge_results`) also returns, after the caller's outputs, the activations
+AOTAutograd saves for the backward as host tensors: they are device memory too (the real runtime's graph writes
+them to HBM, where they stay until the backward consumes them), so each fresh buffer the graph returns is charged
+when the graph returns it, for as long as its host storage lives; an output adopted on the device shares that
+charge (`services.adopt_charged`), so a buffer both returned and saved counts once.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from neuron_device import services
 from neuron_device.services import host_alias
 
-__all__ = ["device_index", "to_device", "to_host"]
+__all__ = ["charge_results", "device_index", "to_device", "to_host"]
 
 _NEURON = "neuron"
 
@@ -56,15 +62,29 @@ def _view_of(output: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
 
 def _whole_storage(output: torch.Tensor, index: int) -> torch.Tensor:
     """A `neuron` uint8 tensor adopting all of `output`'s host storage, to build several views of it."""
-    return services.adopt_tracked(torch.empty(0, dtype=torch.uint8).set_(output.untyped_storage()), index)
+    return services.adopt_charged(torch.empty(0, dtype=torch.uint8).set_(output.untyped_storage()), index)
+
+
+def charge_results(outputs: Sequence[Any], inputs: Sequence[Any]) -> None:
+    """Charge to the device each fresh host buffer among a graph's `outputs` (not in the memory of one of its host
+    `inputs`, which is the device's already), once per storage, for as long as that storage lives."""
+    inputs_memory = {_storage_key(v) for v in inputs if isinstance(v, torch.Tensor)}
+    index = services.host_code_device()  # set by the compiled graph running it
+    if index is None:
+        index = device_index(inputs)
+    for output in outputs:
+        if (isinstance(output, torch.Tensor) and output.device.type == "cpu"
+                and _storage_key(output) not in inputs_memory):
+            services.track_storage(output.untyped_storage(), index)
 
 
 def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any]) -> tuple[Any, ...]:
     """Turn the host outputs of a compiled graph into `neuron` tensors.
 
     `inputs` are the graph's original arguments and `hosts` what `to_host` made of them. An output that is an input
-    alias (or a view of one) maps back to that input's memory; a fresh buffer is adopted by the device allocator,
-    once per storage, so outputs sharing a buffer stay views of one device storage.
+    alias (or a view of one) maps back to that input's memory; a fresh buffer is adopted and charged to the device
+    (sharing `charge_results`' charge), once per storage, so outputs sharing a buffer stay views of one device
+    storage.
     """
     bases: dict[int, torch.Tensor] = {}
     for original, host in zip(inputs, hosts):
@@ -85,7 +105,7 @@ def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any
         pointer = _storage_key(output)
         base = bases.get(pointer)
         if base is None and fresh[pointer] == 1:
-            result.append(services.adopt_tracked(output, index))
+            result.append(services.adopt_charged(output, index))
             continue
         if base is None:
             base = bases[pointer] = _whole_storage(output, index)
