@@ -83,8 +83,8 @@ def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any
 
     `inputs` are the graph's original arguments and `hosts` what `to_host` made of them. An output that is an input
     alias (or a view of one) maps back to that input's memory; a fresh buffer is adopted and charged to the device
-    (sharing `charge_results`' charge), once per storage, so outputs sharing a buffer stay views of one device
-    storage.
+    (or shares `charge_results`' charge of it), once per storage, so outputs sharing a buffer stay views of one
+    device storage.
     """
     bases: dict[int, torch.Tensor] = {}
     for original, host in zip(inputs, hosts):

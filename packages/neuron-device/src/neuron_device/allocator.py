@@ -562,20 +562,16 @@ def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
 
 
 def adopt_charged(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
-    """`storage.adopt`, the new storage sharing one charge with `cpu_tensor`'s host storage (charged now unless it
-    is already, OutOfMemoryError if it does not fit): the block is freed when neither storage is alive.
+    """`adopt_tracked`, unless `cpu_tensor`'s host storage is charged to the device already (`simulation.planned.
+    track_storage`): the new storage then shares that charge, whose block is freed when neither storage is alive.
 
     For host memory that a `neuron` tensor and host tensors both hold: a compiled graph's result that is also saved
-    for its backward as a host tensor (`track_storage` charged it when the graph returned it) counts once, for as
-    long as either holds it, as the one device buffer of a real run would.
+    for its backward as a host tensor (charged when the graph returned it) counts once, for as long as either holds
+    it, as the one device buffer of a real run would.
     """
-    host = cpu_tensor.untyped_storage()
-    holding = _holding_of(host)
+    holding = _holding_of(cpu_tensor.untyped_storage())
     if holding is None:
-        nbytes = host.nbytes()
-        allocator = _devices.get(index) or device(index)
-        holding = _Holding(allocator, allocator.malloc(nbytes) if nbytes else None)
-        host.__dict__[_HOLDING] = holding
+        return adopt_tracked(cpu_tensor, index)
     tensor = _storage.adopt(cpu_tensor, index)
     tensor.untyped_storage().__dict__[_HOLDING] = holding
     return tensor

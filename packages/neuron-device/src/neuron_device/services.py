@@ -4,9 +4,10 @@ neuron-nki) may use of it. They import nothing else of ``neuron_device`` (``test
 
 Device memory
     `adopt` (a CPU tensor's memory becomes a `neuron` tensor's, no copy), `adopt_tracked` (the same, charged to the
-    device allocator: it counts against HBM), `adopt_charged` (the same, one charge shared with the host storage:
-    a compiled graph's result that its backward keeps too), `host_alias` (a CPU view of a `neuron` tensor's
-    memory), `device_allocator` (one device's caching allocator: malloc/free of workspace), `track_storage` (below).
+    device allocator: it counts against HBM), `adopt_charged` (the same, or sharing the charge of a host storage
+    charged already: a compiled graph's result that its backward keeps too), `host_alias` (a CPU view of a `neuron`
+    tensor's memory), `device_allocator` (one device's caching allocator: malloc/free of workspace),
+    `track_storage` (below).
 Kernels
     `register_kernel` (a `neuron` kernel for an op; plugins get the registry through `neuron_register`),
     `registered_kernels` / `builtin_kernels` / `composite_kernels` (which ops have a direct kernel, which of them
