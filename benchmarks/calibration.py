@@ -273,7 +273,8 @@ def t1() -> list[dict]:
     2,857 seq/s (-25.3 %). Eager planning gave 1,888 seq/s (-51 %)."""
     report = _plan("bert_pretrain_ddp.py", ["--global-batch", "16384", "--steps", "2"], nodes=1)
     return [{"id": "T1 BERT-Large DP 32 (planned)", "published": T1_PUBLISHED_SEQ_PER_S,
-             "predicted": 16384 / report["step_seconds"], "unit": "seq/s", "breakdown": report["breakdown"]}]
+             "predicted": 16384 / report["step_seconds"], "unit": "seq/s", "breakdown": report["breakdown"],
+             "peak_hbm_bytes": report["peak_hbm_bytes"]}]
 
 
 def _plan(script: str, args: list[str], nodes: int, launcher: tuple[str, ...] = ("python",)) -> dict:
@@ -303,7 +304,8 @@ def t2() -> list[dict]:
     report = _plan("llama_tp_zero1.py", ["--tp", "8", "--seq", "4096", "--global-batch", "1024", "--steps", "2"],
                    nodes=16)
     return [{"id": "T2 Llama2-7B TP 8 DP 64 (planned)", "published": T2_PUBLISHED_SEQ_PER_S,
-             "predicted": 1024 / report["step_seconds"], "unit": "seq/s", "breakdown": report["breakdown"]}]
+             "predicted": 1024 / report["step_seconds"], "unit": "seq/s", "breakdown": report["breakdown"],
+             "peak_hbm_bytes": report["peak_hbm_bytes"]}]
 
 
 E4_PUBLISHED_MS = {"TTFT": 13.3, "TPOT": 6.70}  # calibration.md E4: Llama-2-7B, trn1.32xlarge, TP 32, batch 1, p50
@@ -357,6 +359,8 @@ def main() -> list[dict]:
             step = sum(r["breakdown"].values())
             print(f"{r['id']}: " + ", ".join(f"{part} {100 * seconds / step:.1f}%"
                                                for part, seconds in r["breakdown"].items()))
+        if "peak_hbm_bytes" in r:  # a planned step: the peak HBM (reserved) of its largest core
+            print(f"{r['id']}: peak HBM {r['peak_hbm_bytes'] / 2**30:.2f} GiB a core")
     lat = {r["id"]: r for r in rows if r["id"].startswith("K1")}
     if lat:
         speedup = lat["K1 tiled"]["predicted"] / lat["K1 fully_optimized"]["predicted"]

@@ -286,6 +286,32 @@ def test_adopted_host_memory_is_charged_for_the_whole_storage_it_spans():
     assert torch.neuron.memory_allocated(2) == base
 
 
+def test_host_memory_charged_once_whoever_holds_it():
+    """`adopt_charged` of a host buffer charged already (a compiled forward's result that its backward also saves):
+    one charge for the device tensor and the host tensor together, freed when the last of them dies; of a host
+    buffer not charged, `adopt_tracked`'s charge."""
+    from neuron_device import services
+
+    gc.collect()
+    base = torch.neuron.memory_allocated(2)
+    for device_dies_first in (True, False):
+        saved = torch.empty(3000, dtype=torch.uint8)
+        assert services.track_storage(saved.untyped_storage(), 2)
+        output = allocator.adopt_charged(saved, 2)
+        assert torch.neuron.memory_allocated(2) == base + 3072
+        if device_dies_first:
+            del output
+        else:
+            del saved
+        assert torch.neuron.memory_allocated(2) == base + 3072  # the other still holds the memory
+        output = saved = None
+        assert torch.neuron.memory_allocated(2) == base
+    fresh = allocator.adopt_charged(torch.empty(1000, dtype=torch.uint8), 2)
+    assert torch.neuron.memory_allocated(2) == base + 1024
+    del fresh
+    assert torch.neuron.memory_allocated(2) == base
+
+
 def test_stats_are_per_device():
     gc.collect()
     before = [torch.neuron.memory_allocated(i) for i in range(2)]

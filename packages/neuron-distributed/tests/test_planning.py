@@ -1092,6 +1092,38 @@ print(json.dumps({"lanes": sorted({name for name, *_ in plan.lanes}), "flops": p
     assert plan["flops"] == 5 * 2 * 64 * 256 * 1024
 
 
+@pytest.mark.all_wheels  # needs neuron-compile
+def test_compiled_training_step_peak_counts_its_saved_activations():
+    """A training step compiled with backend "neuron" on plain tensors (Linear-tanh-Linear, 1024 rows): the planned
+    peak allocated bytes are the real run's, and within one saved activation (the 4 MiB tanh output) of the same
+    step run eagerly (`aot_eager`, which a plan runs as its eager ops): the compiled forward's saved activations
+    count from the forward to the backward. They did not count (the plan and the real run alike 6 MiB below
+    eager's; now 2 MiB: what the backward's fused kernel never writes)."""
+    pytest.importorskip("neuron_compile")
+    code = """
+import json, torch, torch_neuronx
+def step(backend):
+    def run():
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 256))
+        compiled = torch.compile(model.to("neuron"), backend=backend)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            compiled(torch.randn(1024, 256, device="neuron")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return run
+planned = {b: torch_neuronx.plan(step(b), world_size=1).peak_allocated_bytes for b in ("neuron", "aot_eager")}
+torch.neuron.reset_peak_memory_stats()
+step("neuron")()
+print(json.dumps({"planned": planned, "real": torch.neuron.max_memory_allocated()}))
+"""
+    done = _plan_in_subprocess(code)
+    assert done.returncode == 0, done.stderr
+    peaks = json.loads(done.stdout.strip().splitlines()[-1])
+    assert peaks["planned"]["neuron"] == peaks["real"]
+    assert peaks["planned"]["aot_eager"] - 1024 * 1024 * 4 < peaks["planned"]["neuron"] < peaks["planned"]["aot_eager"]
+
+
 def test_compile_with_another_backend_plans_its_eager_ops():
     """torch.compile with a backend other than "neuron", before the plan began (a library compiling at import:
     torchtitan's `create_block_mask`) or in it, the decorator form too: a call in the plan runs the function's ops,

@@ -12,13 +12,13 @@ import functools
 import inspect
 import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 __all__ = ["aot_cache_key_without_inductor_backends", "async_collective_inputs_keep_requires_grad",
-           "inductor_decompositions", "lazy_trace_log_headers", "linear_guard_cse", "patch_current_backend",
+           "inductor_decompositions", "inductor_forward_results_charged", "lazy_trace_log_headers", "linear_guard_cse", "patch_current_backend",
            "patch_scheduler_host_check", "pattern_matches_need_their_targets", "register_stream_functions",
            "rng_states_saved_as_tensors", "warn_on_recompile_limit"]
 
@@ -262,6 +262,36 @@ def inductor_decompositions(select_decomp_table: Callable[[], dict]) -> Iterator
 
     with mock.patch.object(compile_fx_module, "select_decomp_table", select_decomp_table):
         yield
+
+
+def inductor_forward_results_charged() -> None:
+    """The "inductor" host code of a training forward on plain tensors (`CompiledFxGraph`) returns, after the
+    caller's outputs, the activations AOTAutograd saves for the backward: host buffers the device allocator never
+    saw, which the "aten" host code charges as it returns them (`AtenHostCode`). Inductor's host code is its
+    `CompiledFxGraph`, stored and loaded by Inductor's caches with no object of ours around it, so its call is where
+    they are charged (`host_runtime.charge_results`): only for a forward a compiled `neuron` graph runs
+    (`services.host_code_device()` set), never a backward, an inference graph or another backend's graph."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    from neuron_device import services
+
+    from . import host_runtime
+
+    original = CompiledFxGraph.__call__
+    if getattr(original, "_neuron", False):
+        return
+
+    def __call__(self: CompiledFxGraph, inputs: Sequence[Any]) -> Any:
+        if (services.host_code_device() is None or self.fx_kwargs.get("is_backward")
+                or self.fx_kwargs.get("is_inference")):
+            return original(self, inputs)
+        hosts = list(inputs)  # the boxed call empties `inputs`
+        outputs = original(self, inputs)
+        host_runtime.charge_results(outputs, hosts)
+        return outputs
+
+    __call__._neuron = True
+    CompiledFxGraph.__call__ = __call__
 
 
 @contextlib.contextmanager

@@ -7,7 +7,8 @@ backward is an execution too, also when checkpointing stops it early).
 The graph's intermediates live in host buffers Inductor allocates, which the device allocator never sees; each run
 therefore takes the plan's workspace (`KernelPlan.workspace_bytes`) from the device allocator while the graph runs,
 so `max_memory_allocated` and out-of-memory account for them as in eager mode (a plan names the workspace and the
-line that called the graph when it goes past the HBM: `services.allocating_from`). The graph's constants (the frozen
+line that called the graph when it goes past the HBM: `services.allocating_from`; what the graph returns, outputs
+and a training forward's saved activations, is charged buffer by buffer: `host_runtime`). The graph's constants (the frozen
 weights' folded copies, `KernelPlan.constant_bytes`) are taken once, when the graph is made, and given back when it
 is collected, as the runtime loads a compiled graph's constants with it.
 """

@@ -272,6 +272,7 @@ def _inductor(gm: torch.fx.GraphModule, inputs: Sequence[Any], inner: Callable) 
 
     inductor_device.register()  # an AOT graph traced on `neuron` (tensor subclasses) is lowered for `neuron`
     _patches.pattern_matches_need_their_targets()
+    _patches.inductor_forward_results_charged()
     with _patches.inductor_decompositions(neuron_decompositions):
         return compile_fx_module.compile_fx(gm, inputs, inner_compile=inner)
 

@@ -7,6 +7,12 @@ Only the graph's boundary touches the device: inputs are aliased once on entry, 
 tensor on exit (adopted and charged to the device allocator, or, if it lies in an input's memory, the same view
 of that input). An output is adopted as made by its graph node, at the node's source line (`output_sources`): what
 an out-of-memory in a plan names, not this module.
+
+A training forward on plain tensors (`charge_results`) also returns, after the caller's outputs, the activations
+AOTAutograd saves for the backward as host tensors: they are device memory too (the real runtime's graph writes
+them to HBM, where they stay until the backward consumes them), so each fresh buffer the graph returns is charged
+when the graph returns it, for as long as its host storage lives; an output adopted on the device shares that
+charge (`services.adopt_charged`), so a buffer both returned and saved counts once.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from torch.fx.passes import reinplace
 from neuron_device import services
 from neuron_device.services import host_alias
 
-__all__ = ["OutputSource", "device_index", "output_sources", "to_device", "to_host"]
+__all__ = ["OutputSource", "charge_results", "device_index", "output_sources", "to_device", "to_host"]
 
 OutputSource = tuple[str, str | None] | None  # (op, stack trace) of the node that makes an output
 
@@ -101,7 +107,20 @@ def _view_of(output: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
 
 def _whole_storage(output: torch.Tensor, index: int) -> torch.Tensor:
     """A `neuron` uint8 tensor adopting all of `output`'s host storage, to build several views of it."""
-    return services.adopt_tracked(torch.empty(0, dtype=torch.uint8).set_(output.untyped_storage()), index)
+    return services.adopt_charged(torch.empty(0, dtype=torch.uint8).set_(output.untyped_storage()), index)
+
+
+def charge_results(outputs: Sequence[Any], inputs: Sequence[Any]) -> None:
+    """Charge to the device each fresh host buffer among a graph's `outputs` (not in the memory of one of its host
+    `inputs`, which is the device's already), once per storage, for as long as that storage lives."""
+    inputs_memory = {_storage_key(v) for v in inputs if isinstance(v, torch.Tensor)}
+    index = services.host_code_device()  # set by the compiled graph running it
+    if index is None:
+        index = device_index(inputs)
+    for output in outputs:
+        if (isinstance(output, torch.Tensor) and output.device.type == "cpu"
+                and _storage_key(output) not in inputs_memory):
+            services.track_storage(output.untyped_storage(), index)
 
 
 def _made_by(source: OutputSource) -> contextlib.AbstractContextManager:
@@ -113,9 +132,9 @@ def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any
     """Turn the host outputs of a compiled graph into `neuron` tensors.
 
     `inputs` are the graph's original arguments and `hosts` what `to_host` made of them. An output that is an input
-    alias (or a view of one) maps back to that input's memory; a fresh buffer is adopted by the device allocator,
-    once per storage, so outputs sharing a buffer stay views of one device storage. `sources`: each output's
-    (`output_sources`), under which its buffer is adopted.
+    alias (or a view of one) maps back to that input's memory; a fresh buffer is adopted and charged to the device
+    (or shares `charge_results`' charge of it), once per storage, so outputs sharing a buffer stay views of one
+    device storage. `sources`: each output's (`output_sources`), under which its buffer is adopted.
     """
     bases: dict[int, torch.Tensor] = {}
     for original, host in zip(inputs, hosts):
@@ -138,7 +157,7 @@ def to_device(outputs: Sequence[Any], inputs: Sequence[Any], hosts: Sequence[Any
         if base is None:
             with _made_by(sources[position] if sources is not None else None):
                 if fresh[pointer] == 1:
-                    result.append(services.adopt_tracked(output, index))
+                    result.append(services.adopt_charged(output, index))
                     continue
                 base = bases[pointer] = _whole_storage(output, index)
         result.append(_view_of(output, base))

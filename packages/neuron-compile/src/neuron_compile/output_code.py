@@ -69,7 +69,10 @@ class AtenHostCode(OutputCode):
     def __call__(self, inputs: Sequence[Any]) -> Any:
         assert self._graph_module is not None, "AtenHostCode called before post_compile"
         if not self.device_arguments:
-            return self.run_graph(inputs)
+            outputs = self.run_graph(inputs)
+            if self.stage == "forward":  # the activations saved for the backward are among them (`host_runtime`)
+                host_runtime.charge_results(outputs, inputs)
+            return outputs
         hosts = host_runtime.to_host(inputs)
         with services.running_host_code(host_runtime.device_index(inputs)):  # e.g. a backward's collectives
             outputs = self.run_graph(hosts)

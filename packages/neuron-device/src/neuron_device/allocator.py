@@ -51,6 +51,7 @@ from .barrier import flush_barrier
 __all__ = [
     "DeviceAllocator",
     "OutOfMemoryError",
+    "adopt_charged",
     "adopt_tracked",
     "allocating_from",
     "allocation_source",
@@ -640,6 +641,22 @@ def allocation_source() -> tuple[str, str | None] | None:
 def adopt_tracked(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     """`storage.adopt`, charging the new storage to device `index` (OutOfMemoryError if it does not fit)."""
     return track(_storage.adopt(cpu_tensor, index), index)
+
+
+def adopt_charged(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """`adopt_tracked`, unless `cpu_tensor`'s host storage is charged to the device already (`simulation.planned.
+    track_storage`): the new storage then shares that charge, whose block is freed when neither storage is alive.
+
+    For host memory that a `neuron` tensor and host tensors both hold: a compiled graph's result that is also saved
+    for its backward as a host tensor (charged when the graph returned it) counts once, for as long as either holds
+    it, as the one device buffer of a real run would.
+    """
+    holding = _holding_of(cpu_tensor.untyped_storage())
+    if holding is None:
+        return adopt_tracked(cpu_tensor, index)
+    tensor = _storage.adopt(cpu_tensor, index)
+    tensor.untyped_storage().__dict__[_HOLDING] = holding
+    return tensor
 
 
 def track(tensor: torch.Tensor, index: int) -> torch.Tensor:

@@ -4,10 +4,11 @@ neuron-nki) may use of it. They import nothing else of ``neuron_device`` (``test
 
 Device memory
     `adopt` (a CPU tensor's memory becomes a `neuron` tensor's, no copy), `adopt_tracked` (the same, charged to the
-    device allocator: it counts against HBM), `host_alias` (a CPU view of a `neuron` tensor's memory),
-    `device_allocator` (one device's caching allocator: malloc/free of workspace, its `segment_tracker`),
-    `allocating_from` / `allocation_source` (what a block's allocations are made for: a compiled graph's output and
-    the source line of the node that made it).
+    device allocator: it counts against HBM), `adopt_charged` (the same, or sharing the charge of a host storage
+    charged already: a compiled graph's result that its backward keeps too), `host_alias` (a CPU view of a `neuron`
+    tensor's memory), `device_allocator` (one device's caching allocator: malloc/free of workspace, its
+    `segment_tracker`), `allocating_from` / `allocation_source` (what a block's allocations are made for: a compiled
+    graph's output and the source line of the node that made it), `track_storage` (below).
 Kernels
     `register_kernel` (a `neuron` kernel for an op; plugins get the registry through `neuron_register`),
     `registered_kernels` / `builtin_kernels` / `composite_kernels` (which ops have a direct kernel, which of them
@@ -28,16 +29,17 @@ Simulated time
 Plan mode
     `LOCAL_RANK` (the launcher's variable the device reads, for a planner that sets it),
     `account_planned_op` (charge an op that ran on fake tensors as its real kernel would: time and HBM),
-    `track_storage` (charge a storage to the allocator model), `resize_planned_storage` (its block follows an
-    in-place resize), `flex_attention` (flex attention's flash-kernel charge, `charge_kernel`, and the fraction of
-    score tiles a block mask visits, `visible_fraction`, for a planned call).
+    `track_storage` (charge a storage to the allocator model: a fake's, or a host buffer a compiled graph returns),
+    `resize_planned_storage` (its block follows an in-place resize), `flex_attention` (flex attention's flash-kernel
+    charge, `charge_kernel`, and the fraction of score tiles a block mask visits, `visible_fraction`, for a planned
+    call).
 Plugins
     `hookimpl` (mark an implementation of a `neuron_device.plugins` hook).
 """
 
 from __future__ import annotations
 
-from .allocator import adopt_tracked, allocating_from, allocation_source
+from .allocator import adopt_charged, adopt_tracked, allocating_from, allocation_source
 from .allocator import device as device_allocator
 from .envvars import LOCAL_RANK
 from .fallback import run_on_host
@@ -72,6 +74,7 @@ __all__ = [
     "Work",
     "account_planned_op",
     "adopt",
+    "adopt_charged",
     "adopt_tracked",
     "allocating_from",
     "allocation_source",
