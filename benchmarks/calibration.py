@@ -225,8 +225,9 @@ def c1() -> list[dict]:
 
 
 # Checks, not fitted: the same page's 32-rank all-gather inside one instance, fp32, with the same command twice:
-# in SDK 2.10's docs (May 2023, the runtime C1 and C2 were measured on: P50 of the ops) and in SDK 2.28's (Feb
-# 2026: nccom-test generates NEFFs holding the ops, so each op runs inside an execution; "time:avg"). In us.
+# in SDK 2.10's docs (May 2023, the runtime C1 and C2 were measured on: P50 of the ops) and in SDK 2.24's (June
+# 2025, aws-neuron-sdk@90a7fe4b; kept through 2026, where SDK 2.28's page says nccom-test generates NEFFs holding
+# the ops, so each op runs inside an execution, and reports "time:avg"). In us.
 AG32_2023_US = {1024: 151.0, 8192: 149.0, 65536: 150.0, 524288: 179.0}
 AG32_2026_US = {1024: 6.16, 8192: 6.48, 65536: 8.17, 524288: 23.16}
 
