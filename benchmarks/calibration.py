@@ -6,7 +6,7 @@ K1 (the NKI matmul tutorial's four kernels, trn1, [4096, 8192] @ [8192, 8192] bf
 kernels run by default on a slice of the problem with the same per-block structure (whole output blocks, the K
 depth each fits in SBUF without liveness-based allocation) and scale by the number of blocks; the fully optimised
 one runs whole (about half a minute of CPU). ``--full`` runs all four at the exact size (the hoisted and
-blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K2 the fused Mamba tutorial's three versions; K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); AG32 the same page's 32-rank all-gather (checks: the 2023 and 2026 runs of one command); C2 the all-reduce over 64 ranks on two trn1.32xlarge; E1/E2 BERT compiled on one trn1 core (fp32 under bf16 autocast, no_grad); E4 Llama-2-7B TTFT and TPOT planned from an HF generate script (TP 32); T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
+blocked-free kernels need NKI allocation by liveness to fit trn1's SBUF at K = 8192). K2 the fused Mamba tutorial's three versions; K3 the LayerNorm tutorial's two versions; K8 the per-instruction micro figures on NC-v2; C1 the all-reduce size sweep (2 ranks, one trn1 instance); AG32 the same page's 32-rank all-gather (checks: the 2023 and 2026 runs of one command); C2 the all-reduce over 64 ranks on two trn1.32xlarge; E1/E2 BERT compiled on one trn1 core (fp32 under bf16 autocast, no_grad); E4 Llama-2-7B TTFT and TPOT planned from an HF generate script (TP 32, eager attention as transformers-neuronx ran it); T1 BERT-Large pre-training on one trn1.32xlarge (DP 32), planned by
 ``neuron-plan`` from a plain HF + DDP script compiled with backend "neuron" (about two minutes of CPU: 64
 micro-batches of BERT-Large in plan mode, their graphs compiled once); T2 Llama2-7B pre-training on 16 x trn1.32xlarge
 (TP 8, DP 64, ZeRO-1), planned from a torchtitan-style script (DTensor TP, per-layer compile, checkpointing).
@@ -225,8 +225,9 @@ def c1() -> list[dict]:
 
 
 # Checks, not fitted: the same page's 32-rank all-gather inside one instance, fp32, with the same command twice:
-# in SDK 2.10's docs (May 2023, the runtime C1 and C2 were measured on: P50 of the ops) and in SDK 2.28's (Feb
-# 2026: nccom-test generates NEFFs holding the ops, so each op runs inside an execution; "time:avg"). In us.
+# in SDK 2.10's docs (May 2023, the runtime C1 and C2 were measured on: P50 of the ops) and in SDK 2.24's (June
+# 2025, aws-neuron-sdk@90a7fe4b; kept through 2026, where SDK 2.28's page says nccom-test generates NEFFs holding
+# the ops, so each op runs inside an execution, and reports "time:avg"). In us.
 AG32_2023_US = {1024: 151.0, 8192: 149.0, 65536: 150.0, 524288: 179.0}
 AG32_2026_US = {1024: 6.16, 8192: 6.48, 65536: 8.17, 524288: 23.16}
 
@@ -315,8 +316,12 @@ def e4() -> list[dict]:
     """E4 planned from an unmodified HF `generate` script (plan_scripts/llama_generate.py: DTensor TP 32 with
     transformers' Llama plan, `lm_head` sharded; a static cache of the whole generation's 8,192 tokens; the prompt
     prefilled in one chunk through the forward transformers compiles, and the decode compiled), 128 prompt tokens
-    and 16 planned new ones (a static cache's decode runs one graph whatever the position)."""
-    args = ["--model", "llama2-7b", "--batch", "1", "--input", "128", "--output", "16", "--cache-length", "8192"]
+    and 16 planned new ones (a static cache's decode runs one graph whatever the position). Attention as it was
+    measured: transformers' eager attention (matmul, mask, fp32 softmax, cast back, matmul), the unfused chain
+    transformers-neuronx's decode runs over its bucket (transformers-neuronx@0623de2 `layers/attention.py`
+    `context`); with SDPA, transformers' default, the TPOT is 4.85 ms (docs/simulated-time.md, "Collectives")."""
+    args = ["--model", "llama2-7b", "--batch", "1", "--input", "128", "--output", "16", "--cache-length", "8192",
+            "--attn", "eager"]
     report = _plan("llama_generate.py", args, nodes=1, launcher=("torchrun", "--nproc-per-node", "32"))
     return [{"id": f"E4 Llama-2-7B TP 32 {name} (planned)", "published": ms,
              "predicted": report[f"{name.lower()}_seconds"] * 1e3, "unit": "ms"}

@@ -41,6 +41,9 @@ parser.add_argument("--prefill-chunk", type=int, help="generate's prefill_chunk_
 parser.add_argument("--cache-length", type=int, help="the static KV cache's length (default: input + output, what "
                     "generate allocates): each decode step attends the whole static cache, so a plan of a few tokens "
                     "with the cache of a long generation prices that generation's every token")
+parser.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="transformers' attention implementation "
+                    "(sdpa, its default: one fused attention op; eager: matmul, mask, fp32 softmax and matmul as separate "
+                    "ops, the chain transformers-neuronx's decode runs)")
 args = parser.parse_args()
 
 dist.init_process_group("neuron")
@@ -51,7 +54,7 @@ size = dict(SIZES[args.model])
 # tensor parallelism does for grouped-query attention (the weights of k/v grow by tp / kv heads).
 size["num_key_value_heads"] = max(size["num_key_value_heads"], dist.get_world_size())
 config = LlamaConfig(**{"rope_theta": 500000.0, **size}, max_position_embeddings=131072,
-                     pad_token_id=size["eos_token_id"])
+                     pad_token_id=size["eos_token_id"], attn_implementation=args.attn)
 model = LlamaForCausalLM(config).eval()  # on the host; each rank moves its shards and the rest to its core
 layer_plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
               "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),

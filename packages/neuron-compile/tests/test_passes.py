@@ -90,6 +90,23 @@ def test_attention_is_priced_as_its_fused_lowering() -> None:
     assert backward["tensor"] > 2 * kernel.work["tensor"] and backward["scalar"] == kernel.work["scalar"]
 
 
+def test_rows_fewer_than_partitions_cost_full_instructions() -> None:
+    """A Vector/Scalar instruction costs its free size whatever the partitions it uses (calibration.md §2): a
+    softmax or a norm's statistics of one row (a decode step's token) lays the row along one partition, so it
+    costs what 128 rows cost, and so does the kernel's elementwise work on those rows; 256 rows cost twice that. A
+    reduction over all of a tensor spreads over the partitions, and is unchanged. (Priced as if spread before.)"""
+    def chain(x):
+        return torch.softmax(x * 2, -1)
+
+    work = {rows: _plan(chain, torch.randn(rows, 8192)).kernels[0].work for rows in (1, 128, 256)}
+    assert work[1] == work[128] == {"vector": 2 * 128 * 8192}
+    assert work[256] == {"vector": 2 * 256 * 8192}
+    assert _plan(lambda x: (x * 2).sum(), torch.randn(1, 8192)).kernels[0].work == {"vector": 2 * 8192}
+    # a decode step's attention: one query row a head, its exp and row max full instructions over the keys
+    decode = attention_work(1, 1, 8192, 128, causal=False)
+    assert decode["scalar"] == 128 * 8192 and decode["vector"] == 128 * 8192 + 8192 * 1 + 128 * 128
+
+
 def test_a_plugin_kernels_estimate_does_not_price_compiled_attention(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plugin's kernel for attention that knows its simulated time (neuron-nki's flash attention, one program
     per batch and head) prices eager calls only: a compiled graph's attention is the compiler's own fused lowering,

@@ -220,7 +220,7 @@ def test_small_collective_in_a_compiled_graph_runs_the_mesh_steps():
 
 
 def test_in_graph_all_gather_rises_with_the_routed_writes_of_one_dma_queue():
-    """nccom-test's 32-rank all-gather inside NEFFs (SDK 2.28: 6.16 / 8.17 / 23.16 us at 1 / 64 / 512 KiB) is
+    """nccom-test's 32-rank all-gather inside NEFFs (SDK 2.24's docs: 6.16 / 8.17 / 23.16 us at 1 / 64 / 512 KiB) is
     flat where the two steps dominate and rises by a rank's routed writes, 15 chunks through one DMA engine."""
     small, mid, big = (_inside("allgather", size, 32, in_graph=True) for size in (1024, 64 * 1024, 512 * 1024))
     assert small == pytest.approx(6.16e-6, rel=0.10)

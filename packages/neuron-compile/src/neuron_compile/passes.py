@@ -205,26 +205,35 @@ _FLASH_ATTENTION = frozenset({aten._scaled_dot_product_flash_attention_for_cpu,
                               aten._scaled_dot_product_flash_attention_for_cpu_backward})
 
 
+def _lanes(rows: int, free: int) -> int:
+    """Vector/Scalar work, in elements of full 128-partition instructions, of `rows` rows of `free` elements laid
+    one row a partition: an instruction costs its free size whatever the partitions it uses (calibration.md §2,
+    `max(64, N)` cycles for N elements a partition), so fewer than 128 rows cost as much as 128."""
+    return -(-rows // PE_SIZE) * PE_SIZE * free
+
+
 def attention_work(batch_heads: int, sq: int, sk: int, d: int, causal: bool, backward: bool = False) -> dict[str, float]:
     """Work per engine of attention over `batch_heads` heads of [sq, d] queries and [sk, d] keys, lowered as a
     compiler lowers it: scores S = Q K^T on the array, exp(S - rowmax) on the Scalar engine (the row sum
     accumulated by the same instruction), the row max on the Vector engine, P transposed on the array (an identity
     matmul) and copied out of PSUM, then P V; the output normalised once per row. The backward recomputes S and P,
     and adds dV = P^T dO, dP = dO V^T, dS = P (dP - D), dK = dS^T Q and dQ = dS K (dS transposed too). A causal
-    mask skips about half of every score-sized term, as eager's formula (`ops.catalogue`) assumes."""
+    mask skips about half of every score-sized term, as eager's formula (`ops.catalogue`) assumes. Query rows lie
+    on partitions (keys on them once transposed): fewer than 128 rows, a decode step's one query, still cost full
+    instructions (`_lanes`)."""
     visible = 0.5 if causal else 1.0
     flops = services.matmul_array_flops
     # the identity matmul that transposes P moves at most one array width of columns per pass
     scores, transpose = flops(sq, d, sk, batch_heads), flops(sk, sq, PE_SIZE, batch_heads)
-    score_elements = visible * batch_heads * sq * sk
+    by_query, by_key = visible * batch_heads * _lanes(sq, sk), visible * batch_heads * _lanes(sk, sq)
     if not backward:
         tensor = scores + flops(sq, sk, d, batch_heads) + transpose
-        return {"tensor": visible * tensor, "scalar": score_elements,
-                "vector": 2 * score_elements + batch_heads * sq * d}
+        return {"tensor": visible * tensor, "scalar": by_query,
+                "vector": by_query + by_key + batch_heads * _lanes(sq, d)}
     products = scores + 2 * flops(sk, sq, d, batch_heads) + flops(sq, d, sk, batch_heads) + flops(sq, sk, d, batch_heads)
     # dS = P (dP - D) and the two PSUM copies out (P and dS transposed); the dQ, dK, dV accumulators
-    return {"tensor": visible * (products + 2 * transpose), "scalar": score_elements,
-            "vector": 3 * score_elements + batch_heads * (sq + 2 * sk) * d}
+    return {"tensor": visible * (products + 2 * transpose), "scalar": by_query,
+            "vector": by_query + 2 * by_key + batch_heads * (_lanes(sq, d) + 2 * _lanes(sk, d))}
 
 
 def _attention(node: torch.fx.Node) -> dict[str, float]:
@@ -285,6 +294,30 @@ def _classify(node: torch.fx.Node) -> tuple[str, str, float | dict[str, float]]:
         return "matmul", "tensor", float(info.flops(args, out[0] if out else None))
     return "other", "dma" if packet in (aten.cat, aten.copy, aten.clone, aten.index, aten.embedding,
                                         aten.gather, aten.scatter, aten.index_put) else "gpsimd", float(_numel(node))
+
+
+_ROW_REDUCTIONS = frozenset({aten.sum, aten.mean, aten.amax, aten.amin, aten.var_mean, aten.var, aten.logsumexp,
+                             aten._softmax, aten._log_softmax, aten.native_layer_norm})
+
+
+def _row_length(node: torch.fx.Node) -> int | None:
+    """The row length of a reduction over the trailing dims of an input of more than one dim (softmax, a norm's
+    statistics, a row max or sum), whose rows then lie one a partition with the row along the instructions' free
+    dimension (the layout of AWS's NKI softmax and norm kernels); None for any other node, and for a reduction
+    over all of its input or over leading dims (those spread over the partitions)."""
+    if _packet(node) not in _ROW_REDUCTIONS or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    value = node.args[0].meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return None
+    if _packet(node) is aten.native_layer_norm:
+        dims = list(range(value.dim() - len(node.args[1]), value.dim()))
+    else:
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dims = sorted(d % value.dim() for d in ([dim] if isinstance(dim, int) else dim or []))
+    if not dims or dims != list(range(value.dim() - len(dims), value.dim())) or len(dims) == value.dim():
+        return None
+    return math.prod(_size(value.shape[d]) for d in dims)
 
 
 def _written_inputs(node: torch.fx.Node) -> list[Any]:
@@ -434,6 +467,7 @@ def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozense
     engines: list[str] = []
     work: list[dict[str, float]] = []
     parts: list[str] = []  # each kernel's breakdown part: its first node's (attention by name, else its engine)
+    elementwise: dict[torch.fx.Node, tuple[str, float]] = {}  # fusable Vector/Scalar nodes: (engine, elements)
     constants = set(frozen)
     pending: dict[torch.fx.Node, tuple[str, Any]] = {}  # values made on chip, not yet in a kernel (module doc)
 
@@ -500,11 +534,20 @@ def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozense
                 waiting = []
             index = new_kernel(node, engine)
         add(node, index, engine, amount)
+        if kind == "fusable" and engine in ("vector", "scalar"):
+            elementwise[node] = (engine, float(amount))
         for value in waiting:
             place(value, index)
     for value in list(pending):  # read by no compute kernel: a kernel of its own writes it
         if value in pending:
             place(value, new_kernel(value, pending[value][0]))
+    for index, members in enumerate(groups):  # a kernel with row reductions lays every row out as they do
+        lengths = {n for n in map(_row_length, members) if n}
+        for node in members:
+            engine, amount = elementwise.get(node, ("", 0.0))
+            length = next((n for n in sorted(lengths, reverse=True) if amount and amount % n == 0), None)
+            if length is not None:
+                work[index][engine] += _lanes(int(amount) // length, length) - amount
     kernels = []
     lifetimes = []  # (first kernel, last kernel, bytes) of each intermediate written to HBM
     for index, members in enumerate(groups):

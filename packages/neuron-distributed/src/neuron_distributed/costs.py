@@ -19,8 +19,8 @@ Inside an instance (the group on one chip or one instance):
   one hop (`HOP_SECONDS_INSIDE_NODE`, C4), whatever the algorithm the runtime picks by size (`algorithm`: mesh
   below 1 MB, recursive halving-doubling to 56 MB, ring above): the points measured standalone (nccom-test on
   SDK 2.10: C1, C2, the 32-rank all-gather at 149-179 us) show no drop where a 32-rank stage changes algorithm;
-* inside a compiled graph (the runtime's current collectives: nccom-test on SDK 2.28 runs its ops inside NEFFs,
-  6.2-23 us for the same all-gather), all-reduce, all-gather and reduce-scatter take the algorithm's own steps
+* inside a compiled graph (the runtime's current collectives: the same all-gather in SDK 2.24's nccom-test docs,
+  June 2025, 6.2-23 us; from SDK 2.28 the page says it runs its ops inside NEFFs it generates), all-reduce, all-gather and reduce-scatter take the algorithm's own steps
   (`_in_graph_phase_seconds`: mesh two steps a phase, a routed write through the rank's DMA queue and an
   intra-chip exchange; halving-doubling 1 + log2(chips); ring n - 1); all-to-all keeps n - 1 steps;
 * the path is one NeuronLink link of a rank's chip (the chip's NeuronLink bandwidth over its `LINKS_PER_CHIP` torus
