@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 from torch.fx.passes import reinplace
 
 from neuron_device import services
@@ -42,9 +43,11 @@ def _op_name(node: torch.fx.Node) -> str:
 
 
 def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    """Whether `a` and `b` have one layout, without a guard: comparing symbolic sizes with `==` records one in the
+    graph's ShapeEnv, on symbols with no source (Dynamo then fails to build its guards)."""
     x, y = a.meta.get("val"), b.meta.get("val")
     return (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype
-            and x.shape == y.shape and x.stride() == y.stride())
+            and statically_known_true(sym_eq(x.shape, y.shape)) and statically_known_true(sym_eq(x.stride(), y.stride())))
 
 
 def _allocated_by(node: torch.fx.Node) -> torch.fx.Node:
