@@ -24,6 +24,7 @@ reads), `plan_generate` (transformers' `generate`: its reads answered by rule, i
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -65,6 +66,7 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(allocator, "overcommit", True))  # what does not fit is recorded, not raised
         stack.enter_context(patched(allocator, "segment_tracker", planner.segment_reserved))
+        stack.enter_context(_collector_thresholds(*_PLAN_GC_THRESHOLDS))
         stack.enter_context(patched_torch())
         serving = Serving(planner.index)
         for owner, name, value in generation_patches(serving, rules=True):
@@ -94,6 +96,25 @@ def plan_rank(run: Callable[[], Any], *, rank: int, world_size: int, steps: int 
         result = planner.result()
     sys.stdout.flush()
     return result
+
+
+# The cyclic garbage collector's thresholds while a rank is planned (CPython's default: 700, 10, 10). A plan makes
+# millions of short-lived objects (Dynamo's and AOTAutograd's traces, a fake tensor and its metadata for every op)
+# over a heap that grows with the model (an 80-layer DTensor model's modules, parameters and graphs): at the default
+# the collector ran 1,900 times in an 8-layer 70B decode plan, its 5 full collections alone 1.6 s, and 8.9 s in the
+# 80-layer plan, freeing few objects. Collections are rarer here: 2.1 -> 1.0 s at 8 layers, the same plan.
+_PLAN_GC_THRESHOLDS = (10_000, 10, 10)
+
+
+@contextlib.contextmanager
+def _collector_thresholds(*thresholds: int) -> Iterator[None]:
+    """`gc.set_threshold(*thresholds)` for a block (then restored)."""
+    previous = gc.get_threshold()
+    gc.set_threshold(*thresholds)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)
 
 
 def _destroy_process_group() -> None:
