@@ -259,8 +259,8 @@ class DeviceAllocator:
         self._heads: dict[int, _Block] = {}
         self._counters = dict.fromkeys(_COUNTERS, 0)
         # Called with the reserved bytes after each new segment, as CUDA's allocator calls its trace trackers
-        # (`attachAllocatorTraceTracker`) on a "segment_alloc": a planner, whose allocator has no capacity limit,
-        # sees the allocation that goes past the HBM, whatever makes it (an op, a compiled graph's output).
+        # (`attachAllocatorTraceTracker`) on a "segment_alloc": a planner, whose allocator overcommits, sees the
+        # allocation that goes past the HBM, whatever makes it (an op, a compiled graph's output).
         # Called with `lock` held.
         self.segment_tracker: Callable[[int], None] | None = None
 
