@@ -511,9 +511,9 @@ class Ranks:
 class Roles:
     """Rank plans shared between ranks that run the same thing: a pipeline rank gives, at its first schedule step,
     the key of what it runs from there (`plan_pipeline._role_key`: its stages, their inputs, its groups and their
-    placement, its state so far; not its stage index nor the number of micro-batches); the first rank with a key is
-    planned, the others stop there and take its plan, their stage indices, pipeline rank and schedule put in
-    (`relabelled`). Shared by every `Ranks` given it (every configuration of a search)."""
+    placement, its state so far; not its stage index, the number of micro-batches nor where its neighbours are); the
+    first rank with a key is planned, the others stop there and take its plan, their stage indices, pipeline rank,
+    schedule and sends put in (`relabelled`). Shared by every `Ranks` given it (every configuration of a search)."""
 
     def __init__(self) -> None:
         self.plans: dict[str, dict[str, Any]] = {}  # key -> the planned rank's plan
