@@ -995,26 +995,34 @@ def test_pipeline_stages_built_as_torchtitan_builds_them_plan(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_pipeline_ranks_of_one_role_are_planned_once(tmp_path, capsys):
-    """PP 8 on 32 ranks, stages built as torchtitan builds them (each keeps its block under its number in the whole
-    model; no input_args: a stage's input shapes come from the previous stage's rank). The middle stages whose blocks
-    and neighbours' placement are alike run the same thing and are planned once: stages 1 and 5 (a neighbour on
-    their chip, then one across chips), 2, 4 and 6 (the other way round); stage 3, a layer deeper, and the first and
-    last stages are planned. The shared plans give the report every rank's own plan gives, to the last bit. (Before,
-    every stage was planned: a stage whose input shapes came from another rank had no role key, and the key held
-    the layers' names.)"""
-    args = ("1f1b", "--pp", "8", "--micro-batches", "8", "--split-copy", "--no-input-shape", "--deeper-stage", "3")
+    """PP 8 on 2 x 32 ranks, the mesh (pp, dp): stage s on rank 8 s, stages 0-3 on one instance, 4-7 on the other;
+    stages built as torchtitan builds them (each keeps its block under its number in the whole model; no input_args:
+    a stage's input shapes come from the previous stage's rank). The middle stages 1 to 5 run the same thing and are
+    planned once, whichever instance their neighbours are on: stage 3 sends to the other instance, stage 4 receives
+    from it, and each takes the shared plan with its own send priced (a plan runs no transfer). Stage 6, a layer
+    deeper, and the first and last stages are planned. The shared plans give the report every rank's own plan gives,
+    to the last bit. (Before, every stage was planned: a stage whose input shapes came from another rank had no role
+    key, and the key held the layers' names; then stages 3 and 4 were planned apart from 1, 2 and 5: the key held
+    their neighbours' placement.)"""
+    args = ("1f1b", "--pp", "8", "--micro-batches", "8", "--split-copy", "--no-input-shape", "--deeper-stage", "6",
+            "--pp-outer")
     reports = {}
     for reuse in ((), ("--no-reuse",)):
-        code, reports[reuse], output = plan(tmp_path, *args, script="pipeline.py", options=("--jobs", "2", *reuse))
+        code, reports[reuse], output = plan(tmp_path, *args, script="pipeline.py",
+                                            options=("--nodes", "2", "--jobs", "2", *reuse))
         assert code == 0, output
-    # 5, 4 and 6: stage 3 shared with 1 and 5 (its layer more unseen), or 2 with 1 (their neighbours' placement
-    # unseen), would make it 4
-    assert "3 of 8 ranks took the plan of a rank that runs the same thing" in capsys.readouterr().err
+    # 4: stage 6 shared with the middle ones (its layer more unseen) would make it 5; 2: the neighbours' placement
+    # in the key (stages 3 and 4 planned)
+    assert "4 of 8 ranks took the plan of a rank that runs the same thing" in capsys.readouterr().err
     shared, each = reports[()], reports[("--no-reuse",)]
     assert shared == each
     stages = each["pipeline"]["stages"]
-    assert stages[1] == {**stages[5], "stage_index": 1} and stages[2] == {**stages[4], "stage_index": 2}
-    assert stages[3]["forward_seconds"] > stages[1]["forward_seconds"]
+    for index in (2, 4, 5):
+        assert stages[index] == {**stages[1], "stage_index": index}
+    # stage 3's send crosses instances: the one figure its shared plan must price for itself
+    assert stages[3]["send_seconds"] > stages[1]["send_seconds"]
+    assert stages[3] == {**stages[1], "stage_index": 3, "send_seconds": stages[3]["send_seconds"]}
+    assert stages[6]["forward_seconds"] > stages[1]["forward_seconds"]
 
 
 def test_a_shared_role_plan_names_its_ranks_own_modules():
@@ -1031,13 +1039,28 @@ def test_a_shared_role_plan_names_its_ranks_own_modules():
     probe = {"stage_indices": [4], "pipeline_rank": 4, "num_stages": 8, "n_microbatches": 8,
              "stage_ranks": list(range(8)), "programs": [], "modules": [["Part", "Part.layers", "Part.layers.4"]],
              "oom": None}
-    plan = roles.relabelled("key", probe, 4)
+    plan = roles.relabelled("key", probe, 4, [])
     assert plan["rank"] == 4 and plan["pipeline"]["stages"] == [{"stage_index": 4}]
     assert plan["oom"]["module"] == "Part.layers.4"
     assert [e["module"] for e in plan["oom"]["largest_live_tensors_by_module"]] == ["Part.layers.4", "Global"]
     assert roles.plans["key"]["oom"]["module"] == "Part.layers.2"  # the role's plan itself is left as it is
     own = {**oom, "module": "Part.layers.4", "op": "aten.empty.memory_format"}
-    assert roles.relabelled("key", {**probe, "oom": own}, 4)["oom"] == own
+    assert roles.relabelled("key", {**probe, "oom": own}, 4, [])["oom"] == own
+
+
+def test_a_shared_role_plan_prices_its_ranks_own_sends():
+    """A rank that takes another's plan of its role has its stages' sends priced for where its next stages are (the
+    role's key leaves that out); bytes other than the role's plan's are refused (the key missed a difference)."""
+    roles = plan_ranks.Roles()
+    roles.claim("key", {"stage_indices": [1], "modules": [[]]}, "scratch", 1)
+    cost = {"stage_index": 1, "send_bytes": 4096, "send_seconds": 5.7e-5}
+    roles.planned("scratch", 1, {"rank": 1, "oom": None, "pipeline": {"stages": [cost]}})
+    probe = {"stage_indices": [3], "pipeline_rank": 3, "num_stages": 8, "n_microbatches": 8,
+             "stage_ranks": list(range(0, 64, 8)), "programs": [], "modules": [[]], "oom": None}
+    plan = roles.relabelled("key", probe, 24, [[3, 4096, 2.3e-4]])
+    assert plan["pipeline"]["stages"] == [{**cost, "stage_index": 3, "send_seconds": 2.3e-4}]
+    with pytest.raises(RuntimeError, match="sends 8192 bytes, the plan of its role 4096"):
+        roles.relabelled("key", probe, 24, [[3, 8192, 2.3e-4]])
 
 
 def test_pipeline_stage_without_input_shapes_needs_neuron_plan():

@@ -11,8 +11,8 @@ cluster; the report (`plan_report`) takes the slowest rank's step and the larges
 (`--ranks auto`) rank 0 is planned and, when it turns out to be a pipeline stage, one rank of every other stage (the
 stages differ: first, middle, last), started as soon as rank 0's schedule names them; `--ranks 0,31` plans the
 listed ranks. Up to `--jobs` ranks are planned at once. Pipeline ranks that run the same thing (the middle stages of
-a model of equal blocks, their neighbours placed alike) are planned once: the others stop at their first schedule
-step and take that plan (`plan_ranks.Roles`; `--no-reuse` plans each).
+a model of equal blocks, wherever their neighbours are) are planned once: the others stop at their first schedule
+step and take that plan, their sends priced for their own neighbours (`plan_ranks.Roles`; `--no-reuse` plans each).
 """
 
 from __future__ import annotations

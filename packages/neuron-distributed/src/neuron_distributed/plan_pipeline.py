@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import math
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -38,7 +39,7 @@ from . import costs
 from .plan_state import active_planner
 
 __all__ = ["Layout", "RoleReused", "StageCost", "announcing_stage_ranks", "combine", "exchanging_stage_outputs",
-           "identifying_roles", "lay_out", "patched_schedules"]
+           "identifying_roles", "lay_out", "outputs_bytes", "patched_schedules", "send_seconds"]
 
 _COMPUTE = {"F": "forward", "B": "backward"}
 _IGNORED = frozenset({"REDUCE_GRAD", "UNSHARD", "RESHARD", "SEND_F", "RECV_F", "SEND_B", "RECV_B"})
@@ -279,11 +280,13 @@ def _role_key(schedule: Any, stages: list[Any], args_split: Any, kwargs_split: A
               ranks: list[int]) -> str | None:
     """What this rank runs from its first schedule step on, as a hash: its stages (their modules' structure without
     their names (`_structure`), inputs, first or last), the schedule's kind and loss, the target's shape, every
-    process group it is in (size and placement, which price its collectives), where its stages' neighbours are
-    (which prices the transfers), the world, the machine, and the rank's state so far (simulated clock, FLOPs, HBM,
-    whether it went past the HBM). Not the stage's index, its layers' names nor the number of micro-batches: a
-    stage's per-micro-batch costs depend on none of them. A stage whose input shapes come from another rank waits
-    for them here (its first micro-batch would wait for them too). None when they cannot come (no neuron-plan)."""
+    process group it is in (size and placement, which price its collectives), the world, the machine, and the rank's
+    state so far (simulated clock, FLOPs, HBM, whether it went past the HBM). Not the stage's index, its layers'
+    names nor the number of micro-batches: a stage's per-micro-batch costs depend on none of them. Nor where its
+    stages' neighbours are: the plan runs no transfer, it prices each stage's send to the next stage
+    (`StageCost.send_seconds`, from its bytes and the pair's placement), which a rank that takes the role's plan
+    prices for its own pair (`send_seconds`). A stage whose input shapes come from another rank waits for them here
+    (its first micro-batch would wait for them too). None when they cannot come (no neuron-plan)."""
     import hashlib
     import json
 
@@ -304,10 +307,8 @@ def _role_key(schedule: Any, stages: list[Any], args_split: Any, kwargs_split: A
                       for m in _exchange[-1][1](stage.stage_index - 1, ranks[stage.stage_index - 1])]
         else:
             return None
-        neighbours = [costs.placement_of_ranks((ranks[stage.stage_index], ranks[other]))
-                      for other in (stage.stage_index - 1, stage.stage_index + 1) if 0 <= other < len(ranks)]
         described.append({"first": stage.is_first, "last": stage.is_last, "module": _structure(stage.submod),
-                          "inputs": inputs, "neighbours": neighbours})
+                          "inputs": inputs})
     groups = sorted([len(members), costs.placement_of_ranks(list(members)),
                      costs.ranks_on_each_instance(list(members))]
                     for members in distributed_c10d._world.pg_group_ranks.values() if rank in members)
@@ -439,11 +440,22 @@ def _micro_batch(schedule: Any, stages: list[Any], ranks: list[int], mb: int, ar
                 torch.autograd.backward(outs, [torch.empty_like(t) for t in outs])
             activation -= _still_grown(grown, before_sizes)
         sent = 0 if stage.is_last else sum(t.numel() * t.element_size() for t in flat_tensors(out))
-        pair = (ranks[stage.stage_index], ranks[min(stage.stage_index + 1, len(ranks) - 1)])
         backward = planner.clock() - before_clock
         costs_by_stage.append(StageCost(stage.stage_index, forward, backward, max(0, activation), sent,
-                                        costs.transfer_seconds(sent, pair), backward))
+                                        send_seconds(stage.stage_index, ranks, sent), backward))
     return costs_by_stage, loss, output
+
+
+def send_seconds(stage_index: int, ranks: list[int], nbytes: int) -> float:
+    """A stage's output (`nbytes`) sent to the next stage's rank (`ranks`: every stage's), priced for the two ranks'
+    placement; nothing after the last stage. A planned stage's `StageCost.send_seconds`, and what a rank that takes
+    another rank's plan of its role prices for its own pair (`plan_ranks`)."""
+    return costs.transfer_seconds(nbytes, (ranks[stage_index], ranks[min(stage_index + 1, len(ranks) - 1)]))
+
+
+def outputs_bytes(metas: list[dict[str, Any]]) -> int:
+    """The bytes of a stage's outputs described as the shape exchange describes them (`_outputs_meta`)."""
+    return sum(math.prod(meta["shape"]) * getattr(torch, meta["dtype"]).itemsize for meta in metas)
 
 
 @contextlib.contextmanager

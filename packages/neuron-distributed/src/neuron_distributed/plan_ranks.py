@@ -13,6 +13,7 @@ import argparse
 import ast
 import contextlib
 import copy
+import gc
 import importlib
 import importlib.util
 import json
@@ -32,7 +33,14 @@ import torch
 from neuron_spec.machine import INSTANCE
 
 from . import envvars
-from .plan_pipeline import RoleReused, announcing_stage_ranks, exchanging_stage_outputs, identifying_roles
+from .plan_pipeline import (
+    RoleReused,
+    announcing_stage_ranks,
+    exchanging_stage_outputs,
+    identifying_roles,
+    outputs_bytes,
+    send_seconds,
+)
 from .planning import launcher_environment
 
 __all__ = ["ROLE", "STAGES", "VERDICT", "WANTS", "Ranks", "Roles", "Zygote", "run_script"]
@@ -86,11 +94,18 @@ def _plan_one(rank: int, steps: int | None, out: str, script: list[str], roles: 
                              steps=steps)
         except RoleReused as reused:
             # a later stage planned beside this one may wait for this stage's outputs: neuron-plan copies them from
-            # the rank that planned the role; this rank's plan file appears only once they are there
+            # the rank that planned the role; this rank's plan file appears only once they are there. Their bytes
+            # price this rank's own sends to its next stages (the role's key leaves out where those are).
+            sends = []
             for stage in reused.probe["stage_indices"]:
-                while stage + 1 < reused.probe["num_stages"] and not os.path.exists(_outputs_file(scratch, stage)):
+                if stage + 1 == reused.probe["num_stages"]:
+                    continue
+                while not os.path.exists(_outputs_file(scratch, stage)):
                     time.sleep(Ranks.POLL_SECONDS)
-            _write_whole(out, {"reused": reused.key, "probe": reused.probe})
+                with open(_outputs_file(scratch, stage)) as handle:
+                    nbytes = outputs_bytes(json.load(handle))
+                sends.append([stage, nbytes, send_seconds(stage, reused.probe["stage_ranks"], nbytes)])
+            _write_whole(out, {"reused": reused.key, "probe": reused.probe, "sends": sends})
             return
     with open(out, "w") as handle:
         json.dump({**plan.as_dict(), "lanes": plan.lanes}, handle)
@@ -190,6 +205,10 @@ def _zygote(requests: int, replies: int, steps: str, script: list[str]) -> None:
                     rank, out, roles, world, per_node, rank_script, log = request
                     if forked == 1:
                         _warm_compile_caches()
+                    # What this process holds is frozen: a rank's collections then skip it (a full one walked the
+                    # 370,000 objects of torch and transformers, 0.2 s of a 70B stage's 3 s plan) and leave its pages
+                    # shared with this process (a collection writes to every object it walks)
+                    gc.freeze()
                     pid = os.fork()
                     forked += 1
                     if pid == 0:
@@ -418,7 +437,8 @@ class Ranks:
                     self._copy_outputs()
                     for rank, stopped in list(reused.items()):
                         if stopped["reused"] in self.roles.plans:
-                            plans[rank] = self.roles.relabelled(stopped["reused"], stopped["probe"], rank)
+                            plans[rank] = self.roles.relabelled(stopped["reused"], stopped["probe"], rank,
+                                                                stopped["sends"])
                             del reused[rank]
                 while pending and len(running) < max(1, self.options.jobs):
                     rank = pending.pop(0)
@@ -491,9 +511,9 @@ class Ranks:
 class Roles:
     """Rank plans shared between ranks that run the same thing: a pipeline rank gives, at its first schedule step,
     the key of what it runs from there (`plan_pipeline._role_key`: its stages, their inputs, its groups and their
-    placement, its state so far; not its stage index nor the number of micro-batches); the first rank with a key is
-    planned, the others stop there and take its plan, their stage indices, pipeline rank and schedule put in
-    (`relabelled`). Shared by every `Ranks` given it (every configuration of a search)."""
+    placement, its state so far; not its stage index, the number of micro-batches nor where its neighbours are); the
+    first rank with a key is planned, the others stop there and take its plan, their stage indices, pipeline rank,
+    schedule and sends put in (`relabelled`). Shared by every `Ranks` given it (every configuration of a search)."""
 
     def __init__(self) -> None:
         self.plans: dict[str, dict[str, Any]] = {}  # key -> the planned rank's plan
@@ -521,15 +541,24 @@ class Roles:
         for key in [k for k, (where, _, _) in self.claims.items() if where == scratch and k not in self.plans]:
             del self.claims[key]
 
-    def relabelled(self, key: str, probe: dict[str, Any], rank: int) -> dict[str, Any]:
+    def relabelled(self, key: str, probe: dict[str, Any], rank: int, sends: list[list[Any]]) -> dict[str, Any]:
         """The role's plan as rank `rank`'s: its stage indices, pipeline rank, stages' ranks, micro-batches and the
-        schedule's programs (from `probe`, what that rank's own schedule gave), and where it went past the HBM: its
-        own, before its first step, else the role's rank's with its modules' names in this rank's (a stage's layers
-        are named by their numbers in the whole model)."""
+        schedule's programs (from `probe`, what that rank's own schedule gave), its stages' sends priced for where
+        its next stages are (`sends`: [stage, bytes, seconds] that rank computed), and where it went past the HBM:
+        its own, before its first step, else the role's rank's with its modules' names in this rank's (a stage's
+        layers are named by their numbers in the whole model)."""
         plan = copy.deepcopy(self.plans[key])
         mapping = dict(zip(self.claims[key][2]["stage_indices"], probe["stage_indices"]))
         pipe = plan["pipeline"]
         pipe["stages"] = [{**cost, "stage_index": mapping[cost["stage_index"]]} for cost in pipe["stages"]]
+        priced = {stage: (nbytes, seconds) for stage, nbytes, seconds in sends}
+        for cost in pipe["stages"]:
+            if cost["stage_index"] not in priced:  # a last stage: it sends nothing
+                continue
+            nbytes, cost["send_seconds"] = priced[cost["stage_index"]]
+            if nbytes != cost["send_bytes"]:
+                raise RuntimeError(f"plan mode: rank {rank}'s stage {cost['stage_index']} sends {nbytes} bytes, the "
+                                   f"plan of its role {cost['send_bytes']}: the role's key missed what differs")
         pipe.update({name: probe[name] for name in ("pipeline_rank", "num_stages", "n_microbatches", "stage_ranks",
                                                    "programs")})
         plan["rank"] = rank

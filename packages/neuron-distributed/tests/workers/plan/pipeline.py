@@ -4,7 +4,8 @@ by `torch.distributed.pipelining` (gpipe, 1f1b, interleaved), gradients all-redu
 `--split-copy` builds the stages as torchtitan's `pipeline_module_split` does: the whole model on the meta device
 (its blocks in a `ModuleDict` by their numbers), one `copy.deepcopy` of it per stage with the other stages' blocks
 deleted (a stage keeps its block under its number in the whole model), then `to_empty` on the device and an
-initialisation. `--deeper-stage N` gives stage N's block a layer more. `--fsdp` shards each stage with FSDP2 over dp as torchtitan does under PP (`fully_shard`,
+initialisation. `--deeper-stage N` gives stage N's block a layer more. `--pp-outer` lays the mesh out (pp, dp):
+consecutive stages are dp ranks apart, so on a cluster some are on other instances. `--fsdp` shards each stage with FSDP2 over dp as torchtitan does under PP (`fully_shard`,
 `reshard_after_forward=False`: the parameters stay unsharded from the first micro-batch's forward to the schedule's
 last backward), its gradients reduced by FSDP instead of the all-reduce."""
 
@@ -30,11 +31,14 @@ parser.add_argument("--no-input-shape", action="store_true", help="build later s
 parser.add_argument("--split-copy", action="store_true", help="stages from a deepcopy of the whole model on meta")
 parser.add_argument("--fsdp", action="store_true", help="each stage sharded by FSDP2 over dp, as torchtitan's PP")
 parser.add_argument("--deeper-stage", type=int, help="this stage's block has a hidden layer more")
+parser.add_argument("--pp-outer", action="store_true", help="the mesh (pp, dp): a stage's ranks are dp apart")
 args = parser.parse_args()
 
 dist.init_process_group("neuron")
 device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
-mesh = init_device_mesh("neuron", (dist.get_world_size() // args.pp, args.pp), mesh_dim_names=("dp", "pp"))
+dims = {"dp": dist.get_world_size() // args.pp, "pp": args.pp}
+order = ("pp", "dp") if args.pp_outer else ("dp", "pp")
+mesh = init_device_mesh("neuron", tuple(dims[name] for name in order), mesh_dim_names=order)
 pp_rank, count = mesh["pp"].get_local_rank(), args.pp * args.stages_per_rank
 
 
