@@ -16,6 +16,7 @@ from launcher import WORKERS, launch, run_code
 
 from neuron_distributed import plan_cli, plan_ranks
 from neuron_distributed.plan_cli import cores_per_node, parse_command
+from neuron_distributed.plan_patches import UNPADDED
 from neuron_distributed.plan_pipeline import StageCost, _single_programs, combine, lay_out
 from neuron_distributed.plan_report import build_report, format_report
 
@@ -1628,6 +1629,50 @@ def test_kv_cache_that_cannot_fit_is_reported_at_its_allocation(cache):
     assert result["fits"] is False
     assert "cache_utils.py" in result["oom"]["code"] and "lazy_initialization" in result["oom"]["code"]
     assert result["oom"]["op"] in ("aten.zeros.default", "torch.zeros")
+
+
+_PREFILL = """
+import json, sys, torch, torch_neuronx, transformers
+from neuron_device import services
+config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=4, pad_token_id=0)
+masks = []
+sdpa = torch.nn.functional.scaled_dot_product_attention
+def logged(*args, attn_mask=None, is_causal=False, **kwargs):
+    masks.append((attn_mask is None, is_causal))
+    return sdpa(*args, attn_mask=attn_mask, is_causal=is_causal, **kwargs)
+torch.nn.functional.scaled_dot_product_attention = logged
+def prefill():
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval().to("neuron")
+    prompt = torch.randint(3, 128, (2, 8), device="neuron")
+    model(prompt, attention_mask=torch.ones_like(prompt), use_cache=sys.argv[2] == "cache")
+if sys.argv[1] == "plan":
+    plan = torch_neuronx.plan(prefill, world_size=1)
+    print(json.dumps([plan.step_seconds, masks, plan.assumptions]))
+else:
+    prefill()
+    print(json.dumps([max(services.timeline(0).clocks.values()), masks, []]))
+"""
+
+
+@pytest.mark.optional
+@pytest.mark.parametrize("cache", ["cache", "no_cache"])
+def test_prefill_with_an_attention_mask_takes_sdpas_causal_path_as_the_real_run(cache):
+    """A transformers Llama's forward given an all-ones attention mask (a tokenizer's, unpadded): the real run reads
+    the mask, finds no padding and calls SDPA with `is_causal` and no mask; transformers' masking utilities took every
+    FakeTensor for tracing, so the plan built a (batch, 1, q, kv) mask and charged its ops and SDPA with it (the
+    prefill 2.8 % under the real run's). Planned as the real run: the same SDPA calls and the same simulated time,
+    under the stated assumption of unpadded batches."""
+    pytest.importorskip("transformers")
+    runs = {}
+    for mode in ("real", "plan"):
+        done = _plan_in_subprocess(_PREFILL, mode, cache)
+        assert done.returncode == 0, done.stderr
+        runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert runs["real"][1] == runs["plan"][1] == [[True, True]] * 2
+    assert runs["plan"][0] == pytest.approx(runs["real"][0], rel=1e-9)
+    assert runs["plan"][2] == [UNPADDED]
 
 
 def test_op_on_neuron_constants_is_charged_once():

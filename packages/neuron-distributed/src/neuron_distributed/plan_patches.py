@@ -40,6 +40,11 @@ with its reason. Nothing here outlives the plan.
   (it needs their memory; torch only warns on a fake's data pointer, and the process then crashed); one Triton's
   interpreter runs (`InterpretedFunction.run`, `TRITON_INTERPRET=1`) is charged as the real run's: each tensor
   argument's storage copied to the host and back, the kernel's own work on the host.
+* transformers' attention masks (`masking_utils`): a (batch, positions) tensor of the plan is not "tracing"
+  (`is_tracing`, which counts every FakeTensor: a planned tensor is one), so a mask is skipped for SDPA's `is_causal`
+  where a real run skips it; the checks' reads of the 2-D mask and the positions are answered by `UNPADDED`, stated
+  in the report (`_untraced_masks`). (Planned as traced, a forward given an all-ones attention mask, or run without a
+  cache, built a (batch, 1, q, kv) mask and called SDPA with it; the real run took `is_causal`.)
 * `torch.tensor` of a read value: a planned 0-d tensor (torch's converts the symbol to a number, a branch on it).
   TorchScript still takes the patched function for its builtin `aten::tensor` (`_scripted_as_builtin`): modules
   scripted while the plan runs (`torch.distributed.optim`'s functional optimizers, imported by a script's
@@ -66,7 +71,15 @@ from .plan_pipeline import patched_schedules
 from .plan_replay import replaying
 from .plan_values import planned_format, planned_index, planned_tensor, planned_tensor_format
 
-__all__ = ["patched", "patched_everywhere", "patched_torch"]
+__all__ = ["UNPADDED", "patched", "patched_everywhere", "patched_torch"]
+
+UNPADDED = ("unpadded batches: a transformers model's 2-D attention mask is all ones and its positions are one "
+            "sequence a row, so its attention skips the mask for SDPA's is_causal (masking_utils' checks of them "
+            "answered so)")
+# transformers' `masking_utils` functions whose reads (after their `is_tracing` check) ask whether the 2-D attention
+# mask is all ones or the positions pack several sequences: answered by `UNPADDED`
+_MASK_CHECKS = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa", "find_packed_sequence_indices",
+                "create_recurrent_attention_mask")
 
 
 def _planned_allreduce(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -386,6 +399,62 @@ def _trunc_normal(fill: Callable) -> Callable:
     return planned
 
 
+def _untraced(is_tracing: Callable) -> Callable:
+    """transformers' `is_tracing(tensor)` for its masks in a plan: a planned (batch, positions) tensor, a FakeTensor
+    of the plan's mode, is not traced; Dynamo, TorchScript and stream capture still are (`is_tracing()`). transformers
+    counts every FakeTensor as traced and then materializes the mask, where the real run reads the mask's values and
+    skips it. The static cache's query offset (a 0-d tensor: the cache's state, not the batch's) stays traced: the
+    mask is built, as the real run builds it past the first chunk (an empty cache's offset is the int 0)."""
+
+    def planned(tensor: Any = None) -> bool:
+        if is_tracing():  # first: Dynamo, tracing a compiled forward, takes this branch alone (a constant True)
+            return True
+        if isinstance(tensor, torch.Tensor) and tensor.dim() == 2 and plan_state.is_planning() and \
+                getattr(tensor, "fake_mode", None) is plan_state.active_planner().fake_mode:
+            return False
+        return is_tracing(tensor)
+
+    return planned
+
+
+def _unpadded_answer() -> bool:
+    planner = plan_state.active_planner()
+    if planner.assumed is not None:
+        planner.assumed.state(UNPADDED)
+    return True
+
+
+def _unpadded(check: Callable) -> Callable:
+    """A `masking_utils` check (`_MASK_CHECKS`) whose reads (is the mask all ones, is there one sequence a row) are
+    answered True under `UNPADDED`: the real run's answer for a batch of unpadded sequences."""
+
+    @functools.wraps(check)
+    def planned(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # Dynamo tracing a compiled forward: no read to answer, nothing to trace
+            return check(*args, **kwargs)
+        with plan_state.answering_by(_unpadded_answer):
+            return check(*args, **kwargs)
+
+    return planned
+
+
+@contextlib.contextmanager
+def _untraced_masks() -> Iterator[None]:
+    """transformers' masking utilities patched for a plan (`_untraced`, `_unpadded`); nothing without transformers
+    imported (a script that imports it inside the plan keeps transformers' traced masks)."""
+    if "transformers" not in sys.modules:
+        yield
+        return
+    from transformers import masking_utils
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched(masking_utils, "is_tracing", _untraced(masking_utils.is_tracing)))
+        for name in _MASK_CHECKS:
+            if hasattr(masking_utils, name):
+                stack.enter_context(patched(masking_utils, name, _unpadded(getattr(masking_utils, name))))
+        yield
+
+
 def _init_process_group(init: Callable) -> Callable:
     """`init_process_group` in plan mode: no rendezvous (a `FakeStore`), the launcher's rank and world size."""
 
@@ -547,6 +616,7 @@ def patched_torch() -> Iterator[None]:
             stack.enter_context(patched(launcher, "run", planned_launch(launcher.run)))
         for name in ("__getitem__", "__setitem__"):
             stack.enter_context(patched(torch.Tensor, name, planned_index(getattr(torch.Tensor, name))))
+        stack.enter_context(_untraced_masks())
         if importlib.util.find_spec("neuron_compile") is not None:  # a compiled decode's repeated calls replayed
             from neuron_compile.output_code import AtenHostCode
 
