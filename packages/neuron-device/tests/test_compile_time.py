@@ -78,15 +78,6 @@ def test_another_threads_ops_during_compile_time_are_charged():
     assert torch.neuron.memory_stats(DEVICE)["allocation.all.allocated"] > before["memory"]["allocation.all.allocated"]
 
 
-@pytest.fixture
-def queued(monkeypatch):
-    """Adaptive eager on, every run executed op by op."""
-    monkeypatch.setattr(adaptive_eager, "FUSE_AFTER", 1 << 30)
-    previous = adaptive_eager.set_enabled(True)
-    yield
-    adaptive_eager.set_enabled(previous)
-
-
 @pytest.mark.all_wheels  # adaptive eager hands repeated runs to neuron-compile's fuser when it is installed
 def test_ops_queued_before_compile_time_are_the_programs_and_those_queued_in_it_are_not(queued):
     a = torch.ones(64, device=f"neuron:{DEVICE}")
