@@ -1,7 +1,9 @@
 """Run in a fresh process by the cache tests and the benchmark: compile a tiny model (forward and backward) with
 `backend="neuron"`, check it against eager, and print as JSON the compile metrics, the compile wall time, and what
 a cache hit must reproduce exactly: the outputs, the gradients and the simulation report (simulated device time
-and memory; its compile counters, which differ between a miss and a hit, are reported as the metrics)."""
+and memory; its compile counters, which differ between a miss and a hit, are reported as the metrics).
+`--tensor-parallel`: the model's linear layers sharded with DTensor over a one-rank mesh (a `neuron` process group:
+neuron-distributed), compiled for inference; its graph takes the `DeviceMesh` as an input."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to("neuron")
     x = torch.randn(4, 8, device="neuron")
+    if "--tensor-parallel" in sys.argv:
+        return tensor_parallel(model, x)
     compiled = torch.compile(model, backend="neuron", fullgraph=True)
     started = time.perf_counter()
     out = compiled(x)
@@ -36,6 +40,26 @@ def main() -> None:
                       "output": out.detach().cpu().tolist(),
                       "grads": [p.grad.cpu().tolist() for p in model.parameters()],
                       "simulation": simulation}))
+
+
+def tensor_parallel(model: torch.nn.Module, x: torch.Tensor) -> None:
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from neuron_device.simulation import report
+
+    dist.init_process_group("neuron", rank=0, world_size=1)  # MASTER_ADDR and MASTER_PORT from the test
+    parallelize_module(model, init_device_mesh("neuron", (1,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    with torch.no_grad():
+        out = torch.compile(model, backend="neuron", fullgraph=True)(x)
+        torch.testing.assert_close(out.cpu(), model(x).cpu())
+    simulation = report.collect()
+    simulation.pop("graphs")
+    print(json.dumps({**neuron_compile.metrics.counters(), "output": out.cpu().tolist(), "simulation": simulation,
+                      "autograd_cache_hits": counters["aot_autograd"]["autograd_cache_hit"]}))
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

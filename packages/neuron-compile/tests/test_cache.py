@@ -114,12 +114,14 @@ def test_entry_not_signed_by_this_cache_is_rejected(tmp_path) -> None:
         assert not _lookup(tmp_path).hit
 
 
-def _run_worker(cache_dir: Path, inductor_dir: Path, host_code: str | None = None) -> subprocess.Popen:
-    env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(cache_dir), "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
+def _run_worker(cache_dir: Path, inductor_dir: Path, host_code: str | None = None, *args: str,
+                env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(cache_dir), "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir),
+           **(env or {})}
     if host_code is not None:
         env["NEURON_COMPILE_HOST_CODE"] = host_code
-    return subprocess.Popen([sys.executable, str(WORKER)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen([sys.executable, str(WORKER), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def _result(process: subprocess.Popen) -> dict:
@@ -155,6 +157,33 @@ def test_second_process_hits_and_a_corrupted_entry_recompiles(tmp_path, host_cod
     third = run("inductor-3")
     assert (third["cache_misses"], third["cache_hits"]) == (1, 0) and third["grad_ok"]
     assert {k: third[k] for k in _EXACT} == {k: first[k] for k in _EXACT}
+
+
+@pytest.mark.slow
+@pytest.mark.compiler
+@pytest.mark.multiprocess
+@pytest.mark.all_wheels  # the `neuron` process group is neuron-distributed's
+def test_a_tensor_parallel_graph_hits_another_processs_entry(tmp_path) -> None:
+    """AOTAutograd's key of a graph taking a `DeviceMesh` pickled the mesh with its cached Python hash, which differs
+    between processes (`_patches.device_mesh_state_without_its_hash`): a DTensor graph never hit AOTAutograd's
+    cache in another process, and every process (every planned rank, every plan) traced and compiled it again."""
+    pytest.importorskip("neuron_distributed")
+    import socket
+
+    def run(inductor_dir: str) -> dict:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        return _result(_run_worker(tmp_path / "cache", tmp_path / inductor_dir, None, "--tensor-parallel",
+                                   env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}))
+
+    first = run("inductor-1")
+    assert (first["cache_misses"], first["cache_hits"], first["autograd_cache_hits"]) == (1, 0, 0)
+    second = run("inductor-2")
+    assert (second["cache_misses"], second["cache_hits"], second["autograd_cache_hits"]) == (0, 1, 1)
+    # the simulated time and memory too: the miss's compile ran ops on the device (Inductor's pattern examples of a
+    # graph traced on `neuron`), which the hit skips; compile time charges nothing (`services.compiling`)
+    assert {k: second[k] for k in ("output", "simulation")} == {k: first[k] for k in ("output", "simulation")}
 
 
 @pytest.mark.slow

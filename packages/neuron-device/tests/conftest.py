@@ -8,10 +8,21 @@ import pytest
 import torch
 from device_support import run_python
 
+from neuron_device.adaptive_eager import queue as adaptive_eager
+
 
 @pytest.fixture
 def python():
     return run_python
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    """Adaptive eager on, every run executed op by op."""
+    monkeypatch.setattr(adaptive_eager, "FUSE_AFTER", 1 << 30)
+    previous = adaptive_eager.set_enabled(True)
+    yield
+    adaptive_eager.set_enabled(previous)
 
 
 @pytest.fixture

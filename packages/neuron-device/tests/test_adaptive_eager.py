@@ -22,15 +22,6 @@ pytestmark = pytest.mark.all_wheels
 
 
 @pytest.fixture
-def queued(monkeypatch):
-    """Adaptive eager on, every run executed op by op."""
-    monkeypatch.setattr(adaptive_eager, "FUSE_AFTER", 1 << 30)
-    previous = adaptive_eager.set_enabled(True)
-    yield
-    adaptive_eager.set_enabled(previous)
-
-
-@pytest.fixture
 def graphs(monkeypatch):
     """Adaptive eager on, with a fuser that hands back the run's FX graph (kept in the returned list)."""
     seen: list[torch.fx.GraphModule] = []

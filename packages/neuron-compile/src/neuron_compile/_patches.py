@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 __all__ = ["aot_cache_key_without_inductor_backends", "async_collective_inputs_keep_requires_grad",
-           "inductor_decompositions", "inductor_forward_results_charged", "lazy_trace_log_headers",
-           "linear_guard_cse", "patch_current_backend", "patch_scheduler_host_check",
+           "device_mesh_state_without_its_hash", "inductor_decompositions", "inductor_forward_results_charged",
+           "lazy_trace_log_headers", "linear_guard_cse", "patch_current_backend", "patch_scheduler_host_check",
            "pattern_matches_need_their_targets", "register_stream_functions", "rng_states_saved_as_tensors",
            "warn_on_recompile_limit"]
 
@@ -310,6 +310,33 @@ def aot_cache_key_without_inductor_backends() -> Iterator[None]:
     with (mock.patch.object(codecache, "init_backend_registration", lambda: None),
           mock.patch.object(codecache, "custom_backend_passes", {}),
           mock.patch.object(codecache, "custom_backend_codegen_configs", {})):
+        yield
+
+
+@contextlib.contextmanager
+def device_mesh_state_without_its_hash() -> Iterator[None]:
+    """A tensor-parallel graph takes its `DeviceMesh` as an opaque input, which AOTAutograd's cache key pickles whole
+    (`FxGraphCachePickler._reduce_fake_script_object`), and `DeviceMesh.__getstate__` keeps `_hash`, the mesh's
+    Python hash cached at its first use. That hash differs between processes (it hashes `None`s, whose hash is their
+    address before Python 3.12, and strings, salted per process unless PYTHONHASHSEED is set) and is absent until
+    the mesh is first hashed, so the key of a DTensor graph never matched another process's: every process, every
+    planned rank and every plan of a script traced and compiled its graphs again (an 80-layer decode: about 40 % of
+    a rank's plan). A record's unpickled mesh carried the other process's hash too, unequal to the hash of an equal
+    mesh here. While a graph compiles (its key made, its record stored or loaded), a mesh is pickled without it;
+    `__hash__` computes it again when asked. The rest of the state stays in the key (`_rank` among it: a rank's
+    record is its own)."""
+    from unittest import mock
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    original = DeviceMesh.__getstate__
+
+    def __getstate__(self: DeviceMesh) -> dict:
+        state = original(self)
+        state.pop("_hash", None)
+        return state
+
+    with mock.patch.object(DeviceMesh, "__getstate__", __getstate__):
         yield
 
 

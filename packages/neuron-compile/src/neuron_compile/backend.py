@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from neuron_device import services
+
 from . import _patches, cache, compiler, dynamo_device, envvars, metrics
 from .artifacts import ArtifactWriter
 from .compiled_graph import CompiledGraph
@@ -108,48 +110,53 @@ def _compile_static(
             f"with tensor.to('neuron') (graph {name!r}; auto-copy of CPU inputs is disabled by "
             f"{envvars.AUTOCOPY_DISABLED.name}=1)"
         )
-    graph_inputs = compiler.to_neuron(example_inputs) if has_cpu else list(example_inputs)
-    autocopy = has_cpu
-    index = _device_index(graph_inputs)
-    artifacts = ArtifactWriter(settings.debug_dir, name)
-    plans: dict[str, KernelPlan] = {}
-    original = copy.deepcopy(gm) if settings.fallback_execution else None  # compiling rewrites `gm`
-    record = metrics.NeuronCompilationMetrics(graph_id=name, graph_name=name, model_name=settings.model_name or "",
-                                              has_collectives=_has_collectives(gm),
-                                              graph_node_count=len(gm.graph.nodes), timestamp=metrics.now())
-    try:
-        with cache.entry(gm, graph_inputs, settings) as entry, metrics.graph(record):
-            record.graph_id = entry.key or name
-            if entry.hit:
-                metrics.record("cache_hits")
-                plans.update(entry.plans)
-            else:
-                metrics.record("cache_misses")
-            fn = compiler.compile_graph(gm, graph_inputs, artifacts=artifacts, plans=plans, traced=traced,
-                                        cache_key=entry.key, host_code=settings.host_code)
-            if not entry.hit:
-                entry.store(plans)
-    except (DynamicShapesNotSupported, *_GRAPH_BREAKS):
-        raise
-    except Exception as error:
-        metrics.record("failures")
-        log.debug("neuron compilation of graph %s failed", name, exc_info=True)
-        if not settings.fallback_execution:
-            raise NeuronCompileError(
-                f"neuron compilation of graph {name!r} failed: {type(error).__name__}: {error}. To run failing graphs "
-                f"eagerly instead, set {envvars.FALLBACK_DISABLED.name}=0 or pass options={{'fallback_execution': True}}."
-            ) from error
-        warnings.warn(
-            f"neuron compilation of graph {name!r} failed ({type(error).__name__}: {error}); running it eagerly on "
-            "'neuron' (fallback execution is enabled).",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        metrics.record("fallbacks")
-        return CompiledGraph(_eager(original), autocopy=autocopy, index=index, forward_seconds=0.0, backward_seconds=0.0,
-                             retain_device=settings.retain_device)
-    finally:
-        metrics.record("compilations", 0, seconds=time.perf_counter() - started)
+    # Compile time: what compiling runs on the device (example inputs copied there, Inductor's pattern examples and
+    # constant folding) is the compiler's, which on Trainium runs on the host: it charges the program nothing, and
+    # a compile served from a cache, which skips it, plans and runs with the same figures.
+    with services.compiling():
+        graph_inputs = compiler.to_neuron(example_inputs) if has_cpu else list(example_inputs)
+        autocopy = has_cpu
+        index = _device_index(graph_inputs)
+        artifacts = ArtifactWriter(settings.debug_dir, name)
+        plans: dict[str, KernelPlan] = {}
+        original = copy.deepcopy(gm) if settings.fallback_execution else None  # compiling rewrites `gm`
+        record = metrics.NeuronCompilationMetrics(graph_id=name, graph_name=name, model_name=settings.model_name or "",
+                                                  has_collectives=_has_collectives(gm),
+                                                  graph_node_count=len(gm.graph.nodes), timestamp=metrics.now())
+        try:
+            with cache.entry(gm, graph_inputs, settings) as entry, metrics.graph(record):
+                record.graph_id = entry.key or name
+                if entry.hit:
+                    metrics.record("cache_hits")
+                    plans.update(entry.plans)
+                else:
+                    metrics.record("cache_misses")
+                fn = compiler.compile_graph(gm, graph_inputs, artifacts=artifacts, plans=plans, traced=traced,
+                                            cache_key=entry.key, host_code=settings.host_code)
+                if not entry.hit:
+                    entry.store(plans)
+        except (DynamicShapesNotSupported, *_GRAPH_BREAKS):
+            raise
+        except Exception as error:
+            metrics.record("failures")
+            log.debug("neuron compilation of graph %s failed", name, exc_info=True)
+            if not settings.fallback_execution:
+                raise NeuronCompileError(
+                    f"neuron compilation of graph {name!r} failed: {type(error).__name__}: {error}. To run failing "
+                    f"graphs eagerly instead, set {envvars.FALLBACK_DISABLED.name}=0 or pass "
+                    "options={'fallback_execution': True}."
+                ) from error
+            warnings.warn(
+                f"neuron compilation of graph {name!r} failed ({type(error).__name__}: {error}); running it eagerly on "
+                "'neuron' (fallback execution is enabled).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            metrics.record("fallbacks")
+            return CompiledGraph(_eager(original), autocopy=autocopy, index=index, forward_seconds=0.0,
+                                 backward_seconds=0.0, retain_device=settings.retain_device)
+        finally:
+            metrics.record("compilations", 0, seconds=time.perf_counter() - started)
     forward = plans.get("forward") or plans.get("inference")
     backward = plans.get("backward")
     return CompiledGraph(

@@ -254,6 +254,7 @@ def compile_graph(
     with (torch._functorch.config.patch(force_non_lazy_backward_lowering=True),
           _patches.rng_states_saved_as_tensors(),
           _patches.async_collective_inputs_keep_requires_grad(),
+          _patches.device_mesh_state_without_its_hash(),
           _inductor_caches(cache_key, host_code),
           collecting(plans)):
         compiled = _aot_autograd(gm, inputs, inner) if host_code == "aten" else _inductor(gm, inputs, inner)

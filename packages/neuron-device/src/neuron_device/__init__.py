@@ -13,6 +13,7 @@ machine and figures    `topology` (this process's machine), the hardware spec `n
 memory                 `allocator` (caching allocator per device, HBM capacity, stats), `storage` (adopting CPU
                        memory as device storage, host aliases)
 streams and clocks     `neuron/streams` (`Stream`, `Event`), `timeline` (a simulated clock per stream)
+compile time           `compile_time` (a compiler's work on the device charges no time, ledger entry or memory)
 random numbers         `neuron/random` (one generator per device; CUDA's (seed, offset) state), `ops/seeded` (how a
                        random op runs on its device's generator)
 kernels                `ops/registry` (registration), `ops/catalogue` (engine and work per op), `ops/call` (the

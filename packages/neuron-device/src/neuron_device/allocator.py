@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from . import compile_time as _compile_time
 from . import envvars
 from . import storage as _storage
 from . import topology as _topology
@@ -664,10 +665,11 @@ def track(tensor: torch.Tensor, index: int) -> torch.Tensor:
     (OutOfMemoryError if it does not fit); return `tensor`.
 
     The host memory exists already, so the storage is adopted first and charged for exactly the bytes it spans.
+    A storage made at compile time (`compile_time`) is not charged, for its whole life.
     """
     storage = tensor.untyped_storage()
     nbytes = storage.nbytes()
-    if nbytes:
+    if nbytes and not (_compile_time.open_blocks and _compile_time.now()):
         allocator = _devices.get(index) or device(index)
         storage.__dict__[_HOLDING] = _Holding(allocator, allocator.malloc(nbytes))  # `_bind`, inline: every op
     return tensor
@@ -704,7 +706,8 @@ _INT64_MAX = 2**63 - 1
 
 
 def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=None) -> torch.Tensor:
-    """Allocate an uninitialised `neuron:index` tensor; the capacity check comes before any host memory is taken."""
+    """Allocate an uninitialised `neuron:index` tensor; the capacity check comes before any host memory is taken. At
+    compile time (`compile_time`) it is not charged, for its whole life."""
     size = tuple(size)
     if any(s < 0 for s in size):
         raise RuntimeError(f"Trying to create tensor with negative dimension {min(size)}: {list(size)}")
@@ -716,7 +719,7 @@ def empty(size, stride=None, *, dtype: torch.dtype, index: int, memory_format=No
     if nbytes > _INT64_MAX:  # CPU's check and text (c10's computeStorageNbytes), before any OOM accounting
         raise RuntimeError(f"Storage size calculation overflowed with sizes={list(size)}")
     allocator = device(index)
-    block = allocator.malloc(nbytes) if nbytes else None
+    block = allocator.malloc(nbytes) if nbytes and not _compile_time.now() else None
     try:
         if stride is None:
             host = torch.empty(size, dtype=dtype, memory_format=memory_format or torch.contiguous_format)

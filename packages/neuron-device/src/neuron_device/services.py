@@ -25,7 +25,9 @@ Simulated time
     compile cache, the report), `estimate_kernel` (the cost model), `matmul_array_flops` (a matmul's Tensor-engine occupancy as it tiles onto
     the 128 x 128 array), `LAUNCH_SECONDS` (the runtime's launch of one kernel), `topology` (the simulated machine; its
     figures are the hardware spec's, `neuron_spec.hardware`, which siblings import directly), `timeline` (one
-    device's stream clocks), `set_charge_recorder` (see every charge: a profiler, a planner).
+    device's stream clocks), `set_charge_recorder` (see every charge: a profiler, a planner), `compiling` (compile
+    time: device work in the block is a compiler's, on the host on Trainium, and charges no time, ledger entry or
+    memory).
 Plan mode
     `LOCAL_RANK` (the launcher's variable the device reads, for a planner that sets it),
     `account_planned_op` (charge an op that ran on fake tensors as its real kernel would: time and HBM),
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 from .allocator import adopt_charged, adopt_tracked, allocating_from, allocation_source
 from .allocator import device as device_allocator
+from .compile_time import compiling
 from .envvars import LOCAL_RANK
 from .fallback import run_on_host
 from .ops import flex_attention
@@ -81,6 +84,7 @@ __all__ = [
     "breakdown_part",
     "builtin_kernels",
     "charge",
+    "compiling",
     "composite_kernels",
     "current_stream_id",
     "device_allocator",

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from .. import compile_time as _compile_time
 from .. import numerics as _numerics
 from .. import timeline as _timeline
 from .. import topology as _topology
@@ -240,8 +241,11 @@ def _kernel_key(record: OverloadRecord, args: tuple, kwargs: dict, result: Any) 
 
 
 def charge(record: OverloadRecord, index: int, args: tuple, kwargs: dict, result: Any) -> None:
-    """Account one executed call of `record`'s op (`ops.call`) on device `index` (host arguments and result)."""
+    """Account one executed call of `record`'s op (`ops.call`) on device `index` (host arguments and result); at
+    compile time (`compile_time`), nothing."""
     global _cache_hits
+    if _compile_time.open_blocks and _compile_time.now():
+        return
     info = record.info
     engine = info.engine
     if record.keyed_by_arguments:  # the call's key in the record's cache: its arguments' shapes, as cheap as can be
@@ -285,11 +289,13 @@ def record_kernel(name: str, index: int, signature: Hashable, seconds: float, wo
 
     `signature` identifies the compiled kernel (its first launch counts as a compilation, later ones as cache hits);
     `seconds` is its device time, e.g. from `costmodel.estimate_kernel`, charged on the current stream of `index`;
-    `work`, when given, lets a report re-estimate it on another target.
+    `work`, when given, lets a report re-estimate it on another target. At compile time (`compile_time`), nothing.
     """
     global _cache_hits
     if seconds < 0:
         raise ValueError(f"a kernel's device time must be non-negative, got {seconds}")
+    if _compile_time.now():
+        return
     _executed.add(name)
     key = (name, signature)
     if key in _kernels:
@@ -320,8 +326,11 @@ def transfer(name: str, src: torch.Tensor, dst: torch.Tensor, device: torch.devi
 
     `device` is where `dst` ends up when `dst` is still its host form (default: `dst.device`). Host->device copies
     are queued on the current stream; a device->host copy makes the host wait for the stream (as a CUDA copy to
-    pageable memory does), so `.cpu()` and `.item()` are synchronisation points.
+    pageable memory does), so `.cpu()` and `.item()` are synchronisation points. At compile time (`compile_time`),
+    nothing.
     """
+    if _compile_time.now():
+        return
     _executed.add(name)
     nbytes = dst.numel() * dst.element_size()
     device = dst.device if device is None else device
