@@ -121,15 +121,9 @@ class _Stats:
     def add(self, index: int, amount: int) -> None:
         """Change statistic `index` by the signed `amount`. Callers pass one net amount per statistic per call, as
         CUDA updates its stats: a peak sees the net value, not the steps to it."""
-        current = self.current
-        value = current[index] = current[index] + amount
         if amount > 0:
-            self.allocated[index] += amount
-            if value > self.peak[index]:
-                self.peak[index] = value
-            value += self.other.current[index]
-            if value > self.peak_all[index]:
-                self.peak_all[index] = value
+            self.rise_and_fall(index, amount)
+        self.current[index] += amount
 
     def allocate(self, size: int, requested: int) -> None:
         """`add` of one allocation, its `requested` bytes and its block's `size`, in one call: every op's result."""
@@ -145,8 +139,8 @@ class _Stats:
                 peak_all[index] = value
 
     def rise_and_fall(self, index: int, amount: int) -> None:
-        """`add(index, amount)` then `add(index, -amount)` (amount > 0): the current value is back, the total and
-        the peaks are those of the rise."""
+        """`add(index, amount)` then `add(index, -amount)` (amount > 0): the total and the peaks of the rise, the
+        current value unchanged (`add` of an increase is this, then the current value's change)."""
         value = self.current[index] + amount
         self.allocated[index] += amount
         if value > self.peak[index]:
