@@ -122,15 +122,9 @@ class _Stats:
     def add(self, index: int, amount: int) -> None:
         """Change statistic `index` by the signed `amount`. Callers pass one net amount per statistic per call, as
         CUDA updates its stats: a peak sees the net value, not the steps to it."""
-        current = self.current
-        value = current[index] = current[index] + amount
         if amount > 0:
-            self.allocated[index] += amount
-            if value > self.peak[index]:
-                self.peak[index] = value
-            value += self.other.current[index]
-            if value > self.peak_all[index]:
-                self.peak_all[index] = value
+            self.rise_and_fall(index, amount)
+        self.current[index] += amount
 
     def allocate(self, size: int, requested: int) -> None:
         """`add` of one allocation, its `requested` bytes and its block's `size`, in one call: every op's result."""
@@ -146,10 +140,15 @@ class _Stats:
                 peak_all[index] = value
 
     def rise_and_fall(self, index: int, amount: int) -> None:
-        """`add(index, amount)` then `add(index, -amount)` (amount > 0): the current value is back, the total and
-        the peaks are those of the rise."""
-        self.add(index, amount)
-        self.current[index] -= amount
+        """`add(index, amount)` then `add(index, -amount)` (amount > 0): the total and the peaks of the rise, the
+        current value unchanged (`add` of an increase is this, then the current value's change)."""
+        value = self.current[index] + amount
+        self.allocated[index] += amount
+        if value > self.peak[index]:
+            self.peak[index] = value
+        value += self.other.current[index]
+        if value > self.peak_all[index]:
+            self.peak_all[index] = value
 
     def freed(self, index: int) -> int:
         return self.allocated[index] - self.current[index] + self.base[index]
@@ -185,19 +184,6 @@ class _Block:
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
-    def absorb(self, neighbour: _Block) -> None:
-        """Grow over `neighbour`, the free block just before or just after this one in its segment."""
-        self.size += neighbour.size
-        if neighbour is self.prev:
-            self.address = neighbour.address
-            self.prev = neighbour.prev
-            if self.prev is not None:
-                self.prev.next = self
-        else:
-            self.next = neighbour.next
-            if self.next is not None:
-                self.next.prev = self
-
 
 class _Pool:
     """One pool of blocks: its free blocks, ordered by (size, address) so the best fit is a bisection away, and the
@@ -208,25 +194,10 @@ class _Pool:
     def __init__(self, stats: _Stats) -> None:
         self.entries: list[tuple[int, int, _Block]] = []
         self.stats = stats
-        # Bumped by every change of `entries`. Every change of a block's neighbours (split, merge, freed, taken)
-        # changes its pool's free blocks, so what was decided from them holds while the version does.
+        # Bumped by every change of `entries` (made by the allocator's `malloc`, `_use`, `_free` and
+        # `_release_cached`, inline). Every change of a block's neighbours (split, merge, freed, taken) changes its
+        # pool's free blocks, so what was decided from them holds while the version does.
         self.version = 0
-
-    def insert(self, block: _Block) -> None:
-        bisect.insort(self.entries, (block.size, block.address, block))
-        self.version += 1
-
-    def remove(self, block: _Block) -> None:
-        del self.entries[bisect.bisect_left(self.entries, (block.size, block.address))]
-        self.version += 1
-
-    def take_best_fit(self, size: int) -> _Block | None:
-        entries = self.entries
-        position = bisect.bisect_left(entries, (size,))
-        if position == len(entries):
-            return None
-        self.version += 1
-        return entries.pop(position)[2]
 
 
 # What handing a queued block out again does to the inactive splits (`DeviceAllocator._reuse_pending`)
@@ -348,40 +319,53 @@ class DeviceAllocator:
     # -- allocation ------------------------------------------------------------------------------------------------
 
     def malloc(self, nbytes: int) -> _Block:
-        """A block for `nbytes` (> 0), reusing cached memory when possible; OutOfMemoryError if it cannot fit."""
+        """A block for `nbytes` (> 0), reusing cached memory when possible; OutOfMemoryError if it cannot fit.
+
+        Every op result comes here: the queue's drain and the pool's best fit are written out inline."""
         size = -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE  # rounded up: at least MIN_BLOCK_SIZE, as nbytes > 0
         small = size <= SMALL_SIZE
         with self.lock:
-            if self.pending:
-                reused = self._reuse_pending(size, nbytes)
-                if reused is not None:
-                    return reused
+            pending = self.pending
+            if pending:
+                if len(pending) == 1 and pending[0].size == size:
+                    reused = self._reuse_pending(size, nbytes)
+                    if reused is not None:
+                        return reused
+                else:
+                    self.drain()
             pool = self._pools[small]
-            block = pool.take_best_fit(size)
-            if block is None:
-                segment = _segment_size(size)
-                block = self._new_segment(segment, pool, small)
-                if block is None:
-                    self._release_cached()
-                    self._counters["num_alloc_retries"] += 1
-                    block = self._new_segment(segment, pool, small)
-                if block is None:
-                    self._counters["num_ooms"] += 1
-                    if not self.overcommit:
-                        raise OutOfMemoryError(self._oom_message(segment))
-                    block = self._new_segment(segment, pool, small, over_limit=True)
+            entries = pool.entries  # `take_best_fit`
+            position = bisect.bisect_left(entries, (size,))
+            if position < len(entries):
+                pool.version += 1
+                block = entries.pop(position)[2]
+            else:
+                block = self._new_block(size, pool, small)
             return self._use(block, size, nbytes, pool)
 
+    def _new_block(self, size: int, pool: _Pool, small: bool) -> _Block:
+        """A new segment for a request of `size` that no cached block fits: after releasing the cache and a retry if
+        it does not fit, beyond the capacity if overcommitting, else OutOfMemoryError."""
+        segment = _segment_size(size)
+        block = self._new_segment(segment, pool, small)
+        if block is None:
+            self._release_cached()
+            self._counters["num_alloc_retries"] += 1
+            block = self._new_segment(segment, pool, small)
+        if block is None:
+            self._counters["num_ooms"] += 1
+            if not self.overcommit:
+                raise OutOfMemoryError(self._oom_message(segment))
+            block = self._new_segment(segment, pool, small, over_limit=True)
+        return block
+
     def _reuse_pending(self, size: int, requested: int) -> _Block | None:
-        """Drain the blocks queued by storage callbacks; when the one queued block is what `_free` then `malloc` of
-        `size` would hand out again, in the same place and leaving the same pieces, hand it out without the merge and
+        """The one block queued by a storage callback, of `size` (`malloc` checked both): when it is what `_free` then
+        `malloc` of `size` would hand out again, in the same place and leaving the same pieces, hand it out without the merge and
         split, with the statistics changed exactly as those two would (the steady state of a loop: each op's result
         dies before the next op allocates the same size). None: drained the ordinary way. Caller holds `lock`."""
         pending = self.pending
         block = pending[0]
-        if len(pending) != 1 or block.size != size:
-            self.drain()
-            return None
         pool = self._pools[block.small]
         verdict = block.reuse
         if verdict is None or verdict[0] != pool.version:  # decided once per state of the pool's free blocks
@@ -462,36 +446,40 @@ class DeviceAllocator:
         """Hand out `block` (taken from `pool` or fresh), splitting off the rest when worth keeping."""
         stats = pool.stats
         small = block.small
-        already_split = block.prev is not None or block.next is not None
+        previous = block.prev
+        already_split = previous is not None or block.next is not None
         remaining = block.size - size
         if (remaining >= MIN_BLOCK_SIZE) if small else (remaining > SMALL_SIZE):
             front = _Block(size, block.address, small)
-            front.prev = block.prev
-            if front.prev is not None:
-                front.prev.next = front
+            front.prev = previous
+            if previous is not None:
+                previous.next = front
             else:
                 self._heads[front.address] = front
             front.next = block
             block.prev = front
             block.address += size
             block.size = remaining
-            pool.insert(block)
+            bisect.insort(pool.entries, (remaining, block.address, block))  # `pool.insert`, inline: most ops
+            pool.version += 1
             if already_split:
-                stats.add(INACTIVE_SPLIT_BYTES, -size)
+                stats.current[INACTIVE_SPLIT_BYTES] -= size  # `stats.add`: a decrease only lowers `current`
             else:
                 stats.add(INACTIVE_SPLIT_BYTES, remaining)
                 stats.add(INACTIVE_SPLIT, 1)
             block = front
         elif already_split:
-            stats.add(INACTIVE_SPLIT_BYTES, -block.size)
-            stats.add(INACTIVE_SPLIT, -1)
+            current = stats.current
+            current[INACTIVE_SPLIT_BYTES] -= block.size
+            current[INACTIVE_SPLIT] -= 1
         block.allocated = True
         block.requested = requested
         stats.allocate(block.size, requested)
         return block
 
     def _free(self, block: _Block) -> None:
-        """Return `block` to its pool, merged with its free neighbours."""
+        """Return `block` to its pool, merged with its free neighbours (`_Pool.remove`, `_Block.absorb` and
+        `_Pool.insert` written out: every op result that dies comes here)."""
         pool = self._pools[block.small]
         stats = pool.stats
         current = stats.current  # a decrease only lowers `current` (see `_Stats`)
@@ -501,15 +489,30 @@ class DeviceAllocator:
         block.allocated = False
         block.requested = 0
         net_blocks = net_bytes = 0
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and not neighbour.allocated:
-                pool.remove(neighbour)
-                block.absorb(neighbour)
-                net_blocks -= 1
-                net_bytes -= neighbour.size
-                if block.prev is None:
-                    self._heads[block.address] = block  # the first block now: it absorbed the old one, or was it
-        pool.insert(block)
+        entries = pool.entries
+        previous = block.prev
+        if previous is not None and not previous.allocated:
+            del entries[bisect.bisect_left(entries, (previous.size, previous.address))]
+            block.size += previous.size  # `block.absorb(previous)`
+            block.address = previous.address
+            net_blocks -= 1
+            net_bytes -= previous.size
+            block.prev = previous = previous.prev
+            if previous is not None:
+                previous.next = block
+            else:
+                self._heads[block.address] = block  # the first block now: it absorbed the old one
+        following = block.next
+        if following is not None and not following.allocated:
+            del entries[bisect.bisect_left(entries, (following.size, following.address))]
+            block.size += following.size  # `block.absorb(following)`
+            net_blocks -= 1
+            net_bytes -= following.size
+            block.next = following = following.next
+            if following is not None:
+                following.prev = block
+        bisect.insort(entries, (block.size, block.address, block))
+        pool.version += 1
         if block.prev is not None or block.next is not None:
             net_blocks += 1
             net_bytes += block.size

@@ -126,7 +126,10 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     if cpu_tensor.is_conj() or cpu_tensor.is_neg():
         cpu_tensor = cpu_tensor.resolve_conj().resolve_neg()
     twin = _from_dlpack(_to_dlpack(cpu_tensor))  # the same memory in a fixed-size CPU storage of its own
-    tensor = _relabel(twin, _NEURON_0 + index * _NEURON_STEP)
+    capsule = _to_dlpack(twin)  # `_relabel(twin, ...)`, inline: every op result comes here
+    _word_at(_pointer_at(id(capsule) + _POINTER_OFFSET).value + _DEVICE_OFFSET).value = (
+        _NEURON_0 + index * _NEURON_STEP)
+    tensor = _from_dlpack(capsule)
     # `as_strided` places a view by its absolute storage offset, so the twin itself is a base for host aliases of
     # its dtype, whatever its own shape: no 1-d tensor needs making here (other dtypes get one, in `_view_of_twin`)
     setattr(tensor.untyped_storage(), _HOST, {twin.dtype: twin})

@@ -4,6 +4,7 @@ cannot serve through the fallback): allocation, metadata-only views, resize, cop
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -52,11 +53,9 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 def _metadata_only(overload: torch._ops.OpOverload):
     """A view or `set_` op: the CPU kernel only rewrites sizes/strides/storage, which is valid for host memory."""
 
-    redispatch = overload._handle.redispatch_boxed  # what `overload.redispatch` calls, minus its Python frame
-
-    def run(*args, **kwargs):
-        return redispatch(_CPU_KEYSET, *args, **kwargs)
-
+    # what `overload.redispatch` calls, bound to the CPU key in C: every view op (`t`, `transpose`, slicing: each
+    # reaches `as_strided`) enters no Python frame of ours
+    run = functools.partial(overload._handle.redispatch_boxed, _CPU_KEYSET)
     run.__name__ = f"{overload._schema.name.split('::')[1]}_metadata_only"
     return run
 
