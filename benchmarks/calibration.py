@@ -319,7 +319,7 @@ def e4() -> list[dict]:
     and 16 planned new ones (a static cache's decode runs one graph whatever the position). Attention as it was
     measured: transformers' eager attention (matmul, mask, fp32 softmax, cast back, matmul), the unfused chain
     transformers-neuronx's decode runs over its bucket (transformers-neuronx@0623de2 `layers/attention.py`
-    `context`); with SDPA, transformers' default, the TPOT is 4.85 ms (docs/simulated-time.md, "Collectives")."""
+    `context`); with SDPA, transformers' default, the TPOT is 4.76 ms (docs/simulated-time.md, "Collectives")."""
     args = ["--model", "llama2-7b", "--batch", "1", "--input", "128", "--output", "16", "--cache-length", "8192",
             "--attn", "eager"]
     report = _plan("llama_generate.py", args, nodes=1, launcher=("torchrun", "--nproc-per-node", "32"))
