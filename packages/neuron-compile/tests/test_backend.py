@@ -383,8 +383,9 @@ def test_pattern_matches_fail_at_once_without_their_targets(monkeypatch) -> None
 
 def test_guard_cse_is_linear_and_writes_dynamos_guard_code(monkeypatch) -> None:
     """Dynamo's CSE pass over guard expressions unparsed every subtree on every level (quadratic in the depth: 3.7 s
-    of a 35 s plan of a TP 32 Llama decode). The patched pass (`_patches.linear_guard_cse`) writes the same guard
-    function, with unparsing linear in the expressions' size."""
+    of a 35 s plan of a TP 32 Llama decode), and parsed each expression twice. The patched pass
+    (`_patches.linear_guard_cse`) writes the same guard function, with unparsing linear in the expressions' size,
+    each expression parsed once."""
     import ast
 
     from torch._dynamo import guards
@@ -398,25 +399,33 @@ def test_guard_cse_is_linear_and_writes_dynamos_guard_code(monkeypatch) -> None:
     chain = "L['self']" + "".join(f"._modules['m{i}']" for i in range(60))
     parts = [f"{chain}._parameters['weight'].size()[0] == 8", f"{chain}._parameters['bias'].stride()[0] == 1",
              f"___check_obj_id({chain}, 7)", "L['x'].a.b == -0.0", "L['x'].a.b == 0.0", "len(L['y'].c.d) == 2"]
+    parts.append(parts[0])  # an expression met twice: each replace rewrites a tree of its own
 
     def build(cls):
         monkeypatch.setattr(guards, "PyExprCSEPass", cls)
-        visited = 0
-        traverse = ast._Unparser.traverse
+        visited = parsed = 0
+        traverse, parse = ast._Unparser.traverse, ast.parse
 
         def counting(self, node):
             nonlocal visited
             visited += 1
             return traverse(self, node)
 
+        def parsing(*args, **kwargs):
+            nonlocal parsed
+            parsed += 1
+            return parse(*args, **kwargs)
+
         with monkeypatch.context() as m:
             m.setattr(ast._Unparser, "traverse", counting)
+            m.setattr(ast, "parse", parsing)
             code = guards.build_guard_function(parts, "G")
-        return code, visited
+        return code, visited, parsed
 
-    (body, code), visited = build(patched)
-    (expected_body, expected_code), expected_visited = build(original)
+    (body, code), visited, parsed = build(patched)
+    (expected_body, expected_code), expected_visited, expected_parsed = build(original)
     assert (body, code) == (expected_body, expected_code)
     assert "-0.0" in body and " == 0.0" in body  # equal values of different text are not merged
     size = sum(len(list(ast.walk(ast.parse(part)))) for part in parts)
     assert visited < 2 * size < expected_visited
+    assert parsed == len(parts) < expected_parsed == 2 * len(parts)  # each expression parsed once, not twice
