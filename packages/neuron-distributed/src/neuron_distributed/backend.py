@@ -10,8 +10,9 @@ interconnect time (`costs`) and emulates what Gloo lacks: `PREMUL_SUM`, list `al
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -40,6 +41,30 @@ from .hostmap import flat_tensors, to_host
 __all__ = ["BACKEND_NAME", "NeuronProcessGroup", "create_process_group", "register_backend"]
 
 BACKEND_NAME = "neuron"
+
+
+# What `torch.autograd.graph._engine_run_backward` stashes in the thread's TLS for the length of a backward
+_AUTOGRAD_CONTEXT = "context"
+
+
+@contextlib.contextmanager
+def _gloo_issue() -> Iterator[None]:
+    """Issue Gloo work without autograd's stashed `contextvars` context in this thread's TLS.
+
+    A Gloo work keeps a snapshot of its issuing thread's TLS until a Gloo worker thread drops the work, and during a
+    backward (DDP's all-reduces) that snapshot holds the context, a Python object whose release takes the GIL on the
+    worker. A process group destroyed while its destroyer holds the GIL (DDP's Reducer, freed at a script's end) joins
+    that worker: both wait forever (gdb: the main thread in `~ProcessGroupGloo` joining `pt_gloo_runloop`, which waits
+    for the GIL in `~AsyncAllreduceWork`; about one real 2-rank DDP run in 20). Gloo's transport needs no context."""
+    if not torch._C._is_key_in_tls(_AUTOGRAD_CONTEXT):
+        yield
+        return
+    context = torch._C._get_obj_in_tls(_AUTOGRAD_CONTEXT)
+    torch._C._remove_obj_from_tls(_AUTOGRAD_CONTEXT)
+    try:
+        yield
+    finally:
+        torch._C._stash_obj_in_tls(_AUTOGRAD_CONTEXT, context)
 
 
 def _premul_factor(op: ReduceOp) -> float | None:
@@ -87,10 +112,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self, kind: str, inputs: Any, outputs: Any, call: Callable[[], Work], same: Any = None
     ) -> Work:
         """Check that the ranks agree on `same` (tensors that must match everywhere), charge the time, then run."""
-        if same is not None:
-            matching.verify_same(self._gloo, kind, flat_tensors(same))
-        costs.charge(kind, flat_tensors(inputs), flat_tensors(outputs), self.size())
-        return call()
+        with _gloo_issue():
+            if same is not None:
+                matching.verify_same(self._gloo, kind, flat_tensors(same))
+            costs.charge(kind, flat_tensors(inputs), flat_tensors(outputs), self.size())
+            return call()
 
     def _outputs_inputs(
         self, kind: str, gloo_method: Callable[..., Work], outputs: Any, inputs: Any, *rest: Any, same: str | None = None
@@ -248,13 +274,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
     ) -> Work:
         size = self.size()
         same_dtype = output.dtype == input.dtype  # if not, no count can match: every rank raises
-        matching.verify_exchange(
-            self._gloo,
-            "alltoall_base",
-            input.dtype,
-            _split_counts(input, input_split_sizes, size) if same_dtype else [-1] * size,
-            _split_counts(output, output_split_sizes, size) if same_dtype else [-1] * size,
-        )
+        with _gloo_issue():
+            matching.verify_exchange(
+                self._gloo,
+                "alltoall_base",
+                input.dtype,
+                _split_counts(input, input_split_sizes, size) if same_dtype else [-1] * size,
+                _split_counts(output, output_split_sizes, size) if same_dtype else [-1] * size,
+            )
         return self._outputs_inputs(
             "alltoall_base", self._gloo.alltoall_base, output, input, output_split_sizes, input_split_sizes, opts
         )
@@ -273,9 +300,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
             raise ValueError(
                 f"all_to_all: every input and output tensor must have the same dtype, got {dtypes}"
             )
-        matching.verify_exchange(
-            self._gloo, "alltoall", dtypes.pop(), [t.numel() for t in inputs], [t.numel() for t in outputs]
-        )
+        with _gloo_issue():
+            matching.verify_exchange(
+                self._gloo, "alltoall", dtypes.pop(), [t.numel() for t in inputs], [t.numel() for t in outputs]
+            )
         host_out = to_host(outputs)
         flat_in = torch.cat([t.reshape(-1) for t in to_host(inputs)])
         flat_out = torch.empty(sum(t.numel() for t in host_out), dtype=flat_in.dtype)
@@ -298,13 +326,16 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # Point to point and synchronisation ----------------------------------------------------------------------------
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:
-        return p2p.send(self._gloo, tensors, to_host(tensors), dst, tag, self._pair(dst))
+        with _gloo_issue():
+            return p2p.send(self._gloo, tensors, to_host(tensors), dst, tag, self._pair(dst))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Work:
-        return p2p.recv(self._gloo, tensors, to_host(tensors), src, tag)
+        with _gloo_issue():
+            return p2p.recv(self._gloo, tensors, to_host(tensors), src, tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Work:
-        return p2p.recv(self._gloo, tensors, to_host(tensors), None, tag)
+        with _gloo_issue():
+            return p2p.recv(self._gloo, tensors, to_host(tensors), None, tag)
 
     def _pair(self, peer: int) -> tuple[int, int] | None:
         """The global ranks of this rank and group rank `peer` (None for a group this process did not register)."""
@@ -312,7 +343,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return (ranks[self.rank()], ranks[peer]) if ranks is not None else None
 
     def barrier(self, opts: BarrierOptions = BarrierOptions()) -> Work:  # noqa: B008
-        return self._gloo.barrier(opts)
+        with _gloo_issue():
+            return self._gloo.barrier(opts)
 
     def abort(self) -> None:
         self._gloo.abort()
