@@ -55,7 +55,8 @@ def _gloo_issue() -> Iterator[None]:
     backward (DDP's all-reduces) that snapshot holds the context, a Python object whose release takes the GIL on the
     worker. A process group destroyed while its destroyer holds the GIL (DDP's Reducer, freed at a script's end) joins
     that worker: both wait forever (gdb: the main thread in `~ProcessGroupGloo` joining `pt_gloo_runloop`, which waits
-    for the GIL in `~AsyncAllreduceWork`; about one real 2-rank DDP run in 20). Gloo's transport needs no context."""
+    for the GIL in `~AsyncAllreduceWork`). Gloo's transport needs no context. This removes one Python object from a
+    work; the work's tensors (host aliases with Python objects) are another, seen in the same hang, not yet removed."""
     if not torch._C._is_key_in_tls(_AUTOGRAD_CONTEXT):
         yield
         return
