@@ -231,6 +231,9 @@ class DeviceAllocator:
         self._next_address = 1 << 40  # simulated device addresses: order and identity of blocks only
         # the first block of every reserved segment, by address (the segment's): `segments` walks them
         self._heads: dict[int, _Block] = {}
+        # Blocks merged into a neighbour (`_free`), referenced nowhere else: `_use` reuses them for the blocks it
+        # splits off, so an op's result makes no Python object here in a steady state
+        self._spare: list[_Block] = []
         self._counters = dict.fromkeys(_COUNTERS, 0)
         # Called with the reserved bytes after each new segment, as CUDA's allocator calls its trace trackers
         # (`attachAllocatorTraceTracker`) on a "segment_alloc": a planner, whose allocator overcommits, sees the
@@ -334,7 +337,8 @@ class DeviceAllocator:
                     if reused is not None:
                         return reused
                 else:
-                    self.drain()
+                    while pending:  # `drain`, inline
+                        self._free(pending.popleft())
             pool = self._pools[small]
             entries = pool.entries  # `take_best_fit`
             position = bisect.bisect_left(entries, (size,))
@@ -452,7 +456,12 @@ class DeviceAllocator:
         already_split = previous is not None or block.next is not None
         remaining = block.size - size
         if (remaining >= MIN_BLOCK_SIZE) if small else (remaining > SMALL_SIZE):
-            front = _Block(size, block.address, small)
+            spare = self._spare
+            if spare:  # a block `_free` merged away, instead of a new object
+                front = spare.pop()
+                front.size, front.address, front.small, front.reuse = size, block.address, small, None
+            else:
+                front = _Block(size, block.address, small)
             front.prev = previous
             if previous is not None:
                 previous.next = front
@@ -502,6 +511,7 @@ class DeviceAllocator:
             block.address = previous.address
             net_blocks -= 1
             net_bytes -= previous.size
+            self._spare.append(previous)
             block.prev = previous = previous.prev
             if previous is not None:
                 previous.next = block
@@ -513,6 +523,7 @@ class DeviceAllocator:
             block.size += following.size  # `block.absorb(following)`
             net_blocks -= 1
             net_bytes -= following.size
+            self._spare.append(following)
             block.next = following = following.next
             if following is not None:
                 following.prev = block
