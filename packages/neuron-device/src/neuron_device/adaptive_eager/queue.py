@@ -139,12 +139,14 @@ class _Input(NamedTuple):
                 and tensor.storage_offset() == self.offset)
 
     def host(self) -> torch.Tensor:
+        """The host form the flush's kernels read (queued ops only read their inputs: `storage.kernel_input`, the
+        host twin itself for a tensor laid out as it; the flush runs inside the barrier, so none is passed here)."""
         tensor = self.tensor
         if not self.same(tensor, tensor.untyped_storage(), tensor.shape, tensor.stride()):
             # e.g. `x.unsqueeze_(0)` after x was queued: read x as the op saw it
             tensor = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
                 self.storage, self.offset, self.size, self.stride)
-        return _storage.host_alias(tensor)
+        return _storage.kernel_input(tensor)
 
 
 class _Run:
@@ -396,7 +398,7 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
         size, stride, dtype = metadata
         host = torch.empty_strided(size, stride, dtype=dtype)
         try:
-            result = allocator.adopt_tracked(host, index)
+            result = allocator.track(_storage.adopt(host, index), index)  # `adopt_tracked`, minus a frame
         except allocator.OutOfMemoryError:
             if _queue:
                 return False  # the queue holds inputs alive: flush it and try again
