@@ -23,7 +23,9 @@ Streams are not modelled (one stream per device). A storage's block is freed whe
 lock.
 
 Every op result goes through `malloc` and, when it dies, `_free`, so both are written for speed: each statistic
-changes by one signed amount per call (`_Stats.add`), and the totals that follow from others are derived when read.
+changes by one signed amount per call, all of a call's statistics in one `_Stats.add_each`, and the totals that
+follow from others are derived when read; the block objects `_free` merges away are reused by `_use`'s next split,
+and a storage's `_Holding` is a list, so a result makes no Python object of the allocator's own but its holding.
 In a loop's steady state an op's result dies just before the next op asks for the same size; `_reuse_pending`
 hands that block out again without merging and re-splitting it, with the statistics `_free` then `malloc` would give.
 Whether it can, and how the splits' statistics move, depends only on the block's neighbours and its pool's free
