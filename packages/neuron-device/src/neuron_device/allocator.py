@@ -23,7 +23,9 @@ Streams are not modelled (one stream per device). A storage's block is freed whe
 lock.
 
 Every op result goes through `malloc` and, when it dies, `_free`, so both are written for speed: each statistic
-changes by one signed amount per call (`_Stats.add`), and the totals that follow from others are derived when read.
+changes by one signed amount per call, all of a call's statistics in one `_Stats.add_each`, and the totals that
+follow from others are derived when read; the block objects `_free` merges away are reused by `_use`'s next split,
+and a storage's `_Holding` is a list, so a result makes no Python object of the allocator's own but its holding.
 In a loop's steady state an op's result dies just before the next op asks for the same size; `_reuse_pending`
 hands that block out again without merging and re-splitting it, with the statistics `_free` then `malloc` would give.
 Whether it can, and how the splits' statistics move, depends only on the block's neighbours and its pool's free
@@ -126,18 +128,20 @@ class _Stats:
             self.rise_and_fall(index, amount)
         self.current[index] += amount
 
-    def allocate(self, size: int, requested: int) -> None:
-        """`add` of one allocation, its `requested` bytes and its block's `size`, in one call: every op's result."""
+    def add_each(self, changes: tuple[tuple[int, int], ...]) -> None:
+        """`add` of each (statistic, signed amount) of `changes` (distinct statistics), in one call: the statistics
+        an op's result moves (its allocation, the split it leaves, the merges of its block when it dies)."""
         current, allocated, peak, peak_all, other = self.current, self.allocated, self.peak, self.peak_all, \
             self.other.current
-        for index, amount in ((ALLOCATION, 1), (REQUESTED_BYTES, requested), (ALLOCATED_BYTES, size)):
+        for index, amount in changes:
             value = current[index] = current[index] + amount
-            allocated[index] += amount
-            if value > peak[index]:
-                peak[index] = value
-            value += other[index]
-            if value > peak_all[index]:
-                peak_all[index] = value
+            if amount > 0:  # a decrease only lowers `current`
+                allocated[index] += amount
+                if value > peak[index]:
+                    peak[index] = value
+                value += other[index]
+                if value > peak_all[index]:
+                    peak_all[index] = value
 
     def rise_and_fall(self, index: int, amount: int) -> None:
         """`add(index, amount)` then `add(index, -amount)` (amount > 0): the total and the peaks of the rise, the
@@ -229,6 +233,9 @@ class DeviceAllocator:
         self._next_address = 1 << 40  # simulated device addresses: order and identity of blocks only
         # the first block of every reserved segment, by address (the segment's): `segments` walks them
         self._heads: dict[int, _Block] = {}
+        # Blocks merged into a neighbour (`_free`), referenced nowhere else: `_use` reuses them for the blocks it
+        # splits off, so an op's result makes no Python object here in a steady state
+        self._spare: list[_Block] = []
         self._counters = dict.fromkeys(_COUNTERS, 0)
         # Called with the reserved bytes after each new segment, as CUDA's allocator calls its trace trackers
         # (`attachAllocatorTraceTracker`) on a "segment_alloc": a planner, whose allocator overcommits, sees the
@@ -332,7 +339,8 @@ class DeviceAllocator:
                     if reused is not None:
                         return reused
                 else:
-                    self.drain()
+                    while pending:  # `drain`, inline
+                        self._free(pending.popleft())
             pool = self._pools[small]
             entries = pool.entries  # `take_best_fit`
             position = bisect.bisect_left(entries, (size,))
@@ -450,7 +458,12 @@ class DeviceAllocator:
         already_split = previous is not None or block.next is not None
         remaining = block.size - size
         if (remaining >= MIN_BLOCK_SIZE) if small else (remaining > SMALL_SIZE):
-            front = _Block(size, block.address, small)
+            spare = self._spare
+            if spare:  # a block `_free` merged away, instead of a new object
+                front = spare.pop()
+                front.size, front.address, front.small, front.reuse = size, block.address, small, None
+            else:
+                front = _Block(size, block.address, small)
             front.prev = previous
             if previous is not None:
                 previous.next = front
@@ -462,19 +475,22 @@ class DeviceAllocator:
             block.size = remaining
             bisect.insort(pool.entries, (remaining, block.address, block))  # `pool.insert`, inline: most ops
             pool.version += 1
+            front.allocated = True
+            front.requested = requested
             if already_split:
                 stats.current[INACTIVE_SPLIT_BYTES] -= size  # `stats.add`: a decrease only lowers `current`
-            else:
-                stats.add(INACTIVE_SPLIT_BYTES, remaining)
-                stats.add(INACTIVE_SPLIT, 1)
-            block = front
-        elif already_split:
+                stats.add_each(((ALLOCATION, 1), (REQUESTED_BYTES, requested), (ALLOCATED_BYTES, size)))
+            else:  # a new inactive split of the rest
+                stats.add_each(((ALLOCATION, 1), (REQUESTED_BYTES, requested), (ALLOCATED_BYTES, size),
+                                (INACTIVE_SPLIT_BYTES, remaining), (INACTIVE_SPLIT, 1)))
+            return front
+        if already_split:
             current = stats.current
             current[INACTIVE_SPLIT_BYTES] -= block.size
             current[INACTIVE_SPLIT] -= 1
         block.allocated = True
         block.requested = requested
-        stats.allocate(block.size, requested)
+        stats.add_each(((ALLOCATION, 1), (REQUESTED_BYTES, requested), (ALLOCATED_BYTES, block.size)))
         return block
 
     def _free(self, block: _Block) -> None:
@@ -497,6 +513,7 @@ class DeviceAllocator:
             block.address = previous.address
             net_blocks -= 1
             net_bytes -= previous.size
+            self._spare.append(previous)
             block.prev = previous = previous.prev
             if previous is not None:
                 previous.next = block
@@ -508,6 +525,7 @@ class DeviceAllocator:
             block.size += following.size  # `block.absorb(following)`
             net_blocks -= 1
             net_bytes -= following.size
+            self._spare.append(following)
             block.next = following = following.next
             if following is not None:
                 following.prev = block
@@ -516,10 +534,8 @@ class DeviceAllocator:
         if block.prev is not None or block.next is not None:
             net_blocks += 1
             net_bytes += block.size
-        if net_blocks:
-            stats.add(INACTIVE_SPLIT, net_blocks)
-        if net_bytes:
-            stats.add(INACTIVE_SPLIT_BYTES, net_bytes)
+        if net_blocks or net_bytes:
+            stats.add_each(((INACTIVE_SPLIT, net_blocks), (INACTIVE_SPLIT_BYTES, net_bytes)))
 
     def _release_cached(self) -> None:
         """Give every cached, unsplit segment back to the device (CUDA's `release_cached_blocks`, which first
@@ -583,31 +599,41 @@ def device(index: int) -> DeviceAllocator:
 # -- storages <-> blocks ---------------------------------------------------------------------------------------------
 
 
-class _Holding:
-    """The device block a `neuron` storage holds (None: no bytes), in the storage's `__dict__` (`_HOLDING`).
+class _Holding(list):
+    """The device block a `neuron` storage holds (None: no bytes), in the storage's `__dict__` (`_HOLDING`):
+    `[allocator, block]`.
 
     torch keeps a storage's Python object, and so its `__dict__`, exactly as long as the C++ StorageImpl: the
     storage's death drops the last reference to its holding, whose `__del__` queues the block. That is all the
-    bookkeeping a storage costs (no weak reference, no registry); `resize` swaps the block of a live storage.
+    bookkeeping a storage costs (no weak reference, no registry); `resize` swaps the block of a live storage. A list,
+    so that making one (every op's result) runs no Python `__init__`.
     """
 
-    __slots__ = ("allocator", "block")
+    __slots__ = ()
 
-    def __init__(self, allocator: DeviceAllocator, block: _Block | None) -> None:
-        self.allocator = allocator
-        self.block = block
+    @property
+    def allocator(self) -> DeviceAllocator:
+        return self[0]
+
+    @property
+    def block(self) -> _Block | None:
+        return self[1]
+
+    @block.setter
+    def block(self, block: _Block | None) -> None:
+        self[1] = block
 
     def __del__(self) -> None:
-        block = self.block
+        block = self[1]
         if block is not None:
-            self.allocator.pending.append(block)  # no lock: this may run inside an allocation (garbage collection)
+            self[0].pending.append(block)  # no lock: this may run inside an allocation (garbage collection)
 
 
 _HOLDING = "_neuron_block"
 
 
 def _bind(storage: torch.UntypedStorage, allocator: DeviceAllocator, block: _Block | None) -> None:
-    storage.__dict__[_HOLDING] = _Holding(allocator, block)
+    storage.__dict__[_HOLDING] = _Holding((allocator, block))
 
 
 def _holding_of(storage: torch.UntypedStorage) -> _Holding | None:
@@ -674,7 +700,7 @@ def track(tensor: torch.Tensor, index: int) -> torch.Tensor:
     nbytes = storage.nbytes()
     if nbytes and not (_compile_time.open_blocks and _compile_time.now()):
         allocator = _devices.get(index) or device(index)
-        storage.__dict__[_HOLDING] = _Holding(allocator, allocator.malloc(nbytes))  # `_bind`, inline: every op
+        storage.__dict__[_HOLDING] = _Holding((allocator, allocator.malloc(nbytes)))  # `_bind`, inline: every op
     return tensor
 
 

@@ -31,6 +31,7 @@ device errors do on an accelerator. Writes into device memory that bypass `host_
 
 from __future__ import annotations
 
+import functools
 import operator
 import threading
 import warnings
@@ -120,6 +121,10 @@ class _Entry:
         self.outputs: list[tuple[torch.Tensor, weakref.ref | None]] = []  # (host buffer, ref to device storage)
 
 
+# `_Queued(...)` without the Python frame of a named tuple's `__new__`: one per queued tensor argument
+_queued_reference = functools.partial(tuple.__new__, _Queued)
+
+
 class _Input(NamedTuple):
     """An external tensor as it was when first recorded (its metadata may change in place before the flush)."""
 
@@ -134,12 +139,14 @@ class _Input(NamedTuple):
                 and tensor.storage_offset() == self.offset)
 
     def host(self) -> torch.Tensor:
+        """The host form the flush's kernels read (queued ops only read their inputs: `storage.kernel_input`, the
+        host twin itself for a tensor laid out as it; the flush runs inside the barrier, so none is passed here)."""
         tensor = self.tensor
         if not self.same(tensor, tensor.untyped_storage(), tensor.shape, tensor.stride()):
             # e.g. `x.unsqueeze_(0)` after x was queued: read x as the op saw it
             tensor = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
                 self.storage, self.offset, self.size, self.stride)
-        return _storage.host_alias(tensor)
+        return _storage.kernel_input(tensor)
 
 
 class _Run:
@@ -174,6 +181,7 @@ aten = torch.ops.aten
 _CPU_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 _Tensor = torch.Tensor
 _matmul_precision = torch._C._get_fp32_precision_getter
+_deterministic = torch._C._get_deterministic_algorithms  # `torch.are_deterministic_algorithms_enabled`, minus a frame
 _IEEE = ("none", "ieee")
 _PROBE_BYTES = 16 << 20  # inputs larger than this are not queued: learning their op's layout would copy them
 
@@ -284,8 +292,8 @@ def _argument(value: _Tensor) -> tuple[_External | _Queued | bool, tuple]:
             return False, signature
         offset = value.storage_offset()
         if offset == 0 and shape == metadata[0] and stride == metadata[1]:
-            return _Queued(entry, output, None), signature
-        return _Queued(entry, output, (tuple(shape), stride, offset)), signature
+            return _queued_reference((entry, output, None)), signature
+        return _queued_reference((entry, output, (tuple(shape), stride, offset))), signature
     number = _input_ids.get(id(value))
     if number is None or not _inputs[number].same(value, storage, shape, stride):
         number = len(_inputs)
@@ -309,7 +317,7 @@ def record(overload: OverloadRecord, args: tuple, kwargs: dict):
         return None
     if kind == _MATMUL and _matmul_precision("mkldnn", "matmul") not in _IEEE:
         return None  # a flush computes float32 matmuls in IEEE float32, as eager does under the neuron numerics
-    if torch.are_deterministic_algorithms_enabled():
+    if _deterministic():
         flush()
         return None
     for value in kwargs.values():
@@ -390,7 +398,7 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
         size, stride, dtype = metadata
         host = torch.empty_strided(size, stride, dtype=dtype)
         try:
-            result = allocator.adopt_tracked(host, index)
+            result = allocator.track(_storage.adopt(host, index), index)  # `adopt_tracked`, minus a frame
         except allocator.OutOfMemoryError:
             if _queue:
                 return False  # the queue holds inputs alive: flush it and try again
@@ -408,7 +416,8 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     _device = index
     _counters["recorded"] += 1
     _ledger.executed_ops[overload.name] += 1
-    _barrier.set_pending(flush)
+    if not position:  # the queue's first op: from now on the flush barrier runs it
+        _barrier.set_pending(flush)
     if len(_queue) >= buffer_size_limit:
         flush()
     return result if results is None else tuple(results)
@@ -464,8 +473,8 @@ class _HostContext:
 
 
 def _execute(queue: list[_Entry], inputs: list[_Input], index: int) -> None:
-    live = tuple(tuple(ref is not None and ref() is not None for _, ref in entry.outputs) for entry in queue)
-    structure = (tuple(entry.signature for entry in queue), live)
+    live = tuple([tuple([ref is not None and ref() is not None for _, ref in entry.outputs]) for entry in queue])
+    structure = (tuple([entry.signature for entry in queue]), live)
     run = _runs.get(structure)
     if run is None:
         if len(_runs) >= _MAX_RUNS:
