@@ -215,6 +215,27 @@ def test_command_keeps_its_interpreter_and_module(tmp_path, monkeypatch):
     assert started[0][-2:] == ["-m", "pkg.train"]
 
 
+def test_python_that_names_this_interpreter_is_this_one(tmp_path, monkeypatch):
+    """`neuron-plan -- python train.py` where `python` on PATH is neuron-plan's own interpreter: the ranks run under
+    `sys.executable` (so their zygote is neuron-plan forked, not a new interpreter). Another directory's link to the
+    same file (a venv's `python` is a link to its base interpreter, whose site-packages differ), a name not on PATH
+    and an interpreter with options keep the command's."""
+    own, other = tmp_path / "venv" / "bin", tmp_path / "base" / "bin"
+    for directory in (own, other):
+        directory.mkdir(parents=True)
+        for name in ("python", "python3.11"):
+            (directory / name).symlink_to(os.path.realpath(sys.executable))
+    monkeypatch.setattr(sys, "executable", str(own / "python3.11"))
+    monkeypatch.setenv("PATH", str(own))
+    assert parse_command(["python", "train.py"], 32, 1) == ([str(own / "python3.11")], ["train.py"])
+    assert parse_command([str(own / "python"), "-u", "train.py"], 32, 1) == ([str(own / "python3.11"), "-u"],
+                                                                            ["train.py"])
+    assert parse_command(["python3", "train.py"], 32, 1) == (["python3"], ["train.py"])  # not on PATH
+    monkeypatch.setenv("PATH", str(other))
+    assert parse_command(["python", "train.py"], 32, 1) == (["python"], ["train.py"])
+    assert parse_command([str(other / "python"), "train.py"], 32, 1) == ([str(other / "python")], ["train.py"])
+
+
 def _zygote_is_neuron_plan_forked_under_its_own_interpreter(tmp_path, monkeypatch):
     """Under neuron-plan's own interpreter the ranks' zygote is neuron-plan's process forked: what it imported (torch,
     the planner: about 2 s of CPU) is not imported again; a module run with `-m` is found in the working directory

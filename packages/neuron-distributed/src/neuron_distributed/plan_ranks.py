@@ -250,13 +250,18 @@ def _forked_rank(rank: int, world: int, per_node: int, steps: str, out: str, scr
     def body() -> None:
         with open(os.devnull) as stdin:
             os.dup2(stdin.fileno(), 0)
+        sys.stdout.flush()
+        sys.stderr.flush()
         if log is not None:
-            sys.stdout.flush()
-            sys.stderr.flush()
             handle = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             os.dup2(handle, 1)
             os.dup2(handle, 2)
             os.close(handle)
+        # Python's output on descriptors 1 and 2, as a new interpreter's: the process forked may have had its own
+        # `sys.stdout` and `sys.stderr` objects that write elsewhere (pytest's capture), and a failed rank's error
+        # would be lost from its output, which names it
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
         with launcher_environment(rank, world, per_node):
             _plan_one(rank, int(steps) if steps != "all" else None, out, script, roles)
 
