@@ -3,13 +3,15 @@
 a cache hit must reproduce exactly: the outputs, the gradients and the simulation report (simulated device time
 and memory; its compile counters, which differ between a miss and a hit, are reported as the metrics).
 `--tensor-parallel`: the model's linear layers sharded with DTensor over a one-rank mesh (a `neuron` process group:
-neuron-distributed), compiled for inference; its graph takes the `DeviceMesh` as an input."""
+neuron-distributed), compiled for inference; its graph takes the `DeviceMesh` as an input. It also prints what the
+first compiled call (compile and run) added to the op ledger's call counts and fallbacks, and its device time."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections import Counter
 
 import torch
 
@@ -48,17 +50,22 @@ def tensor_parallel(model: torch.nn.Module, x: torch.Tensor) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from neuron_device.simulation import report
+    from neuron_device import services
+    from neuron_device.simulation import ledger, report
 
     dist.init_process_group("neuron", rank=0, world_size=1)  # MASTER_ADDR and MASTER_PORT from the test
     parallelize_module(model, init_device_mesh("neuron", (1,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
     with torch.no_grad():
+        calls, busy = Counter(ledger.executed_ops), sum(services.timeline(0).busy.values())
         out = torch.compile(model, backend="neuron", fullgraph=True)(x)
+        first_call = {"calls": dict(ledger.executed_ops - calls), "fallback_ops": ledger.get_fallback_ops(),
+                      "device_seconds": sum(services.timeline(0).busy.values()) - busy}
         torch.testing.assert_close(out.cpu(), model(x).cpu())
     simulation = report.collect()
     simulation.pop("graphs")
     print(json.dumps({**neuron_compile.metrics.counters(), "output": out.cpu().tolist(), "simulation": simulation,
-                      "autograd_cache_hits": counters["aot_autograd"]["autograd_cache_hit"]}))
+                      "autograd_cache_hits": counters["aot_autograd"]["autograd_cache_hit"],
+                      "first_call": first_call}))
     dist.destroy_process_group()
 
 

@@ -184,6 +184,11 @@ def test_a_tensor_parallel_graph_hits_another_processs_entry(tmp_path) -> None:
     # the simulated time and memory too: the miss's compile ran ops on the device (Inductor's pattern examples of a
     # graph traced on `neuron`), which the hit skips; compile time charges nothing (`services.compiling`)
     assert {k: second[k] for k in ("output", "simulation")} == {k: first[k] for k in ("output", "simulation")}
+    # those ops count no call and are no fallback either (the miss's compile counted 26 clones); the compiled
+    # graph's run is charged, its ops inside its kernels
+    for run in (first, second):
+        assert (run["first_call"]["calls"], run["first_call"]["fallback_ops"]) == ({}, [])
+        assert run["first_call"]["device_seconds"] > 0
 
 
 @pytest.mark.slow

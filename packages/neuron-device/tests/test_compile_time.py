@@ -1,11 +1,13 @@
 """Compile time (`services.compiling`): the ops a compiler runs on the device (Inductor's pattern examples, its
 constant folding) are the compiler's, which on Trainium runs on the host. They run, and charge the program no time,
-no op-ledger entry and no memory; the program's own work around and beside them is charged as ever."""
+no op-ledger entry (executed ops and their call counts included), no CPU fallback and no memory; the program's own
+work around and beside them is charged as ever."""
 
 from __future__ import annotations
 
 import gc
 import threading
+import warnings
 
 import pytest
 import torch
@@ -44,6 +46,33 @@ def test_device_work_at_compile_time_runs_and_charges_nothing():
     made + 1  # the program's op on it, after the block: charged
     after = _figures()
     assert after["busy"].get(0, 0.0) > before["busy"].get(0, 0.0) and after["launches"] != before["launches"]
+
+
+def _tracking() -> tuple:
+    """The op ledger's records of which ops ran: call counts, executed ops, CPU fallbacks."""
+    return dict(ledger.executed_ops), ledger.get_executed_ops(), ledger.get_fallback_ops()
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["fallback_enabled", "fallback_disabled"])
+def test_ops_at_compile_time_are_no_executed_ops_and_no_fallbacks(monkeypatch, strict):
+    """A compiler's op on the device, native (a copy, a clone) or one that falls back to the CPU in a program, counts
+    no call, is no executed op, and is no fallback: no record, no warning, and no error in strict mode."""
+    if strict:
+        monkeypatch.setenv("NEURON_FALLBACK_ENABLED", "0")
+    ledger.clear_op_tracking()
+    device = f"neuron:{DEVICE}"
+    matrix = torch.tensor([[2.0, 1.0], [1.0, 3.0]], device=device)
+    before = _tracking()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback's warning fails the test
+        with services.compiling():
+            values, _ = torch.kthvalue(matrix, 1)  # a CPU fallback in a program (test_fallback_reporting.py)
+            clone = matrix.clone()
+            assert torch.equal(values.cpu(), torch.tensor([1.0, 1.0])) and torch.equal(clone.cpu(), matrix.cpu())
+    assert _tracking() == before
+    matrix.clone()  # the program's op, after the block: counted
+    calls, executed, _ = _tracking()
+    assert calls.get("aten::clone", 0) == before[0].get("aten::clone", 0) + 1 and "aten::clone" in executed
 
 
 def test_the_programs_memory_freed_at_compile_time_is_freed():
@@ -86,10 +115,10 @@ def test_ops_queued_before_compile_time_are_the_programs_and_those_queued_in_it_
     assert adaptive_eager.pending_ops() == 1
     with services.compiling():
         assert adaptive_eager.pending_ops() == 0  # run, and charged, at the start of the block
-        charged = _figures()
+        charged, tracked = _figures(), _tracking()
         c = a * 3
         assert adaptive_eager.pending_ops() == 1
     assert adaptive_eager.pending_ops() == 0  # run, uncharged, at its end
     assert charged["busy"].get(0, 0.0) > before["busy"].get(0, 0.0)
-    assert _figures() == charged
+    assert _figures() == charged and _tracking() == tracked  # the queued op counted no call either
     assert torch.equal(b.cpu(), torch.full((64,), 2.0)) and torch.equal(c.cpu(), torch.full((64,), 3.0))

@@ -50,6 +50,7 @@ def _fallback_warnings(fn) -> list[str]:
 )
 def test_engine_mapping(op, engine):
     assert catalogue.op_info(op).engine == engine
+    assert catalogue.op_info(op) is catalogue.op_info(op)  # computed once per overload (a compiler asks per node)
 
 
 @pytest.mark.parametrize("make", [lambda: torch.eye(4, device="neuron"), lambda: torch.eye(3, 5, device="neuron"),

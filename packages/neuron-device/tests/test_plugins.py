@@ -81,3 +81,18 @@ def test_broken_plugin_is_named_and_does_not_break_torch(python, tmp_path, name,
     strict = python(code, env={"PYTHONPATH": str(tmp_path), "NEURON_DEVICE_STRICT_PLUGINS": "1"})
     assert strict.returncode != 0
     assert "PluginLoadError" in strict.stderr and name in strict.stderr
+
+
+def test_a_memo_hands_back_what_this_process_set_and_not_what_it_merged():
+    """`services.memo`: what a forked planned rank set is its additions (handed to its zygote); what it inherited
+    (`forget_memo_additions` at its start) or took from another rank (`merge_memos`) is not."""
+    from neuron_device import services
+
+    memo = services.memo("test_plugins.memo")
+    assert services.memo("test_plugins.memo") is memo
+    memo["inherited"] = 1.0
+    services.forget_memo_additions()
+    services.merge_memos({"test_plugins.memo": {"merged": 2.0}})
+    memo["computed"] = 3.0
+    assert dict(memo) == {"inherited": 1.0, "merged": 2.0, "computed": 3.0}
+    assert services.memo_additions().get("test_plugins.memo") == {"computed": 3.0}

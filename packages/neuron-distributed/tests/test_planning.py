@@ -215,6 +215,27 @@ def test_command_keeps_its_interpreter_and_module(tmp_path, monkeypatch):
     assert started[0][-2:] == ["-m", "pkg.train"]
 
 
+def test_python_that_names_this_interpreter_is_this_one(tmp_path, monkeypatch):
+    """`neuron-plan -- python train.py` where `python` on PATH is neuron-plan's own interpreter: the ranks run under
+    `sys.executable` (so their zygote is neuron-plan forked, not a new interpreter). Another directory's link to the
+    same file (a venv's `python` is a link to its base interpreter, whose site-packages differ), a name not on PATH
+    and an interpreter with options keep the command's."""
+    own, other = tmp_path / "venv" / "bin", tmp_path / "base" / "bin"
+    for directory in (own, other):
+        directory.mkdir(parents=True)
+        for name in ("python", "python3.11"):
+            (directory / name).symlink_to(os.path.realpath(sys.executable))
+    monkeypatch.setattr(sys, "executable", str(own / "python3.11"))
+    monkeypatch.setenv("PATH", str(own))
+    assert parse_command(["python", "train.py"], 32, 1) == ([str(own / "python3.11")], ["train.py"])
+    assert parse_command([str(own / "python"), "-u", "train.py"], 32, 1) == ([str(own / "python3.11"), "-u"],
+                                                                            ["train.py"])
+    assert parse_command(["python3", "train.py"], 32, 1) == (["python3"], ["train.py"])  # not on PATH
+    monkeypatch.setenv("PATH", str(other))
+    assert parse_command(["python", "train.py"], 32, 1) == (["python"], ["train.py"])
+    assert parse_command([str(other / "python"), "train.py"], 32, 1) == ([str(other / "python")], ["train.py"])
+
+
 def _zygote_is_neuron_plan_forked_under_its_own_interpreter(tmp_path, monkeypatch):
     """Under neuron-plan's own interpreter the ranks' zygote is neuron-plan's process forked: what it imported (torch,
     the planner: about 2 s of CPU) is not imported again; a module run with `-m` is found in the working directory
@@ -263,6 +284,28 @@ def _zygote_warms_the_compile_caches_before_its_second_rank(tmp_path, monkeypatc
                                  32)([0, 1, 2])
     assert [plan["rank"] for plan in plans] == [0, 1, 2], (tmp_path / "ranks.log").read_text()
     assert [(tmp_path / f"seen{rank}").read_text() for rank in range(3)] == ["False", "True", "True"]
+
+
+def test_zygote_hands_a_ranks_memos_to_the_ranks_forked_after_it(tmp_path, monkeypatch):
+    """What a planned rank adds to a memo (`services.memo`: neuron-nki's attention estimates by signature) reaches
+    the zygote when the rank ends, before neuron-plan asks for the next rank: the ranks forked after it start with
+    it (one at a time here, `--jobs 1`); the zygote's own entries are not a rank's to hand back."""
+    (tmp_path / "probe.py").write_text(
+        "import os, sys\n"
+        "from neuron_device import services\n"
+        "memo, rank = services.memo('test.probe'), int(os.environ['RANK'])\n"
+        "open(sys.argv[1] + str(rank), 'w').write(repr(sorted(memo.items())))\n"
+        "memo[f'rank{rank}'] = (rank, 'of', 3)\n")
+    monkeypatch.chdir(tmp_path)
+    options = argparse.Namespace(jobs=1, steps=1, instance="trn1.32xlarge")
+    seen = tmp_path / "seen"
+    with _planning_context(None, tmp_path / "ranks.log", 300):
+        plans = plan_ranks.Ranks(str(tmp_path), [sys.executable], ["-m", "probe", str(seen)], options, 32, 32)(
+            [0, 1, 2])
+    assert [plan["rank"] for plan in plans] == [0, 1, 2], (tmp_path / "ranks.log").read_text()
+    assert [(tmp_path / f"seen{rank}").read_text() for rank in range(3)] == [
+        "[]", "[('rank0', (0, 'of', 3))]", "[('rank0', (0, 'of', 3)), ('rank1', (1, 'of', 3))]"]
+    assert not list(tmp_path.glob("*" + plan_ranks.MEMOS)), "the zygote takes each rank's file"
 
 
 def _in_a_process_that_never_used_neuron(body, tmp_path) -> None:

@@ -32,7 +32,8 @@ numerics, autocast     `numerics` (the policy), `ops/host_numerics` (its host ex
 torch.neuron           `neuron/` (the `torch.cuda`-shaped facade), `neuron/memory`, `neuron/comm`, `neuron/legacy` (FloatTensor, …)
 patches of torch       `_patches` (each with its reason)
 environment variables  `envvars` (declared once; parser in `neuron_spec.env`)
-other wheels           `plugins` (hooks they implement), `services` (all they may import of this package)
+other wheels           `plugins` (hooks they implement), `services` (all they may import of this package), `memos`
+                       (a plugin's costly estimates, handed back by a forked planned rank to its zygote)
 command-line tools     `cli` (`neuron-ls`), `monitor` (`neuron-monitor`, `neuron-top`), `livestats` (the counters a
                        process publishes for them), `progress` (one-line progress of long operations)
 ====================== ==============================================================================================

@@ -698,7 +698,7 @@ def track(tensor: torch.Tensor, index: int) -> torch.Tensor:
     """
     storage = tensor.untyped_storage()
     nbytes = storage.nbytes()
-    if nbytes and not (_compile_time.open_blocks and _compile_time.now()):
+    if nbytes and not _compile_time.now():
         allocator = _devices.get(index) or device(index)
         storage.__dict__[_HOLDING] = _Holding((allocator, allocator.malloc(nbytes)))  # `_bind`, inline: every op
     return tensor

@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch
 
 from . import allocator, envvars
+from . import compile_time as _compile_time
 from . import numerics as _numerics
 from .ops import host_numerics as _host_numerics
 from .ops.call import OverloadRecord, overload_record, records
@@ -70,13 +71,14 @@ def _stack_trace() -> str:
 
 
 def admit(op: torch._ops.OpOverload) -> None:
-    """Classify `op` before it runs: a fallback warns once per op, is recorded, and raises in strict mode."""
+    """Classify `op` before it runs: a fallback warns once per op, is recorded, and raises in strict mode. At compile
+    time (`compile_time`) it is none of these: the compiler's ops run on the host, as neuronx-cc does."""
     _admit(records.get(op._op) or overload_record(op))
 
 
 def _admit(overload: OverloadRecord) -> None:
     info = overload.info
-    if info.engine is None:
+    if info.engine is None and not _compile_time.now():
         name = info.name
         if _ledger.record_fallback(name):
             if _fallback_enabled():
@@ -308,7 +310,7 @@ def run_on_host(op: torch._ops.OpOverload, *args, **kwargs):
 
 
 def _run_on_host(overload: OverloadRecord, /, *args, **kwargs):
-    _ledger.executed_ops[overload.name] += 1
+    _ledger.count_call(overload.name)
     _admit(overload)  # native kernel or CPU fallback (warns once; raises in strict mode)
     call = _Call(overload)
     host_args = call.to_host(args)

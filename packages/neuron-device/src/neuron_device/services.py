@@ -36,7 +36,9 @@ Plan mode
     charge, `charge_kernel`, and the fraction of score tiles a block mask visits, `visible_fraction`, for a planned
     call).
 Plugins
-    `hookimpl` (mark an implementation of a `neuron_device.plugins` hook).
+    `hookimpl` (mark an implementation of a `neuron_device.plugins` hook), `memo` (a plugin's costly estimates by
+    key, which a planned rank hands back to its zygote for the ranks forked after it: `memo_additions`,
+    `forget_memo_additions`, `merge_memos`; `memos`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ from .allocator import device as device_allocator
 from .compile_time import compiling
 from .envvars import LOCAL_RANK
 from .fallback import run_on_host
+from .memos import additions as memo_additions
+from .memos import forget_additions as forget_memo_additions
+from .memos import memo
+from .memos import merge as merge_memos
 from .ops import flex_attention
 from .ops.attention import fused_attention_decompositions
 from .ops.catalogue import OpInfo, breakdown_part, op_info, scattered_elements
@@ -91,11 +97,15 @@ __all__ = [
     "estimate_kernel",
     "flat_tensors",
     "flex_attention",
+    "forget_memo_additions",
     "fused_attention_decompositions",
     "hookimpl",
     "host_alias",
     "host_code_device",
     "matmul_array_flops",
+    "memo",
+    "memo_additions",
+    "merge_memos",
     "op_info",
     "plugin_estimator",
     "record_kernel",

@@ -129,7 +129,7 @@ def charge(index: int, seconds: float, name: str = "device work", part: Part = N
     `name` and `part` (what the time went to) reach only an installed recorder (a profiler's device lane, a
     planner's breakdown). At compile time (`compile_time`) nothing is queued: it completes when issued."""
     found = _timelines.get(index) or timeline(index)
-    if _compile_time.open_blocks and _compile_time.now():
+    if _compile_time.now():
         return found.host
     if stream is not None:
         stream_id = stream

@@ -154,12 +154,26 @@ def _intra_phase_seconds(n: int, spec: Target) -> float:
     of a hierarchical collective's intra-node stages: a rank moves its n - 1 chunks one after another, each one DMA
     (the target's fixed cost, calibration.md §2) and one hop (C4), whatever the algorithm (C2 shows no drop where a
     32-rank stage leaves mesh for halving-doubling at 1 MB)."""
-    return (n - 1) * (spec.dma_fixed_ns * 1e-9 + HOP_SECONDS_INSIDE_NODE)
+    return (n - 1) * _step_seconds(spec)
+
+
+def _step_seconds(spec: Target) -> float:
+    """One step of a phase inside an instance: one DMA (the target's fixed cost, calibration.md §2) and one hop (C4)."""
+    return spec.dma_fixed_ns * 1e-9 + HOP_SECONDS_INSIDE_NODE
 
 
 def _link(spec: Target) -> float:
     """Effective bandwidth of a rank's NeuronLink path: one of its chip's torus links."""
     return spec.neuronlink_bytes_per_second / LINKS_PER_CHIP * LINK_EFFICIENCY
+
+
+def _ring_seconds(n: int, phases: int, passes: int, step: float, payload_bytes: float, bandwidth: float,
+                  launch: float = 0.0) -> float:
+    """A ring collective over `n` ranks after `launch`: `phases` phases (an all-reduce's reduce-scatter and
+    all-gather: 2) in `passes` buckets, each phase n - 1 steps of `step` seconds, and each phase moving (n - 1) / n of
+    the payload at `bandwidth`. A standalone collective inside an instance (a step: one DMA and one hop), and trn1's
+    flat ring over all ranks across instances (a step: one inter-node hop; the instance's EFA)."""
+    return launch + passes * (phases * ((n - 1) * step)) + phases * (n - 1) / n * payload_bytes / bandwidth
 
 
 def _in_graph_phase_seconds(chunk: float, n: int, per_chip: int, spec: Target) -> float:
@@ -176,7 +190,7 @@ def _in_graph_phase_seconds(chunk: float, n: int, per_chip: int, spec: Target) -
     The last two move (n - 1) chunks over one link, as the standalone model does."""
     per_chip = min(per_chip, n)
     chips = math.ceil(n / per_chip)
-    step = spec.dma_fixed_ns * 1e-9 + HOP_SECONDS_INSIDE_NODE
+    step = _step_seconds(spec)
     exchange = (per_chip - 1) * chips * chunk / _link(spec)
     kind = algorithm(round(chunk * n))
     if kind == "mesh":
@@ -213,7 +227,7 @@ def _across_seconds(kind: str, payload_bytes: int, n: int, y: int, spec: Target,
         extra = (y * (x - 1) - 2 * (x - 1) / x) * b / efa
         best = single if extra < HOP_SECONDS_ACROSS_NODES else hierarchical
         if spec.name in FLAT_RING_TARGETS:
-            flat = passes * 2 * (n - 1) * HOP_SECONDS_ACROSS_NODES + 2 * (n - 1) / n * b / efa
+            flat = _ring_seconds(n, 2, passes, HOP_SECONDS_ACROSS_NODES, b, efa)
             best = min(best, flat)
         return best
     if kind in _ALLGATHER or kind in _REDUCE_SCATTER:  # payload: the larger of input and output, n chunks
@@ -260,18 +274,14 @@ def collective_seconds(kind: str, payload_bytes: int, group_size: int, target: s
         return launch + _across_seconds(kind, payload_bytes, n, y, spec, inst, itemsize)
     if where not in ("chip", "instance"):
         raise ValueError(f"where must be 'chip', 'instance' or 'network', got {where!r}")
-    link = _link(spec)
-    if in_graph and (kind in _ALLREDUCE or kind in _ALLGATHER or kind in _REDUCE_SCATTER):
-        phases = 2 if kind in _ALLREDUCE else 1
-        passes = buckets(kind, payload_bytes)
-        return passes * phases * _in_graph_phase_seconds(payload_bytes / passes / n, n, per_chip, spec)
+    passes = buckets(kind, payload_bytes)
     if kind in _ALLREDUCE or kind in _ALLGATHER or kind in _REDUCE_SCATTER or kind in _ALLTOALL:
         phases = 2 if kind in _ALLREDUCE else 1
-        steps = phases * _intra_phase_seconds(n, spec)
-        crossings = phases * (n - 1) / n
-    else:  # broadcast, reduce, point-to-point: the payload crosses once
-        steps, crossings = HOP_SECONDS_INSIDE_NODE, 1.0
-    return launch + buckets(kind, payload_bytes) * steps + crossings * payload_bytes / link
+        if in_graph and kind not in _ALLTOALL:
+            return passes * phases * _in_graph_phase_seconds(payload_bytes / passes / n, n, per_chip, spec)
+        return _ring_seconds(n, phases, passes, _step_seconds(spec), payload_bytes, _link(spec), launch)
+    # broadcast, reduce, point-to-point: the payload crosses once
+    return launch + passes * HOP_SECONDS_INSIDE_NODE + payload_bytes / _link(spec)
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:

@@ -4,6 +4,7 @@ after `--` (`python`, `torchrun`), the instance's ranks a node, the checks of op
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 from neuron_spec.hardware import INSTANCE_TYPES, TARGETS
@@ -44,9 +45,23 @@ def _is_python(path: str) -> bool:
     return any(os.path.basename(name).startswith("python") for name in (path, os.path.realpath(path)))
 
 
+def _this_interpreter(name: str) -> bool:
+    """`name` (`python`, `python3`, a path) runs this very interpreter: found (on PATH for a bare name) in the
+    directory of `sys.executable`, and the same file. The ranks' zygote is then this process forked (`plan_ranks.
+    Zygote`), not a new interpreter (2-3 s a plan or search). The directory counts, not only the file: a venv's
+    `python` is a link to its base interpreter, whose prefix (site-packages) is another."""
+    found = shutil.which(name)
+    if found is None or not sys.executable:
+        return False
+    found = os.path.abspath(found)
+    return (os.path.dirname(found) == os.path.dirname(os.path.abspath(sys.executable))
+            and os.path.samefile(found, sys.executable))
+
+
 def _python_command(command: list[str]) -> tuple[list[str], list[str]]:
-    """`python [options] (script | -m module) args` -> ([python, *options], [script | -m module, *args])."""
-    interpreter, i = [command[0]], 1
+    """`python [options] (script | -m module) args` -> ([python, *options], [script | -m module, *args]); `python`
+    is `sys.executable` when it names this interpreter (`_this_interpreter`)."""
+    interpreter, i = [sys.executable if _this_interpreter(command[0]) else command[0]], 1
     while i < len(command) and command[i].startswith("-") and command[i] != "-m":
         if command[i] == "-c" or command[i] == "-":
             raise SystemExit("neuron-plan: plans a script or a module (python train.py, python -m package.module), "

@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import json
 import os
+import pickle
 import runpy
 import select
 import signal
@@ -30,6 +31,7 @@ from typing import Any, ClassVar, NoReturn
 
 import torch
 
+from neuron_device import services
 from neuron_spec.machine import INSTANCE
 
 from . import envvars
@@ -43,11 +45,12 @@ from .plan_pipeline import (
 )
 from .planning import launcher_environment
 
-__all__ = ["ROLE", "STAGES", "VERDICT", "WANTS", "Ranks", "Roles", "Zygote", "run_script"]
+__all__ = ["MEMOS", "ROLE", "STAGES", "VERDICT", "WANTS", "Ranks", "Roles", "Zygote", "run_script"]
 
 STAGES = ".stages"  # suffix of the file in which a planned pipeline rank names every stage's rank
 WANTS = ".wants"  # suffix of the file in which a planned rank names the rank whose stage outputs it waits for
 ROLE = ".role"  # suffix of the file in which a pipeline rank gives its role's key at its first step (`Roles`)
+MEMOS = ".memos"  # suffix of the file in which a rank that ended hands its memos' additions to the zygote
 VERDICT = ".verdict"  # ... and of the answer it waits for: "plan" (go on) or "reuse" (stop: the role is planned)
 
 
@@ -183,7 +186,8 @@ def _zygote(requests: int, replies: int, steps: str, script: list[str]) -> None:
     output or null), and writes `[plan file, exit code]` on `replies` as each ends; `"kill"` ends every rank it
     runs. A rank forked from here skips the
     5 s of imports a fresh interpreter pays (torch, transformers); `neuron-plan --search` plans every configuration
-    of a script from one."""
+    of a script from one. What an ended rank added to its memos (`services.memo`: neuron-nki's attention estimates)
+    is merged here before its reply (`_merge_memos`), so the ranks forked after it start with it."""
     _preload(script)
     children: dict[int, str] = {}  # pid -> the rank's plan file
     forked = 0
@@ -222,7 +226,23 @@ def _zygote(requests: int, replies: int, steps: str, script: list[str]) -> None:
                 pid, status = os.waitpid(-1, os.WNOHANG)
                 if pid == 0:
                     break
-                outbox.write(json.dumps([children.pop(pid), os.waitstatus_to_exitcode(status)]) + "\n")
+                out = children.pop(pid)
+                _merge_memos(out)  # before the reply: the ranks neuron-plan asks for next start with them
+                outbox.write(json.dumps([out, os.waitstatus_to_exitcode(status)]) + "\n")
+
+
+def _merge_memos(out: str) -> None:
+    """Take into this process's memos (`services.memo`) what the ended rank of plan file `out` added to its own:
+    a plugin's estimates by key (neuron-nki's attention latency of a call signature), which every rank forked from
+    here after it then finds instead of computing them again."""
+    path = out + MEMOS
+    try:
+        with open(path, "rb") as handle:
+            additions = pickle.load(handle)
+    except FileNotFoundError:  # the rank failed, was killed, or added nothing
+        return
+    os.unlink(path)
+    services.merge_memos(additions)
 
 
 def _warm_compile_caches() -> None:
@@ -250,15 +270,26 @@ def _forked_rank(rank: int, world: int, per_node: int, steps: str, out: str, scr
     def body() -> None:
         with open(os.devnull) as stdin:
             os.dup2(stdin.fileno(), 0)
+        sys.stdout.flush()
+        sys.stderr.flush()
         if log is not None:
-            sys.stdout.flush()
-            sys.stderr.flush()
             handle = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             os.dup2(handle, 1)
             os.dup2(handle, 2)
             os.close(handle)
+        # Python's output on descriptors 1 and 2, as a new interpreter's: the process forked may have had its own
+        # `sys.stdout` and `sys.stderr` objects that write elsewhere (pytest's capture), and a failed rank's error
+        # would be lost from its output, which names it
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
+        services.forget_memo_additions()  # the zygote's entries are not this rank's to hand back
         with launcher_environment(rank, world, per_node):
             _plan_one(rank, int(steps) if steps != "all" else None, out, script, roles)
+        additions = services.memo_additions()
+        if additions:  # for the zygote (`_merge_memos`), whole or absent
+            with open(out + MEMOS + ".partial", "wb") as handle:
+                pickle.dump(additions, handle)
+            os.replace(out + MEMOS + ".partial", out + MEMOS)
 
     _exit_after(body)
 

@@ -297,6 +297,33 @@ def test_compile_time_estimate_is_what_eager_charges_and_a_dry_run(fresh_estimat
     assert fwd.estimate_seconds(*fake, 0.5, True) is None  # outside the kernel: eager's formula prices it
 
 
+def test_dry_estimates_are_a_memo_by_call_and_machine(fresh_estimates: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dry estimate is kept in neuron-device's memo (`services.memo`), which a planned rank hands back to
+    neuron-plan's zygote for the ranks forked after it: its key (which pickles, as the hand-back does) is the op, the
+    call's signature and the machine the environment selects, and an entry there is taken, not simulated again; on
+    another target the same call is another key."""
+    import pickle
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from neuron_device import services
+    from nki.torch.adapter import signature
+
+    fwd = native.KERNELS["aten::_scaled_dot_product_flash_attention_for_cpu"]
+    with FakeTensorMode() as mode:
+        q, k, v = (mode.from_tensor(torch.empty(1, 2, 80, 16)) for _ in range(3))
+    seconds = fwd.estimate_seconds(q, k, v, 0.0, True)
+    key = ("aten::_scaled_dot_product_flash_attention_for_cpu", signature((q, k, v, 0.0, True), {"scale": None}),
+           native._machine())
+    estimates = services.memo(native.DRY_ESTIMATES)
+    assert seconds > 0 and estimates[key] == seconds and pickle.loads(pickle.dumps({key: seconds})) == {key: seconds}
+    monkeypatch.setitem(estimates, key, 2 * seconds)  # as a rank forked before this one computed and handed back
+    assert fwd.estimate_seconds(q, k, v, 0.0, True) == 2 * seconds
+    other = "trn1" if native._machine()[0] != "trn1" else "trn2"
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", other)
+    assert native._machine()[0] == other and fwd.estimate_seconds(q, k, v, 0.0, True) not in (seconds, 2 * seconds)
+
+
 def test_model_forward_device_time_is_reported_per_kernel() -> None:
     torch.manual_seed(0)
     model = TinyLlama().to("neuron").eval()

@@ -415,7 +415,7 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     _queue.append(entry)
     _device = index
     _counters["recorded"] += 1
-    _ledger.executed_ops[overload.name] += 1
+    _ledger.count_call(overload.name)
     if not position:  # the queue's first op: from now on the flush barrier runs it
         _barrier.set_pending(flush)
     if len(_queue) >= buffer_size_limit:

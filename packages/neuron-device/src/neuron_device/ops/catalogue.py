@@ -12,6 +12,7 @@ device time. A matmul's work is the Tensor engine's occupancy as it tiles onto t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -263,8 +264,11 @@ def _name(op: torch._ops.OpOverload) -> str:
     return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
 
 
+@functools.cache
 def op_info(op: torch._ops.OpOverload) -> OpInfo:
-    """How the chip runs `op`, computed: the hot paths read it from the op's record (`ops.call`), which keeps it."""
+    """How the chip runs `op`, computed once per overload: it depends only on the op's schema and tags and this
+    module's constant tables (a compiler's passes ask it for every node; the hot paths read the op's record,
+    `ops.call`, which keeps it too)."""
     base = _base_name(op)
     engine = _engine(op, base)
     return OpInfo(_name(op), engine, _TENSOR.get(base) if engine == "tensor" else None,

@@ -87,7 +87,7 @@ def _direct(overload: OverloadRecord, args: tuple, kwargs: dict):
     if walked is None:
         return None
     host, index, call = walked
-    _ledger.executed_ops[overload.name] += 1
+    _ledger.count_call(overload.name)
     result = call(*host, **kwargs)
     if type(result) is _Tensor and not overload.in_place:  # a functional op's one result is fresh: the common case
         tensor = adopt(result, index)

@@ -52,6 +52,7 @@ __all__ = [
     "clear_compilation_counters",
     "clear_op_tracking",
     "compilation_stats",
+    "count_call",
     "executed_ops",
     "flat_tensors",
     "get_executed_ops",
@@ -244,7 +245,7 @@ def charge(record: OverloadRecord, index: int, args: tuple, kwargs: dict, result
     """Account one executed call of `record`'s op (`ops.call`) on device `index` (host arguments and result); at
     compile time (`compile_time`), nothing."""
     global _cache_hits
-    if _compile_time.open_blocks and _compile_time.now():
+    if _compile_time.now():
         return
     info = record.info
     engine = info.engine
@@ -357,9 +358,18 @@ def transfer(name: str, src: torch.Tensor, dst: torch.Tensor, device: torch.devi
             _timeline.timeline(index).host_wait(end)
 
 
+def count_call(name: str) -> None:
+    """Count one call of op `name` on `neuron` (`executed_ops`), whichever path runs it; at compile time
+    (`compile_time`), nothing: the compiler's ops are not the program's."""
+    if not _compile_time.now():
+        executed_ops[name] += 1
+
+
 def mark_executed(names: Iterable[str]) -> None:
-    """Record ops as executed on the device whose time is charged elsewhere (inside one fused kernel)."""
-    _executed.update(names)
+    """Record ops as executed on the device whose time is charged elsewhere (inside one fused kernel); at compile
+    time (`compile_time`), nothing."""
+    if not _compile_time.now():
+        _executed.update(names)
 
 
 def record_fallback(name: str) -> bool:
