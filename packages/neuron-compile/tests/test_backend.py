@@ -344,23 +344,19 @@ def test_flex_attention_training_with_the_inductor_host_code_is_refused_by_name(
     assert isinstance(error, NeuronCompileError) and "only supports inference" in str(error)
 
 
-def test_pattern_matches_fail_at_once_without_their_targets(monkeypatch) -> None:
+def test_pattern_passes_try_only_patterns_whose_targets_the_graph_calls(monkeypatch) -> None:
     """Inductor's pattern passes walked each pattern's tree at every node of its first function, also when no node
     of the graph calls one of its functions (the attention patterns at every `view` of a graph with no `bmm`: 6 s of
-    a 70B decode plan). With `_patches.pattern_matches_need_their_targets` such a pattern fails before its tree is
-    walked; a pattern whose functions are all in the graph matches the same nodes as before."""
+    a 70B decode plan). With `_patches.pattern_matches_need_their_targets` a pass skips such a pattern without
+    walking it, and judges again after a replacement: a pattern whose function an earlier replacement of the same
+    pass put in the graph still matches. The pass matches the same nodes as Inductor's own."""
     from torch._inductor import pattern_matcher as pm
 
     from neuron_compile import _patches
 
-    for cls in (pm.PatternExpr, pm.MultiOutputPattern):  # Inductor's own, also after an earlier compile patched it
-        monkeypatch.setattr(cls, "match", getattr(cls.__dict__["match"], "__wrapped__", cls.__dict__["match"]))
+    own = pm.PatternMatcherPass.apply  # Inductor's own, also after an earlier compile patched it
+    monkeypatch.setattr(pm.PatternMatcherPass, "apply", getattr(own, "__wrapped__", own))
     aten = torch.ops.aten
-    graph = torch.fx.Graph()
-    x, y = graph.placeholder("x"), graph.placeholder("y")
-    view = graph.call_function(aten.view.default, (graph.call_function(aten.mm.default, (x, y)), [4]))
-    graph.output(view)
-    module = torch.fx.GraphModule(torch.nn.Module(), graph)
     on_mm = pm.CallFunction(aten.view.default, pm.CallFunction(aten.mm.default, pm.Arg(), pm.Arg()), pm.Arg())
     on_bmm = pm.CallFunction(aten.view.default, pm.CallFunction(aten.bmm.default, pm.Arg(), pm.Arg()), pm.Arg())
     both = pm.MultiOutputPattern([on_mm, pm.CallFunction(aten.bmm.default, pm.Arg(), pm.Arg())])
@@ -368,17 +364,40 @@ def test_pattern_matches_fail_at_once_without_their_targets(monkeypatch) -> None
     walk = pm.CallFunction._match
     monkeypatch.setattr(pm.CallFunction, "_match", lambda self, node, ctx: walked.append(self) or walk(self, node, ctx))
 
-    def matches() -> list:
-        return [pm.is_match(pattern.match(view)) for pattern in (on_mm, on_bmm, both)]
+    def run(mm_to_bmm: bool) -> tuple[list, str]:
+        """The three patterns (and, with `mm_to_bmm`, a first one that turns the view's mm into a bmm) as one pass
+        over `view(mm(x, y))`: the patterns matched, in order, and the graph after."""
+        graph = torch.fx.Graph()
+        x, y = graph.placeholder("x"), graph.placeholder("y")
+        view = graph.call_function(aten.view.default, (graph.call_function(aten.mm.default, (x, y)), [4]))
+        graph.output(view)
+        module = torch.fx.GraphModule(torch.nn.Module(), graph)
+        matched = []
 
-    before = matches()
-    assert before == [True, False, False] and len(walked) > 3  # the bmm patterns were walked from the view
+        def to_bmm(match: pm.Match, *args: object) -> None:
+            matched.append("to_bmm")
+            mm = view.args[0]
+            view.replace_input_with(mm, graph.call_function(aten.bmm.default, mm.args))
+            graph.erase_node(mm)
+
+        patterns = pm.PatternMatcherPass()
+        if mm_to_bmm:
+            pm.register_graph_pattern(on_mm, pass_dict=patterns)(to_bmm)
+        for name, pattern in (("on_mm", on_mm), ("on_bmm", on_bmm), ("both", both)):
+            pm.register_graph_pattern(pattern, pass_dict=patterns)(
+                lambda match, *args, name=name: matched.append(name))
+        patterns.apply(module)
+        assert module.graph._find_nodes_lookup_table.__class__ is torch.fx.graph._FindNodesLookupTable
+        return matched, str(module.graph)
+
+    before = run(False), run(True)
+    assert before[0][0] == ["on_mm"] and before[1][0] == ["to_bmm", "on_bmm"]
+    assert {id(pattern) for pattern in walked} > {id(on_mm), id(on_mm.args[0])}  # the bmm patterns were walked
     _patches.pattern_matches_need_their_targets()
     walked.clear()
-    assert matches() == before
+    assert run(False) == before[0]
     assert {id(pattern) for pattern in walked} <= {id(on_mm), id(on_mm.args[0])}  # only the mm pattern's tree
-    assert {node.target for node in on_mm.match(view).nodes} == {aten.view.default, aten.mm.default}
-    assert module.graph is graph
+    assert run(True) == before[1]  # on_bmm judged again after to_bmm put a bmm in the graph
 
 
 def test_guard_cse_is_linear_and_writes_dynamos_guard_code(monkeypatch) -> None:

@@ -167,10 +167,20 @@ def _nbytes(node: torch.fx.Node) -> int:
 _GATHERS = frozenset({aten.embedding, aten.index_select, aten.gather, aten.index})
 
 
-def _read_bytes(node: torch.fx.Node, members: list[torch.fx.Node], source: Mapping) -> int:
-    """HBM bytes a kernel reads of input `node`: all of it, except a table only gathered from (embedding,
-    index_select, gather, index as first argument), of which the DMA reads just the gathered rows."""
-    readers = [m for m in members if any(source.get(a, a) is node for a in m.all_input_nodes)]
+def _member_readers(members: list[torch.fx.Node], source: Mapping) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """The members of a kernel that read each value (through `source`), in the members' order: one pass over the
+    kernel's inputs (a search of every member for each value read was quadratic in the kernel's size)."""
+    readers: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for member in members:
+        for value in {source.get(a, a): None for a in member.all_input_nodes}:
+            readers.setdefault(value, []).append(member)
+    return readers
+
+
+def _read_bytes(node: torch.fx.Node, readers: list[torch.fx.Node], source: Mapping) -> int:
+    """HBM bytes a kernel reads of input `node` (`readers`: its members that read it): all of it, except a table
+    only gathered from (embedding, index_select, gather, index as first argument), of which the DMA reads just the
+    gathered rows."""
     if readers and all(_packet(m) in _GATHERS and source.get(m.args[0], m.args[0]) is node for m in readers):
         return min(_nbytes(node), sum(_nbytes(m) for m in readers))
     return _nbytes(node)
@@ -560,7 +570,8 @@ def plan_kernels(gm: torch.fx.GraphModule, frozen: Set[torch.fx.Node] = frozense
             consumers = [u for u in _consumers(node, source) if u not in inside]
             if consumers or node in in_place:
                 written[node] = consumers
-        hbm = sum(_read_bytes(n, members, source) for n in read) + sum(
+        readers = _member_readers(members, source)
+        hbm = sum(_read_bytes(n, readers.get(n, []), source) for n in read) + sum(
             _scattered_elements(n) * _element_size(n) if n in in_place else _nbytes(n) for n in written)
         tensors = services.flat_tensors(members[0].meta.get("val"))
         dtype = tensors[0].dtype if tensors and tensors[0].is_floating_point() else torch.float32
