@@ -300,7 +300,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return (ranks[self.rank()], ranks[peer]) if ranks is not None else None
 
     def barrier(self, opts: BarrierOptions = BarrierOptions()) -> Work:  # noqa: B008
-        return gloo_refs.issue(self, self._gloo.barrier, opts)
+        return gloo_refs.issue(self, self._gloo.barrier, opts, barrier=True)
 
     def abort(self) -> None:
         """Gloo's abort does nothing; release what Gloo let go of, without waiting for the rest."""

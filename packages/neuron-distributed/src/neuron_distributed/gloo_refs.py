@@ -1,24 +1,26 @@
-"""Every Gloo work this package issues, and what it was handed, released on a Python thread, never on Gloo's worker.
+"""Every Gloo work this package issues stays referenced here until Gloo's worker let go of it: then it is dropped
+on a Python thread, so no work dies on a Gloo worker with the Python objects it holds.
 
-Why. A Gloo collective runs on a `pt_gloo_runloop` worker, which drops its reference to the work when the work is
-done; if that is the last one, the work dies there, with the tensors and the TLS snapshot it holds. torch 2.13 keeps
-a tensor's Python object alive while C++ holds the tensor, and a C++ holder's release that leaves only the Python
-object (a refcount 2 -> 1) decrefs that object, under the GIL, on the releasing thread: even while Python still holds
-the tensor. A process group destroyed by a thread holding the GIL (DDP's Reducer, freed at a script's end) joins the
-worker: both wait forever (gdb: the main thread in `~ProcessGroupGloo` joining `pt_gloo_runloop`, which waits for
-the GIL in `~AsyncAllreduceWork`, `decref_pyobject`). About one real 2-rank DDP run in 20 hung so.
+Why. A Gloo collective runs on a `pt_gloo_runloop` worker, which drops its references to the work right after
+completing it (`work.wait()` returns before that); if those are the last, the work dies there, with the tensors, the
+TLS snapshot (modes, hooks) and the future it holds. torch 2.13 keeps a tensor's Python object alive while C++ holds
+the tensor, and a C++ release that leaves only the Python object's reference (2 -> 1) decrefs that object under the
+GIL on the releasing thread, even while Python still holds the tensor. A process group destroyed by a thread holding
+the GIL (DDP's Reducer, freed at a script's end) joins the worker: both wait forever (gdb: the main thread in
+`~ProcessGroupGloo` joining `pt_gloo_runloop`, which waits for the GIL in `decref_pyobject` under
+`~AsyncAllreduceWork`). About one real 2-rank DDP run in 20 hung so.
 
-How. `issue` hands Gloo fresh tensors (`detach`: new TensorImpls over the same memory, that nothing else holds) and
-keeps a second C++ reference to each (a `torch.ScriptList`), so the worker's release of a work never leaves a Python
-object's last C++ reference. An entry is released (its Python objects freed on the releasing Python thread) once its
-work is complete and no one but the entry holds its tensors: the work is gone, from the worker and from its users.
-`issue` prunes released entries before issuing, `drain` at a group's shutdown. The issuing thread's TLS snapshot
-carries no autograd context (`without_autograd_context`), the other Python object a work held in that hang.
+How. `issue` keeps each work it issues; `prune` (each `issue`) and `drain` (a group's shutdown) drop a work once it is
+complete and no C++ code holds it any more, read from the work's reference count (`_cxx_references`; Python has no
+API for it, so the layout is checked at import). Dropping it then destroys it on this thread (or leaves it to its
+Python holders), and while it is kept, the worker's release is never the last. Gloo's barrier re-takes references
+to the works issued before it from weak ones, so no work older than an unsettled barrier is dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import threading
 import time
@@ -26,42 +28,73 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import Work
+from torch._C._distributed_c10d import Work, _create_work_from_future
 
 __all__ = ["drain", "issue", "outstanding", "prune", "without_autograd_context"]
 
 # What `torch.autograd.graph._engine_run_backward` stashes in the thread's TLS for the length of a backward
 _AUTOGRAD_CONTEXT = "context"
-_OURS = 2  # references to an issued tensor besides Gloo's: its Python object's and the entry's ScriptList
-# How long `drain` waits for a completed work's last Gloo reference to go (the worker drops it right after completing
-# it, needing no GIL); a work still referenced after that is its caller's, which releases it on a thread of its own
+# How long `drain` waits for the worker to let go of a completed work (it does right after completing it, needing
+# no GIL); a work still held after that stays here, so the worker's release is not the last, and goes in a later
+# `prune`
 _SETTLE = datetime.timedelta(seconds=1)
+
+# A pybind11 instance of a class with a simple layout (Work's): the object header, the C++ object's address, then
+# its holder (an intrusive_ptr: the same address). A c10 intrusive_ptr_target: the vtable pointer, then the combined
+# reference count, whose low 32 bits are the strong references.
+_VALUE_OFFSET = object.__basicsize__
+_HOLDER_OFFSET = _VALUE_OFFSET + ctypes.sizeof(ctypes.c_void_p)
+_COUNT_OFFSET = ctypes.sizeof(ctypes.c_void_p)
+_STRONG = (1 << 32) - 1
+
+
+def _cxx_references(work: Work) -> int:
+    """The strong C++ references to `work`'s C++ object: its Python wrapper's holder is one (however many Python
+    references the wrapper has); each other one is C++ code's (the queue, a worker, a caller)."""
+    address = ctypes.c_void_p.from_address(id(work) + _VALUE_OFFSET).value
+    return ctypes.c_uint64.from_address(address + _COUNT_OFFSET).value & _STRONG
+
+
+def _check_layout() -> None:
+    """The reading's assumptions, checked once on a real Work: holder and object at the same address, one reference
+    from the wrapper, one more while a boxed copy lives."""
+    work = _create_work_from_future(torch.futures.Future())
+    address = ctypes.c_void_p.from_address(id(work) + _VALUE_OFFSET).value
+    boxed = work.boxed()
+    expected = (
+        address is not None
+        and ctypes.c_void_p.from_address(id(work) + _HOLDER_OFFSET).value == address
+        and _cxx_references(work) == 2
+    )
+    del boxed
+    if not (expected and _cxx_references(work) == 1):
+        raise ImportError("neuron_distributed.gloo_refs: unexpected pybind11 instance or intrusive_ptr layout")
+
+
+_check_layout()
 
 
 class _Entry:
-    """One issued Gloo work: the work (until complete), the tensors Gloo got, a C++ reference to each, its owner."""
+    """One issued Gloo work, kept until complete and let go of by C++; the ids of the objects it was issued for."""
 
-    __slots__ = ("keep", "owner", "tensors", "work")
+    __slots__ = ("barrier", "owners", "work")
 
-    def __init__(self, owner: Any, work: Work, tensors: list[torch.Tensor]) -> None:
-        self.owner, self.work, self.tensors = owner, work, tensors
-        self.keep = torch.ScriptList(tensors) if tensors else None
+    def __init__(self, owner: Any, work: Work, barrier: bool) -> None:
+        self.owners, self.work, self.barrier = {id(owner)}, work, barrier
 
     def settled(self) -> bool:
-        """True once the work is complete and let go (`prune` drops it first) and only this entry holds its tensors:
-        the work is gone, from the worker and from its callers."""
-        return self.work is None and all(t._use_count() == _OURS for t in self.tensors)
+        """Complete, and only Python holds it: dropping it now cannot leave its last reference to a Gloo thread."""
+        return self.work.is_completed() and _cxx_references(self.work) == 1
 
 
-_entries: list[_Entry] = []
+_entries: list[_Entry] = []  # in issue order
 _lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def without_autograd_context() -> Iterator[None]:
     """Issue Gloo work without autograd's stashed `contextvars` context in this thread's TLS: a work's TLS snapshot
-    held it (DDP's all-reduces are issued during the backward), a Python object released with the work. Gloo's
-    transport needs no context."""
+    would hold it (DDP's all-reduces are issued during the backward), and Gloo's transport needs none."""
     if not torch._C._is_key_in_tls(_AUTOGRAD_CONTEXT):
         yield
         return
@@ -73,17 +106,6 @@ def without_autograd_context() -> Iterator[None]:
         torch._C._stash_obj_in_tls(_AUTOGRAD_CONTEXT, context)
 
 
-def _fresh(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """`value` with every tensor (also inside lists and tuples, nested) replaced by a detached alias, appended to
-    `tensors`: a TensorImpl only Gloo and the entry hold, so its use count says when Gloo let go."""
-    if isinstance(value, torch.Tensor):
-        tensors.append(value.detach())
-        return tensors[-1]
-    if isinstance(value, (list, tuple)):
-        return type(value)(_fresh(item, tensors) for item in value)
-    return value
-
-
 def _work_of(result: Any) -> Work | None:
     """The Work a Gloo method or a `c10d::*` op returned (alone, or last of a tuple; boxed for an op), or None for a
     call that returned none (`monitored_barrier_`: done when it returns)."""
@@ -93,63 +115,55 @@ def _work_of(result: Any) -> Work | None:
     return work if isinstance(work, Work) else None
 
 
-def issue(owner: Any, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`call(*args, **kwargs)` (a Gloo method, or a `c10d::*` op that reaches Gloo) with fresh tensors, recorded
-    until released; returns what `call` returns. `owner` (the group or its Gloo backend) stays alive as long as the
-    entry, so its workers are joined only after the entry is released."""
+def issue(owner: Any, call: Callable[..., Any], *args: Any, barrier: bool = False, **kwargs: Any) -> Any:
+    """`call(*args, **kwargs)` (a Gloo method, or a `c10d::*` op that reaches Gloo), its work kept until settled;
+    returns what `call` returns. `owner`: the group or Gloo backend `drain` names; `barrier`: a Gloo barrier."""
     prune()
-    tensors: list[torch.Tensor] = []
-    args, kwargs = _fresh(args, tensors), {name: _fresh(value, tensors) for name, value in kwargs.items()}
     with without_autograd_context():
         result = call(*args, **kwargs)
     work = _work_of(result)
     if work is not None:
-        entry = _Entry(owner, work, tensors)
         with _lock:
-            _entries.append(entry)
+            _entries.append(_Entry(owner, work, barrier))
     return result
 
 
 def prune() -> None:
-    """Release, on this thread, every entry whose work is complete and gone. A work is dropped outside the lock (its
-    release may run Python code that issues work), before its entry can settle (it holds the entry's tensors)."""
-    completed: list[Work] = []
-    with _lock:
-        for entry in _entries:
-            if entry.work is not None and entry.work.is_completed():
-                completed.append(entry.work)
-                entry.work = None
-    completed.clear()  # may destroy works here; the rest die on the worker, GIL-free (the entries' ScriptLists)
+    """Drop, on this thread, every settled work not older than an unsettled barrier (the barrier may still take a
+    reference to it)."""
     kept: list[_Entry] = []
     released: list[_Entry] = []
     with _lock:
-        for entry in _entries:
-            (released if entry.settled() else kept).append(entry)
-        _entries[:] = kept
-    released.clear()  # the tensors' Python objects die here, on this thread, after the lock
+        barrier_pending = False
+        for entry in reversed(_entries):
+            if not barrier_pending and entry.settled():
+                released.append(entry)
+            else:
+                kept.append(entry)
+                barrier_pending = barrier_pending or entry.barrier
+        _entries[:] = kept[::-1]
+    released.clear()  # outside the lock: a work's release may run Python code that issues work
 
 
 def drain(*owners: Any, wait: bool = True) -> None:
-    """At a group's shutdown (`wait`; abort: not): wait for each work of `owners` (errors are the waiter's to see),
-    then release its entry once Gloo lets go. An entry whose work a caller still holds (or, without `wait`, is not
-    done) outlives this, without `owner`, so the group and its workers can go: its tensors keep their second
-    reference until the work is gone, and `prune` releases it later."""
+    """At a group's shutdown (`wait`; abort: not): wait for each work issued for `owners` (its errors are its
+    waiter's to see), then drop each once Gloo let go of it. A work still held after that stays until a later
+    `prune`, forgotten by `owners`: kept here, it cannot die on the group's workers when they are joined."""
+    ids = {id(owner) for owner in owners}
     with _lock:
-        mine = [entry for entry in _entries if any(entry.owner is owner for owner in owners)]
-    for work in [entry.work for entry in mine] if wait else []:
-        if work is not None:
-            with contextlib.suppress(RuntimeError):
-                work.wait()
-    prune()
+        mine = [entry for entry in _entries if entry.owners & ids]
+    for entry in mine if wait else []:
+        with contextlib.suppress(RuntimeError):
+            entry.work.wait()
     deadline = time.monotonic() + _SETTLE.total_seconds()
-    while not all(entry.settled() for entry in mine if entry.work is None) and time.monotonic() < deadline:
-        time.sleep(0.001)  # GIL released: the worker needs none to drop the work
+    while not all(entry.settled() for entry in mine if entry.work.is_completed()) and time.monotonic() < deadline:
+        time.sleep(0.001)  # GIL released: the worker needs none to let go
     for entry in mine:
-        entry.owner = None
+        entry.owners = set()
     prune()
 
 
 def outstanding(owner: Any = None) -> int:
-    """Entries not yet released (of `owner`, or all): what tests check."""
+    """Works kept (issued for `owner`, or all)."""
     with _lock:
-        return sum(owner is None or entry.owner is owner for entry in _entries)
+        return sum(owner is None or id(owner) in entry.owners for entry in _entries)

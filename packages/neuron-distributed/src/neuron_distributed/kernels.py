@@ -26,7 +26,9 @@ def _kernel(op_name: str, kind: str) -> Callable[..., Any]:
     op = getattr(torch.ops.c10d, op_name).default
 
     def on_host(*args: Any, **kwargs: Any) -> Any:
-        result = gloo_refs.issue(boxed_group(args), op, *to_host(args), **to_host(kwargs))
+        result = gloo_refs.issue(
+            boxed_group(args), op, *to_host(args), barrier=op_name == "barrier", **to_host(kwargs)
+        )
         charge_c10d(kind, args)
         if isinstance(
             result, tuple
