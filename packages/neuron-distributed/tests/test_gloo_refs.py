@@ -13,6 +13,8 @@ def release_run():
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("check", ["all_to_all_unpacks_on_the_waiting_thread", "tensors_die_on_a_python_thread"])
+@pytest.mark.parametrize(
+    "check", ["all_to_all_unpacks_on_the_waiting_thread", "tensors_die_on_a_python_thread"]
+)
 def test_released_on_a_python_thread(check, release_run):
     assert_check(*release_run, check)

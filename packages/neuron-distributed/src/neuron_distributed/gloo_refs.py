@@ -13,8 +13,8 @@ the GIL (DDP's Reducer, freed at a script's end) joins the worker: both wait for
 How. `issue` keeps each work it issues; `prune` (each `issue`) and `drain` (a group's shutdown) drop a work once it is
 complete and no C++ code holds it any more, read from the work's reference count (`_cxx_references`; Python has no
 API for it, so the layout is checked at import). Dropping it then destroys it on this thread (or leaves it to its
-Python holders), and while it is kept, the worker's release is never the last. Gloo's barrier re-takes references
-to the works issued before it from weak ones, so no work older than an unsettled barrier is dropped.
+Python holders), and while it is kept, the worker's release is never the last. Gloo's barrier takes references to
+the works issued before it while it runs, so no work older than an unsettled barrier is dropped.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ def _check_layout() -> None:
     )
     del boxed
     if not (expected and _cxx_references(work) == 1):
-        raise ImportError("neuron_distributed.gloo_refs: unexpected pybind11 instance or intrusive_ptr layout")
+        raise ImportError(
+            "neuron_distributed.gloo_refs: unexpected pybind11 instance or intrusive_ptr layout"
+        )
 
 
 _check_layout()
@@ -129,8 +131,8 @@ def issue(owner: Any, call: Callable[..., Any], *args: Any, barrier: bool = Fals
 
 
 def prune() -> None:
-    """Drop, on this thread, every settled work not older than an unsettled barrier (the barrier may still take a
-    reference to it)."""
+    """Drop, on this thread, every settled work not older than an unsettled barrier (which may still take a reference
+    to it on its worker)."""
     kept: list[_Entry] = []
     released: list[_Entry] = []
     with _lock:
@@ -156,7 +158,10 @@ def drain(*owners: Any, wait: bool = True) -> None:
         with contextlib.suppress(RuntimeError):
             entry.work.wait()
     deadline = time.monotonic() + _SETTLE.total_seconds()
-    while not all(entry.settled() for entry in mine if entry.work.is_completed()) and time.monotonic() < deadline:
+    while (
+        not all(entry.settled() for entry in mine if entry.work.is_completed())
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.001)  # GIL released: the worker needs none to let go
     for entry in mine:
         entry.owners = set()

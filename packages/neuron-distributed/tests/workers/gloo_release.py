@@ -18,7 +18,9 @@ import torch
 import torch.distributed as dist
 from common import finish, run_checks
 
-os.environ["NEURON_DISTRIBUTED_CHECK_COLLECTIVES"] = "0"  # else the collective waits for rank 1 to agree on it
+os.environ["NEURON_DISTRIBUTED_CHECK_COLLECTIVES"] = (
+    "0"  # else the collective waits for rank 1 to agree on it
+)
 RANK = int(os.environ["RANK"])
 MAIN = threading.get_ident()
 
@@ -41,7 +43,9 @@ def tensors_die_on_a_python_thread() -> None:
         released.set()
 
     tensor = torch.ones(4)
-    watch = weakref.ref(tensor.untyped_storage(), record)  # its Python object dies with the storage's last tensor
+    watch = weakref.ref(
+        tensor.untyped_storage(), record
+    )  # its Python object dies with the storage's last tensor
     dist.all_reduce(tensor, async_op=True)  # the Work goes at once; the all-reduce waits for rank 1
     del tensor
     store.set("dropped", "1")
@@ -50,7 +54,9 @@ def tensors_die_on_a_python_thread() -> None:
             break
         dist.all_reduce(torch.zeros(1), group=solo)
     assert watch() is None, "the storage was never released"
-    assert freed == [MAIN], f"the all-reduce's tensor was released on thread {freed} (a Gloo worker), main {MAIN}"
+    assert freed == [MAIN], (
+        f"the all-reduce's tensor was released on thread {freed} (a Gloo worker), main {MAIN}"
+    )
 
 
 class _Copies(torch.overrides.TorchFunctionMode):
@@ -83,12 +89,18 @@ def all_to_all_unpacks_on_the_waiting_thread() -> None:
         dist.barrier()  # the all-to-all is done on Gloo's side
         with copies:
             work.wait()
-        assert copies.threads and set(copies.threads) == {MAIN}, f"unpacked on {copies.threads}, main is {MAIN}"
+        assert copies.threads and set(copies.threads) == {MAIN}, (
+            f"unpacked on {copies.threads}, main is {MAIN}"
+        )
     assert [t.cpu().tolist() for t in outputs] == [[float(RANK)] * 2, [float(2 + RANK)] * 2], outputs
 
 
 dist.init_process_group("neuron")
-run_checks({"all_to_all_unpacks_on_the_waiting_thread": all_to_all_unpacks_on_the_waiting_thread,
-            "tensors_die_on_a_python_thread": tensors_die_on_a_python_thread})
+run_checks(
+    {
+        "all_to_all_unpacks_on_the_waiting_thread": all_to_all_unpacks_on_the_waiting_thread,
+        "tensors_die_on_a_python_thread": tensors_die_on_a_python_thread,
+    }
+)
 dist.destroy_process_group()
 finish()
