@@ -6,7 +6,7 @@ current accelerator is `neuron`) all work. Importing this package registers it t
 
 Modules: `backend` (the process group: collectives through Gloo on host aliases), `costs` (simulated time of each
 collective over NeuronLink, from the hardware spec), `matching` (the cross-rank check of collective calls),
-`hostmap` (tensors to host aliases and back), `p2p` (point-to-point transfers both ends check), `kernels` (device kernels of the collectives' helpers), `catalogue`
+`hostmap` (tensors to host aliases and back), `gloo_refs` (Gloo works kept until Gloo let go, so none dies on its worker), `p2p` (point-to-point transfers both ends check), `kernels` (device kernels of the collectives' helpers), `catalogue`
 (every collective op, its cost-model kind and arguments), `envvars`, `plugin` (the `neuron_device.plugins` hooks);
 plan mode (`neuron-plan`): `planning` and its `plan_*` parts. neuron-device is used through `neuron_device.services` only.
 """

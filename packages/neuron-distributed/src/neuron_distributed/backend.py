@@ -10,9 +10,9 @@ interconnect time (`costs`) and emulates what Gloo lacks: `PREMUL_SUM`, list `al
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,41 +31,15 @@ from torch._C._distributed_c10d import (
     ReduceScatterOptions,
     ScatterOptions,
     Work,
-    _create_work_from_future,
 )
 
-from . import costs, matching, p2p
+from . import costs, gloo_refs, matching, p2p
 from .catalogue import group_ranks
 from .hostmap import flat_tensors, to_host
 
 __all__ = ["BACKEND_NAME", "NeuronProcessGroup", "create_process_group", "register_backend"]
 
 BACKEND_NAME = "neuron"
-
-
-# What `torch.autograd.graph._engine_run_backward` stashes in the thread's TLS for the length of a backward
-_AUTOGRAD_CONTEXT = "context"
-
-
-@contextlib.contextmanager
-def _gloo_issue() -> Iterator[None]:
-    """Issue Gloo work without autograd's stashed `contextvars` context in this thread's TLS.
-
-    A Gloo work keeps a snapshot of its issuing thread's TLS until a Gloo worker thread drops the work, and during a
-    backward (DDP's all-reduces) that snapshot holds the context, a Python object whose release takes the GIL on the
-    worker. A process group destroyed while its destroyer holds the GIL (DDP's Reducer, freed at a script's end) joins
-    that worker: both wait forever (gdb: the main thread in `~ProcessGroupGloo` joining `pt_gloo_runloop`, which waits
-    for the GIL in `~AsyncAllreduceWork`). Gloo's transport needs no context. This removes one Python object from a
-    work; the work's tensors (host aliases with Python objects) are another, seen in the same hang, not yet removed."""
-    if not torch._C._is_key_in_tls(_AUTOGRAD_CONTEXT):
-        yield
-        return
-    context = torch._C._get_obj_in_tls(_AUTOGRAD_CONTEXT)
-    torch._C._remove_obj_from_tls(_AUTOGRAD_CONTEXT)
-    try:
-        yield
-    finally:
-        torch._C._stash_obj_in_tls(_AUTOGRAD_CONTEXT, context)
 
 
 def _premul_factor(op: ReduceOp) -> float | None:
@@ -109,15 +83,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
-    def _issue(
-        self, kind: str, inputs: Any, outputs: Any, call: Callable[[], Work], same: Any = None
-    ) -> Work:
-        """Check that the ranks agree on `same` (tensors that must match everywhere), charge the time, then run."""
-        with _gloo_issue():
-            if same is not None:
-                matching.verify_same(self._gloo, kind, flat_tensors(same))
-            costs.charge(kind, flat_tensors(inputs), flat_tensors(outputs), self.size())
-            return call()
+    def _issue(self, kind: str, inputs: Any, outputs: Any, method: Callable[..., Work], *args: Any,
+               same: Any = None) -> Work:
+        """Check that the ranks agree on `same` (tensors that must match everywhere), charge the time, then run
+        Gloo's `method(*args)` (args: host tensors), recorded by `gloo_refs`."""
+        if same is not None:
+            matching.verify_same(self._gloo, kind, flat_tensors(same))
+        costs.charge(kind, flat_tensors(inputs), flat_tensors(outputs), self.size())
+        return gloo_refs.issue(self, method, *args)
 
     def _outputs_inputs(
         self, kind: str, gloo_method: Callable[..., Work], outputs: Any, inputs: Any, *rest: Any, same: str | None = None
@@ -126,13 +99,13 @@ class NeuronProcessGroup(dist.ProcessGroup):
         writes outputs from separate inputs; `same` names the side the ranks must agree on ("inputs", "outputs")."""
         host_out, host_in = to_host(outputs), to_host(inputs)
         agreed = {None: None, "inputs": host_in, "outputs": host_out}[same]
-        return self._issue(kind, inputs, outputs, lambda: gloo_method(host_out, host_in, *rest), same=agreed)
+        return self._issue(kind, inputs, outputs, gloo_method, host_out, host_in, *rest, same=agreed)
 
     # Reductions ---------------------------------------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: AllreduceOptions = AllreduceOptions()) -> Work:  # noqa: B008
         opts, host = _premul_as_sum(opts, AllreduceOptions, to_host(tensors), in_place=True)
-        return self._issue("allreduce", tensors, tensors, lambda: self._gloo.allreduce(host, opts), same=host)
+        return self._issue("allreduce", tensors, tensors, self._gloo.allreduce, host, opts, same=host)
 
     def allreduce_coalesced(
         self,
@@ -141,16 +114,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
     ) -> Work:
         opts, host = _premul_as_sum(opts, AllreduceCoalescedOptions, to_host(tensors), in_place=True)
         return self._issue(
-            "allreduce_coalesced",
-            tensors,
-            tensors,
-            lambda: self._gloo.allreduce_coalesced(host, opts),
-            same=host,
+            "allreduce_coalesced", tensors, tensors, self._gloo.allreduce_coalesced, host, opts, same=host
         )
 
     def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions = ReduceOptions()) -> Work:  # noqa: B008
         opts, host = _premul_as_sum(opts, ReduceOptions, to_host(tensors), in_place=True)
-        return self._issue("reduce", tensors, tensors, lambda: self._gloo.reduce(host, opts), same=host)
+        return self._issue("reduce", tensors, tensors, self._gloo.reduce, host, opts, same=host)
 
     def reduce_scatter(
         self,
@@ -164,11 +133,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             host_in.append(chunk)
         host_out = to_host(outputs)
         return self._issue(
-            "reduce_scatter",
-            inputs,
-            outputs,
-            lambda: self._gloo.reduce_scatter(host_out, host_in, opts),
-            same=host_out,
+            "reduce_scatter", inputs, outputs, self._gloo.reduce_scatter, host_out, host_in, opts, same=host_out
         )
 
     def reduce_scatter_single(
@@ -180,10 +145,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts, (host_in,) = _premul_as_sum(opts, ReduceScatterOptions, [to_host(input)], in_place=False)
         host_out = to_host(output)
         return self._issue(
-            "reduce_scatter_single",
-            input,
-            output,
-            lambda: self._gloo._reduce_scatter_base(host_out, host_in, opts),
+            "reduce_scatter_single", input, output, self._gloo._reduce_scatter_base, host_out, host_in, opts,
             same=host_in,
         )
 
@@ -205,7 +167,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors: list[torch.Tensor], opts: BroadcastOptions = BroadcastOptions()) -> Work:  # noqa: B008
         host = to_host(tensors)
-        return self._issue("broadcast", tensors, tensors, lambda: self._gloo.broadcast(host, opts), same=host)
+        return self._issue("broadcast", tensors, tensors, self._gloo.broadcast, host, opts, same=host)
 
     def allgather(
         self,
@@ -275,14 +237,13 @@ class NeuronProcessGroup(dist.ProcessGroup):
     ) -> Work:
         size = self.size()
         same_dtype = output.dtype == input.dtype  # if not, no count can match: every rank raises
-        with _gloo_issue():
-            matching.verify_exchange(
-                self._gloo,
-                "alltoall_base",
-                input.dtype,
-                _split_counts(input, input_split_sizes, size) if same_dtype else [-1] * size,
-                _split_counts(output, output_split_sizes, size) if same_dtype else [-1] * size,
-            )
+        matching.verify_exchange(
+            self._gloo,
+            "alltoall_base",
+            input.dtype,
+            _split_counts(input, input_split_sizes, size) if same_dtype else [-1] * size,
+            _split_counts(output, output_split_sizes, size) if same_dtype else [-1] * size,
+        )
         return self._outputs_inputs(
             "alltoall_base", self._gloo.alltoall_base, output, input, output_split_sizes, input_split_sizes, opts
         )
@@ -301,41 +262,36 @@ class NeuronProcessGroup(dist.ProcessGroup):
             raise ValueError(
                 f"all_to_all: every input and output tensor must have the same dtype, got {dtypes}"
             )
-        with _gloo_issue():
-            matching.verify_exchange(
-                self._gloo, "alltoall", dtypes.pop(), [t.numel() for t in inputs], [t.numel() for t in outputs]
-            )
+        matching.verify_exchange(
+            self._gloo, "alltoall", dtypes.pop(), [t.numel() for t in inputs], [t.numel() for t in outputs]
+        )
         host_out = to_host(outputs)
         flat_in = torch.cat([t.reshape(-1) for t in to_host(inputs)])
         flat_out = torch.empty(sum(t.numel() for t in host_out), dtype=flat_in.dtype)
+        counts = [t.numel() for t in host_out]
         work = self._issue(
-            "alltoall",
-            inputs,
-            outputs,
-            lambda: self._gloo.alltoall_base(
-                flat_out, flat_in, [t.numel() for t in host_out], [t.numel() for t in inputs], opts
-            ),
+            "alltoall", inputs, outputs, self._gloo.alltoall_base, flat_out, flat_in, counts,
+            [t.numel() for t in inputs], opts,
         )
 
-        def unpack(_: torch.futures.Future) -> list[torch.Tensor]:
-            for out, chunk in zip(host_out, flat_out.split([t.numel() for t in host_out]), strict=True):
+        def unpack() -> None:
+            for out, chunk in zip(host_out, flat_out.split(counts), strict=True):
                 out.copy_(chunk.view(out.shape))
-            return outputs
 
-        return _create_work_from_future(work.get_future().then(unpack))
+        return _Unpacked(work, unpack, outputs)
 
     # Point to point and synchronisation ----------------------------------------------------------------------------
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:
-        with _gloo_issue():
+        with gloo_refs.without_autograd_context():  # not worker-run (Gloo's device thread completes them)
             return p2p.send(self._gloo, tensors, to_host(tensors), dst, tag, self._pair(dst))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Work:
-        with _gloo_issue():
+        with gloo_refs.without_autograd_context():  # not worker-run (Gloo's device thread completes them)
             return p2p.recv(self._gloo, tensors, to_host(tensors), src, tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Work:
-        with _gloo_issue():
+        with gloo_refs.without_autograd_context():  # not worker-run (Gloo's device thread completes them)
             return p2p.recv(self._gloo, tensors, to_host(tensors), None, tag)
 
     def _pair(self, peer: int) -> tuple[int, int] | None:
@@ -344,13 +300,17 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return (ranks[self.rank()], ranks[peer]) if ranks is not None else None
 
     def barrier(self, opts: BarrierOptions = BarrierOptions()) -> Work:  # noqa: B008
-        with _gloo_issue():
-            return self._gloo.barrier(opts)
+        return gloo_refs.issue(self, self._gloo.barrier, opts, barrier=True)
 
     def abort(self) -> None:
+        """Gloo's abort does nothing; release what Gloo let go of, without waiting for the rest."""
         self._gloo.abort()
+        gloo_refs.drain(self, self._gloo, wait=False)
 
     def shutdown(self) -> None:
+        """Wait for the group's works and release them here: after this, no Gloo worker of the group releases a
+        Python object (destroying the group joins its workers, maybe under the GIL)."""
+        gloo_refs.drain(self, self._gloo)
         self._gloo.shutdown()
 
 
@@ -381,6 +341,34 @@ class _AllOf(p2p.ResultWork):
 
     def is_completed(self) -> bool:
         return all(work.is_completed() for work in self._works)
+
+
+class _Unpacked(p2p.ResultWork):
+    """List all-to-all's Work: done when Gloo's is, then `unpack` copies the flat result into the outputs, once, on
+    the thread that waits or asks (a future callback would run Python on Gloo's worker, under the GIL)."""
+
+    def __init__(self, work: Work, unpack: Callable[[], None], result: list[torch.Tensor]) -> None:
+        super().__init__(result)
+        self._work, self._unpack, self._unpacked = work, unpack, False
+        self._lock = threading.Lock()
+
+    def _finish(self) -> None:
+        with self._lock:
+            if not self._unpacked:
+                self._unpacked = True
+                self._unpack()
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        self._work.wait(timeout) if timeout else self._work.wait()  # raises if the all-to-all failed
+        self._finish()
+        return True
+
+    def is_completed(self) -> bool:
+        if not self._work.is_completed():
+            return False
+        if self._work.is_success():
+            self._finish()
+        return True
 
 
 def create_process_group(

@@ -23,7 +23,7 @@ import torch
 from . import costs
 from .hostmap import flat_tensors
 
-__all__ = ["C10D", "FUNCTIONAL", "charge", "charge_c10d", "group_ranks", "kind_of"]
+__all__ = ["C10D", "FUNCTIONAL", "boxed_group", "charge", "charge_c10d", "group_ranks", "kind_of"]
 
 # c10d op -> the collective kind of the cost model.
 C10D: dict[str, str] = {
@@ -66,7 +66,7 @@ def kind_of(op: torch._ops.OpOverload) -> str | None:
     return table.get(op._opname) if table is not None else None
 
 
-def _boxed_group(args: tuple[Any, ...]) -> torch.distributed.ProcessGroup | None:
+def boxed_group(args: tuple[Any, ...]) -> torch.distributed.ProcessGroup | None:
     """The boxed ProcessGroup (a ScriptObject) among a `c10d::*` op's arguments."""
     for arg in args:
         if isinstance(arg, torch.distributed.ProcessGroup):
@@ -104,7 +104,7 @@ def _check_sizes(kind: str, output: torch.Tensor, input: torch.Tensor, size: int
 def charge_c10d(kind: str, args: tuple[Any, ...]) -> None:
     """Charge one `c10d::*` call of collective `kind` (its first argument is the output or in-place tensors)."""
     second = flat_tensors(args[1]) if len(args) > 1 else []
-    group = _boxed_group(args)
+    group = boxed_group(args)
     size = int(group.size()) if group is not None else 1
     if kind in _SIZED:
         _check_sizes(kind, args[0], args[1], size)

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from .catalogue import C10D, charge_c10d
+from . import gloo_refs
+from .catalogue import C10D, boxed_group, charge_c10d
 from .hostmap import to_host
 
 __all__ = ["register_kernels"]
@@ -25,7 +26,9 @@ def _kernel(op_name: str, kind: str) -> Callable[..., Any]:
     op = getattr(torch.ops.c10d, op_name).default
 
     def on_host(*args: Any, **kwargs: Any) -> Any:
-        result = op(*to_host(args), **to_host(kwargs))
+        result = gloo_refs.issue(
+            boxed_group(args), op, *to_host(args), barrier=op_name == "barrier", **to_host(kwargs)
+        )
         charge_c10d(kind, args)
         if isinstance(
             result, tuple

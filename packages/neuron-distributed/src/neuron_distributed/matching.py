@@ -17,7 +17,7 @@ import zlib
 import torch
 from torch._C._distributed_c10d import ProcessGroupGloo
 
-from . import envvars
+from . import envvars, gloo_refs
 
 __all__ = ["CHECK_ENV", "dtype_code", "dtype_name", "enabled", "verify_exchange", "verify_same"]
 
@@ -86,7 +86,7 @@ def verify_same(gloo: ProcessGroupGloo, kind: str, tensors: list[torch.Tensor]) 
         return
     mine = _signature(kind, tensors)
     everyone = torch.empty(gloo.size() * _LENGTH, dtype=torch.int64)
-    gloo._allgather_base(everyone, mine).wait()
+    gloo_refs.issue(gloo, gloo._allgather_base, everyone, mine).wait()
     rows = everyone.view(gloo.size(), _LENGTH)
     if bool((rows == mine).all()):
         return
@@ -108,7 +108,7 @@ def verify_exchange(
     size = gloo.size()
     mine = torch.tensor([*_padded(send_counts, size), *_padded(recv_counts, size)], dtype=torch.int64)
     everyone = torch.empty(size * 2 * size, dtype=torch.int64)
-    gloo._allgather_base(everyone, mine).wait()
+    gloo_refs.issue(gloo, gloo._allgather_base, everyone, mine).wait()
     rows = everyone.view(size, 2, size)
     sends, receives = rows[:, 0], rows[:, 1]
     wrong = [
