@@ -1,26 +1,27 @@
 """Trace each repeated transformers decoder layer once while Dynamo traces for `neuron`.
 
-Dynamo traces a decoder stack layer by layer: 80 times the same bytecode for a 70B Llama, most of a plan's CPU.
+Dynamo traces a decoder stack layer by layer: 80 times the same bytecode for a 70B Llama.
 `torch.compiler.nested_compile_region` lets Dynamo trace a function once and stamp its subgraph out at later calls,
 but only when every flattened input is a tensor, SymInt, constant or module and the first trace's guards hold with
 their sources moved to the new call's arguments. A transformers decoder layer gets the model's whole `Cache` (no
 such input) and picks its entry by `self.layer_idx` (a guarded constant that differs at every layer). So while
 Dynamo traces for `neuron` (`active`, set by `_patches.while_tracing_for`), every `GradientCheckpointingLayer` call
-(the base class of transformers' decoder layers) whose cache is one of transformers' compileable (in-place, static)
-cache layers goes through `_layer_region` with that layer's cache entry as a `_LayerState` (its tensors the
-region's inputs, its class and other attributes the constants of its pytree context); inside, a fresh object of
-the same class is rebuilt from them and handed to the layer as `_LayerCache`, whose `update` is that object's own
-`update` (transformers' code, unchanged). Attribute sets on the fresh object are no side effect outside the region;
-the in-place writes of its tensors are the region's input mutations. When the entry is not yet allocated (a
-compiled prefill: `update` runs `lazy_initialization`), the region also returns the key and value states `update`
-got and the tensors the rebuilt entry allocated; the real entry then runs its own `lazy_initialization` on those
-states outside the region (the same call transformers makes, so the same attributes) and takes the region's
-tensors, the allocations it made itself being dead code that Dynamo drops.
+(the base class of transformers' decoder layers) whose cache entry (`cache.layers[i]`, `i` the one `layer_idx` of
+the layer's modules) is one of transformers' compileable (in-place, static) cache layers goes through
+`_layer_region`, its inputs flat (`_flatten`: the call's and the entry's tensors and constants, and one string
+coding the structure, the entry's class and attribute names). Inside, a fresh entry of the same class is rebuilt
+from them and handed to the layer as `_LayerCache`, whose `update` is that entry's own `update` (transformers' code,
+unchanged; the `layer_idx` the layer passes is never read, so it guards nothing). Attribute sets on the fresh entry
+are no side effect outside the region; the in-place writes of its tensors are the region's input mutations. When
+the entry is not yet allocated (a compiled prefill: `update` runs `lazy_initialization`), the region also returns
+the key and value states `update` got and the tensors the rebuilt entry allocated; the real entry takes those
+tensors and the attributes its own `lazy_initialization` sets on a copy given meta states (`_initialized`, run
+outside the graph), so no op is added.
 
-The backend inlines the stamped subgraphs before compiling (`backend.neuron_backend`): AOTAutograd, the Neuron
-passes and the host code get the graph an unmarked trace gives, so kernels and every simulated figure are the
-same; what is saved is Dynamo's trace of the repeated layers. Any other call (no cache, a dynamic cache, another
-backend, eager) runs the layer as before.
+The backend inlines the stamped subgraphs before compiling (`backend._inlined_regions`): AOTAutograd, the Neuron
+passes and the host code get the graph an unmarked trace gives (the same ops in the same order), so kernels and
+every simulated figure are the same; what is saved is Dynamo's trace of the repeated layers. Any other call (no
+cache, a dynamic cache, another backend, eager) runs the layer as before.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from torch import nn
 
 from . import envvars
 
-__all__ = ["active", "install", "tracing"]
+__all__ = ["active", "install", "not_tracing", "tracing"]
 
 _state = threading.local()
 _CONSTANT_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device)
