@@ -86,3 +86,40 @@ def test_regions_only_while_tracing_for_neuron(counted):
         position = torch.tensor([6])
         compiled(prompt[:, :1], past_key_values=cache, cache_position=position, position_ids=position[None])
     assert counted["stamped"] == 0
+
+
+class _TupleLayer(transformers.modeling_layers.GradientCheckpointingLayer):
+    """A decoder layer of the older form: it returns (hidden states, attention weights or None)."""
+
+    def __init__(self, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.kv = torch.nn.Linear(64, 32)  # 2 key/value heads of 16
+
+    def forward(self, hidden, past_key_values=None, cache_position=None):
+        states = self.kv(hidden).view(1, -1, 2, 16).transpose(1, 2)
+        keys, values = past_key_values.update(states, states * 2, self.layer_idx, {"cache_position": cache_position})
+        return hidden + keys.sum() * 1e-3 + values.mean(), None
+
+
+def _stack(layers, hidden, cache, position):
+    for layer in layers:
+        hidden, weights = layer(hidden, past_key_values=cache, cache_position=position)
+        assert weights is None
+    return hidden
+
+
+def test_a_layer_returning_a_tuple_gives_the_cpus_results(counted):
+    """Dynamo reuses a region only when it returns tensors alone: such a layer is traced at each call, as unmarked."""
+    _, config = _model()
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(_TupleLayer(index) for index in range(LAYERS))
+    hidden, position = torch.randn(1, 6, 64), torch.arange(6)
+    cpu = _stack(layers, hidden, transformers.StaticCache(config=config, max_cache_len=16), position)
+    layers.to("neuron")
+    compiled = torch.compile(_stack, backend="neuron", fullgraph=True)
+    cache = transformers.StaticCache(config=config, max_cache_len=16)
+    out = compiled(layers, hidden.to("neuron"), cache, position.to("neuron"))
+    torch.testing.assert_close(out.cpu(), cpu)
+    assert counted["stamped"] == 0
+    assert len(counted["graphs"]) == 1

@@ -131,7 +131,7 @@ def _unflatten(code: str, at: int, leaves: tuple, used: int) -> tuple[Any, int, 
 
 
 @torch.compiler.nested_compile_region
-def _layer_region(layer: nn.Module, spec: str, *leaves: Any) -> tuple[torch.Tensor, ...]:
+def _layer_region(layer: nn.Module, spec: str, *leaves: Any) -> tuple[Any, ...]:
     """The layer's call with its cache entry rebuilt, from `spec` ("args|name=code;...|cache key|entry class|entry
     tensor names|entry constant names") and the leaves: (output, key and value states of the first update, tensors
     the entry allocated), or (output,) if it never updated."""
@@ -153,10 +153,7 @@ def _layer_region(layer: nn.Module, spec: str, *leaves: Any) -> tuple[torch.Tens
         setattr(entry, name, leaves[used])
         used += 1
     view = _LayerCache(entry)
-    out = nn.Module.__call__(layer, *args, **kwargs, **{key: view})
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"a neuron layer region needs a layer returning one tensor; {type(layer).__name__} returned "
-                        f"{type(out).__name__} (set NEURON_COMPILE_LAYER_REGIONS=0)")
+    out = nn.Module.__call__(layer, *args, **kwargs, **{key: view})  # a tensor, or tuples of tensors and None
     if view.states is None:
         return (out,)
     new = [value for name, value in _tensors(entry).items() if given.get(name) is not value]
