@@ -24,7 +24,7 @@ import torch
 
 from neuron_device import services
 
-from . import _patches, cache, compiler, dynamo_device, envvars, metrics
+from . import _patches, cache, compiler, dynamo_device, envvars, layer_regions, metrics
 from .artifacts import ArtifactWriter
 from .compiled_graph import CompiledGraph
 from .passes import KernelPlan
@@ -204,6 +204,23 @@ class _PerShape:
             self.compiled[key] = found
         return found(*args)
 
+def _inlined_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`gm` with the subgraphs of its nested compile regions (`layer_regions`'s, a user's
+    `torch.compiler.nested_compile_region`) inlined: Dynamo traced each region once and stamped it out, which is
+    what saves the trace; the compiler gets the graph an unmarked trace gives (neither AOTAutograd's subclass
+    tracing of DTensors nor the host code run an `invoke_subgraph`)."""
+    hop = torch.ops.higher_order.invoke_subgraph
+    if not any(node.target is hop for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
+               for node in module.graph.nodes):
+        return gm
+    from torch._higher_order_ops.passes.inline_invoke_subgraph import inline_invoke_subgraph
+
+    gm = inline_invoke_subgraph(gm)
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm
+
+
 def neuron_backend(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -212,6 +229,7 @@ def neuron_backend(
     options: dict[str, Any] | None = None,
 ) -> Callable:
     """The Dynamo backend registered as "neuron" (entry point `torch_dynamo_backends`)."""
+    gm = _inlined_regions(gm)
     settings = CompileSettings.resolve(mode, options)
     suffix, recompile = _compile_id()
     name = f"{settings.model_name or 'graph'}_{suffix}"
@@ -223,5 +241,8 @@ def neuron_backend(
     return _compile_static(gm, example_inputs, settings, name=name, recompile=recompile)
 
 
-# Dynamo's fallback to eager at its recompile limit warns for graphs of this backend (see `_patches`).
+# transformers' decoder layers are traced once each kind while Dynamo traces for this backend (`layer_regions`).
+_patches.while_tracing_for(lambda backend: backend is neuron_backend, layer_regions.tracing, layer_regions.not_tracing)
+# Dynamo's fallback to eager at its recompile limit warns for graphs of this backend (see `_patches`; the outer
+# wrapper, so the warning points at Dynamo's caller).
 _patches.warn_on_recompile_limit(lambda backend: backend is neuron_backend)

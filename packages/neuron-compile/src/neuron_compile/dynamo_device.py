@@ -77,3 +77,4 @@ def register() -> None:
     _patches.register_stream_functions()
     _patches.lazy_trace_log_headers()
     _patches.linear_guard_cse()
+    _patches.source_clone_keeps_unchanged_sources()

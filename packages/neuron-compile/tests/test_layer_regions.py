@@ -1,0 +1,125 @@
+"""transformers' decoder layers traced once per kind while Dynamo traces for `neuron` (`layer_regions`): the
+compiled prefill (which allocates the static cache) and decode of a tiny Llama stamp the first layer's trace out
+for every later layer, give the CPU's greedy tokens, and the backend compiles the graph an unmarked trace gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from torch._dynamo.variables import invoke_subgraph  # noqa: E402
+
+from neuron_compile import backend, layer_regions  # noqa: E402
+
+LAYERS = 3
+
+
+def _model() -> tuple[transformers.LlamaForCausalLM, transformers.LlamaConfig]:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128, pad_token_id=0)
+    return transformers.LlamaForCausalLM(config).eval(), config
+
+
+def _generate(model, config, prompt: torch.Tensor, compiled: bool) -> torch.Tensor:
+    cache = transformers.StaticCache(config=config, max_cache_len=16)
+    return model.generate(prompt, max_new_tokens=4, do_sample=False, past_key_values=cache,
+                          prefill_chunk_size=prompt.shape[1], disable_compile=not compiled)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many layer calls Dynamo stamped out from an earlier trace, and the op counts of the graphs the backend
+    compiled (after inlining)."""
+    counts = {"stamped": 0, "graphs": []}
+    stamp = invoke_subgraph.stamp_out_subgraph
+    inline = backend._inlined_regions
+
+    def stamped(*args, **kwargs):
+        counts["stamped"] += 1
+        return stamp(*args, **kwargs)
+
+    def inlined(gm):
+        gm = inline(gm)
+        counts["graphs"].append([(node.op, str(node.target)) for node in gm.graph.nodes
+                                 if node.op in ("call_function", "call_method")])
+        return gm
+
+    monkeypatch.setattr(invoke_subgraph, "stamp_out_subgraph", stamped)
+    monkeypatch.setattr(backend, "_inlined_regions", inlined)
+    return counts
+
+
+def test_compiled_generate_traces_each_layer_once_and_matches_the_cpu(counted, monkeypatch):
+    model, config = _model()
+    prompt = torch.randint(1, config.vocab_size, (1, 6))
+    cpu = _generate(model, config, prompt, compiled=False)
+    model.to("neuron")
+    tokens = _generate(model, config, prompt.to("neuron"), compiled=True)
+    assert torch.equal(tokens.cpu(), cpu)
+    # two graphs (the prefill, which allocates the cache, and the decode): every layer after the first stamped
+    assert len(counted["graphs"]) == 2
+    assert counted["stamped"] == 2 * (LAYERS - 1)
+    assert not any("invoke_subgraph" in target for graph in counted["graphs"] for _, target in graph)
+    regioned = counted["graphs"]
+
+    torch._dynamo.reset()
+    counted["graphs"], counted["stamped"] = [], 0
+    monkeypatch.setenv("NEURON_COMPILE_LAYER_REGIONS", "0")
+    unmarked = _generate(model, config, prompt.to("neuron"), compiled=True)
+    assert torch.equal(unmarked.cpu(), cpu)
+    assert counted["stamped"] == 0
+    assert counted["graphs"] == regioned  # the same ops in the same order, whether the layers were traced once or each
+
+
+def test_regions_only_while_tracing_for_neuron(counted):
+    """Another backend's trace, and eager calls, run the layers as transformers wrote them."""
+    model, config = _model()
+    prompt = torch.randint(1, config.vocab_size, (1, 6))
+    cache = transformers.StaticCache(config=config, max_cache_len=16)
+    assert not layer_regions.active()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        model(prompt, past_key_values=cache)
+        position = torch.tensor([6])
+        compiled(prompt[:, :1], past_key_values=cache, cache_position=position, position_ids=position[None])
+    assert counted["stamped"] == 0
+
+
+class _TupleLayer(transformers.modeling_layers.GradientCheckpointingLayer):
+    """A decoder layer of the older form: it returns (hidden states, attention weights or None)."""
+
+    def __init__(self, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.kv = torch.nn.Linear(64, 32)  # 2 key/value heads of 16
+
+    def forward(self, hidden, past_key_values=None, cache_position=None):
+        states = self.kv(hidden).view(1, -1, 2, 16).transpose(1, 2)
+        keys, values = past_key_values.update(states, states * 2, self.layer_idx, {"cache_position": cache_position})
+        return hidden + keys.sum() * 1e-3 + values.mean(), None
+
+
+def _stack(layers, hidden, cache, position):
+    for layer in layers:
+        hidden, weights = layer(hidden, past_key_values=cache, cache_position=position)
+        assert weights is None
+    return hidden
+
+
+def test_a_layer_returning_a_tuple_gives_the_cpus_results(counted):
+    """Dynamo reuses a region only when it returns tensors alone: such a layer is traced at each call, as unmarked."""
+    _, config = _model()
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(_TupleLayer(index) for index in range(LAYERS))
+    hidden, position = torch.randn(1, 6, 64), torch.arange(6)
+    cpu = _stack(layers, hidden, transformers.StaticCache(config=config, max_cache_len=16), position)
+    layers.to("neuron")
+    compiled = torch.compile(_stack, backend="neuron", fullgraph=True)
+    cache = transformers.StaticCache(config=config, max_cache_len=16)
+    out = compiled(layers, hidden.to("neuron"), cache, position.to("neuron"))
+    torch.testing.assert_close(out.cpu(), cpu)
+    assert counted["stamped"] == 0
+    assert len(counted["graphs"]) == 1
