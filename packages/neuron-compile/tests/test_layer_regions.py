@@ -123,3 +123,23 @@ def test_a_layer_returning_a_tuple_gives_the_cpus_results(counted):
     torch.testing.assert_close(out.cpu(), cpu)
     assert counted["stamped"] == 0
     assert len(counted["graphs"]) == 1
+
+
+def test_install_keeps_the_layers_own_call(monkeypatch):
+    """Older transformers define `GradientCheckpointingLayer.__call__` (gradient checkpointing): every call, eager or
+    traced, still goes through it."""
+    base = transformers.modeling_layers.GradientCheckpointingLayer
+    calls = []
+
+    def own_call(self, *args, **kwargs):
+        calls.append(type(self).__name__)
+        return torch.nn.Module.__call__(self, *args, **kwargs)
+
+    monkeypatch.setattr(layer_regions, "_layer_call", layer_regions._layer_call)
+    monkeypatch.setattr(base, "__call__", own_call)
+    layer_regions.install()
+    assert base.__call__ is layer_regions._call
+    _, config = _model()
+    _stack([_TupleLayer(0)], torch.randn(1, 6, 64), transformers.StaticCache(config=config, max_cache_len=16),
+           torch.arange(6))
+    assert calls == ["_TupleLayer"]

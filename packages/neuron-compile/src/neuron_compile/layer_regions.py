@@ -153,7 +153,7 @@ def _layer_region(layer: nn.Module, spec: str, *leaves: Any) -> tuple[Any, ...]:
         setattr(entry, name, leaves[used])
         used += 1
     view = _LayerCache(entry)
-    out = nn.Module.__call__(layer, *args, **kwargs, **{key: view})  # a tensor, or tuples of tensors and None
+    out = _layer_call(layer, *args, **kwargs, **{key: view})  # a tensor, or tuples of tensors and None
     if view.states is None:
         return (out,)
     new = [value for name, value in _tensors(entry).items() if given.get(name) is not value]
@@ -247,12 +247,19 @@ def _call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         out = _region_call(self, args, kwargs)
         if out is not None:
             return out
-    return nn.Module.__call__(self, *args, **kwargs)
+    return _layer_call(self, *args, **kwargs)
+
+
+# The layers' own `__call__` before `install` (transformers 5: `nn.Module.__call__`; earlier versions define one that
+# runs gradient checkpointing): every call still goes through it
+_layer_call = nn.Module.__call__
 
 
 def install() -> None:
     """Give transformers' decoder layers `_call` once transformers' layers are imported (idempotent)."""
+    global _layer_call
     layers = sys.modules.get("transformers.modeling_layers")
     if layers is None or layers.GradientCheckpointingLayer.__dict__.get("__call__") is _call:
         return
+    _layer_call = layers.GradientCheckpointingLayer.__call__
     layers.GradientCheckpointingLayer.__call__ = _call
