@@ -13,6 +13,8 @@ from torch._dynamo.variables import invoke_subgraph  # noqa: E402
 
 from neuron_compile import backend, layer_regions  # noqa: E402
 
+pytestmark = [pytest.mark.optional, pytest.mark.usefixtures("fresh_dynamo_and_metrics")]  # the hf session runs it
+
 LAYERS = 3
 
 
