@@ -103,19 +103,23 @@ def _tensors(entry: Any) -> dict[str, torch.Tensor]:
 def _flatten(value: Any, leaves: list) -> str | None:
     """`value`'s structure as a code (T a tensor, C a constant, (...) a tuple, [...] a list), its leaves appended
     to `leaves`; None if it holds anything else. Dynamo's own flatten of a region's inputs (pytree, traced) costs
-    about what the layer's trace saves; a call with only tensors and constants as arguments skips it."""
+    about what the layer's trace saves; a call with only tensors and constants as arguments skips it. Written with
+    plain loops: Dynamo traces this at every layer, and each comprehension is a frame it inlines."""
     if isinstance(value, torch.Tensor):
         leaves.append(value)
         return "T"
     if isinstance(value, _CONSTANT_TYPES):
         leaves.append(value)
         return "C"
-    if isinstance(value, (tuple, list)):
-        codes = [_flatten(item, leaves) for item in value]
-        if any(code is None for code in codes):
+    if not isinstance(value, (tuple, list)):
+        return None
+    codes = ""
+    for item in value:
+        code = _flatten(item, leaves)
+        if code is None:
             return None
-        return ("(%s)" if isinstance(value, tuple) else "[%s]") % "".join(codes)
-    return None
+        codes += code
+    return "(" + codes + ")" if isinstance(value, tuple) else "[" + codes + "]"
 
 
 def _unflatten(code: str, at: int, leaves: tuple, used: int) -> tuple[Any, int, int]:
@@ -181,20 +185,36 @@ def _initialized(entry: Any, key_shape: tuple[int, ...], key_dtype: torch.dtype,
 
 
 def _layer_index(layer: nn.Module) -> int | None:
-    """The cache index the layer's modules use (their one `layer_idx`), if they agree on one."""
-    found = {module.layer_idx for module in layer.modules() if isinstance(getattr(module, "layer_idx", None), int)}
-    return found.pop() if len(found) == 1 else None
+    """The cache index the layer's modules use (their one `layer_idx`), if they agree on one. A walk of `_modules`
+    rather than `layer.modules()`, whose generators Dynamo traced at about 1,600 bytecodes a layer."""
+    found = None
+    pending = [layer]
+    while pending:
+        module = pending.pop()
+        index = getattr(module, "layer_idx", None)
+        if isinstance(index, int):
+            if found is not None and index != found:
+                return None
+            found = index
+        for child in module._modules.values():
+            if child is not None:
+                pending.append(child)
+    return found
 
 
 def _region_call(layer: nn.Module, args: tuple, kwargs: dict) -> Any:
     """The layer's call through `_layer_region`, or None when its arguments or cache are not ones a region takes."""
     from transformers.cache_utils import Cache
 
-    keys = [key for key, value in kwargs.items() if isinstance(value, Cache)]
+    key = None
+    for name, value in kwargs.items():
+        if isinstance(value, Cache):
+            if key is not None:
+                return None
+            key = name
     index = _layer_index(layer)
-    if len(keys) != 1 or index is None:
+    if key is None or index is None:
         return None
-    key = keys[0]
     cache = kwargs[key]
     if index >= len(cache.layers):
         return None
@@ -206,18 +226,31 @@ def _region_call(layer: nn.Module, args: tuple, kwargs: dict) -> Any:
         return None
     leaves: list = []
     args_code = _flatten(args, leaves)
-    codes = [(name, _flatten(value, leaves)) for name, value in kwargs.items() if name != key]
-    if args_code is None or any(code is None for _, code in codes):
+    if args_code is None:
         return None
+    kwargs_code = ""
+    for name, value in kwargs.items():
+        if name != key:
+            code = _flatten(value, leaves)
+            if code is None:
+                return None
+            kwargs_code += (";" if kwargs_code else "") + name + "=" + code
+    # the entry's attributes, sorted by name: its tensors, then its constants
     attributes = vars(entry)
-    tensors = _tensors(entry)
-    constant_names = [name for name in sorted(attributes) if name not in tensors]
-    if not all(isinstance(attributes[name], _CONSTANT_TYPES) for name in constant_names):
-        return None
-    leaves.extend(tensors.values())
-    leaves.extend(attributes[name] for name in constant_names)
-    spec = "|".join((args_code, ";".join(f"{name}={code}" for name, code in codes), key,
-                     f"{cls.__module__}:{cls.__qualname__}", ",".join(tensors), ",".join(constant_names)))
+    tensor_names, constant_names, constants = "", "", []
+    for name in sorted(attributes):
+        value = attributes[name]
+        if isinstance(value, torch.Tensor):
+            leaves.append(value)
+            tensor_names += ("," if tensor_names else "") + name
+        elif isinstance(value, _CONSTANT_TYPES):
+            constants.append(value)
+            constant_names += ("," if constant_names else "") + name
+        else:
+            return None
+    leaves.extend(constants)
+    spec = "|".join((args_code, kwargs_code, key, cls.__module__ + ":" + cls.__qualname__, tensor_names,
+                     constant_names))
     outputs = _layer_region(layer, spec, *leaves)
     if len(outputs) > 1:
         new = outputs[3:]
