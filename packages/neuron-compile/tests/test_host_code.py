@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ import textwrap
 import pytest
 import torch
 from models import decoder
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_compile import metrics, passes
 from neuron_compile.settings import CompileSettings
@@ -143,3 +145,83 @@ def test_host_code_option_and_environment_variable(monkeypatch) -> None:
         CompileSettings.resolve(options={"host_code": "c++"})
     assert (CompileSettings.resolve(options={"host_code": "aten"}).cache_fields()
             != CompileSettings.resolve(options={"host_code": "inductor"}).cache_fields())
+
+
+def _nodes(gm: torch.fx.GraphModule) -> list[tuple]:
+    """What a graph is made of, node by node: op, name, target, arguments (their nodes by name, their containers'
+    types) and type."""
+    def described(value):
+        if isinstance(value, torch.fx.Node):
+            return ("node", value.name)
+        if isinstance(value, (tuple, list)):
+            return (type(value).__name__, [described(item) for item in value])
+        if isinstance(value, dict):
+            return (type(value).__name__, {key: described(item) for key, item in value.items()})
+        return (type(value).__name__, repr(value))
+
+    return [(node.op, node.name, node.target, described(node.args), described(node.kwargs), node.type)
+            for node in gm.graph.nodes]
+
+
+def _stored_and_loaded(gm: torch.fx.GraphModule) -> tuple[str, torch.fx.GraphModule]:
+    """An `AtenHostCode` of `gm` as AOTAutograd's cache stores and loads it: its form and the loaded graph."""
+    from neuron_compile.output_code import AtenHostCode
+
+    stored = copy.copy(AtenHostCode(gm, passes.KernelPlan([], 0), "inference"))
+    stored.prepare_for_serialization()
+    loaded = pickle.loads(pickle.dumps(stored))
+    loaded.post_compile([], None, None)
+    return stored._serialized_form, loaded._graph_module
+
+
+def _graph_pickler_loaded(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    from torch.fx._graph_pickler import GraphPickler, Options
+
+    from neuron_compile.output_code import _no_metadata
+
+    loaded = GraphPickler.loads(GraphPickler.dumps(gm, Options(ops_filter=None, node_metadata_key_filter=_no_metadata)),
+                                torch._subclasses.FakeTensorMode())
+    loaded.recompile()
+    return loaded
+
+
+@pytest.mark.fixed_host_code
+def test_a_stored_graph_loads_as_graph_pickler_loaded_it(monkeypatch) -> None:
+    """The "aten" host code's graph is stored in a compact form (C pickle, operators by name) where it can be, not
+    with `GraphPickler` (dill's pure-Python pickler, 20 times slower on an 80-layer graph): loaded, it is the graph
+    `GraphPickler` gave back, node for node, with the same code. Over a decoder's forward and backward graphs, and
+    one with every kind of argument it stores (dtypes, devices, layouts, memory formats, slices, nested lists,
+    keyword arguments, `getitem`); a graph with a tensor among its arguments is written by `GraphPickler`."""
+    from neuron_compile import output_code
+
+    graphs = []
+    init = output_code.AtenHostCode.__init__
+    monkeypatch.setattr(output_code.AtenHostCode, "__init__",
+                        lambda self, gm, *args, **kwargs: (graphs.append(gm), init(self, gm, *args, **kwargs))[1])
+    model = torch.compile(decoder("llama", layers=2).to("neuron"), backend="neuron", fullgraph=True, dynamic=False,
+                          options={"host_code": "aten"})
+    _step(model, torch.randint(0, 64, (2, 8), device="neuron"))
+    monkeypatch.setattr(output_code.AtenHostCode, "__init__", init)
+    assert len(graphs) == 2, "a forward and a backward graph"
+
+    def arguments(x: torch.Tensor) -> tuple:
+        zeros = torch.ops.aten.new_zeros(x, [2, 3], dtype=torch.bfloat16, layout=torch.strided, device="cpu")
+        first, second = torch.split(x, [1, 3])
+        wide = x.reshape(1, 1, 4, 4).contiguous(memory_format=torch.channels_last)
+        return zeros, first[:, 1::2] * 2.5, torch.stack([second, second.flip(0)]).sum([0, 1], keepdim=True), wide
+    graphs.append(make_fx(arguments)(torch.randn(4, 4)))
+
+    for gm in graphs:
+        form, loaded = _stored_and_loaded(gm)
+        expected = _graph_pickler_loaded(gm)
+        assert form == "compact"
+        assert _nodes(loaded) == _nodes(expected)
+        assert loaded.code == expected.code
+
+    with_tensor = make_fx(lambda x: x + 1)(torch.randn(3))
+    node = next(node for node in with_tensor.graph.nodes if node.op == "call_function")
+    node.args = (node.args[0], torch.ones(3))
+    with_tensor.recompile()
+    form, loaded = _stored_and_loaded(with_tensor)
+    assert form == "graph-pickler"
+    assert [described[:3] for described in _nodes(loaded)] == [described[:3] for described in _nodes(with_tensor)]

@@ -67,8 +67,8 @@ from .settings import CompileSettings
 
 __all__ = ["CacheEntry", "UntrustedCache", "cache_key", "entry", "key_path"]
 
-_FORMAT = 4  # 2: kernel plans carry `workspace_bytes`; 3: the "aten" host code is stored (AOTAutograd record);
-# 4: the "aten" host code carries its outputs' sources
+_FORMAT = 5  # 2: kernel plans carry `workspace_bytes`; 3: the "aten" host code is stored (AOTAutograd record);
+# 4: the "aten" host code carries its outputs' sources; 5: its graph in a compact form where it can be
 _MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists files and kernel plans: a few MB for the largest graphs
 _MAX_MANIFEST_DEPTH = 64  # its JSON nests about 6 levels deep
 _MAX_FILE_BYTES = 4 << 30  # a stored Inductor file (generated code, a compiled library)

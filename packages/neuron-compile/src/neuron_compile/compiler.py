@@ -255,6 +255,7 @@ def compile_graph(
           _patches.rng_states_saved_as_tensors(),
           _patches.async_collective_inputs_keep_requires_grad(),
           _patches.device_mesh_state_without_its_hash(),
+          _patches.dense_metadata_from_first_pass(),
           _inductor_caches(cache_key, host_code),
           collecting(plans)):
         compiled = _aot_autograd(gm, inputs, inner) if host_code == "aten" else _inductor(gm, inputs, inner)
