@@ -152,11 +152,17 @@ def _rebuilt(dtensor: type, local: torch.Tensor, spec: tuple) -> Any:
     return dtensor.__tensor_unflatten__({"_local_tensor": local, **dict(others)}, context, size, stride)
 
 
+def _object_key(value: Any) -> int:
+    """An opaque object by the object it stands for: AOTAutograd's passes give each DTensor and graph input its own
+    fake of the one DeviceMesh (`FakeScriptObject.real_obj`)."""
+    return id(getattr(value, "real_obj", value))
+
+
 def _spec_key(spec: tuple | str | None) -> Any:
     if spec is None or spec is _CONSTANT:
         return spec
     context, others, _, _ = spec
-    return context, tuple((name, id(other)) for name, other in others)
+    return context, tuple((name, _object_key(other)) for name, other in others)
 
 
 def _unwrapped(operands: Sequence[Any], dtensor: type | None) -> tuple[list, list] | None:
@@ -191,7 +197,7 @@ def _meta(value: torch.Tensor) -> tuple:
 
 def _local_graph(subgraph: torch.fx.GraphModule, locals_: list, specs: list, dtensor: type | None) -> tuple:
     """The functional local graph of `subgraph` for operands of these local tensors and specs (see the module doc):
-    (graph, identifier, output specs (flatten context, size, stride) or None, indices of the operands it writes)."""
+    (graph, identifier, what each region output is, indices of the operands it writes, the graph's result layouts)."""
     from torch._functorch._aot_autograd.functional_utils import (
         from_fun,
         has_data_mutation,
@@ -205,7 +211,7 @@ def _local_graph(subgraph: torch.fx.GraphModule, locals_: list, specs: list, dte
 
     tracing = proxy_tensor.get_proxy_mode()  # AOTAutograd's trace of its graph; none in its metadata passes
     table = tracing.decomposition_table if tracing is not None else _NO_DECOMPOSITIONS
-    key = (tuple(id(local) if spec is _CONSTANT else _meta(local) for local, spec in zip(locals_, specs)),
+    key = (tuple(_object_key(local) if spec is _CONSTANT else _meta(local) for local, spec in zip(locals_, specs)),
            tuple(_spec_key(spec) for spec in specs), id(table))
     known = _graphs.setdefault(subgraph, {})
     if key in known and known[key][0] is table:
@@ -255,7 +261,10 @@ def _local_graph(subgraph: torch.fx.GraphModule, locals_: list, specs: list, dte
                                      device=locals_[i].device) for i in tensors]
     with _disable_current_modes(), fake_mode, FunctionalTensorMode(_allow_token_discovery=True):
         graph = proxy_tensor.make_fx(run, decomposition_table=table, record_module_stack=True)(*fakes)
-    found = (graph, f"neuron_aot_region_{next(_identifiers)}", list(outputs), list(written))
+    results = graph.graph.find_nodes(op="output")[0].args[0]
+    layouts = [(tuple(value.shape), value.stride(), value.dtype, value.device)
+               for value in (node.meta["val"] for node in results)]
+    found = (graph, f"neuron_aot_region_{next(_identifiers)}", list(outputs), list(written), layouts)
     known[key] = (table, found)
     return found
 
@@ -263,7 +272,14 @@ def _local_graph(subgraph: torch.fx.GraphModule, locals_: list, specs: list, dte
 def region(subgraph: torch.fx.GraphModule, identifier: str, *operands: Any) -> tuple:
     """A nested compile region's call in a graph AOTAutograd traces (see the module doc); called outside its passes
     (an eager run of the graph), the region's own call."""
-    from torch._subclasses.functional_tensor import PythonFunctionalizeAPI, mb_unwrap_functional_tensor
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.functional_tensor import (
+        FunctionalTensor,
+        PythonFunctionalizeAPI,
+        mb_unwrap_functional_tensor,
+    )
+    from torch.fx.experimental import proxy_tensor
+    from torch.utils._python_dispatch import _disable_current_modes
 
     dtensor = _dtensor_type()
     mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL)
@@ -271,8 +287,17 @@ def region(subgraph: torch.fx.GraphModule, identifier: str, *operands: Any) -> t
     if found is None:
         return subgraph(*operands)
     locals_, specs = found
-    graph, name, outputs, written = _local_graph(subgraph, locals_, specs, dtensor)
-    results = _HOP(graph, name, *(local for local, spec in zip(locals_, specs) if spec is not _CONSTANT))
+    graph, name, outputs, written, layouts = _local_graph(subgraph, locals_, specs, dtensor)
+    if proxy_tensor.get_proxy_mode() is None:
+        # AOTAutograd's metadata passes read only the results' layouts and which inputs were written (the local
+        # graph's results are fresh tensors): new tensors of those layouts stand for them, in place of running
+        # the local graph on fake tensors under functionalization at every layer
+        with _disable_current_modes(), detect_fake_mode():
+            fresh = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                     for shape, stride, dtype, device in layouts]
+        results = [FunctionalTensor.to_functional(value) for value in fresh]
+    else:
+        results = _HOP(graph, name, *(local for local, spec in zip(locals_, specs) if spec is not _CONSTANT))
     count = sum(kind == _OUTPUT for kind, _ in outputs)
     api = PythonFunctionalizeAPI(mode)
     for index, value in zip(written, results[count:]):
