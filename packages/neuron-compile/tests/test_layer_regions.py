@@ -119,7 +119,7 @@ def test_regions_kept_through_aot_autograd_give_the_same_aot_graphs(monkeypatch)
     cpu = _generate(model, config, prompt, compiled=False)
     model.to("neuron")
     runs = {}
-    for switch in ("0", "1"):
+    for switch in ("0", "1"):  # the switch off, then on (its default)
         torch._dynamo.reset()
         graphs.clear()
         monkeypatch.setenv("NEURON_COMPILE_AOT_REGIONS", switch)

@@ -1770,7 +1770,7 @@ def test_generate_plan_with_regions_through_aot_autograd_is_the_same(tmp_path):
     inlined before it, node for node (names aside), and the plan's report is equal key for key."""
     pytest.importorskip("transformers")
     runs = {}
-    for switch in ("0", "1"):
+    for switch in ("0", "1"):  # the switch off, then on (its default)
         debug = tmp_path / f"debug{switch}"
         env = {"NEURON_COMPILE_AOT_REGIONS": switch, "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS": "1",
                "TORCH_NEURONX_DEBUG_DIR": str(debug), "TORCH_NEURONX_DISABLE_NEFF_CACHE": "1"}

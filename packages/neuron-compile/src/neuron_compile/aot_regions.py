@@ -269,6 +269,24 @@ def _local_graph(subgraph: torch.fx.GraphModule, locals_: list, specs: list, dte
     return found
 
 
+def _record(tracing: Any, graph: torch.fx.GraphModule, identifier: str, operands: list, results: list) -> None:
+    """Record `invoke_subgraph(graph, identifier, *operands)` with `results` in AOTAutograd's trace, as torch's rules
+    do (`invoke_subgraph`'s functionalization rule: the operands' current values; its proxy rule: the node, the graph
+    a submodule of the traced root, the results tracked as its items)."""
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    from torch.fx.experimental.proxy_tensor import track_tensor_tree
+
+    tracer = tracing.tracer
+    registered = tracer.__dict__.setdefault("_neuron_aot_regions", set())
+    if identifier not in registered:
+        tracer.root.register_module(tracer.get_fresh_qualname("repeated_subgraph"), graph)
+        registered.add(identifier)
+    values = [FunctionalTensor.from_functional(operand) for operand in operands]
+    proxy = tracer.create_proxy("call_function", _HOP,
+                                (graph, identifier, *(tracer.unwrap_proxy(value) for value in values)), {})
+    track_tensor_tree(results, proxy, constant=None, tracer=tracer)
+
+
 def region(subgraph: torch.fx.GraphModule, identifier: str, *operands: Any) -> tuple:
     """A nested compile region's call in a graph AOTAutograd traces (see the module doc); called outside its passes
     (an eager run of the graph), the region's own call."""
@@ -288,16 +306,18 @@ def region(subgraph: torch.fx.GraphModule, identifier: str, *operands: Any) -> t
         return subgraph(*operands)
     locals_, specs = found
     graph, name, outputs, written, layouts = _local_graph(subgraph, locals_, specs, dtensor)
-    if proxy_tensor.get_proxy_mode() is None:
-        # AOTAutograd's metadata passes read only the results' layouts and which inputs were written (the local
-        # graph's results are fresh tensors): new tensors of those layouts stand for them, in place of running
-        # the local graph on fake tensors under functionalization at every layer
-        with _disable_current_modes(), detect_fake_mode():
-            fresh = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                     for shape, stride, dtype, device in layouts]
-        results = [FunctionalTensor.to_functional(value) for value in fresh]
-    else:
-        results = _HOP(graph, name, *(local for local, spec in zip(locals_, specs) if spec is not _CONSTANT))
+    # The local graph's results are new tensors (none aliases an operand): tensors of their layouts stand for them.
+    # AOTAutograd's metadata passes read only those layouts and which operands were written; its trace records the
+    # `invoke_subgraph` node as torch's functionalization and proxy rules for it do. Calling the operator instead
+    # runs the local graph on fake tensors at every layer (under functionalization too in the metadata passes):
+    # the fake-tensor cache keeps no subgraph with a collective.
+    with _disable_current_modes(), detect_fake_mode():
+        fresh = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                 for shape, stride, dtype, device in layouts]
+    tracing = proxy_tensor.get_proxy_mode()
+    if tracing is not None:
+        _record(tracing, graph, name, [local for local, spec in zip(locals_, specs) if spec is not _CONSTANT], fresh)
+    results = [FunctionalTensor.to_functional(value) for value in fresh]
     count = sum(kind == _OUTPUT for kind, _ in outputs)
     api = PythonFunctionalizeAPI(mode)
     for index, value in zip(written, results[count:]):
