@@ -1,18 +1,21 @@
-"""Nested compile regions kept through AOTAutograd, inlined after it (`NEURON_COMPILE_AOT_REGIONS`).
+"""Nested compile regions kept through AOTAutograd, inlined after it (`NEURON_COMPILE_AOT_REGIONS`, on by default).
 
 Dynamo traces each repeated decoder layer once (`layer_regions`: an `invoke_subgraph` stamped out per layer), but
 AOTAutograd cannot run an `invoke_subgraph` on DTensor operands (no HOP rule for DTensor), and a region writing its
-inputs (the KV cache) would be auto-functionalized, which changes the graph; so the backend inlines the regions
-first, and each of AOTAutograd's passes runs every op of every layer through DTensor, functionalization, proxy and
-fake modes. Here each `invoke_subgraph` node of a Dynamo graph whose regions all qualify (`prepared`) becomes a
-call of `region`, which AOTAutograd traces as any function: it unwraps DTensor operands to their local tensors and
-calls `invoke_subgraph` on a FUNCTIONAL graph of local tensors (`_local_graph`, traced once per region and operand
-metadata: the operands wrapped back into DTensors with their specs, the region run under functionalization, its
-outputs unwrapped, plus the new values of the inputs it wrote), for which torch's functionalization, proxy and fake
-rules exist and cache by identifier; it rewraps DTensor outputs and makes each written input take its new value as
-functionalization makes an in-place op's (`replace`, `commit_update`, `sync`: no copy in the graph). After
-AOTAutograd, the compiler inlines the `invoke_subgraph` nodes (`inlined`) before any pass sees the graph, which is
-then the graph an inlined trace gives.
+inputs (the KV cache) would be auto-functionalized, which changes the graph; inlined before AOTAutograd, each of its
+three passes (metadata, metadata of the subclass-unwrapped graph, the trace) runs every op of every layer through
+DTensor, functionalization, proxy and fake modes. Here each `invoke_subgraph` node of a Dynamo graph whose regions
+all qualify (`prepared`: tensor operands, plain or DTensor over a plain local, sharing no storage and needing no
+gradient; others are inlined first, as before) becomes a call of `region`, which AOTAutograd runs as any function.
+It unwraps DTensor operands to their local tensors and looks up a FUNCTIONAL graph of them (`_local_graph`, traced
+once per region, operand layouts and specs, and decomposition table: the locals wrapped back into DTensors with
+their specs, the region run under functionalization as AOTAutograd runs a graph, its outputs unwrapped, then the
+new values of the operands it wrote). The graph's results are new tensors, so tensors of their layouts stand for
+them; the trace records the `invoke_subgraph` node of the local graph as torch's rules for it would (`_record`).
+DTensor outputs are rewrapped, an output that is an operand (`cumulative_length.to(device)`) is that operand, and
+each written operand takes its new value as functionalization gives an in-place op's (`replace`, `commit_update`,
+`sync`: no copy in the graph). The compiler inlines the nodes after AOTAutograd (`inlined`), before any pass sees
+the graph, which is then the graph of the regions inlined before it, node for node.
 """
 
 from __future__ import annotations
@@ -337,7 +340,7 @@ def region(subgraph: torch.fx.GraphModule, identifier: str, *operands: Any) -> t
 
 
 def inlined(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """An AOT graph with its `invoke_subgraph` nodes inlined (in place when it has none)."""
+    """`gm` (a Dynamo or AOT graph) with its `invoke_subgraph` nodes inlined (itself when it has none)."""
     if not any(node.target is _HOP for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
                for node in module.graph.nodes):
         return gm

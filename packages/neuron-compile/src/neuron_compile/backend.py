@@ -210,17 +210,9 @@ def _inlined_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """`gm` with the subgraphs of its nested compile regions (`layer_regions`'s, a user's
     `torch.compiler.nested_compile_region`) inlined: Dynamo traced each region once and stamped it out, which is
     what saves the trace; the compiler gets the graph an unmarked trace gives (neither AOTAutograd's subclass
-    tracing of DTensors nor the host code run an `invoke_subgraph`)."""
-    hop = torch.ops.higher_order.invoke_subgraph
-    if not any(node.target is hop for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
-               for node in module.graph.nodes):
-        return gm
-    from torch._higher_order_ops.passes.inline_invoke_subgraph import inline_invoke_subgraph
-
-    gm = inline_invoke_subgraph(gm)
-    gm.delete_all_unused_submodules()
-    gm.recompile()
-    return gm
+    tracing of DTensors nor the host code run an `invoke_subgraph`). Its AOTAutograd traces the regions kept
+    instead when they qualify (`aot_regions`)."""
+    return aot_regions.inlined(gm)
 
 
 def neuron_backend(
