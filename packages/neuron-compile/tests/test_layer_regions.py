@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from torch._dynamo.variables import invoke_subgraph  # noqa: E402
 
-from neuron_compile import backend, layer_regions  # noqa: E402
+from neuron_compile import aot_regions, backend, compiler, layer_regions  # noqa: E402
 
 pytestmark = [pytest.mark.optional, pytest.mark.usefixtures("fresh_dynamo_and_metrics")]  # the hf session runs it
 
@@ -74,6 +74,65 @@ def test_compiled_generate_traces_each_layer_once_and_matches_the_cpu(counted, m
     assert torch.equal(unmarked.cpu(), cpu)
     assert counted["stamped"] == 0
     assert counted["graphs"] == regioned  # the same ops in the same order, whether the layers were traced once or each
+
+
+def _described(gm: torch.fx.GraphModule) -> list[tuple]:
+    """`gm`'s nodes by op, target, arguments (other nodes by position) and result layout: names aside, the graph."""
+    index = {node: position for position, node in enumerate(gm.graph.nodes)}
+
+    def arg(value):
+        return ("node", index[value]) if isinstance(value, torch.fx.Node) else repr(value)
+
+    def layout(value):
+        if isinstance(value, torch.Tensor):
+            return tuple(value.shape), value.stride(), value.dtype, str(value.device)
+        return [layout(v) for v in value] if isinstance(value, (tuple, list)) else repr(value)
+
+    return [(node.op, str(node.target), torch.fx.node.map_aggregate(node.args, arg),
+             torch.fx.node.map_aggregate(node.kwargs, arg), layout(node.meta.get("val")))
+            for node in gm.graph.nodes]
+
+
+def test_regions_kept_through_aot_autograd_give_the_same_aot_graphs(monkeypatch):
+    """`NEURON_COMPILE_AOT_REGIONS=1`: AOTAutograd's passes call each layer's region through one local graph (traced
+    once per pass, not per layer), the KV cache writes included; the AOT graphs the compiler gets (prefill, which
+    allocates the cache, and decode) are those of the regions inlined before AOTAutograd, node for node, and the
+    tokens are the CPU's."""
+    graphs = []
+    calls = []
+    inner = compiler._inner_compile
+    local_graph = aot_regions._local_graph
+
+    def compiled(gm, *args, **kwargs):
+        graphs.append(_described(gm))
+        return inner(gm, *args, **kwargs)
+
+    def traced(*args, **kwargs):
+        found = local_graph(*args, **kwargs)
+        calls.append(found[1])
+        return found
+
+    monkeypatch.setattr(compiler, "_inner_compile", compiled)
+    monkeypatch.setattr(aot_regions, "_local_graph", traced)
+    model, config = _model()
+    prompt = torch.randint(1, config.vocab_size, (1, 6))
+    cpu = _generate(model, config, prompt, compiled=False)
+    model.to("neuron")
+    runs = {}
+    for switch in ("0", "1"):  # the switch off, then on (its default)
+        torch._dynamo.reset()
+        graphs.clear()
+        monkeypatch.setenv("NEURON_COMPILE_AOT_REGIONS", switch)
+        monkeypatch.setenv("TORCH_NEURONX_DISABLE_NEFF_CACHE", "1")  # each run traces
+        tokens = _generate(model, config, prompt.to("neuron"), compiled=True)
+        assert torch.equal(tokens.cpu(), cpu)
+        runs[switch] = list(graphs)
+    assert len(runs["1"]) == 2
+    assert runs["1"] == runs["0"]
+    # AOTAutograd's metadata pass and its trace, each calling the 3 layers' regions, in both graphs; each pass's
+    # local graph traced once (the metadata pass's without decompositions, the trace's with AOTAutograd's)
+    assert len(calls) == 2 * 2 * LAYERS
+    assert len(set(calls)) == 2 * 2
 
 
 def test_regions_only_while_tracing_for_neuron(counted):

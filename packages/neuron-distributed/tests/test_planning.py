@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1741,6 +1742,46 @@ print([name for name, *_ in plan.lanes])
 
 def _serving_measured(outputs: dict[int, str]) -> dict:
     return json.loads(next(line for line in outputs[0].splitlines() if line.startswith("SERVING")).split(" ", 1)[1])
+
+
+def _nameless(graph: str) -> list[str]:
+    """A readable FX graph's assignments and return, each node named by its position (names aside, the graph)."""
+    names: dict[str, str] = {}
+    lines = []
+    for line in graph.splitlines():
+        found = re.match(r"\s+(\w+)(: \"[^\"]*\")? = (.*)$", line)
+        if found is None and not line.strip().startswith("return "):
+            continue
+        rhs = (found.group(3) if found else line.strip()).split(";  ")[0]
+        lines.append(re.sub(r"(?<![.\w])[a-zA-Z_]\w*\b", lambda word: names.get(word.group(0), word.group(0)), rhs))
+        if found:
+            names[found.group(1)] = f"v{len(names)}"
+            lines[-1] = f"{names[found.group(1)]}{found.group(2) or ''} = {lines[-1]}"
+    return lines
+
+
+@pytest.mark.slow
+@pytest.mark.optional
+@pytest.mark.all_wheels
+def test_generate_plan_with_regions_through_aot_autograd_is_the_same(tmp_path):
+    """`NEURON_COMPILE_AOT_REGIONS=1`, a tiny Llama at TP 2 (DTensor operands, the mesh an opaque one, the KV cache
+    allocated in the compiled prefill's regions and written in the decode's): AOTAutograd traces the graphs with
+    their regions kept (the `dynamo_regions` artifacts); the AOT graphs the compiler plans are those of the regions
+    inlined before it, node for node (names aside), and the plan's report is equal key for key."""
+    pytest.importorskip("transformers")
+    runs = {}
+    for switch in ("0", "1"):  # the switch off, then on (its default)
+        debug = tmp_path / f"debug{switch}"
+        env = {"NEURON_COMPILE_AOT_REGIONS": switch, "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS": "1",
+               "TORCH_NEURONX_DEBUG_DIR": str(debug), "TORCH_NEURONX_DISABLE_NEFF_CACHE": "1"}
+        code, report, output = plan(tmp_path, "--compiled-prefill", script="llama_generate.py",
+                                    options=("--instance", "trn1.2xlarge"), env=env)
+        assert code == 0, output
+        graphs = [_nameless(path.read_text()) for path in sorted(debug.rglob("*_inference.txt"))]
+        runs[switch] = report, graphs, len(list(debug.rglob("*_dynamo_regions.txt")))
+    assert (runs["0"][2], runs["1"][2]) == (0, 2)  # prefill and decode
+    assert len(runs["1"][1]) == 2 and runs["1"][1] == runs["0"][1]
+    assert runs["1"][0] == runs["0"][0]
 
 
 @pytest.mark.slow

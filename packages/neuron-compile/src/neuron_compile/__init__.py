@@ -11,7 +11,8 @@ the pipeline                      `compiler`, `decompositions`, `passes` (kernel
 Dynamo and Inductor for `neuron`  `dynamo_device` (Dynamo's device interface, at backend import),
                                   `inductor_device` (Inductor's codegen, only when Inductor lowers a graph),
                                   `_patches` (every patch of Dynamo/Inductor internals, with its reason),
-                                  `layer_regions` (transformers' decoder layers traced once per kind)
+                                  `layer_regions` (transformers' decoder layers traced once per kind),
+                                  `aot_regions` (those regions kept through AOTAutograd, inlined after it)
 running a compiled graph          `compiled_graph` (the callable Dynamo gets), `boundary` and `host_runtime`
                                   (device/host crossings; `host_runtime` is what generated code calls)
 adaptive eager's fuser            `fuser`

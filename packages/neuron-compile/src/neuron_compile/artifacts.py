@@ -26,7 +26,8 @@ class ArtifactWriter:
         self.code = None if debug_dir is None else debug_dir / "code" / f"proc_{_rank()}"
 
     def write_graph(self, stage: str, gm: torch.fx.GraphModule) -> None:
-        """The readable FX graph at `stage` ("dynamo", "forward", "backward", "inference")."""
+        """The readable FX graph at `stage` ("dynamo", "dynamo_regions": the graph AOTAutograd traces when it keeps the
+        regions, `aot_regions`; "forward", "backward", "inference")."""
         if self.graphs is not None:
             self.graphs.mkdir(parents=True, exist_ok=True)
             text = gm.print_readable(print_output=False, include_stride=True, include_device=True)

@@ -24,7 +24,7 @@ import torch
 
 from neuron_device import services
 
-from . import _patches, cache, compiler, dynamo_device, envvars, layer_regions, metrics
+from . import _patches, aot_regions, cache, compiler, dynamo_device, envvars, layer_regions, metrics
 from .artifacts import ArtifactWriter
 from .compiled_graph import CompiledGraph
 from .passes import KernelPlan
@@ -97,6 +97,7 @@ def _compile_static(
     name: str,
     recompile: bool,
     traced: bool = True,
+    regioned: torch.fx.GraphModule | None = None,
 ) -> CompiledGraph:
     started = time.perf_counter()
     metrics.record("compilations")
@@ -132,7 +133,8 @@ def _compile_static(
                 else:
                     metrics.record("cache_misses")
                 fn = compiler.compile_graph(gm, graph_inputs, artifacts=artifacts, plans=plans, traced=traced,
-                                            cache_key=entry.key, host_code=settings.host_code)
+                                            cache_key=entry.key, host_code=settings.host_code,
+                                            regioned=regioned)
                 if not entry.hit:
                     entry.store(plans)
         except (DynamicShapesNotSupported, *_GRAPH_BREAKS):
@@ -208,17 +210,9 @@ def _inlined_regions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """`gm` with the subgraphs of its nested compile regions (`layer_regions`'s, a user's
     `torch.compiler.nested_compile_region`) inlined: Dynamo traced each region once and stamped it out, which is
     what saves the trace; the compiler gets the graph an unmarked trace gives (neither AOTAutograd's subclass
-    tracing of DTensors nor the host code run an `invoke_subgraph`)."""
-    hop = torch.ops.higher_order.invoke_subgraph
-    if not any(node.target is hop for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
-               for node in module.graph.nodes):
-        return gm
-    from torch._higher_order_ops.passes.inline_invoke_subgraph import inline_invoke_subgraph
-
-    gm = inline_invoke_subgraph(gm)
-    gm.delete_all_unused_submodules()
-    gm.recompile()
-    return gm
+    tracing of DTensors nor the host code run an `invoke_subgraph`). Its AOTAutograd traces the regions kept
+    instead when they qualify (`aot_regions`)."""
+    return aot_regions.inlined(gm)
 
 
 def neuron_backend(
@@ -229,6 +223,7 @@ def neuron_backend(
     options: dict[str, Any] | None = None,
 ) -> Callable:
     """The Dynamo backend registered as "neuron" (entry point `torch_dynamo_backends`)."""
+    regioned = aot_regions.prepared(gm) if envvars.AOT_REGIONS.read() else None
     gm = _inlined_regions(gm)
     settings = CompileSettings.resolve(mode, options)
     suffix, recompile = _compile_id()
@@ -238,7 +233,7 @@ def neuron_backend(
         if not torch._dynamo.config.assume_static_by_default:  # dynamic=True
             raise DynamicShapesNotSupported(_DYNAMIC_MESSAGE.format(count=len(dims), dims=", ".join(dims)))
         return _PerShape(gm, settings, name)
-    return _compile_static(gm, example_inputs, settings, name=name, recompile=recompile)
+    return _compile_static(gm, example_inputs, settings, name=name, recompile=recompile, regioned=regioned)
 
 
 # transformers' decoder layers are traced once each kind while Dynamo traces for this backend (`layer_regions`).

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import _patches, boundary, metrics, nki_substitution, passes, rms_norm, rng
+from . import _patches, aot_regions, boundary, metrics, nki_substitution, passes, rms_norm, rng
 from .artifacts import ArtifactWriter
 from .decompositions import neuron_decompositions
 from .host_runtime import OutputSource, output_sources
@@ -224,13 +224,15 @@ def compile_graph(
     traced: bool = True,
     cache_key: str = "",
     host_code: str = "aten",
+    regioned: torch.fx.GraphModule | None = None,
 ) -> Callable:
     """Compile a Dynamo graph of `neuron` tensors with static shapes to a callable taking the same arguments;
     `plans` receives the kernel plan of each AOT graph compiled ("forward", "backward" or "inference"; on an
     AOTAutograd cache hit, the "aten" host code's stored plans, and none for Inductor's). `traced=False` compiles from the concrete `example_inputs` alone (a graph Dynamo traced
     with symbolic shapes, specialised outside Dynamo). `cache_key`: the compile cache's key of this graph ("" when
     the cache is disabled), which Inductor's own caches are keyed on too. `host_code`: "aten" or "inductor" (see
-    the module doc)."""
+    the module doc). `regioned`: `gm` with its nested compile regions kept (`aot_regions.prepared`), which
+    AOTAutograd traces in its place (the "aten" host code; not a graph retraced under autocast)."""
     artifacts.write_graph("dynamo", gm)
     autocast = _with_device_autocast(gm, example_inputs)
     if autocast is not None:  # a retraced graph: its placeholders carry no Dynamo fake tensors
@@ -245,6 +247,15 @@ def compile_graph(
             fakes = [None] * len(example_inputs)
         inputs = [_host_example(v, t) for v, t in zip(example_inputs, fakes)]
     _integer_histc_in_float(gm)
+    traced_gm = gm
+    if regioned is not None and autocast is None and host_code == "aten":
+        traced_gm = regioned  # `gm`'s rewrites above, on it and its regions
+        for module in regioned.modules():
+            if isinstance(module, torch.fx.GraphModule):
+                if not on_device:
+                    _retarget_devices_to_host(module)
+                _integer_histc_in_float(module)
+        artifacts.write_graph("dynamo_regions", regioned)
     inner = functools.partial(_inner_compile, artifacts=artifacts, plans=plans, host_code=host_code,
                               on_device=on_device)
     nki_substitution.define_replacements()  # code loaded from Inductor's caches calls them by name
@@ -258,7 +269,7 @@ def compile_graph(
           _patches.dense_metadata_from_first_pass(),
           _inductor_caches(cache_key, host_code),
           collecting(plans)):
-        compiled = _aot_autograd(gm, inputs, inner) if host_code == "aten" else _inductor(gm, inputs, inner)
+        compiled = _aot_autograd(traced_gm, inputs, inner) if host_code == "aten" else _inductor(gm, inputs, inner)
     return compiled if on_device else HostGraph(compiled, output_sources(gm))
 
 
@@ -311,6 +322,7 @@ def _aot_autograd(gm: torch.fx.GraphModule, inputs: Sequence[Any], inner: Callab
         return partition_fn(joint, joint_inputs, **kwargs)
 
     def forward(graph: torch.fx.GraphModule, example_inputs: Sequence[Any], *, is_inference: bool) -> Any:
+        graph = aot_regions.inlined(graph)
         if is_inference:  # a training graph's joint-graph passes ran in `partition`
             from torch._inductor.compile_fx import _recursive_joint_graph_passes
 

@@ -51,6 +51,10 @@ HOST_CODE = _compile("NEURON_COMPILE_HOST_CODE", str, "aten",
 LAYER_REGIONS = _compile("NEURON_COMPILE_LAYER_REGIONS", bool, True,
                          "`0`: Dynamo traces every transformers decoder layer of a graph (default: a repeated layer is "
                          "traced once and its trace reused, `layer_regions`; the compiled graph is the same)")
+AOT_REGIONS = _compile("NEURON_COMPILE_AOT_REGIONS", bool, True,
+                       "`0`: nested compile regions are inlined before AOTAutograd (default: a graph whose regions "
+                       "all qualify keeps them through AOTAutograd, which traces each region once per pass, and "
+                       "inlines them after it, `aot_regions`; the compiled graph is the same)")
 INDUCTOR_CACHE_DIR = _compile("TORCHINDUCTOR_CACHE_DIR", str, None,
                               "Inductor's own variable: pointed into the compile cache while a graph compiles, then "
                               "restored")
@@ -74,6 +78,7 @@ NO_EFFECT: tuple[EnvVar, ...] = (
 VARIABLES: tuple[EnvVar, ...] = (
     FALLBACK_DISABLED, AUTOCOPY_DISABLED, DEBUG_DIR, PRESERVE_ARTIFACTS, CACHE_DIR, CACHE_DISABLED,
     CACHE_DISABLED_ALIAS, CACHE_LOCK_TIMEOUT, XDG_CACHE_HOME, XDG_CONFIG_HOME, RANK, INDUCTOR_CACHE_DIR, RETAIN_DEVICE,
-    METRICS_ENABLED, METRIC_TABLES, METRICS_DIR, HOST_CODE, LAYER_REGIONS, SHAPE_BUCKETS,
+    METRICS_ENABLED, METRIC_TABLES, METRICS_DIR, HOST_CODE, LAYER_REGIONS, AOT_REGIONS,
+    SHAPE_BUCKETS,
     *NO_EFFECT,
 )

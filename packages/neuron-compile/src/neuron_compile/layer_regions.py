@@ -18,9 +18,11 @@ the key and value states `update` got and the tensors the rebuilt entry allocate
 tensors and the attributes its own `lazy_initialization` sets on a copy given meta states (`_initialized`, run
 outside the graph), so no op is added.
 
-The backend inlines the stamped subgraphs before compiling (`backend._inlined_regions`): AOTAutograd, the Neuron
-passes and the host code get the graph an unmarked trace gives (the same ops in the same order), so kernels and
-every simulated figure are the same; what is saved is Dynamo's trace of the repeated layers. Any other call (no
+AOTAutograd traces each region once per pass and the compiler inlines the stamped subgraphs after it
+(`aot_regions`; before AOTAutograd, `backend._inlined_regions`, when a region does not qualify or
+`NEURON_COMPILE_AOT_REGIONS=0`): the Neuron passes and the host code get the graph an unmarked trace gives (the same
+ops in the same order), so kernels and every simulated figure are the same; what is saved is Dynamo's and
+AOTAutograd's trace of the repeated layers. Any other call (no
 cache, a dynamic cache, another backend, eager) runs the layer as before.
 """
 
