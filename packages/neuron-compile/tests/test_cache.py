@@ -65,7 +65,7 @@ def test_key_depends_on_autocast_and_the_target(tmp_path, monkeypatch) -> None:
 @pytest.fixture(autouse=True)
 def private_inductor_dir(tmp_path, monkeypatch):
     """Each test sees its own process-private Inductor directory, as a fresh process would."""
-    monkeypatch.setattr(cache, "_private_dir", tmp_path / "inductor")
+    monkeypatch.setattr(cache, "_private_dir", (os.getpid(), tmp_path / "inductor"))
     (tmp_path / "inductor").mkdir()
 
 
@@ -293,6 +293,55 @@ def test_disabled_cache_uses_no_inductor_cache_either(monkeypatch) -> None:
         counters.clear()
         torch.compile(lambda t: (t * 5 - 1).sigmoid(), backend="neuron")(x)
         assert not any(key.startswith("fxgraph_cache") for key in counters["inductor"]), dict(counters["inductor"])
+
+
+_PRIVATE_DIRS_OF_FORKED_CHILDREN = """
+import json, multiprocessing, os, sys
+from neuron_compile import cache
+from neuron_device import services
+
+def child(ending, write):
+    os.write(write, (str(cache.private_inductor_dir()) + "\\n").encode())
+    if ending == "os._exit":  # as neuron-plan's forked ranks end
+        services.run_at_exit()
+        os._exit(0)
+    if ending == "sys.exit":
+        sys.exit(0)
+    # "return": a multiprocessing worker forked, which ends by os._exit after its finalizers
+
+parent = cache.private_inductor_dir()
+seen = {}
+for ending in ("sys.exit", "os._exit", "return"):
+    read, write = os.pipe()
+    if ending == "return":
+        worker = multiprocessing.get_context("fork").Process(target=child, args=(ending, write))
+        worker.start()
+        worker.join()
+    else:
+        pid = os.fork()
+        if pid == 0:
+            child(ending, write)
+        os.waitpid(pid, 0)
+    os.close(write)
+    made = os.read(read, 4096).decode().strip()
+    seen[ending] = [made != str(parent), os.path.exists(made)]
+print(json.dumps({"parent_kept": parent.is_dir(), "children": seen}))
+"""
+
+
+def test_a_forked_child_makes_and_removes_its_own_private_inductor_dir(tmp_path) -> None:
+    """Each process compiles into a private Inductor directory of its own, a forked child too, removed at its end
+    however it ends: by the interpreter's exit, by `os._exit` after `services.run_at_exit` (neuron-plan's forked
+    ranks), or as a forked multiprocessing worker. A child used its parent's and left its own in the temporary
+    directory when it ended by `os._exit` (some 275 were found in /tmp); one that exited normally removed its
+    parent's."""
+    done = subprocess.run([sys.executable, "-c", _PRIVATE_DIRS_OF_FORKED_CHILDREN], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"parent_kept": True, "children": {ending: [True, False]
+                                                      for ending in ("sys.exit", "os._exit", "return")}}
+    assert not list(tmp_path.glob("neuron-compile-inductor-*"))  # nor the parent's, after its exit
 
 
 # -- trust: another user cannot get code run; I/O problems never fail a compile (issue 19, items 9 and 10) ---------

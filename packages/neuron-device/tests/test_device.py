@@ -181,6 +181,31 @@ print(os.waitstatus_to_exitcode(status))
     assert result.stdout.strip() == "0"
 
 
+def test_exit_cleanups_are_the_registering_processs_own(python):
+    """`services.at_exit`: a cleanup runs once, in the process that registered it, at its exit or when a forked
+    child's `os._exit` path calls `services.run_at_exit`; a forked child, which inherits its parent's `atexit`
+    handlers, never runs its parent's cleanups (a private directory the parent still uses)."""
+    code = """
+import os
+from neuron_device import services
+services.at_exit(os.write, 1, b"parent's\\n")
+pid = os.fork()
+if pid == 0:
+    services.at_exit(os.write, 1, b"child's\\n")
+    services.run_at_exit()
+    services.run_at_exit()
+    os._exit(0)
+os.waitpid(pid, 0)
+if os.fork() == 0:
+    raise SystemExit  # the interpreter's exit
+os.wait()
+os.write(1, b"parent ends\\n")
+"""
+    result = python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["child's", "parent ends", "parent's"]
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

@@ -287,26 +287,38 @@ def _zygote_warms_the_compile_caches_before_its_second_rank(tmp_path, monkeypatc
     assert [(tmp_path / f"seen{rank}").read_text() for rank in range(3)] == ["False", "True", "True"]
 
 
+def _plan_probe(tmp_path, monkeypatch, ranks: int, body: str) -> None:
+    """Plan ranks 0 to `ranks` - 1 (`--jobs 1`) of `python -m probe SEEN`, a module running `body` (`os`, `pathlib`,
+    `sys` and `services` imported), SEEN the path `tmp_path / "seen"`."""
+    (tmp_path / "probe.py").write_text("import os, pathlib, sys\nfrom neuron_device import services\n" + body)
+    monkeypatch.chdir(tmp_path)
+    options = argparse.Namespace(jobs=1, steps=1, instance="trn1.32xlarge")
+    with _planning_context(None, tmp_path / "ranks.log", 300):
+        plans = plan_ranks.Ranks(str(tmp_path), [sys.executable], ["-m", "probe", str(tmp_path / "seen")], options,
+                                 32, 32)(list(range(ranks)))
+    assert [plan["rank"] for plan in plans] == list(range(ranks)), (tmp_path / "ranks.log").read_text()
+
+
 def test_zygote_hands_a_ranks_memos_to_the_ranks_forked_after_it(tmp_path, monkeypatch):
     """What a planned rank adds to a memo (`services.memo`: neuron-nki's attention estimates by signature) reaches
     the zygote when the rank ends, before neuron-plan asks for the next rank: the ranks forked after it start with
     it (one at a time here, `--jobs 1`); the zygote's own entries are not a rank's to hand back."""
-    (tmp_path / "probe.py").write_text(
-        "import os, sys\n"
-        "from neuron_device import services\n"
-        "memo, rank = services.memo('test.probe'), int(os.environ['RANK'])\n"
-        "open(sys.argv[1] + str(rank), 'w').write(repr(sorted(memo.items())))\n"
-        "memo[f'rank{rank}'] = (rank, 'of', 3)\n")
-    monkeypatch.chdir(tmp_path)
-    options = argparse.Namespace(jobs=1, steps=1, instance="trn1.32xlarge")
-    seen = tmp_path / "seen"
-    with _planning_context(None, tmp_path / "ranks.log", 300):
-        plans = plan_ranks.Ranks(str(tmp_path), [sys.executable], ["-m", "probe", str(seen)], options, 32, 32)(
-            [0, 1, 2])
-    assert [plan["rank"] for plan in plans] == [0, 1, 2], (tmp_path / "ranks.log").read_text()
+    _plan_probe(tmp_path, monkeypatch, 3,
+                "memo, rank = services.memo('test.probe'), int(os.environ['RANK'])\n"
+                "open(sys.argv[1] + str(rank), 'w').write(repr(sorted(memo.items())))\n"
+                "memo[f'rank{rank}'] = (rank, 'of', 3)\n")
     assert [(tmp_path / f"seen{rank}").read_text() for rank in range(3)] == [
         "[]", "[('rank0', (0, 'of', 3))]", "[('rank0', (0, 'of', 3)), ('rank1', (1, 'of', 3))]"]
     assert not list(tmp_path.glob("*" + plan_ranks.MEMOS)), "the zygote takes each rank's file"
+
+
+def test_a_planned_rank_runs_its_exit_cleanups(tmp_path, monkeypatch):
+    """A planned rank is a forked process that ends by `os._exit`, which runs no `atexit` handler: the cleanups it
+    registered (`services.at_exit`: a compile's private Inductor directory, left in the temporary directory by every
+    compiled rank before) run first."""
+    _plan_probe(tmp_path, monkeypatch, 2,
+                "services.at_exit(pathlib.Path(sys.argv[1] + os.environ['RANK']).write_text, 'cleaned up')\n")
+    assert [(tmp_path / f"seen{rank}").read_text() for rank in range(2)] == ["cleaned up"] * 2
 
 
 def _in_a_process_that_never_used_neuron(body, tmp_path) -> None:

@@ -20,8 +20,9 @@ cache, artifacts, metrics         `cache` (persistent compile cache), `artifacts
 shape buckets                     `buckets` (`torch_neuronx.pad_to_buckets`: token inputs padded to a few shapes,
                                   masked, so serving many prompt lengths compiles one graph per bucket)
 environment variables             `envvars`
-joining the device                `plugin` (the `neuron_device.plugins` hooks); neuron-device is used through
-                                  `neuron_device.services` only
+joining the device                `plugin` (the `neuron_device.plugins` hooks; every Dynamo compile, any
+                                  backend's, made compile time once Dynamo is imported); neuron-device is used
+                                  through `neuron_device.services` only
 ================================= ================================================================================
 
 Importing this package stays light: the torch._dynamo / torch._inductor parts load when a graph is compiled.

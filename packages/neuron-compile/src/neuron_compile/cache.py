@@ -35,7 +35,6 @@ Safety:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import fcntl
@@ -73,7 +72,7 @@ _MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists files and kernel plans: a few
 _MAX_MANIFEST_DEPTH = 64  # its JSON nests about 6 levels deep
 _MAX_FILE_BYTES = 4 << 30  # a stored Inductor file (generated code, a compiled library)
 _SKIPPED_SUFFIXES = (".lock", ".tmp")
-_private_dir: Path | None = None
+_private_dir: tuple[int, Path] | None = None  # (the process that made it, the directory)
 
 
 def _tensor_meta(value: torch.Tensor) -> list[Any]:
@@ -279,12 +278,16 @@ def _mac(secret: bytes, manifest: Mapping[str, Any]) -> str:
 
 
 def private_inductor_dir() -> Path:
-    """This process's Inductor cache directory (removed at exit): Inductor only reads what we put there."""
+    """This process's Inductor cache directory: Inductor only reads what we put there. Made at the process's first
+    use, a forked child's too (its parent's is the parent's to remove, and a compile's new files are told apart by
+    the directory's contents), and removed at its end (`services.at_exit`: neuron-plan's forked ranks and
+    multiprocessing's forked workers end by `os._exit`, which runs no `atexit` handler)."""
     global _private_dir
-    if _private_dir is None:
-        _private_dir = Path(tempfile.mkdtemp(prefix="neuron-compile-inductor-"))
-        atexit.register(shutil.rmtree, _private_dir, True)
-    return _private_dir
+    if _private_dir is None or _private_dir[0] != os.getpid():
+        path = Path(tempfile.mkdtemp(prefix="neuron-compile-inductor-"))
+        _private_dir = (os.getpid(), path)
+        services.at_exit(shutil.rmtree, path, True)
+    return _private_dir[1]
 
 
 def _files(directory: Path) -> set[str]:

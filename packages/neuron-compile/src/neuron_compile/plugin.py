@@ -1,10 +1,15 @@
 """neuron-compile's hooks on the device's plugin seam (`neuron_device.plugins`). They run inside `import torch`,
-so nothing here imports torch._dynamo or torch._inductor: the device module gets the compile metrics, and a lazy
+so nothing here imports torch._dynamo or torch._inductor: the device module gets the compile metrics, a lazy
 hook through which Inductor's own discovery of a PrivateUse1 backend (`torch.neuron.Scheduling` etc.) registers
-`neuron` with Dynamo and Inductor the first time Inductor initialises a graph."""
+`neuron` with Dynamo and Inductor the first time Inductor initialises a graph, and one that marks every Dynamo
+compile as compile time once Dynamo is imported (`_after_import`)."""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from neuron_device.services import hookimpl
@@ -69,9 +74,53 @@ def neuron_torch_neuronx_exports() -> dict[str, Any]:
     }
 
 
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then(module)` once the module `name` is imported (found by the other finders, executed as usual)."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            execute(module)
+            self.then(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _compile_time(convert_frame: Any) -> None:
+    """Every Dynamo compile, any backend's (Inductor's own `torch.compile` of `neuron` tensors too), is compile time
+    (`_patches.compile_time_of_every_frame`): applied when Dynamo is first imported, as our backend is not (a plain
+    Inductor compile never imports it) and Inductor registers `neuron` only at its code generation, after the
+    pattern library it builds on the inputs' device."""
+    from neuron_device import services
+
+    from . import _patches
+
+    _patches.compile_time_of_every_frame(services.compiling)
+
+
+def _after_import(name: str, then: Callable[[Any], None]) -> None:
+    if name in sys.modules:
+        then(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
 @hookimpl
 def neuron_device_ready(device_module: Any) -> None:
-    """Give `torch.neuron` the compile metrics and Inductor's lazy registration hooks."""
+    """Give `torch.neuron` the compile metrics and Inductor's lazy registration hooks; mark Dynamo's compiles as
+    compile time once it is imported."""
     device_module.get_dynamo_metrics = metrics.get_dynamo_metrics
     device_module.reset_dynamo_metrics = metrics.reset_dynamo_metrics
     device_module.__getattr__ = _lazy_inductor_hooks(getattr(device_module, "__getattr__", None))
+    _after_import("torch._dynamo.convert_frame", _compile_time)

@@ -33,7 +33,8 @@ torch.neuron           `neuron/` (the `torch.cuda`-shaped facade), `neuron/memor
 patches of torch       `_patches` (each with its reason)
 environment variables  `envvars` (declared once; parser in `neuron_spec.env`)
 other wheels           `plugins` (hooks they implement), `services` (all they may import of this package), `memos`
-                       (a plugin's costly estimates, handed back by a forked planned rank to its zygote)
+                       (a plugin's costly estimates, handed back by a forked planned rank to its zygote), `exits`
+                       (a process's own cleanups, run at its end, a forked child's `os._exit` too)
 command-line tools     `cli` (`neuron-ls`), `monitor` (`neuron-monitor`, `neuron-top`), `livestats` (the counters a
                        process publishes for them), `progress` (one-line progress of long operations)
 ====================== ==============================================================================================

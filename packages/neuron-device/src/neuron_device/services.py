@@ -39,6 +39,9 @@ Plugins
     `hookimpl` (mark an implementation of a `neuron_device.plugins` hook), `memo` (a plugin's costly estimates by
     key, which a planned rank hands back to its zygote for the ranks forked after it: `memo_additions`,
     `forget_memo_additions`, `merge_memos`; `memos`).
+Process end
+    `at_exit` (a cleanup of this process's own, run at its exit, also a forked child's `os._exit` path's),
+    `run_at_exit` (run them now: what such a path calls before `os._exit`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ from .allocator import adopt_charged, adopt_tracked, allocating_from, allocation
 from .allocator import device as device_allocator
 from .compile_time import compiling
 from .envvars import LOCAL_RANK
+from .exits import at_exit
+from .exits import run as run_at_exit
 from .fallback import run_on_host
 from .memos import additions as memo_additions
 from .memos import forget_additions as forget_memo_additions
@@ -87,6 +92,7 @@ __all__ = [
     "adopt_tracked",
     "allocating_from",
     "allocation_source",
+    "at_exit",
     "breakdown_part",
     "builtin_kernels",
     "charge",
@@ -112,6 +118,7 @@ __all__ = [
     "register_kernel",
     "registered_kernels",
     "resize_planned_storage",
+    "run_at_exit",
     "run_on_host",
     "running_host_code",
     "scattered_elements",

@@ -296,7 +296,9 @@ def _forked_rank(rank: int, world: int, per_node: int, steps: str, out: str, scr
 
 def _exit_after(body: Callable[[], None]) -> NoReturn:
     """Run `body` in a forked process, then end it as the interpreter ends on the outcome (never returns): exit code
-    0, a `SystemExit`'s (a number is the code, anything else is printed, code 1), or 1 with the exception printed."""
+    0, a `SystemExit`'s (a number is the code, anything else is printed, code 1), or 1 with the exception printed;
+    the process's own exit cleanups run first (`services.at_exit`: a compile's private Inductor directory), which
+    `os._exit` would skip."""
     code = 1
     try:
         body()
@@ -308,9 +310,12 @@ def _exit_after(body: Callable[[], None]) -> NoReturn:
     except BaseException:
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        try:
+            services.run_at_exit()
+        finally:  # never past here: the process forked runs its parent's code after `body`
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
 
 class _Forked:
