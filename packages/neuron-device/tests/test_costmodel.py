@@ -57,6 +57,19 @@ def test_fp32_matmul_op_charged_at_bf16_rate_under_high_precision(highest_precis
     assert elapsed == pytest.approx((memory + LAUNCH) * 1e3)
 
 
+def test_fp32_matmuls_of_one_shape_are_charged_at_the_precision_of_each_call(highest_precision):
+    """The op ledger caches a matmul's charge per shapes: switching the precision between calls of the same shapes
+    charges the other rate, and switching back the first again (a cache keyed by shapes alone would not)."""
+    a = torch.ones(1024, 1024, device="neuron")
+    highest = elapsed_ms(lambda: a @ a)
+    torch.set_float32_matmul_precision("high")
+    high = elapsed_ms(lambda: a @ a)
+    torch.set_float32_matmul_precision("highest")
+    assert highest == pytest.approx((2 * 1024**3 / 20e12 + LAUNCH) * 1e3)
+    assert high == pytest.approx((DMA_HEAD + 3 * 4 * 1024**2 / HBM_PER_CORE_TRN2 + LAUNCH) * 1e3)
+    assert elapsed_ms(lambda: a @ a) == pytest.approx(highest)
+
+
 def test_large_elementwise_op_is_hbm_bound():
     n = 1 << 26  # fp32 a + b: two inputs read, one output written
     hbm_bytes = 3 * 4 * n

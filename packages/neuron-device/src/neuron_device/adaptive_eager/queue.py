@@ -455,7 +455,8 @@ class _HostContext:
         self._autocast.__enter__()
         self._ieee = _host_numerics.ieee_host_matmul()
         self._ieee.__enter__()
-        self._inference = torch.inference_mode()  # outputs recorded in inference mode are inference tensors
+        self._inference = torch._C._InferenceMode(True)  # `torch.inference_mode()`, minus its Python frames:
+        # outputs recorded in inference mode are inference tensors
         self._inference.__enter__()
         self._modes = None
         if torch._C._len_torch_dispatch_stack():
@@ -473,7 +474,9 @@ class _HostContext:
 
 
 def _execute(queue: list[_Entry], inputs: list[_Input], index: int) -> None:
-    live = tuple([tuple([ref is not None and ref() is not None for _, ref in entry.outputs]) for entry in queue])
+    outputs = [output for entry in queue for output in entry.outputs]  # (host buffer, ref) of every output, in order
+    # whether each is still referenced, in one flat tuple: each op's signature fixes its number of outputs
+    live = tuple([ref is not None and ref() is not None for _, ref in outputs])
     structure = (tuple([entry.signature for entry in queue]), live)
     run = _runs.get(structure)
     if run is None:
@@ -492,7 +495,7 @@ def _execute(queue: list[_Entry], inputs: list[_Input], index: int) -> None:
             return
         _counters["fused_runs"] += 1
         results = run.compiled(*hosts)
-    written = (output for entry, flags in zip(queue, live) for output, alive in zip(entry.outputs, flags) if alive)
+    written = (output for output, alive in zip(outputs, live, strict=True) if alive)
     taken: set[int] = set()
     for (host, ref), result in zip(written, results, strict=True):
         _write(host, ref, result, taken)
@@ -533,11 +536,13 @@ def _op_by_op(queue: list[_Entry], hosts: list, live: tuple, index: int) -> None
     """Each op with its own CPU kernel, as plain eager runs it; live outputs are written to device memory."""
     values: list[list[torch.Tensor]] = []
     taken: set[int] = set()
-    for entry, flags in zip(queue, live):
+    flags = iter(live)
+    for entry in queue:
         args = [_resolve(v, hosts, values) for v in entry.args]
         result = entry.call(*args, **entry.kwargs)
         produced = []
-        for (host, ref), output, alive in zip(entry.outputs, (result,) if entry.spec.single else result, flags):
+        for (host, ref), output in zip(entry.outputs, (result,) if entry.spec.single else result):
+            alive = next(flags)
             if output.stride() != host.stride() or output.storage_offset() or output.shape != host.shape:
                 output = host.copy_(output)  # later views of it are relative to the device layout: read it there
             elif alive:
@@ -602,7 +607,8 @@ def _graph(queue: list[_Entry], inputs: int, live: tuple) -> torch.fx.GraphModul
             nodes.append([node])
         else:
             nodes.append([graph.call_function(operator.getitem, (node, n)) for n in range(len(entry.spec.outputs))])
-    graph.output(tuple(node for outputs, flags in zip(nodes, live) for node, alive in zip(outputs, flags) if alive))
+    graph.output(tuple(node for node, alive in zip((n for outputs in nodes for n in outputs), live, strict=True)
+                       if alive))
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
@@ -630,6 +636,6 @@ def _fused_work(queue: list[_Entry], hosts: list, live: tuple) -> _ledger.Work:
         for engine, amount in entry.spec.work.engines:
             work[engine] = work.get(engine, 0.0) + amount
     nbytes = sum(h.numel() * h.element_size() for h in hosts)
-    nbytes += sum(host.numel() * host.element_size() for entry, flags in zip(queue, live)
-                  for (host, _), alive in zip(entry.outputs, flags) if alive)
+    outputs = (output for entry in queue for output in entry.outputs)
+    nbytes += sum(host.numel() * host.element_size() for (host, _), alive in zip(outputs, live, strict=True) if alive)
     return _ledger.Work(tuple(work.items()), nbytes, queue[0].spec.work.dtype)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from .. import allocator
 from . import registry
 
 __all__ = ["cpu_would_use_flash", "fused_attention_decompositions"]
@@ -76,8 +77,16 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                   "is not supported (the flash kernel materialises no attention probabilities)")
     out, logsumexp = _aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
                                                                        attn_mask=attn_bias, scale=scale)
-    seed, offset = (torch.empty((), dtype=torch.long, device=query.device) for _ in range(2))
-    return out, logsumexp, None, None, query.size(-2), key.size(-2), seed, offset, None
+    return out, logsumexp, None, None, query.size(-2), key.size(-2), _rng_scalar(query), _rng_scalar(query), None
+
+
+def _rng_scalar(query: torch.Tensor) -> torch.Tensor:
+    """An uninitialised int64 scalar on `query`'s device: the fused op's RNG seed or offset output. A real `neuron`
+    tensor comes from the allocator itself, as `torch.empty` would make it (a dispatch and a Python kernel fewer);
+    a fake or traced one (plan mode, graphs this decomposition lowers) from `torch.empty`."""
+    if type(query) is torch.Tensor and query.device.type == "neuron":
+        return allocator.empty((), dtype=torch.long, index=query.device.index)
+    return torch.empty((), dtype=torch.long, device=query.device)
 
 
 @registry.kernel("aten::_scaled_dot_product_fused_attention_overrideable_backward", is_composite=True)

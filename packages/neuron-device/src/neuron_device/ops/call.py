@@ -124,6 +124,7 @@ class OverloadRecord:
         "in_place",
         "info",
         "keyed_by_arguments",
+        "keyed_by_precision",
         "name",
         "op",
         "out_names",
@@ -161,6 +162,7 @@ class OverloadRecord:
     cpu_ok_position: int | None  # the argument that may be a CPU tensor with dimensions (indexing's indices)
     charges: dict[tuple, tuple]  # the op ledger's cache of this overload's calls, by shapes (`ledger.charge`)
     keyed_by_arguments: bool  # its charge depends on its arguments' shapes alone (not a view, matmul or scatter)
+    keyed_by_precision: bool  # a Tensor engine op: on its arguments' shapes and the float32 matmul precision
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         schema = op._schema
@@ -195,6 +197,7 @@ class OverloadRecord:
         self.charges = {}
         info = self.info
         self.keyed_by_arguments = info.engine not in ("view", "tensor") and info.scatter_base is None
+        self.keyed_by_precision = info.engine == "tensor" and info.scatter_base is None
 
     def __repr__(self) -> str:
         return f"OverloadRecord({self.name})"

@@ -234,11 +234,20 @@ def _kernel_key(record: OverloadRecord, args: tuple, kwargs: dict, result: Any) 
     `signature`, and what else its estimate depends on."""
     info = record.info
     key = (info.name, signature(args), (tuple(kwargs), signature(kwargs.values())) if kwargs else None)
-    if info.engine == "tensor" and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
-        key += (_numerics.fp32_matmul_rounds_to_bf16(),)  # the Tensor engine rate of fp32 depends on it
+    rounding = _fp32_rounding(args) if info.engine == "tensor" else None
+    if rounding is not None:
+        key += (rounding,)  # the Tensor engine rate of fp32 depends on it
     elif info.scatter_base is not None:
         key += (result is args[0],)  # into its first argument's buffer, or a new tensor (`op_work`)
     return key
+
+
+def _fp32_rounding(args: tuple) -> bool | None:
+    """For a Tensor engine call whose first argument is float32, whether float32 matmuls round their operands to
+    bfloat16 (its rate depends on it); None for any other call."""
+    if args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
+        return _numerics.fp32_matmul_rounds_to_bf16()
+    return None
 
 
 def charge(record: OverloadRecord, index: int, args: tuple, kwargs: dict, result: Any) -> None:
@@ -249,13 +258,16 @@ def charge(record: OverloadRecord, index: int, args: tuple, kwargs: dict, result
         return
     info = record.info
     engine = info.engine
-    if record.keyed_by_arguments:  # the call's key in the record's cache: its arguments' shapes, as cheap as can be
+    if record.keyed_by_arguments or record.keyed_by_precision:  # the call's key in the record's cache: its
+        # arguments' shapes, as cheap as can be (and a Tensor engine op's float32 matmul precision)
         key = signature(args) if not kwargs else (_KWARGS, signature(args), tuple(kwargs),
                                                   signature(kwargs.values()))
+        if record.keyed_by_precision:
+            key = (key, _fp32_rounding(args))
     elif engine == "view":
         _executed.add(info.name)
         return
-    else:  # a key that also depends on the float32 matmul precision or the result: the kernel's whole signature
+    else:  # a key that also depends on the result (a scatter): the kernel's whole signature
         key = _kernel_key(record, args, kwargs, result)
     charged = record.charges.get(key)
     if charged is None:
@@ -275,7 +287,8 @@ def _first_charge(record: OverloadRecord, key: tuple, args: tuple, kwargs: dict,
     estimated now), its launch counted, and the entry cached."""
     info = record.info
     name = info.name
-    key_of_kernel = key if not record.keyed_by_arguments else _kernel_key(record, args, kwargs, result)
+    key_of_kernel = (_kernel_key(record, args, kwargs, result)
+                     if record.keyed_by_arguments or record.keyed_by_precision else key)
     seconds = _seconds_of(info, key_of_kernel, args, kwargs, result)
     _launch(key_of_kernel, name, seconds)
     charges = record.charges

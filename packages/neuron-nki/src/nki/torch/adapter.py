@@ -162,10 +162,12 @@ def tensors_in(values: Any) -> list[torch.Tensor]:
 def signature(args: tuple, kwargs: dict) -> tuple:
     """A hashable key of a call: tensors by shape, strides and dtype; other values as they are."""
     def key(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
+        if type(v) is torch.Tensor:  # a real tensor (every eager call): its sizes and strides are ints already
+            return ("T", tuple(v.shape), v.stride(), v.dtype)
+        if isinstance(v, torch.Tensor):  # a fake or traced one: symbolic sizes become the ints they stand for
             return ("T", tuple(int(s) for s in v.shape), tuple(int(s) for s in v.stride()), v.dtype)
         if isinstance(v, (list, tuple)):
-            return tuple(key(x) for x in v)
+            return tuple([key(x) for x in v])
         if isinstance(v, (int, float, bool, str, type(None))):
             return v
         return type(v).__name__
