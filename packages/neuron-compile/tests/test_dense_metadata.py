@@ -121,7 +121,8 @@ def test_a_dtensor_output_and_outputs_aliasing_inputs(mesh) -> None:
 
     x, w = _sharded(mesh, (2, 1, 8), Replicate()), _sharded(mesh, (8, 16), Shard(1))
     with torch.no_grad():
-        for fn, args in ((returns_a_dtensor, (x, w)), (returns_its_mutated_input, (x, _sharded(mesh, (2, 4, 16), Shard(2)))),
+        cache = _sharded(mesh, (2, 4, 16), Shard(2))
+        for fn, args in ((returns_a_dtensor, (x, w)), (returns_its_mutated_input, (x, cache)),
                          (returns_views_of_a_plain_input, (x, w, torch.randn(3, 4)))):
             derived, differences = _compile(fn, *args)
             assert derived == [True] and differences == [[]], fn.__name__

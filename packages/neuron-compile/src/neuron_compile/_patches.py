@@ -637,10 +637,10 @@ def dense_metadata_from_first_pass() -> Iterator[None]:
     code over their inner tensors instead of running the graph again (its `to_fun` handing back the first pass's
     functional inner tensors, its function returning the first pass's inner outputs): the same code on the same
     functional state. It does so only where the two runs are the same function of the same tensors: every subclass
-    among the inputs and outputs a DTensor (one inner tensor, `_local_tensor`), the second run's inputs exactly the
-    first run's inner tensors (so no symbolic sizes appended), output sizes static, no output requiring a gradient
-    and, with grad mode on, no input requiring one (autograd would record the run), no effect tokens, no intermediate bases, no grad-mode
-    change; otherwise the second run happens as in torch."""
+    among the inputs and outputs a DTensor (its inner tensor `_local_tensor`, its mesh an opaque input), the second
+    run's inputs exactly the first run's inner tensors (so no symbolic sizes appended), output sizes static, no
+    output requiring a gradient and, with grad mode on, no input requiring one (autograd would record the run), no
+    effect tokens, no intermediate bases, no grad-mode change; otherwise the second run happens as in torch."""
     from unittest import mock
 
     from torch._functorch import aot_autograd
