@@ -91,14 +91,16 @@ def _sharded(mesh, shape: tuple[int, ...], placement: Any) -> torch.Tensor:
 
 
 def test_a_decode_step_mutating_its_sharded_cache(mesh) -> None:
+    """As transformers' `generate` decodes (no grad), with a weight that requires a gradient all the same."""
     from torch.distributed.tensor import Replicate, Shard
 
-    def decode(x, w_in, w_out, cache, position):
+    def decode(x, w_in, w_out, cache, position, norm):
         cache.index_copy_(1, position.view(1), x @ w_in)
-        return (cache.sum(1) @ w_out).full_tensor()
+        return (cache.sum(1) @ w_out).full_tensor() * norm
 
     args = (_sharded(mesh, (2, 1, 8), Replicate()), _sharded(mesh, (8, 16), Shard(1)),
-            _sharded(mesh, (16, 8), Shard(0)), _sharded(mesh, (2, 4, 16), Shard(2)), torch.tensor(1))
+            _sharded(mesh, (16, 8), Shard(0)), _sharded(mesh, (2, 4, 16), Shard(2)), torch.tensor(1),
+            torch.nn.Parameter(torch.ones(8)))  # a replicated weight: a plain input requiring a gradient
     with torch.no_grad():
         derived, differences = _compile(decode, *args)
     assert derived == [True] and differences == [[]]
@@ -119,7 +121,8 @@ def test_a_dtensor_output_and_outputs_aliasing_inputs(mesh) -> None:
 
     x, w = _sharded(mesh, (2, 1, 8), Replicate()), _sharded(mesh, (8, 16), Shard(1))
     with torch.no_grad():
-        for fn, args in ((returns_a_dtensor, (x, w)), (returns_its_mutated_input, (x, _sharded(mesh, (2, 4, 16), Shard(2)))),
+        cache = _sharded(mesh, (2, 4, 16), Shard(2))
+        for fn, args in ((returns_a_dtensor, (x, w)), (returns_its_mutated_input, (x, cache)),
                          (returns_views_of_a_plain_input, (x, w, torch.randn(3, 4)))):
             derived, differences = _compile(fn, *args)
             assert derived == [True] and differences == [[]], fn.__name__
@@ -135,8 +138,8 @@ def test_a_plain_graph_has_no_dense_pass() -> None:
 
 
 def test_a_graph_with_a_weight_requiring_a_gradient_runs_torchs_pass(mesh) -> None:
-    """Autograd wraps the first pass's DTensors (the weight requires a gradient) and not the dense pass's: the
-    derivation declines and torch's pass runs."""
+    """With grad mode on, autograd records the run on a weight that requires a gradient (its outputs' `grad_fn`):
+    the derivation declines and torch's pass runs."""
     from torch.distributed.tensor import Replicate, Shard
 
     x, w = _sharded(mesh, (2, 1, 8), Replicate()), _sharded(mesh, (8, 16), Shard(1)).requires_grad_()

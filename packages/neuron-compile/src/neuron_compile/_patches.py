@@ -670,10 +670,10 @@ def dense_metadata_from_first_pass() -> Iterator[None]:
     code over their inner tensors instead of running the graph again (its `to_fun` handing back the first pass's
     functional inner tensors, its function returning the first pass's inner outputs): the same code on the same
     functional state. It does so only where the two runs are the same function of the same tensors: every subclass
-    among the inputs and outputs a DTensor (one inner tensor, `_local_tensor`), the second run's inputs exactly the
-    first run's inner tensors (so no symbolic sizes appended), output sizes static, no tensor requiring a gradient
-    (autograd wraps the DTensors of one run, not the other's), no effect tokens, no intermediate bases, no grad-mode
-    change; otherwise the second run happens as in torch."""
+    among the inputs and outputs a DTensor (its inner tensor `_local_tensor`, its mesh an opaque input), the second
+    run's inputs exactly the first run's inner tensors (so no symbolic sizes appended), output sizes static, no
+    output requiring a gradient and, with grad mode on, no input requiring one (autograd would record the run), no
+    effect tokens, no intermediate bases, no grad-mode change; otherwise the second run happens as in torch."""
     from unittest import mock
 
     from torch._functorch import aot_autograd
@@ -751,6 +751,8 @@ def _first_pass_inner(first: dict[str, Any], dense_args: Sequence[Any], keep_inp
     values = [*first["args"], *first["functional_args"], *outputs]
     if any(is_traceable_wrapper_subclass(v) and type(v) is not dtensor for v in values):
         return None
+    if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in dense_args):
+        return None  # autograd records the run: its graph (and the outputs' grad_fn) is not replayed
     if any(isinstance(v, torch.SymInt) for v in dense_args) or not all(
             isinstance(o, torch.Tensor) and not o.requires_grad
             and all(isinstance(s, int) for s in (*o.shape, *o.stride())) for o in outputs):
@@ -766,7 +768,7 @@ def _first_pass_inner(first: dict[str, Any], dense_args: Sequence[Any], keep_inp
     functional = {}
     for arg, functional_arg, dense in zip(args, functional_args, dense_args, strict=True):
         if isinstance(arg, torch.Tensor) or isinstance(dense, torch.Tensor):
-            if arg is not dense or not isinstance(functional_arg, FunctionalTensor) or functional_arg.requires_grad:
+            if arg is not dense or not isinstance(functional_arg, FunctionalTensor):
                 return None
             functional[id(dense)] = functional_arg
 

@@ -8,10 +8,11 @@ it. A hit then skips AOTAutograd's tracing and partitioning, the Neuron passes a
 Dynamo, the key and the load. (Inductor's own host code hits the same way, through its `CompiledFxGraph`.)
 
 `AtenHostCode` holds the AOT graph as the Neuron passes left it (the graph the host runs node by node on ATen CPU
-kernels) and the kernel plan made from it (simulated time and workspace). The graph is stored without node metadata (the fake
-tensors of the trace are not needed to run it), in a compact form of its nodes where it can be, else with torch's
-`GraphPickler` (`_stored_graph`), and rebuilt on load with `recompile`. The plan is pickled with it, and a load hands it to the compile that loaded it (`collecting`), so
-the simulated figures always belong to the code that runs, whichever cache entry it came from.
+kernels) and the kernel plan made from it (simulated time and workspace). The graph is stored without node metadata
+(the fake tensors of the trace are not needed to run it), in a compact form of its nodes where it can be, else with
+torch's `GraphPickler` (`_stored_graph`), and rebuilt on load with `recompile`. The plan is pickled with it, and a
+load hands it to the compile that loaded it (`collecting`), so the simulated figures always belong to the code that
+runs, whichever cache entry it came from.
 """
 
 from __future__ import annotations
