@@ -93,15 +93,12 @@ def _described(gm: torch.fx.GraphModule) -> list[tuple]:
             for node in gm.graph.nodes]
 
 
-def test_regions_kept_through_aot_autograd_give_the_same_aot_graphs(monkeypatch):
-    """`NEURON_COMPILE_AOT_REGIONS=1`: AOTAutograd's passes call each layer's region through one local graph (traced
-    once per pass, not per layer), the KV cache writes included; the AOT graphs the compiler gets (prefill, which
-    allocates the cache, and decode) are those of the regions inlined before AOTAutograd, node for node, and the
-    tokens are the CPU's."""
-    graphs = []
-    calls = []
-    inner = compiler._inner_compile
-    local_graph = aot_regions._local_graph
+@pytest.fixture
+def aot_traced(monkeypatch):
+    """The AOT graphs the compiler gets (`_described`) and the identifier of the local graph of each region call
+    AOTAutograd's passes make (`aot_regions._local_graph`)."""
+    graphs, calls = [], []
+    inner, local_graph = compiler._inner_compile, aot_regions._local_graph
 
     def compiled(gm, *args, **kwargs):
         graphs.append(_described(gm))
@@ -114,6 +111,15 @@ def test_regions_kept_through_aot_autograd_give_the_same_aot_graphs(monkeypatch)
 
     monkeypatch.setattr(compiler, "_inner_compile", compiled)
     monkeypatch.setattr(aot_regions, "_local_graph", traced)
+    return graphs, calls
+
+
+def test_regions_kept_through_aot_autograd_give_the_same_aot_graphs(aot_traced, monkeypatch):
+    """`NEURON_COMPILE_AOT_REGIONS=1`: AOTAutograd's passes call each layer's region through one local graph (traced
+    once per pass, not per layer), the KV cache writes included; the AOT graphs the compiler gets (prefill, which
+    allocates the cache, and decode) are those of the regions inlined before AOTAutograd, node for node, and the
+    tokens are the CPU's."""
+    graphs, calls = aot_traced
     model, config = _model()
     prompt = torch.randint(1, config.vocab_size, (1, 6))
     cpu = _generate(model, config, prompt, compiled=False)
@@ -135,24 +141,11 @@ def test_regions_kept_through_aot_autograd_give_the_same_aot_graphs(monkeypatch)
     assert len(set(calls)) == 2 * 2
 
 
-def test_regions_through_aot_autograd_keep_each_layers_constants(monkeypatch):
+def test_regions_through_aot_autograd_keep_each_layers_constants(aot_traced, monkeypatch):
     """Gemma 3's sliding-window cache layer makes a tensor from constants in its update: the trace of the inlined
     layers lifts one constant a layer, the local graph's trace one; every call of the region gets its own copy, so
     the compiled decode is the same graph (names aside) and gives the CPU's tokens."""
-    graphs, calls = [], []
-    inner, local_graph = compiler._inner_compile, aot_regions._local_graph
-
-    def compiled(gm, *args, **kwargs):
-        graphs.append(_described(gm))
-        return inner(gm, *args, **kwargs)
-
-    def traced(*args, **kwargs):
-        found = local_graph(*args, **kwargs)
-        calls.append(found[1])
-        return found
-
-    monkeypatch.setattr(compiler, "_inner_compile", compiled)
-    monkeypatch.setattr(aot_regions, "_local_graph", traced)
+    graphs, calls = aot_traced
     torch.manual_seed(0)
     config = transformers.Gemma3TextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
                                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
