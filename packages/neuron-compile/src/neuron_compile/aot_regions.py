@@ -14,7 +14,7 @@ new values of the operands it wrote). The graph's results are new tensors, so te
 them; the trace records the `invoke_subgraph` node of the local graph as torch's rules for it would (`_record`).
 DTensor outputs are rewrapped, an output that is an operand (`cumulative_length.to(device)`) is that operand, and
 each written operand takes its new value as functionalization gives an in-place op's (`replace`, `commit_update`,
-`sync`: no copy in the graph). The compiler inlines the nodes after AOTAutograd (`inlined`), before any pass sees
+`sync`: no copy in the graph). The compiler inlines the nodes after AOTAutograd (`inlined_after_aot`), before any pass sees
 the graph, which is then the graph of the regions inlined before it, node for node.
 """
 
@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import __version__
 
-__all__ = ["inlined", "prepared", "region"]
+__all__ = ["inlined", "inlined_after_aot", "prepared", "region"]
 
 _HOP = torch.ops.higher_order.invoke_subgraph
 _identifiers = itertools.count()
@@ -339,15 +339,30 @@ def region(subgraph: torch.fx.GraphModule, identifier: str, *operands: Any) -> t
     return tuple(returned)
 
 
+def _has_regions(gm: torch.fx.GraphModule) -> bool:
+    return any(node.target is _HOP for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
+               for node in module.graph.nodes)
+
+
 def inlined(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """`gm` (a Dynamo or AOT graph) with its `invoke_subgraph` nodes inlined (itself when it has none)."""
-    if not any(node.target is _HOP for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
-               for node in module.graph.nodes):
+    """`gm` (a Dynamo graph) with its `invoke_subgraph` nodes inlined (itself when it has none)."""
+    if not _has_regions(gm):
         return gm
     from torch._higher_order_ops.passes.inline_invoke_subgraph import inline_invoke_subgraph
 
-    _constants_moved_up(gm)
     gm = inline_invoke_subgraph(gm)
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm
+
+
+def inlined_after_aot(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """An AOT graph with the `invoke_subgraph` nodes of `region`'s calls inlined, their lifted constants included
+    (`_constants_moved_up`)."""
+    if not _has_regions(gm):
+        return gm
+    _constants_moved_up(gm)
+    gm = inlined(gm)
     for node in gm.graph.find_nodes(op="get_attr"):  # a region graph's, left without its calls
         if not node.users and isinstance(getattr(gm, str(node.target), None), torch.nn.Module):
             gm.graph.erase_node(node)
