@@ -93,15 +93,12 @@ def _described(gm: torch.fx.GraphModule) -> list[tuple]:
             for node in gm.graph.nodes]
 
 
-def test_regions_kept_through_aot_autograd_give_the_same_aot_graphs(monkeypatch):
-    """`NEURON_COMPILE_AOT_REGIONS=1`: AOTAutograd's passes call each layer's region through one local graph (traced
-    once per pass, not per layer), the KV cache writes included; the AOT graphs the compiler gets (prefill, which
-    allocates the cache, and decode) are those of the regions inlined before AOTAutograd, node for node, and the
-    tokens are the CPU's."""
-    graphs = []
-    calls = []
-    inner = compiler._inner_compile
-    local_graph = aot_regions._local_graph
+@pytest.fixture
+def aot_traced(monkeypatch):
+    """The AOT graphs the compiler gets (`_described`) and the identifier of the local graph of each region call
+    AOTAutograd's passes make (`aot_regions._local_graph`)."""
+    graphs, calls = [], []
+    inner, local_graph = compiler._inner_compile, aot_regions._local_graph
 
     def compiled(gm, *args, **kwargs):
         graphs.append(_described(gm))
@@ -114,6 +111,15 @@ def test_regions_kept_through_aot_autograd_give_the_same_aot_graphs(monkeypatch)
 
     monkeypatch.setattr(compiler, "_inner_compile", compiled)
     monkeypatch.setattr(aot_regions, "_local_graph", traced)
+    return graphs, calls
+
+
+def test_regions_kept_through_aot_autograd_give_the_same_aot_graphs(aot_traced, monkeypatch):
+    """`NEURON_COMPILE_AOT_REGIONS=1`: AOTAutograd's passes call each layer's region through one local graph (traced
+    once per pass, not per layer), the KV cache writes included; the AOT graphs the compiler gets (prefill, which
+    allocates the cache, and decode) are those of the regions inlined before AOTAutograd, node for node, and the
+    tokens are the CPU's."""
+    graphs, calls = aot_traced
     model, config = _model()
     prompt = torch.randint(1, config.vocab_size, (1, 6))
     cpu = _generate(model, config, prompt, compiled=False)
@@ -133,6 +139,34 @@ def test_regions_kept_through_aot_autograd_give_the_same_aot_graphs(monkeypatch)
     # local graph traced once (the metadata pass's without decompositions, the trace's with AOTAutograd's)
     assert len(calls) == 2 * 2 * LAYERS
     assert len(set(calls)) == 2 * 2
+
+
+def test_regions_through_aot_autograd_keep_each_layers_constants(aot_traced, monkeypatch):
+    """Gemma 3's sliding-window cache layer makes a tensor from constants in its update: the trace of the inlined
+    layers lifts one constant a layer, the local graph's trace one; every call of the region gets its own copy, so
+    the compiled decode is the same graph (names aside) and gives the CPU's tokens."""
+    graphs, calls = aot_traced
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                                           pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                           layer_types=["sliding_attention", "full_attention"] * 3)
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    prompt = torch.randint(3, config.vocab_size, (1, 6))
+    cpu = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static",
+                         disable_compile=True)
+    model.to("neuron")
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_NEFF_CACHE", "1")
+    runs = {}
+    for switch in ("0", "1"):
+        torch._dynamo.reset()
+        graphs.clear()
+        monkeypatch.setenv("NEURON_COMPILE_AOT_REGIONS", switch)
+        tokens = model.generate(prompt.to("neuron"), max_new_tokens=4, do_sample=False, cache_implementation="static")
+        assert torch.equal(tokens.cpu(), cpu)
+        runs[switch] = [[entry for entry in graph if entry[0] != "get_attr"] for graph in graphs], \
+            [sum(entry[0] == "get_attr" for entry in graph) for graph in graphs]
+    assert calls and runs["1"] == runs["0"] and runs["1"][0]
 
 
 def test_regions_only_while_tracing_for_neuron(counted):

@@ -14,7 +14,7 @@ new values of the operands it wrote). The graph's results are new tensors, so te
 them; the trace records the `invoke_subgraph` node of the local graph as torch's rules for it would (`_record`).
 DTensor outputs are rewrapped, an output that is an operand (`cumulative_length.to(device)`) is that operand, and
 each written operand takes its new value as functionalization gives an in-place op's (`replace`, `commit_update`,
-`sync`: no copy in the graph). The compiler inlines the nodes after AOTAutograd (`inlined`), before any pass sees
+`sync`: no copy in the graph). The compiler inlines the nodes after AOTAutograd (`inlined_after_aot`), before any pass sees
 the graph, which is then the graph of the regions inlined before it, node for node.
 """
 
@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import __version__
 
-__all__ = ["inlined", "prepared", "region"]
+__all__ = ["inlined", "inlined_after_aot", "prepared", "region"]
 
 _HOP = torch.ops.higher_order.invoke_subgraph
 _identifiers = itertools.count()
@@ -339,10 +339,14 @@ def region(subgraph: torch.fx.GraphModule, identifier: str, *operands: Any) -> t
     return tuple(returned)
 
 
+def _has_regions(gm: torch.fx.GraphModule) -> bool:
+    return any(node.target is _HOP for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
+               for node in module.graph.nodes)
+
+
 def inlined(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """`gm` (a Dynamo or AOT graph) with its `invoke_subgraph` nodes inlined (itself when it has none)."""
-    if not any(node.target is _HOP for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
-               for node in module.graph.nodes):
+    """`gm` (a Dynamo graph) with its `invoke_subgraph` nodes inlined (itself when it has none)."""
+    if not _has_regions(gm):
         return gm
     from torch._higher_order_ops.passes.inline_invoke_subgraph import inline_invoke_subgraph
 
@@ -350,3 +354,60 @@ def inlined(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     gm.delete_all_unused_submodules()
     gm.recompile()
     return gm
+
+
+def inlined_after_aot(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """An AOT graph with the `invoke_subgraph` nodes of `region`'s calls inlined, their lifted constants included
+    (`_constants_moved_up`)."""
+    if not _has_regions(gm):
+        return gm
+    _constants_moved_up(gm)
+    gm = inlined(gm)
+    for node in gm.graph.find_nodes(op="get_attr"):  # a region graph's, left without its calls
+        if not node.users and isinstance(getattr(gm, str(node.target), None), torch.nn.Module):
+            gm.graph.erase_node(node)
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm
+
+
+def _constants_moved_up(gm: torch.fx.GraphModule) -> None:
+    """The tensor constants of `gm`'s region graphs made attributes of `gm`, which the inlined `get_attr` nodes read
+    (the inliner moves submodules only). A local graph's trace lifts a tensor the region makes from constants, as
+    AOTAutograd's trace of the inlined layers lifts each layer's own: each call after the first gets a copy of the
+    region graph with copies of its constants; a name `gm` has for another tensor is renamed."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    seen = set()
+    for node in list(gm.graph.find_nodes(op="call_function", target=_HOP)):
+        subgraph = getattr(gm, str(node.args[0].target))
+        if not any(isinstance(getattr(subgraph, str(get.target), None), torch.Tensor)
+                   for get in subgraph.graph.find_nodes(op="get_attr")):
+            continue
+        if subgraph in seen:
+            graph = torch.fx.Graph()
+            graph.output(graph.graph_copy(subgraph.graph, {}))
+            subgraph = torch.fx.GraphModule(subgraph, graph)
+            name = next(f"{node.args[0].target}_call{n}" for n in itertools.count()
+                        if not hasattr(gm, f"{node.args[0].target}_call{n}"))
+            gm.register_module(name, subgraph)
+            with gm.graph.inserting_before(node):
+                node.update_arg(0, gm.graph.get_attr(name))
+            for get in subgraph.graph.find_nodes(op="get_attr"):
+                value = getattr(subgraph, str(get.target))
+                if isinstance(value, torch.Tensor):
+                    with _disable_current_modes():  # a real constant; AOTAutograd's fake mode may be on
+                        setattr(subgraph, str(get.target), value.clone())
+        seen.add(subgraph)
+        for get in subgraph.graph.find_nodes(op="get_attr"):
+            value = getattr(subgraph, str(get.target), None)
+            if not isinstance(value, torch.Tensor):
+                continue
+            name = str(get.target)
+            if getattr(gm, name, value) is not value:
+                name = next(f"_tensor_constant_region{n}" for n in itertools.count()
+                            if not hasattr(gm, f"_tensor_constant_region{n}"))
+                setattr(subgraph, name, value)
+                get.target = name
+            setattr(gm, name, value)
+        subgraph.recompile()

@@ -322,7 +322,7 @@ def _aot_autograd(gm: torch.fx.GraphModule, inputs: Sequence[Any], inner: Callab
         return partition_fn(joint, joint_inputs, **kwargs)
 
     def forward(graph: torch.fx.GraphModule, example_inputs: Sequence[Any], *, is_inference: bool) -> Any:
-        graph = aot_regions.inlined(graph)
+        graph = aot_regions.inlined_after_aot(graph)
         if is_inference:  # a training graph's joint-graph passes ran in `partition`
             from torch._inductor.compile_fx import _recursive_joint_graph_passes
 
