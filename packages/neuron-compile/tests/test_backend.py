@@ -448,3 +448,26 @@ def test_guard_cse_is_linear_and_writes_dynamos_guard_code(monkeypatch) -> None:
     size = sum(len(list(ast.walk(ast.parse(part)))) for part in parts)
     assert visited < 2 * size < expected_visited
     assert parsed == len(parts) < expected_parsed == 2 * len(parts)  # each expression parsed once, not twice
+
+
+
+@torch.compiler.nested_compile_region
+def _shifted(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x) + 1
+
+
+def test_a_region_aot_autograd_cannot_keep_compiles_inlined_with_a_warning(monkeypatch) -> None:
+    """A region whose local graph cannot hold what it does, seen only while AOTAutograd traces it (here an operand's
+    metadata change, made to be seen: Dynamo refuses the cases it knows), is compiled as the graph with its regions
+    inlined before AOTAutograd, with a warning naming the switch; the results are the CPU's."""
+    from torch._functorch._aot_autograd import functional_utils
+
+    monkeypatch.setattr(functional_utils, "has_metadata_mutation", lambda *args, **kwargs: True)
+
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return _shifted(_shifted(x) * 2)
+
+    x = torch.arange(-3.0, 3.0).reshape(2, 3)
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="regions inlined before AOTAutograd.*AOT_REGIONS=0"):
+        out = torch.compile(twice, backend="neuron")(x.to("neuron"))
+    torch.testing.assert_close(out.cpu(), twice(x))

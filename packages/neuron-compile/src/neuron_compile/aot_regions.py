@@ -30,9 +30,15 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import __version__
 
-__all__ = ["inlined", "inlined_after_aot", "prepared", "region"]
+__all__ = ["RegionNotSupported", "inlined", "inlined_after_aot", "prepared", "region"]
 
 _HOP = torch.ops.higher_order.invoke_subgraph
+
+
+class RegionNotSupported(RuntimeError):
+    """A region AOTAutograd met does what its local graph cannot express (seen only while tracing it); the
+    compiler then compiles the graph with its regions inlined before AOTAutograd, warning."""
+
 _identifiers = itertools.count()
 # per Dynamo subgraph: (operand metadata, decomposition table) -> (local graph, identifier, output specs, written)
 _graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -135,7 +141,6 @@ def prepared(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
 
 
 _NO_DECOMPOSITIONS: dict = {}
-_SWITCH = "NEURON_COMPILE_AOT_REGIONS"
 _OPERAND, _OUTPUT = "operand", "output"  # a region output: its operand of this index, or a local graph output
 _CONSTANT = "constant"  # the spec of an operand that is not a tensor
 
@@ -243,17 +248,15 @@ def _local_graph(subgraph: torch.fx.GraphModule, locals_: list, specs: list, dte
                 continue
             local, spec = (result, None) if dtensor is None or type(result) is not dtensor else _flattened(result)
             if type(result) is dtensor and spec is None:
-                raise RuntimeError("a neuron AOT region returned a DTensor of more than one tensor; set "
-                                   f"{_SWITCH}=0")
+                raise RegionNotSupported("a neuron AOT region returned a DTensor of more than one tensor")
             if _storage(local) in storages or any(local is other for other in flat):
-                raise RuntimeError("a neuron AOT region returned a view of an input or one tensor twice; set "
-                                   f"{_SWITCH}=0")
+                raise RegionNotSupported("a neuron AOT region returned a view of an input or one tensor twice")
             outputs.append((_OUTPUT, spec))
             flat.append(local)
         written.clear()
         for index, (before, after) in enumerate(zip(plain, functional)):
             if has_metadata_mutation(after, before, check_only_storage_mutation=False):
-                raise RuntimeError(f"a neuron AOT region changed an input's metadata; set {_SWITCH}=0")
+                raise RegionNotSupported("a neuron AOT region changed an input's metadata")
             if has_data_mutation(after):
                 written.append(tensors[index])
         return [from_fun(value) for value in (*flat, *(functional[tensors.index(i)] for i in written))]

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import _patches, aot_regions, boundary, metrics, nki_substitution, passes, rms_norm, rng
+from . import _patches, aot_regions, boundary, envvars, metrics, nki_substitution, passes, rms_norm, rng
 from .artifacts import ArtifactWriter
 from .decompositions import neuron_decompositions
 from .host_runtime import OutputSource, output_sources
@@ -269,7 +270,17 @@ def compile_graph(
           _patches.dense_metadata_from_first_pass(),
           _inductor_caches(cache_key, host_code),
           collecting(plans)):
-        compiled = _aot_autograd(traced_gm, inputs, inner) if host_code == "aten" else _inductor(gm, inputs, inner)
+        if host_code != "aten":
+            compiled = _inductor(gm, inputs, inner)
+        elif traced_gm is gm:
+            compiled = _aot_autograd(gm, inputs, inner)
+        else:
+            try:
+                compiled = _aot_autograd(traced_gm, inputs, inner)
+            except aot_regions.RegionNotSupported as error:  # found while tracing: nothing was compiled yet
+                warnings.warn(f"{error}: graph compiled with its regions inlined before AOTAutograd (as "
+                              f"{envvars.AOT_REGIONS.name}=0 does for every graph)", RuntimeWarning, stacklevel=2)
+                compiled = _aot_autograd(gm, inputs, inner)
     return compiled if on_device else HostGraph(compiled, output_sources(gm))
 
 
