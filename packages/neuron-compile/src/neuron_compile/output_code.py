@@ -187,7 +187,7 @@ def _stored_graph(gm: torch.fx.GraphModule) -> tuple[str, bytes]:
 
     try:
         return "compact", _compact(gm)
-    except (_NotCompact, pickle.PicklingError, TypeError, AttributeError):
+    except _NotCompact:
         return "graph-pickler", GraphPickler.dumps(gm, Options(ops_filter=None, node_metadata_key_filter=_no_metadata))
 
 
@@ -211,8 +211,11 @@ def _compact(gm: torch.fx.GraphModule) -> bytes:
         number = targets.setdefault(key, len(targets))
         nodes.append((node.op, node.name, number, _encoded(node.args, index_of), _encoded(node.kwargs, index_of),
                       node.type))
-    return pickle.dumps((state, graph._tracer_cls, graph._tracer_extras, graph._codegen, list(targets), nodes),
-                        protocol=pickle.HIGHEST_PROTOCOL)
+    try:  # what the C pickler cannot name (a local function as a target, unpicklable module state)
+        return pickle.dumps((state, graph._tracer_cls, graph._tracer_extras, graph._codegen, list(targets), nodes),
+                            protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        raise _NotCompact(f"{type(error).__name__}: {error}") from error
 
 
 def _operator(name: str) -> torch._ops.OpOverload:
