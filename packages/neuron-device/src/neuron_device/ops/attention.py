@@ -30,26 +30,35 @@ __all__ = ["cpu_would_use_flash", "fused_attention_decompositions"]
 
 _aten = torch.ops.aten
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_flash_sdp_enabled = torch._C._get_flash_sdp_enabled  # `torch.backends.cuda.flash_sdp_enabled`, minus its frame
+# The overloads' C callables (`OpOverload.__call__` forwards to them): each SDPA call makes both calls, after a
+# kernel that evicts the host's caches, where every Python frame of the route costs several times its hot time
+_FUSED = _aten._scaled_dot_product_fused_attention_overrideable.default._op
+_FLASH = _aten._scaled_dot_product_flash_attention_for_cpu.default._op
 
 
 def cpu_would_use_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
                         dropout_p: float, enable_gqa: bool) -> bool:
     """CPU's `use_flash_attention_cpp` constraints (dropout-free): where the CPU runs its flash kernel."""
-    if not torch.backends.cuda.flash_sdp_enabled() or dropout_p != 0.0:
+    if dropout_p != 0.0 or not _flash_sdp_enabled():
         return False
     if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
         return False  # the flash op has no gradient for the mask: CPU takes the math path then
-    if any(t.is_nested for t in (q, k, v)) or not (q.dim() == k.dim() == v.dim() == 4):
+    if q.is_nested or k.is_nested or v.is_nested:
         return False
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _FLASH_DTYPES:
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if not (len(qs) == len(ks) == len(vs) == 4):
         return False
-    if not (q.size(-1) == k.size(-1) == v.size(-1)) or min(q.size(2), k.size(2)) == 0:
+    dtype = q.dtype
+    if not (dtype == k.dtype == v.dtype) or dtype not in _FLASH_DTYPES:
         return False
-    if any(t.stride(-1) != 1 for t in (q, k, v)) or not (q.size(0) == k.size(0) == v.size(0)):
+    if not (qs[3] == ks[3] == vs[3]) or min(qs[2], ks[2]) == 0:
         return False
-    if k.size(1) != v.size(1):
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or not (qs[0] == ks[0] == vs[0]):
         return False
-    return q.size(1) == k.size(1) or (enable_gqa and q.size(1) % k.size(1) == 0)
+    if ks[1] != vs[1]:
+        return False
+    return qs[1] == ks[1] or (enable_gqa and qs[1] % ks[1] == 0)
 
 
 @registry.kernel("aten::scaled_dot_product_attention", dispatch_key="AutogradPrivateUse1")
@@ -59,8 +68,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if cpu_would_use_flash(query, key, value, attn_mask, dropout_p, enable_gqa):
         if attn_mask is not None and attn_mask.dtype == torch.bool:  # as CPU's convert_boolean_attn_mask
             attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(~attn_mask, -math.inf)
-        return _aten._scaled_dot_product_fused_attention_overrideable(query, key, value, attn_mask, dropout_p,
-                                                                      is_causal, False, scale=scale)[0]
+        return _FUSED(query, key, value, attn_mask, dropout_p, is_causal, False, scale=scale)[0]
     return _aten.scaled_dot_product_attention.default.decompose(query, key, value, attn_mask, dropout_p, is_causal,
                                                                 scale=scale, enable_gqa=enable_gqa)
 
@@ -75,18 +83,20 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if return_debug_mask:
         raise NotImplementedError("_scaled_dot_product_fused_attention_overrideable on neuron: return_debug_mask=True "
                                   "is not supported (the flash kernel materialises no attention probabilities)")
-    out, logsumexp = _aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
-                                                                       attn_mask=attn_bias, scale=scale)
-    return out, logsumexp, None, None, query.size(-2), key.size(-2), _rng_scalar(query), _rng_scalar(query), None
+    out, logsumexp = _FLASH(query, key, value, dropout_p, is_causal, attn_mask=attn_bias, scale=scale)
+    seed, offset = _rng_scalars(query)
+    return out, logsumexp, None, None, query.size(-2), key.size(-2), seed, offset, None
 
 
-def _rng_scalar(query: torch.Tensor) -> torch.Tensor:
-    """An uninitialised int64 scalar on `query`'s device: the fused op's RNG seed or offset output. A real `neuron`
-    tensor comes from the allocator itself, as `torch.empty` would make it (a dispatch and a Python kernel fewer);
-    a fake or traced one (plan mode, graphs this decomposition lowers) from `torch.empty`."""
-    if type(query) is torch.Tensor and query.device.type == "neuron":
-        return allocator.empty((), dtype=torch.long, index=query.device.index)
-    return torch.empty((), dtype=torch.long, device=query.device)
+def _rng_scalars(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two uninitialised int64 scalars on `query`'s device: the fused op's RNG seed and offset outputs. A real
+    `neuron` tensor comes from the allocator itself, as `torch.empty` would make it (a dispatch and a Python kernel
+    fewer); a fake or traced one (plan mode, graphs this decomposition lowers) from `torch.empty`."""
+    device = query.device
+    if type(query) is torch.Tensor and device.type == "neuron":
+        index = device.index
+        return allocator.empty((), dtype=torch.long, index=index), allocator.empty((), dtype=torch.long, index=index)
+    return torch.empty((), dtype=torch.long, device=device), torch.empty((), dtype=torch.long, device=device)
 
 
 @registry.kernel("aten::_scaled_dot_product_fused_attention_overrideable_backward", is_composite=True)

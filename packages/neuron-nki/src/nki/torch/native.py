@@ -37,15 +37,19 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from neuron_device import services
+from neuron_device.services import host_alias, run_on_host
 from neuron_spec.env import parse_bool
 
 from .. import envvars
+from .adapter import dry_run, launch, record_launch, record_launches, signature
 
 __all__ = ["ENV", "MAX_HEAD_DIM", "MAX_ROW", "register"]
 
@@ -60,8 +64,6 @@ def _run(module: str, kernel: str, grid: Any, *args: Any) -> Any:
     """Launch ``nki.library.<module>.<kernel>`` on neuron tensors (imported on first use)."""
     import importlib
 
-    from .adapter import launch
-
     k = getattr(importlib.import_module(f"nki.library.{module}"), kernel)
     return launch(k, grid, args, {}, name=f"nki::{kernel}")
 
@@ -71,12 +73,18 @@ _estimates: dict[tuple, list[Any]] = {}  # (host function, call signature) -> th
 _TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
 
 
+_modes: dict[str | None, str] = {}  # the variable's text as set (None: unset) -> its mode
+
+
 def _mode() -> str:
-    """``simulate``, ``1`` (on) or ``0`` (off); on and off in any spelling of a boolean."""
-    raw = envvars.NATIVE_KERNELS.read().lower()
-    if raw == SIMULATE:
-        return SIMULATE
-    return "1" if parse_bool(ENV, raw) else "0"
+    """``simulate``, ``1`` (on) or ``0`` (off); on and off in any spelling of a boolean. Read at every call (tests
+    and users switch it at run time), parsed once per text: each native kernel call asks."""
+    raw = os.environ.get(ENV)
+    mode = _modes.get(raw)
+    if mode is None:
+        text = envvars.NATIVE_KERNELS.read().lower()
+        mode = _modes[raw] = SIMULATE if text == SIMULATE else "1" if parse_bool(ENV, text) else "0"
+    return mode
 
 
 def _native(nki_call: Callable[[], Any], host_fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -84,8 +92,6 @@ def _native(nki_call: Callable[[], Any], host_fn: Callable, *args: Any, **kwargs
     computes the same outputs. Which one's values are returned, and when the simulator runs: see the module doc."""
     if _mode() == SIMULATE:
         return nki_call()
-    from .adapter import record_launch, record_launches, signature
-
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     result = _on_host(host_fn, device, args, kwargs)
     key = (host_fn, signature(args, kwargs))
@@ -126,10 +132,6 @@ def _estimate(launch: Callable, host_fn: Callable, args: tuple, kwargs: dict,
     ``None`` in simulate mode, where compiled graphs substitute the kernel itself and it charges its own time."""
     if _mode() == SIMULATE:
         return None
-    from neuron_device import services
-
-    from .adapter import signature
-
     call = signature(args, kwargs)
     launches = _estimates.get((host_fn, call))
     if launches is not None:
@@ -146,8 +148,6 @@ def _dry_seconds(launch: Callable, args: tuple, kwargs: dict) -> float:
     """``launch`` run once on CPU sample tensors of the arguments' shapes, strides and dtypes, as a dry run: logged
     nowhere, charged to no device, allocating no device memory (the latency depends only on the signature)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    from .adapter import dry_run
 
     with unset_fake_temporarily(), dry_run() as launches:  # real data, even while a graph compiles
         samples = _sample_arguments((args, kwargs))
@@ -174,16 +174,14 @@ def _sample_arguments(values: Any) -> Any:
     return sample(values)
 
 
+def _host_form(value: Any) -> Any:
+    return host_alias(value) if isinstance(value, torch.Tensor) and value.device.type == "neuron" else value
+
+
 def _on_host(fn: Callable, device: torch.device, args: tuple, kwargs: dict) -> Any:
     """``fn`` on host aliases of the ``neuron`` arguments, its tensor results adopted by ``device`` (not charged:
     the caller charges the kernel's latency instead)."""
-    from neuron_device import services
-    from neuron_device.services import host_alias
-
-    def host(v: Any) -> Any:
-        return host_alias(v) if isinstance(v, torch.Tensor) and v.device.type == "neuron" else v
-
-    result = fn(*(host(a) for a in args), **{k: host(v) for k, v in kwargs.items()})
+    result = fn(*[_host_form(a) for a in args], **{k: _host_form(v) for k, v in kwargs.items()})
     if isinstance(result, torch.Tensor):
         return services.adopt_tracked(result, device.index)
     return tuple(services.adopt_tracked(r, device.index) if isinstance(r, torch.Tensor) else r for r in result)
@@ -195,8 +193,6 @@ def _check_agreement(launches: list[Any], simulated: Any, result: Any) -> None:
     Compared with `torch.allclose`, not `torch.testing.assert_close`: the latter imports torch.distributed.tensor
     (and sympy with it), about 40 MB of modules a model that never uses them would carry from its first NKI call.
     """
-    from neuron_device.services import host_alias
-
     pairs = [(simulated, result)] if isinstance(result, torch.Tensor) else list(zip(simulated, result, strict=True))
     for got, expected in pairs:
         if got is None and expected is None:
@@ -218,8 +214,6 @@ def _check_agreement(launches: list[Any], simulated: Any, result: Any) -> None:
 
 
 def _host(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
-    from neuron_device.services import run_on_host
-
     return run_on_host(op, *args, **kwargs)
 
 
