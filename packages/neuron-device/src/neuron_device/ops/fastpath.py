@@ -35,7 +35,7 @@ from ..storage import adopt, kernel_input
 from . import registry
 from .call import OverloadRecord, overload_record, records, walk
 
-__all__ = ["HOT_OPS", "Record", "install", "run_direct", "set_recorder"]
+__all__ = ["HOT_OPS", "Record", "install", "run_direct", "run_record", "set_recorder"]
 
 _Tensor = torch.Tensor
 
@@ -130,6 +130,12 @@ def run_direct(op: torch._ops.OpOverload, *args, **kwargs):
         if result is not None:
             return result
     return run_on_host(op, *args, **kwargs)
+
+
+def run_record(overload: OverloadRecord, args: tuple, kwargs: dict):
+    """`run_direct` of a direct overload (`OverloadRecord.direct`) by its record, for a kernel that holds it."""
+    result = _call(overload, args, kwargs)
+    return run_on_host(overload.op, *args, **kwargs) if result is None else result
 
 
 def _kernel(op: torch._ops.OpOverload) -> Callable:

@@ -1,7 +1,7 @@
 """Direct `neuron` kernels for the matmul family, where the numerics policy (`numerics.py`) departs from the CPU.
 
-float32 under `torch.set_float32_matmul_precision("highest")` (the default) takes the plain host fallback, so it is
-bit-for-bit the CPU result. Under "high"/"medium" the two matrix operands are rounded to bfloat16 first. bfloat16 and
+float32 under `torch.set_float32_matmul_precision("highest")` (the default) takes the plain direct call of the fast
+path (`fastpath.run_record`, straight from the kernel: every Linear comes here), so it is bit-for-bit the CPU result. Under "high"/"medium" the two matrix operands are rounded to bfloat16 first. bfloat16 and
 float16 compute in float32 from the (exactly upcast) inputs and round once. Anything else (other dtypes, mixed
 dtypes or devices, which are errors or promotions for torch to report) takes the fallback unchanged.
 """
@@ -18,12 +18,13 @@ from ..simulation import ledger as _ledger
 from ..storage import host_alias
 from . import host_numerics
 from .call import overload_record
-from .fastpath import run_direct
+from .fastpath import run_direct, run_record
 from .registry import kernel
 
 __all__ = ["OPERANDS"]
 
 _LOW = (torch.bfloat16, torch.float16)
+_FLOAT32 = torch.float32
 # op -> positions of the two matrix/vector operands (the inputs the TensorEngine reads)
 OPERANDS: dict[str, tuple[int, int]] = {
     "mm": (0, 1),
@@ -72,9 +73,14 @@ def _in_fp32(functional: torch._ops.OpOverload, args: tuple, kwargs: dict, dtype
 def _matmul_kernel(op: torch._ops.OpOverload, functional: torch._ops.OpOverload, operands: tuple[int, int]) -> Callable:
     in_place = op._schema.name.endswith("_")
     writes_out = any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+    record = overload_record(op)
+    direct = record.direct  # fresh results or `self`: not the `.out` overloads
+    first_operand = operands[0]
 
     def run(*args, **kwargs):
         if _excluded(_AUTOCAST_CPU):  # the usual case: no `torch.autocast("cpu")` region is open
+            if direct and args[first_operand].dtype is _FLOAT32 and not numerics.fp32_matmul_rounds_to_bf16():
+                return run_record(record, args, kwargs)  # `compute`'s float32 "highest" case, two frames fewer
             return compute(*args, **kwargs)
         # A direct kernel's host calls would meet `torch.autocast("cpu")`'s policies (mm -> bfloat16): keep them off.
         with torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST):
