@@ -159,20 +159,22 @@ def tensors_in(values: Any) -> list[torch.Tensor]:
     return found
 
 
+def _key(v: Any) -> Any:
+    """`signature`'s key of one value."""
+    if type(v) is torch.Tensor:  # a real tensor (every eager call): its sizes and strides are ints already
+        return ("T", tuple(v.shape), v.stride(), v.dtype)
+    if isinstance(v, torch.Tensor):  # a fake or traced one: symbolic sizes become the ints they stand for
+        return ("T", tuple(int(s) for s in v.shape), tuple(int(s) for s in v.stride()), v.dtype)
+    if isinstance(v, (list, tuple)):
+        return tuple([_key(x) for x in v])
+    if isinstance(v, (int, float, bool, str, type(None))):
+        return v
+    return type(v).__name__
+
+
 def signature(args: tuple, kwargs: dict) -> tuple:
     """A hashable key of a call: tensors by shape, strides and dtype; other values as they are."""
-    def key(v: Any) -> Any:
-        if type(v) is torch.Tensor:  # a real tensor (every eager call): its sizes and strides are ints already
-            return ("T", tuple(v.shape), v.stride(), v.dtype)
-        if isinstance(v, torch.Tensor):  # a fake or traced one: symbolic sizes become the ints they stand for
-            return ("T", tuple(int(s) for s in v.shape), tuple(int(s) for s in v.stride()), v.dtype)
-        if isinstance(v, (list, tuple)):
-            return tuple([key(x) for x in v])
-        if isinstance(v, (int, float, bool, str, type(None))):
-            return v
-        return type(v).__name__
-
-    return key(args), tuple(sorted((k, key(v)) for k, v in kwargs.items()))
+    return _key(args), tuple(sorted((k, _key(v)) for k, v in kwargs.items()))
 
 
 def _device_of(tensors: list[torch.Tensor]) -> torch.device:

@@ -222,20 +222,27 @@ _ANY_DEVICE = None  # what a compiled graph's tensors are checked with: host cop
 
 def _uniform(*tensors: torch.Tensor | None, device_type: str | None = "neuron") -> bool:
     """Non-empty tensors of one device (of `device_type`, if not `_ANY_DEVICE`) and one supported float dtype (None
-    entries ignored)."""
+    entries ignored). The first tensor's device and dtype read once: every native kernel call checks its tensors
+    here, right after a kernel that evicted the host's caches."""
     present = [t for t in tensors if t is not None]
     first = present[0]
-    return all(t.device == first.device and device_type in (None, t.device.type) and t.dtype == first.dtype
-               and t.dtype in _FLOATS and t.numel() > 0 for t in present)
+    device, dtype = first.device, first.dtype
+    if device_type not in (None, device.type) or dtype not in _FLOATS:
+        return False
+    for t in present:
+        if t.device != device or t.dtype != dtype or t.numel() <= 0:
+            return False
+    return True
 
 
 # -- attention ------------------------------------------------------------------------------------------------------
 def _attention_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, attn_mask: Any,
                          device_type: str | None = "neuron") -> bool:
-    return (attn_mask is None and dropout_p == 0.0 and _uniform(q, k, v, device_type=device_type)
-            and q.dim() == k.dim() == v.dim() == 4
-            and q.size(-1) == k.size(-1) == v.size(-1) <= MAX_HEAD_DIM and q.size(0) == k.size(0) == v.size(0)
-            and k.shape[:3] == v.shape[:3] and q.size(1) % k.size(1) == 0)
+    if attn_mask is not None or dropout_p != 0.0 or not _uniform(q, k, v, device_type=device_type):
+        return False
+    qs, ks, vs = q.shape, k.shape, v.shape
+    return (len(qs) == len(ks) == len(vs) == 4 and qs[3] == ks[3] == vs[3] <= MAX_HEAD_DIM
+            and qs[0] == ks[0] == vs[0] and ks[:3] == vs[:3] and qs[1] % ks[1] == 0)
 
 
 def _attention_seconds(launch: Callable, args: tuple, kwargs: dict, **layout: Any) -> float:
