@@ -186,15 +186,12 @@ def kernel_input(tensor: torch.Tensor) -> torch.Tensor:
     if twins is None:
         return _alias_of_own_storage(tensor)
     twin = twins.get(tensor.dtype)
-    if (
-        twin is not None
-        and tensor.storage_offset() == twin.storage_offset()
-        and tensor.size() == twin.size()
-        and tensor.stride() == twin.stride()
-        and not (tensor.is_neg() or tensor.is_conj())
-    ):
+    if twin is None or tensor.is_neg() or tensor.is_conj():
+        return _view_of_twin(tensor, twins)
+    size, stride, offset = tensor.size(), tensor.stride(), tensor.storage_offset()
+    if offset == twin.storage_offset() and size == twin.size() and stride == twin.stride():
         return twin
-    return _view_of_twin(tensor, twins)
+    return twin.as_strided(size, stride, offset)  # `_view_of_twin`, on the layout read above (a view's input)
 
 
 def _view_of_twin(tensor: torch.Tensor, twins: dict[torch.dtype, torch.Tensor]) -> torch.Tensor:
