@@ -228,6 +228,25 @@ def test_estimate_mode_simulates_each_signature_once_and_returns_the_cpu_result(
     assert simulated == ["flash_attention_fwd"] * 2
 
 
+def test_the_mode_follows_the_variable_at_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_mode` parses each text of the variable once (every native kernel call asks), but reads it at every call: a
+    change at run time takes effect at the next call, back and forth, and a bad value raises at each call."""
+    from neuron_spec.env import EnvVarError
+
+    monkeypatch.delenv(native.ENV, raising=False)
+    assert native._mode() == "1"
+    for text, mode in [("simulate", native.SIMULATE), ("0", "0"), (" off ", "0"), ("SIMULATE", native.SIMULATE),
+                       ("true", "1"), ("", "1"), ("simulate", native.SIMULATE)]:
+        monkeypatch.setenv(native.ENV, text)
+        assert native._mode() == mode, text
+    monkeypatch.setenv(native.ENV, "sometimes")
+    for _ in range(2):
+        with pytest.raises(EnvVarError, match=native.ENV):
+            native._mode()
+    monkeypatch.delenv(native.ENV)
+    assert native._mode() == "1"
+
+
 def test_estimate_mode_warns_when_the_kernel_disagrees_with_the_cpu(
         fresh_estimates: None, monkeypatch: pytest.MonkeyPatch) -> None:
     _count_simulations(monkeypatch, corrupt=True)
