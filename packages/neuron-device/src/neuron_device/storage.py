@@ -32,7 +32,10 @@ from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manag
 
 from .barrier import flush_barrier
 
-__all__ = ["adopt", "host_alias", "host_aliases", "kernel_input", "replace_memory", "swap_memory"]
+__all__ = [
+    "adopt", "adopt_untwinned", "give_twin", "host_alias", "host_aliases", "kernel_input", "replace_memory",
+    "swap_memory",
+]
 
 _KDL_CPU = 1
 _KDL_EXT_DEV = 12  # torch maps this DLPack device type to PrivateUse1
@@ -134,6 +137,21 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     # its dtype, whatever its own shape: no 1-d tensor needs making here (other dtypes get one, in `_view_of_twin`)
     setattr(tensor.untyped_storage(), _HOST, {twin.dtype: twin})
     return tensor
+
+
+def adopt_untwinned(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """`adopt` of a dense CPU tensor without the host twin, for memory nothing reads on the host until `give_twin`
+    (adaptive eager's queued results: every host read passes the flush barrier, and the flush gives a twin to the
+    results it leaves alive; most die unread, so making theirs at once was wasted)."""
+    return _relabel(cpu_tensor, _NEURON_0 + index * _NEURON_STEP)
+
+
+def give_twin(storage: torch.UntypedStorage, cpu_tensor: torch.Tensor) -> None:
+    """Give `storage`, adopted without a twin from `cpu_tensor` (`adopt_untwinned`), the host twin `adopt` gives
+    (nothing to do if it has one: its memory was swapped for another's, `swap_memory`, or it got one already)."""
+    if _HOST not in storage.__dict__:
+        twin = _from_dlpack(_to_dlpack(cpu_tensor))
+        setattr(storage, _HOST, {twin.dtype: twin})
 
 
 def _whole(storage: torch.UntypedStorage, dtype: torch.dtype) -> torch.Tensor:
