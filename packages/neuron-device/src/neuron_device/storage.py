@@ -34,7 +34,7 @@ from .barrier import flush_barrier
 
 __all__ = [
     "adopt", "adopt_untwinned", "give_twin", "host_alias", "host_aliases", "kernel_input", "replace_memory",
-    "swap_memory",
+    "swap_memory", "take_memory",
 ]
 
 _KDL_CPU = 1
@@ -148,10 +148,22 @@ def adopt_untwinned(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
 
 def give_twin(storage: torch.UntypedStorage, cpu_tensor: torch.Tensor) -> None:
     """Give `storage`, adopted without a twin from `cpu_tensor` (`adopt_untwinned`), the host twin `adopt` gives
-    (nothing to do if it has one: its memory was swapped for another's, `swap_memory`, or it got one already)."""
+    (nothing to do if it has one: it took other memory, `take_memory`, or got its twin already)."""
     if _HOST not in storage.__dict__:
-        twin = _from_dlpack(_to_dlpack(cpu_tensor))
-        setattr(storage, _HOST, {twin.dtype: twin})
+        _set_twin(storage, cpu_tensor)
+
+
+def take_memory(storage: torch.UntypedStorage, cpu_tensor: torch.Tensor) -> None:
+    """Move the memory of the dense CPU tensor `cpu_tensor` (as many bytes) into the device storage `storage`, with
+    its host twin: `swap_memory(storage, adopt(cpu_tensor, ...).untyped_storage())` minus the adopted storage's own
+    twin. The storage keeps its identity; its old memory is freed with its last other user."""
+    storage._swap_data_ptr_(_relabel(cpu_tensor, _NEURON_0 + storage.device.index * _NEURON_STEP).untyped_storage())
+    _set_twin(storage, cpu_tensor)
+
+
+def _set_twin(storage: torch.UntypedStorage, cpu_tensor: torch.Tensor) -> None:
+    twin = _from_dlpack(_to_dlpack(cpu_tensor))  # the same memory in a fixed-size CPU storage of its own
+    setattr(storage, _HOST, {twin.dtype: twin})
 
 
 def _whole(storage: torch.UntypedStorage, dtype: torch.dtype) -> torch.Tensor:

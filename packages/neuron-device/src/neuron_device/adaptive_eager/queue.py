@@ -552,7 +552,7 @@ def _write(host: torch.Tensor, ref: weakref.ref, result: torch.Tensor, taken: se
         return
     taken.add(pointer)
     # The storage keeps its identity (views, allocator accounting); only its memory becomes the result's.
-    _storage.swap_memory(storage, _storage.adopt(result, storage.device.index).untyped_storage())
+    _storage.take_memory(storage, result)
 
 
 def _twin(host: torch.Tensor, ref: weakref.ref | None) -> None:
