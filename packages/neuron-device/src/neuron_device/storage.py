@@ -19,7 +19,9 @@ storage), and every host alias of every view of that device storage is a view of
 the device storage owns its CPU twin (attribute) and the memory (DLPack context, which holds the twin's tensor);
 the twin references nothing back, so there is no cycle, and a host alias that outlives its device storage keeps the
 memory alive. The twin has a fixed size (a DLPack import is not resizable), so no CPU kernel can move device
-memory; `swap_memory` moves the twin with the memory (`storage.resize_`, adaptive eager's adopted results).
+memory; `swap_memory` moves the twin with the memory (`storage.resize_`), `take_memory` gives a storage new memory
+with a twin over it (adaptive eager's results that take a fused run's memory). Adaptive eager's queued results are
+adopted without a twin (`adopt_untwinned`): nothing reads them before the flush, which gives the live ones theirs.
 """
 
 from __future__ import annotations

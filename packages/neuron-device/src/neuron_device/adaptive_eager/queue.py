@@ -8,8 +8,10 @@ while the program does not look at their values and to fuse what it queued. Ours
 * **Record.** A fusable op (a functional, non-random overload of the fast path, `ops/fastpath.py`, on tensors of
   one `neuron` device) is not executed: its result comes back at once, with the sizes, strides and dtype a meta
   run of the op's signature on zeros gave (one CPU run per signature, cached), on device storage that the allocator
-  accounts as usual but that is not written yet. In-place and `out=` ops, random ops, ops whose results or errors
-  depend on index values, and anything outside the fast path's common call run as usual, after a flush.
+  accounts as usual but that is not written yet (host memory a flushed result of the signature no longer needs, when
+  there is some, and no host twin until the flush writes it: `storage.adopt_untwinned`). In-place and `out=` ops,
+  random ops, ops whose results or errors depend on index values, and anything outside the fast path's common call
+  run as usual, after a flush.
 * **Flush.** The queue runs, in order, before anything reads device memory on the host: every such read goes
   through `storage.host_alias`, which calls `flush` while ops are queued (so `print`, `.item()`, `.cpu()`,
   `.tolist()`, a non-fusable op, an in-place op on a queued op's input, a collective all flush), and so does a
@@ -109,6 +111,7 @@ class _Spec(NamedTuple):
     outputs: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
     single: bool  # the op returns one tensor (else a tuple)
     work: _ledger.Work
+    spares: tuple[list[torch.Tensor], ...]  # per output: host buffers of flushed results, free to reuse (`_spare`)
 
 
 class _Entry:
@@ -198,6 +201,8 @@ _matmul_precision = torch._C._get_fp32_precision_getter
 _deterministic = torch._C._get_deterministic_algorithms  # `torch.are_deterministic_algorithms_enabled`, minus a frame
 _IEEE = ("none", "ieee")
 _PROBE_BYTES = 16 << 20  # inputs larger than this are not queued: learning their op's layout would copy them
+_SPARE_BYTES = 64 << 20  # host buffers of flushed results kept for the next queued results of their signatures
+_spare_bytes = 0
 
 
 def is_enabled() -> bool:
@@ -298,7 +303,7 @@ def _spec(signature: tuple, call: torch._ops.OpOverload, info: OpInfo, args: tup
     outputs = (result,) if single else result
     if type(outputs) is tuple and outputs and all(isinstance(t, _Tensor) for t in outputs):
         metadata = tuple((tuple(t.shape), t.stride(), t.dtype) for t in outputs)
-        spec = _Spec(metadata, single, _ledger.op_work(info, probes, kwargs, result))
+        spec = _Spec(metadata, single, _ledger.op_work(info, probes, kwargs, result), tuple([] for _ in outputs))
     _specs[signature] = spec
     return spec
 
@@ -374,7 +379,7 @@ def _forget_inputs(known: int) -> None:
 
 def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     """`record` under the lock: the result, None (run the op now), or False (flush, then try again)."""
-    global _device
+    global _device, _spare_bytes
     _parts.clear()
     try:
         walked = walk(overload, args, _argument)  # the fast path's walk: tensors become references to the run
@@ -412,9 +417,15 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
                    spec, number)
     outputs = entry.outputs
     results = None if spec.single else []
+    spares = spec.spares
     for output, metadata in enumerate(spec.outputs):
         size, stride, dtype = metadata
-        host = torch.empty_strided(size, stride, dtype=dtype)
+        spare = spares[output]
+        if spare:
+            host = spare.pop()
+            _spare_bytes -= host.nbytes
+        else:
+            host = torch.empty_strided(size, stride, dtype=dtype)
         try:  # the flush gives the storage its host twin if it is still alive then (`_written`)
             result = allocator.track(_storage.adopt_untwinned(host, index), index)
         except allocator.OutOfMemoryError:
@@ -474,6 +485,24 @@ def flush() -> None:
             raise
         finally:
             _barrier.set_pending(flush if _queue else None)
+        _spare(queue)
+
+
+def _spare(queue: list[_Entry]) -> None:
+    """Keep the host buffers of the flushed results that no device storage holds any more (the result died, or
+    took the fused run's memory: `_write`) for the next queued results of their op's signature: a buffer per queued
+    result, allocated at the record and freed at the flush, was the costliest part of both after the allocator's
+    accounting. Not inference tensors (a copy into one outside `inference_mode` raises); `_SPARE_BYTES` at most."""
+    global _spare_bytes
+    for entry in queue:
+        spares = entry.spec.spares
+        for output, (host, ref) in enumerate(entry.outputs):
+            if ref is None or _spare_bytes >= _SPARE_BYTES:
+                continue
+            storage = ref()
+            if (storage is None or storage.data_ptr() != host.data_ptr()) and not host.is_inference():
+                spares[output].append(host)
+                _spare_bytes += host.nbytes
 
 
 class _HostContext:
