@@ -5,7 +5,7 @@ run over as an FX graph of ATen ops on CPU tensors; neuron-device prices the fus
 Its host code is the one `NEURON_COMPILE_HOST_CODE` names, "aten" by default: the FX graph itself, calling the
 same CPU kernels as eager with no compile at all, which is the cheaper one for the short runs adaptive eager sees
 (Inductor's C++ compile of a run costs seconds, which a few hundred calls of saved microseconds never repay); its
-code calls each op's C function by one global name (`_direct_views`), not through `torch.ops`.
+code calls each op's C function by one global name (`_direct_calls`), not through `torch.ops`.
 "inductor" compiles the run with Inductor's C++ backend: fused loops that read the run's inputs once.
 """
 
@@ -29,7 +29,7 @@ def fuse(graph_module: torch.fx.GraphModule, example_inputs: Sequence[torch.Tens
         with torch.no_grad():
             compiled = compile_fx(graph_module, list(example_inputs))
     else:
-        compiled = _direct_views(graph_module)
+        compiled = _direct_calls(graph_module)
 
     call = compiled.forward if isinstance(compiled, torch.fx.GraphModule) else compiled  # no `Module.__call__`
 
@@ -40,7 +40,7 @@ def fuse(graph_module: torch.fx.GraphModule, example_inputs: Sequence[torch.Tens
     return run
 
 
-def _direct_views(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def _direct_calls(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """`graph_module` with each ATen op called as its C callable, named by one global: `torch.as_strided` for the
     views (the same op, 2 us of 3.5 less per call than through its `OpOverload`), `_kernel` for the others. FX would
     call `torch.ops.aten.<op>.<overload>`: a chain of four attribute lookups and `OpOverload.__call__`'s Python frame
