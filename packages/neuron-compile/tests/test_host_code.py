@@ -225,3 +225,23 @@ def test_a_stored_graph_loads_as_graph_pickler_loaded_it(monkeypatch) -> None:
     form, loaded = _stored_and_loaded(with_tensor)
     assert form == "graph-pickler"
     assert [described[:3] for described in _nodes(loaded)] == [described[:3] for described in _nodes(with_tensor)]
+
+
+@pytest.mark.fixed_host_code
+def test_adaptive_eager_runs_call_each_op_through_one_global(monkeypatch) -> None:
+    """The aten host code of an adaptive eager run (`fuser.fuse`) calls each op's C function by one global name
+    (views through `torch.as_strided`): no `torch.ops.aten.<op>.<overload>` chain or `OpOverload` frame per node."""
+    from neuron_compile import fuser
+
+    monkeypatch.setenv("NEURON_COMPILE_HOST_CODE", "aten")
+    graph = torch.fx.Graph()
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    product = graph.call_function(torch.ops.aten.mul.Tensor, (x, y))
+    view = graph.call_function(torch.ops.aten.as_strided.default, (product, (2, 8), (8, 1), 0))
+    graph.output((graph.call_function(torch.ops.aten.add.Scalar, (view, 1.5)),))
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    run = fuser.fuse(module, [torch.randn(16), torch.randn(16)])
+    a, b = torch.randn(16), torch.randn(16)
+    (got,) = run(a, b)
+    assert torch.equal(got, (a * b).view(2, 8) + 1.5)
+    assert "torch.ops" not in module.code and "torch.as_strided(" in module.code

@@ -476,3 +476,40 @@ def test_ops_alternating_between_devices(adaptive):
             b = (x1 * 2) - 1  # flushes a's run, then is queued
             torch.testing.assert_close(b.cpu(), (x1.cpu() * 2) - 1, rtol=0, atol=0)
         torch.testing.assert_close(a.cpu(), (x0.cpu() + 1) * 3, rtol=0, atol=0)
+
+
+def test_a_dead_results_host_buffer_backs_the_next_result_of_its_signature(adaptive):
+    """A queued result's host buffer is kept at the flush once no device storage holds it (the result died, or
+    took the fused run's memory) and backs the next queued result of the op's signature; one still holding a live
+    result's value (written in place) is not, so that value survives what is queued after it."""
+    a, b, na, nb = _pair(64, 64)  # 16 KiB results: below the size whose results take the run's memory
+    for _ in range(3):  # the fused variant executes the run through its graph from the second time
+        dead = na * nb
+        pointer = dead.data_ptr()
+        del dead
+        kept = na + 1.0
+        kept_pointer = kept.data_ptr()
+        adaptive_eager.flush()
+        assert torch.equal(kept.cpu(), a + 1.0)
+        again = na * nb
+        assert again.data_ptr() == pointer and again.data_ptr() != kept_pointer
+        other = na - nb + 1.0
+        adaptive_eager.flush()
+        assert torch.equal(again.cpu(), a * b) and torch.equal(other.cpu(), a - b + 1.0)
+        assert torch.equal(kept.cpu(), a + 1.0)
+        del again, other, kept
+        adaptive_eager.flush()
+
+
+def test_a_live_result_written_in_place_is_read_through_its_own_twin(adaptive):
+    """Queued results get their host twin at the flush (`storage.give_twin`), so CPU kernels see a live result's
+    aliases in one CPU storage: an overlapping in-place copy between two views of it is checked, not garbage."""
+    a, b, na, nb = _pair(8)
+    y = na * nb  # 32 bytes: written in place at the flush
+    adaptive_eager.flush()
+    expected = a * b
+    y[1:].copy_(y[:-1].clone())
+    expected[1:] = expected[:-1].clone()
+    assert torch.equal(y.cpu(), expected)
+    with pytest.raises(RuntimeError, match=r"overlap|memory location"):
+        torch.add(y[:-1], 1.0, out=y[1:])

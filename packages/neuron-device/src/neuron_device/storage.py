@@ -19,7 +19,9 @@ storage), and every host alias of every view of that device storage is a view of
 the device storage owns its CPU twin (attribute) and the memory (DLPack context, which holds the twin's tensor);
 the twin references nothing back, so there is no cycle, and a host alias that outlives its device storage keeps the
 memory alive. The twin has a fixed size (a DLPack import is not resizable), so no CPU kernel can move device
-memory; `swap_memory` moves the twin with the memory (`storage.resize_`, adaptive eager's adopted results).
+memory; `swap_memory` moves the twin with the memory (`storage.resize_`), `take_memory` gives a storage new memory
+with a twin over it (adaptive eager's results that take a fused run's memory). Adaptive eager's queued results are
+adopted without a twin (`adopt_untwinned`): nothing reads them before the flush, which gives the live ones theirs.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manag
 
 from .barrier import flush_barrier
 
-__all__ = ["adopt", "host_alias", "host_aliases", "kernel_input", "replace_memory", "swap_memory"]
+__all__ = [
+    "adopt", "adopt_untwinned", "give_twin", "host_alias", "host_aliases", "kernel_input", "replace_memory",
+    "swap_memory", "take_memory",
+]
 
 _KDL_CPU = 1
 _KDL_EXT_DEV = 12  # torch maps this DLPack device type to PrivateUse1
@@ -134,6 +139,33 @@ def adopt(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     # its dtype, whatever its own shape: no 1-d tensor needs making here (other dtypes get one, in `_view_of_twin`)
     setattr(tensor.untyped_storage(), _HOST, {twin.dtype: twin})
     return tensor
+
+
+def adopt_untwinned(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """`adopt` of a dense CPU tensor without the host twin, for memory nothing reads on the host until `give_twin`
+    (adaptive eager's queued results: every host read passes the flush barrier, and the flush gives a twin to the
+    results it leaves alive; most die unread, so making theirs at once was wasted)."""
+    return _relabel(cpu_tensor, _NEURON_0 + index * _NEURON_STEP)
+
+
+def give_twin(storage: torch.UntypedStorage, cpu_tensor: torch.Tensor) -> None:
+    """Give `storage`, adopted without a twin from `cpu_tensor` (`adopt_untwinned`), the host twin `adopt` gives
+    (nothing to do if it has one: it took other memory, `take_memory`, or got its twin already)."""
+    if _HOST not in storage.__dict__:
+        _set_twin(storage, cpu_tensor)
+
+
+def take_memory(storage: torch.UntypedStorage, cpu_tensor: torch.Tensor) -> None:
+    """Move the memory of the dense CPU tensor `cpu_tensor` (as many bytes) into the device storage `storage`, with
+    its host twin: `swap_memory(storage, adopt(cpu_tensor, ...).untyped_storage())` minus the adopted storage's own
+    twin. The storage keeps its identity; its old memory is freed with its last other user."""
+    storage._swap_data_ptr_(_relabel(cpu_tensor, _NEURON_0 + storage.device.index * _NEURON_STEP).untyped_storage())
+    _set_twin(storage, cpu_tensor)
+
+
+def _set_twin(storage: torch.UntypedStorage, cpu_tensor: torch.Tensor) -> None:
+    twin = _from_dlpack(_to_dlpack(cpu_tensor))  # the same memory in a fixed-size CPU storage of its own
+    setattr(storage, _HOST, {twin.dtype: twin})
 
 
 def _whole(storage: torch.UntypedStorage, dtype: torch.dtype) -> torch.Tensor:

@@ -8,8 +8,10 @@ while the program does not look at their values and to fuse what it queued. Ours
 * **Record.** A fusable op (a functional, non-random overload of the fast path, `ops/fastpath.py`, on tensors of
   one `neuron` device) is not executed: its result comes back at once, with the sizes, strides and dtype a meta
   run of the op's signature on zeros gave (one CPU run per signature, cached), on device storage that the allocator
-  accounts as usual but that is not written yet. In-place and `out=` ops, random ops, ops whose results or errors
-  depend on index values, and anything outside the fast path's common call run as usual, after a flush.
+  accounts as usual but that is not written yet (host memory a flushed result of the signature no longer needs, when
+  there is some, and no host twin until the flush writes it: `storage.adopt_untwinned`). In-place and `out=` ops,
+  random ops, ops whose results or errors depend on index values, and anything outside the fast path's common call
+  run as usual, after a flush.
 * **Flush.** The queue runs, in order, before anything reads device memory on the host: every such read goes
   through `storage.host_alias`, which calls `flush` while ops are queued (so `print`, `.item()`, `.cpu()`,
   `.tolist()`, a non-fusable op, an in-place op on a queued op's input, a collective all flush), and so does a
@@ -32,6 +34,7 @@ device errors do on an accelerator. Writes into device memory that bypass `host_
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import threading
 import warnings
@@ -108,17 +111,26 @@ class _Spec(NamedTuple):
     outputs: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
     single: bool  # the op returns one tensor (else a tuple)
     work: _ledger.Work
+    spares: tuple[list[torch.Tensor], ...]  # per output: host buffers of flushed results, free to reuse (`_spare`)
 
 
 class _Entry:
-    """One queued op: what to call, its arguments (tensors replaced by `_External`/`_Queued`), its outputs."""
+    """One queued op: what to call, its arguments (tensors replaced by `_External`/`_Queued`), its outputs, and
+    its number (`_numbers`: equal numbers, equal op, signature and references to the run)."""
 
-    __slots__ = ("args", "call", "kwargs", "outputs", "record", "signature", "spec")
+    __slots__ = ("args", "call", "kwargs", "number", "outputs", "record", "spec")
 
-    def __init__(self, call, args, kwargs, record: OverloadRecord, spec, signature) -> None:
-        self.call, self.args, self.kwargs, self.record, self.spec = call, args, kwargs, record, spec
-        self.signature = signature
+    def __init__(self, call, args, kwargs, record: OverloadRecord, spec, number: int) -> None:
+        self.call, self.args, self.kwargs, self.record, self.spec, self.number = call, args, kwargs, record, spec, number
         self.outputs: list[tuple[torch.Tensor, weakref.ref | None]] = []  # (host buffer, ref to device storage)
+
+
+class _NotNow(Exception):
+    """`_argument`'s verdict on an argument the run cannot refer to: the op runs now, after a flush if `flush`."""
+
+    def __init__(self, flush: bool) -> None:
+        super().__init__()
+        self.flush = flush
 
 
 # `_Queued(...)` without the Python frame of a named tuple's `__new__`: one per queued tensor argument
@@ -169,9 +181,14 @@ _queue: list[_Entry] = []
 _inputs: list[_Input] = []
 _input_ids: dict[int, int] = {}  # id(tensor) -> input number, for the tensors in `_inputs`
 _externals: list[_External] = []  # _External(n) for every input number used so far (made once)
-_queued: dict[int, tuple] = {}  # data pointer of a queued output's storage -> (storage ref, entry, output, spec)
+_queued: dict[int, tuple] = {}  # id of a queued output's storage -> (storage ref, entry, output, spec)
 _device = -1
 _specs: dict[tuple, _Spec | None] = {}  # op signature -> its spec, None if it cannot be queued
+# op signature with the references of its tensor arguments (`_record`'s key) -> (its spec, its number): one lookup
+# per queued op, and the run's structure is a tuple of numbers (never reused: `_runs` may outlive this table)
+_numbers: dict[tuple, tuple[_Spec | None, int]] = {}
+_next_number = itertools.count()
+_parts: list = []  # the key `_record` builds: `_argument` appends each tensor argument's sizes, strides and dtype
 _NO, _YES, _MATMUL = 0, 1, 2
 _kinds: dict[OverloadRecord, int] = {}  # -> _NO, _YES or _MATMUL (`_kind`)
 _runs: dict[tuple, _Run] = {}
@@ -184,6 +201,8 @@ _matmul_precision = torch._C._get_fp32_precision_getter
 _deterministic = torch._C._get_deterministic_algorithms  # `torch.are_deterministic_algorithms_enabled`, minus a frame
 _IEEE = ("none", "ieee")
 _PROBE_BYTES = 16 << 20  # inputs larger than this are not queued: learning their op's layout would copy them
+_SPARE_BYTES = 64 << 20  # host buffers of flushed results kept for the next queued results of their signatures
+_spare_bytes = 0
 
 
 def is_enabled() -> bool:
@@ -232,12 +251,27 @@ def _kind(overload: OverloadRecord) -> int:
 
 def _key(value: Any) -> Any:
     """A hashable form of a non-tensor argument that tells apart what the op tells apart: lists become tuples, a
-    float its bits (-0.0 is not 0.0, and a NaN equals itself: a compiled run bakes its numbers in)."""
+    float its bits (-0.0 is not 0.0, and a NaN equals itself: a compiled run bakes its numbers in), a bool is not
+    the int it equals (`x + True` keeps a bool tensor's dtype, `x + 1` does not)."""
     kind = type(value)
     if kind is float:
         return (float, value.hex())
     if kind is list or kind is tuple:
         return tuple(_key(v) for v in value)
+    if kind is bool:
+        return (bool, value)
+    if kind is complex:
+        return (complex, value.real.hex(), value.imag.hex())
+    return value
+
+
+def _unreferenced(value: Any) -> Any:
+    """`value` (part of `_record`'s key) with its references to the run blanked: what the op's spec depends on."""
+    kind = type(value)
+    if kind is _External or kind is _Queued:
+        return None
+    if kind is tuple:
+        return tuple(_unreferenced(v) for v in value)
     return value
 
 
@@ -269,31 +303,29 @@ def _spec(signature: tuple, call: torch._ops.OpOverload, info: OpInfo, args: tup
     outputs = (result,) if single else result
     if type(outputs) is tuple and outputs and all(isinstance(t, _Tensor) for t in outputs):
         metadata = tuple((tuple(t.shape), t.stride(), t.dtype) for t in outputs)
-        spec = _Spec(metadata, single, _ledger.op_work(info, probes, kwargs, result))
+        spec = _Spec(metadata, single, _ledger.op_work(info, probes, kwargs, result), tuple([] for _ in outputs))
     _specs[signature] = spec
     return spec
 
 
-def _argument(value: _Tensor) -> tuple[_External | _Queued | bool, tuple]:
-    """The run's reference to tensor argument `value`, with its part of the op's signature (sizes, strides, dtype).
-
-    The reference is True if the op must run now (a lazy conjugate or negative bit, which the fast path handles),
-    False if `value` is a dtype view of a queued result (the caller flushes first).
-    """
+def _argument(value: _Tensor) -> _External | _Queued:
+    """The run's reference to tensor argument `value`; its part of the op's signature (sizes, strides, dtype) goes
+    to `_parts`. Raises `_NotNow` for a lazy conjugate or negative bit (the fast path handles those) and for a dtype
+    view of a queued result (flush first: it is then an input)."""
     shape, stride, dtype = value.shape, value.stride(), value.dtype
-    signature = (shape, stride, dtype)
+    _parts.append((shape, stride, dtype))
     if dtype.is_complex and (value.is_conj() or value.is_neg()):  # the bits only complex tensors get
-        return True, signature
-    storage = value.untyped_storage()
-    found = _queued.get(storage.data_ptr())
+        raise _NotNow(False)
+    storage = value.untyped_storage()  # one Python object per storage while it lives (its `__dict__` holds state)
+    found = _queued.get(id(storage))
     if found is not None and found[0]() is storage:
         _, entry, output, metadata = found
         if dtype != metadata[2]:
-            return False, signature
+            raise _NotNow(True)
         offset = value.storage_offset()
         if offset == 0 and shape == metadata[0] and stride == metadata[1]:
-            return _queued_reference((entry, output, None)), signature
-        return _queued_reference((entry, output, (tuple(shape), stride, offset))), signature
+            return _queued_reference((entry, output, None))
+        return _queued_reference((entry, output, (tuple(shape), stride, offset)))
     number = _input_ids.get(id(value))
     if number is None or not _inputs[number].same(value, storage, shape, stride):
         number = len(_inputs)
@@ -301,7 +333,7 @@ def _argument(value: _Tensor) -> tuple[_External | _Queued | bool, tuple]:
         _input_ids[id(value)] = number
         if number == len(_externals):
             _externals.append(_External(number))
-    return _externals[number], signature
+    return _externals[number]
 
 
 def record(overload: OverloadRecord, args: tuple, kwargs: dict):
@@ -347,58 +379,55 @@ def _forget_inputs(known: int) -> None:
 
 def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     """`record` under the lock: the result, None (run the op now), or False (flush, then try again)."""
-    global _device
-    walked = walk(overload, args, _argument)  # the fast path's walk: (reference, signature) per tensor
+    global _device, _spare_bytes
+    _parts.clear()
+    try:
+        walked = walk(overload, args, _argument)  # the fast path's walk: tensors become references to the run
+    except _NotNow as verdict:
+        return False if verdict.flush else None
     if walked is None:
         return None
-    converted, index, host_call = walked
-    call = overload.op if host_call is overload.call else overload.scalar_op
-    template = list(args)
-    key = list(args)  # the op's signature: tensors by sizes, strides and dtype, numbers by their bits
-    refs = []  # how the tensor arguments connect to the run
-    tensor_positions = overload.tensor_positions
-    for position, value in enumerate(args):
-        if isinstance(value, _Tensor):
-            reference, key[position] = converted[position]
-            if type(reference) is bool:
-                return None if reference else False
-            template[position] = reference
-            refs.append(reference)
-        elif (type(value) is list or type(value) is tuple) and position in tensor_positions:
-            if not value:
-                return None
-            items, shapes = [], []
-            for pair in converted[position]:
-                reference, shape_key = (None, None) if pair is None else pair
-                if type(reference) is bool:
-                    return None if reference else False
-                items.append(reference)
-                shapes.append(shape_key)
-            template[position] = items
-            key[position] = tuple(shapes)
-            refs.append(tuple(items))
-        elif position in tensor_positions and value is not None:  # a number the Scalar overload takes
-            key[position] = (type(value), _key(value))
-        elif type(value) is float or type(value) is list:
-            key[position] = _key(value)
+    template, index, host_call = walked
     if _queue and index != _device:
         return False
-    # the op by its C callable: an `OpOverload` hashes in Python, once per queued op here and again at every flush
-    signature = (host_call, tuple(key), tuple((k, _key(v)) for k, v in kwargs.items()) if kwargs else None)
-    spec = _specs.get(signature, False)
-    if spec is False:
-        spec = _spec(signature, call, overload.info, args, kwargs)
+    # The key: `_argument`'s (sizes, strides, dtype) per tensor, then the arguments with tensors as references to
+    # the run and numbers by their bits, the op by its C callable (an `OpOverload` hashes in Python), the kwargs.
+    key = _parts
+    for position, value in enumerate(template):
+        kind = type(value)
+        if kind is list or kind is tuple:
+            if not value and position in overload.tensor_positions:
+                return None
+            value = _key(value)
+        elif kind is float or kind is bool or kind is complex:
+            value = _key(value)
+        key.append(value)
+    key.append(host_call)
+    if kwargs:
+        key.append(tuple([(k, _key(v)) for k, v in kwargs.items()]))
+    key = tuple(key)
+    known = _numbers.get(key)
+    if known is None:
+        known = _numbers[key] = (_spec_of(key, host_call, overload, args, kwargs), next(_next_number))
+    spec, number = known
     if spec is None:
         return None
     position = len(_queue)
-    entry = _Entry(call, template, kwargs, overload, spec, (signature, tuple(refs)))
+    entry = _Entry(overload.op if host_call is overload.call else overload.scalar_op, template, kwargs, overload,
+                   spec, number)
     outputs = entry.outputs
     results = None if spec.single else []
-    for number, metadata in enumerate(spec.outputs):
+    spares = spec.spares
+    for output, metadata in enumerate(spec.outputs):
         size, stride, dtype = metadata
-        host = torch.empty_strided(size, stride, dtype=dtype)
-        try:
-            result = allocator.track(_storage.adopt(host, index), index)  # `adopt_tracked`, minus a frame
+        spare = spares[output]
+        if spare:
+            host = spare.pop()
+            _spare_bytes -= host.nbytes
+        else:
+            host = torch.empty_strided(size, stride, dtype=dtype)
+        try:  # the flush gives the storage its host twin if it is still alive then (`_written`)
+            result = allocator.track(_storage.adopt_untwinned(host, index), index)
         except allocator.OutOfMemoryError:
             if _queue:
                 return False  # the queue holds inputs alive: flush it and try again
@@ -406,9 +435,10 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
         storage = result.untyped_storage()
         if storage.nbytes():
             ref = weakref.ref(storage)
-            _queued[storage.data_ptr()] = (ref, position, number, metadata)
+            _queued[id(storage)] = (ref, position, output, metadata)
         else:
             ref = None  # nothing to write
+            _storage.give_twin(storage, host)
         outputs.append((host, ref))
         if results is not None:
             results.append(result)
@@ -421,6 +451,16 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     if len(_queue) >= buffer_size_limit:
         flush()
     return result if results is None else tuple(results)
+
+
+def _spec_of(key: tuple, host_call: Callable, overload: OverloadRecord, args: tuple, kwargs: dict) -> _Spec | None:
+    """The spec of the op `_record`'s `key` names (probed once per signature: the key also names references)."""
+    signature = _unreferenced(key)
+    spec = _specs.get(signature, False)
+    if spec is False:
+        call = overload.op if host_call is overload.call else overload.scalar_op
+        spec = _spec(signature, call, overload.info, args, kwargs)
+    return spec
 
 
 def flush() -> None:
@@ -440,8 +480,29 @@ def flush() -> None:
         _counters["flushes"] += 1
         try:
             _execute(queue, inputs, index)
+        except BaseException:
+            _twin_the_rest(queue)  # what a failed flush left unwritten may still be read (values undefined)
+            raise
         finally:
             _barrier.set_pending(flush if _queue else None)
+        _spare(queue)
+
+
+def _spare(queue: list[_Entry]) -> None:
+    """Keep the host buffers of the flushed results that no device storage holds any more (the result died, or
+    took the fused run's memory: `_write`) for the next queued results of their op's signature: a buffer per queued
+    result, allocated at the record and freed at the flush, was the costliest part of both after the allocator's
+    accounting. Not inference tensors (a copy into one outside `inference_mode` raises); `_SPARE_BYTES` at most."""
+    global _spare_bytes
+    for entry in queue:
+        spares = entry.spec.spares
+        for output, (host, ref) in enumerate(entry.outputs):
+            if ref is None or _spare_bytes >= _SPARE_BYTES:
+                continue
+            storage = ref()
+            if (storage is None or storage.data_ptr() != host.data_ptr()) and not host.is_inference():
+                spares[output].append(host)
+                _spare_bytes += host.nbytes
 
 
 class _HostContext:
@@ -477,11 +538,12 @@ def _execute(queue: list[_Entry], inputs: list[_Input], index: int) -> None:
     outputs = [output for entry in queue for output in entry.outputs]  # (host buffer, ref) of every output, in order
     # whether each is still referenced, in one flat tuple: each op's signature fixes its number of outputs
     live = tuple([ref is not None and ref() is not None for _, ref in outputs])
-    structure = (tuple([entry.signature for entry in queue]), live)
+    structure = (tuple([entry.number for entry in queue]), live)
     run = _runs.get(structure)
     if run is None:
         if len(_runs) >= _MAX_RUNS:
             _runs.clear()
+            _numbers.clear()  # numbers are not reused: the queue's entries keep theirs
         run = _runs[structure] = _Run(len(_runs))
     run.seen += 1
     hosts = [item.host() for item in inputs]
@@ -505,7 +567,8 @@ def _execute(queue: list[_Entry], inputs: list[_Input], index: int) -> None:
 
 def _write(host: torch.Tensor, ref: weakref.ref, result: torch.Tensor, taken: set[int]) -> None:
     """Give a queued output its value: the result's own memory when it is large, laid out alike and not given to
-    another output yet (`taken`: data pointers given), else a copy into the output's memory (`host`)."""
+    another output yet (`taken`: data pointers given), else a copy into the output's memory (`host`), which then
+    gets its host twin (`_record` adopts it without one)."""
     storage = ref()
     if storage is None:
         return
@@ -514,10 +577,24 @@ def _write(host: torch.Tensor, ref: weakref.ref, result: torch.Tensor, taken: se
     if (nbytes < _ADOPT_BYTES or pointer in taken or result.storage_offset() or result.stride() != host.stride()
             or result.untyped_storage().nbytes() != nbytes or result.is_conj() or result.is_neg()):
         host.copy_(result)
+        _storage.give_twin(storage, host)
         return
     taken.add(pointer)
     # The storage keeps its identity (views, allocator accounting); only its memory becomes the result's.
-    _storage.swap_memory(storage, _storage.adopt(result, storage.device.index).untyped_storage())
+    _storage.take_memory(storage, result)
+
+
+def _twin(host: torch.Tensor, ref: weakref.ref | None) -> None:
+    """Give a live output written in place (`host`) its host twin, unless it has one."""
+    storage = None if ref is None else ref()
+    if storage is not None:
+        _storage.give_twin(storage, host)
+
+
+def _twin_the_rest(queue: list[_Entry]) -> None:
+    for entry in queue:
+        for host, ref in entry.outputs:
+            _twin(host, ref)
 
 
 def _resolve(value: Any, hosts: list, values: list) -> Any:
@@ -545,6 +622,8 @@ def _op_by_op(queue: list[_Entry], hosts: list, live: tuple, index: int) -> None
             alive = next(flags)
             if output.stride() != host.stride() or output.storage_offset() or output.shape != host.shape:
                 output = host.copy_(output)  # later views of it are relative to the device layout: read it there
+                if alive:
+                    _twin(host, ref)
             elif alive:
                 _write(host, ref, output, taken)
             produced.append(output)

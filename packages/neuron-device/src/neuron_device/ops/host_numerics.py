@@ -11,9 +11,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
@@ -29,29 +28,39 @@ _ieee_users = 0
 _ieee_saved: str | None = None
 
 
-@contextlib.contextmanager
-def ieee_host_matmul() -> Iterator[None]:
+class _IEEEHostMatmul:
+    """`ieee_host_matmul`'s context manager: a class, not a generator, as every adaptive eager flush enters one."""
+
+    __slots__ = ("_counted",)
+
+    def __enter__(self) -> None:
+        global _ieee_users, _ieee_saved
+        self._counted = _ieee_users or torch._C._get_fp32_precision_getter("mkldnn", "matmul") != "ieee"
+        if not self._counted:
+            return
+        with _ieee_lock:
+            if _ieee_users == 0:
+                _ieee_saved = torch._C._get_fp32_precision_getter("mkldnn", "matmul")
+                torch._C._set_fp32_precision_setter("mkldnn", "matmul", "ieee")
+            _ieee_users += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _ieee_users
+        if not self._counted:
+            return
+        with _ieee_lock:
+            _ieee_users -= 1
+            if _ieee_users == 0:
+                torch._C._set_fp32_precision_setter("mkldnn", "matmul", _ieee_saved)
+
+
+def ieee_host_matmul() -> _IEEEHostMatmul:
     """Run the block with the host's oneDNN float32 matmuls in IEEE float32 (restored when the last user leaves).
 
     The setting is process-wide in torch; while a neuron matmul computes, CPU matmuls of other threads also run in
     IEEE float32, which only makes them more precise.
     """
-    global _ieee_users, _ieee_saved
-    if torch._C._get_fp32_precision_getter("mkldnn", "matmul") == "ieee" and _ieee_users == 0:
-        yield
-        return
-    with _ieee_lock:
-        if _ieee_users == 0:
-            _ieee_saved = torch._C._get_fp32_precision_getter("mkldnn", "matmul")
-            torch._C._set_fp32_precision_setter("mkldnn", "matmul", "ieee")
-        _ieee_users += 1
-    try:
-        yield
-    finally:
-        with _ieee_lock:
-            _ieee_users -= 1
-            if _ieee_users == 0:
-                torch._C._set_fp32_precision_setter("mkldnn", "matmul", _ieee_saved)
+    return _IEEEHostMatmul()
 
 
 # --- 64-bit types in 32 bits --------------------------------------------------------------------------------------
