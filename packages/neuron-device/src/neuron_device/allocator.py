@@ -25,10 +25,11 @@ lock.
 An op's result is charged (`track`) between two kernels, whose memory traffic has evicted the allocator's objects from
 the CPU caches: run there, one at a time, the model costs several times what it costs run back to back. So `track`
 queues its request (`_Request`) in the same queue, in order with the frees, and the queue is replayed in one go: at
-every entry point and statistic read that drains it, when it holds `_QUEUE_BOUND` entries, and at once whenever the
-requests queued might not fit. `headroom` is the limit minus what was reserved at the last replay minus the largest
-segment each queued request could add (`_segment_size` of its size: a request adds at most one segment, a free none);
-a request that would take it below zero is replayed with the queue before `track` returns. Queued requests therefore
+every entry point and statistic read that drains it, after `_QUEUE_BOUND` requests, and at once whenever the requests
+queued might not fit. `budget` counts the segments of `SMALL_BUFFER` bytes that the queued requests may still add:
+the limit minus what was reserved at the last replay, in those units (every segment size is a multiple), each request
+taking the largest segment it could add (`_segment_size` of its size: a request adds at most one segment, a free
+none); a request that would take it below zero is replayed with the queue before `track` returns. Queued requests therefore
 never release the cache, retry or fail: OutOfMemoryError, `num_alloc_retries` and `num_ooms` come at the op that
 causes them, with the same message, and every statistic, peak and segment read is what the allocation in place
 would give. A storage's holding keeps its request, not a block, until the replay fills it in; the request is queued
@@ -86,8 +87,9 @@ SMALL_BUFFER = 2 << 20  # segment size of the small pool
 LARGE_BUFFER = 20 << 20  # segment size for large requests under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 << 20
 ROUND_LARGE = 2 << 20  # larger requests get a segment of their size rounded up to this
-# Queue entries (requests and frees) that make `track` replay the queue: measured in the tiny Llama forward (~80
-# results, as many frees), where 64 runs the model hot as well as larger bounds do
+# Requests (of the small pool; a larger one counts as many as its segment holds small segments) after which `track`
+# replays the queue. In the tiny Llama forward (82 results; its 4 `empty` calls replay too) the CPU time in the replays
+# was 437 us at 32 (6 replays), 371 at 64, the same at 128, 256 and no bound (4 replays, `empty`'s) (6 December)
 _QUEUE_BOUND = 64
 
 _POOLS = ("all", "small_pool", "large_pool")
@@ -245,9 +247,9 @@ class DeviceAllocator:
         self.lock = threading.Lock()
         # Requests queued by `track` and blocks (or requests) freed by storage callbacks, in the order they were made
         self.pending: collections.deque[_Block | _Request] = collections.deque()
-        # Bytes the queued requests may still reserve without any of them risking to fail (see the module's doc);
-        # below zero: the next request replays the queue at once
-        self.headroom = capacity
+        # Segments of SMALL_BUFFER bytes the queued requests may still add without any of them risking to fail, at
+        # most _QUEUE_BOUND (see the module's doc): below zero, the queue is replayed. Small numbers, for speed.
+        self.budget = min(_QUEUE_BOUND, capacity // SMALL_BUFFER)
         peak_all = [0] * len(_STAT_ARRAYS)
         small, large = _Stats(peak_all), _Stats(peak_all)
         small.other, large.other = large, small
@@ -286,7 +288,7 @@ class DeviceAllocator:
         with self.lock:  # the queued requests were judged against the old limit: they are made under it
             self.replay()
             self._fraction = fraction
-            self.headroom = self._headroom()
+            self.budget = self._budget()
 
     @property
     def segment_tracker(self) -> Callable[[int], None] | None:
@@ -298,25 +300,26 @@ class DeviceAllocator:
         with self.lock:  # the requests queued before are not the new tracker's to see
             self.replay()
             self._segment_tracker = tracker
-            self.headroom = self._headroom()
+            self.budget = self._budget()
 
-    def _headroom(self) -> int:
-        """`headroom` with nothing queued. A tracker reads its caller's context (the op, the module) when a segment is
+    def _budget(self) -> int:
+        """`budget` with nothing queued. A tracker reads its caller's context (the op, the module) when a segment is
         made, so with one installed every request is made at once."""
         if self._segment_tracker is not None:
             return -1
-        return self.limit - self._current(RESERVED_BYTES)
+        return min(_QUEUE_BOUND, (self.limit - self._current(RESERVED_BYTES)) // SMALL_BUFFER)
 
     def request(self, nbytes: int) -> _Request:
-        """Queue the allocation of `nbytes` (> 0) for a new storage (`track`); its block is made at the next replay,
-        at once if it might not fit (OutOfMemoryError then)."""
-        request = _Request((nbytes, None))
-        segment = SMALL_BUFFER if nbytes <= SMALL_SIZE else _segment_size(-(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE)
+        """Queue the allocation of `nbytes` (> 0) for a new storage (`track`): `[nbytes, block]`, the block made at
+        the next replay, at once if the request might not fit (OutOfMemoryError then)."""
+        request = [nbytes, None]
         with self.lock:
-            pending = self.pending
-            pending.append(request)
-            self.headroom -= segment
-            if self.headroom < 0 or len(pending) >= _QUEUE_BOUND:
+            self.pending.append(request)
+            if nbytes <= SMALL_SIZE:
+                self.budget -= 1
+            else:
+                self.budget -= _segment_size(-(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE) // SMALL_BUFFER
+            if self.budget < 0:
                 self.replay()
         return request
 
@@ -358,7 +361,7 @@ class DeviceAllocator:
                 pending.popleft()
                 self._free(entry)
         finally:
-            self.headroom = self._headroom()
+            self.budget = self._budget()
 
     def allocated(self) -> int:
         with self.lock:
@@ -428,7 +431,7 @@ class DeviceAllocator:
     def malloc(self, nbytes: int) -> _Block:
         """A block for `nbytes` (> 0), made now (after the queue), reusing cached memory when possible;
         OutOfMemoryError if it cannot fit."""
-        request = _Request((nbytes, None))
+        request = [nbytes, None]
         with self.lock:
             self.pending.append(request)
             self.replay()
@@ -659,7 +662,7 @@ class DeviceAllocator:
         with self.lock:
             self.replay()
             self._release_cached()
-            self.headroom = self._headroom()
+            self.budget = self._budget()
 
     def free(self, block: _Block) -> None:
         with self.lock:
@@ -700,12 +703,10 @@ def device(index: int) -> DeviceAllocator:
 # -- storages <-> blocks ---------------------------------------------------------------------------------------------
 
 
-class _Request(list):
-    """An allocation queued by `track` (`DeviceAllocator.request`): `[nbytes, block]`, the block None until the queue
-    is replayed. The storage's holding keeps it, and the queue until it is made: the free of a storage that dies first
-    comes after it. A list, so that making one runs no Python `__init__`."""
-
-    __slots__ = ()
+# An allocation queued by `track` (`DeviceAllocator.request`): `[nbytes, block]`, the block None until the queue is
+# replayed. The storage's holding keeps it, and the queue until it is made: the free of a storage that dies first
+# comes after it. A plain list (no other entry of the queue is one), the cheapest object to make at every op.
+_Request = list
 
 
 class _Holding(list):
