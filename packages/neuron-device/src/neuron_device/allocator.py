@@ -37,7 +37,7 @@ again when the storage dies, after its allocation. Changing the limit (`fraction
 `segment_tracker` (which observes each new segment in its caller's context) replays the queue first, and nothing is
 queued while a tracker is installed.
 
-Every op result goes through `_allocate` (replayed) and, when it dies, `_free`, so both are written for speed: each
+Every op result goes through `replay` and `_use` and, when it dies, `_free`, so all are written for speed: each
 statistic changes by one signed amount per call, all of a call's statistics in one `_Stats.add_each`, and the totals
 that follow from others are derived when read; the block objects `_free` merges away are reused by `_use`'s next
 split, and a storage's `_Holding` and `_Request` are lists, so a result makes no Python object of the allocator's own
@@ -338,8 +338,10 @@ class DeviceAllocator:
 
     def replay(self) -> None:
         """Replay the queue: make the queued requests' allocations and return the freed blocks to their pools, in the
-        order they were queued. Caller holds `lock`."""
-        pending = self.pending
+        order they were queued. Caller holds `lock`.
+
+        Every op result's allocation is made here: the pool's best fit is written out inline."""
+        pending, pools = self.pending, self._pools
         try:
             while pending:
                 entry = pending[0]
@@ -347,7 +349,18 @@ class DeviceAllocator:
                     block = entry[1]
                     if block is None:  # its allocation: every entry queued before it is done
                         pending.popleft()
-                        entry[1] = self._allocate(entry[0])
+                        nbytes = entry[0]
+                        size = -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE  # at least MIN_BLOCK_SIZE: nbytes > 0
+                        small = size <= SMALL_SIZE
+                        pool = pools[small]
+                        entries = pool.entries  # `take_best_fit`
+                        position = bisect.bisect_left(entries, (size,))
+                        if position < len(entries):
+                            pool.version += 1
+                            block = entries.pop(position)[2]
+                        else:
+                            block = self._new_block(size, pool, small)
+                        entry[1] = self._use(block, size, nbytes, pool)
                         continue
                     pending[0] = entry = block  # its storage died: the free of the block it got
                 if len(pending) > 1:  # the steady state of a loop: a result dies, the next op asks for its size
@@ -436,20 +449,6 @@ class DeviceAllocator:
             self.pending.append(request)
             self.replay()
         return request[1]
-
-    def _allocate(self, nbytes: int) -> _Block:
-        """A block for `nbytes` (> 0), every entry queued before it done. Caller holds `lock`."""
-        size = -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE  # rounded up: at least MIN_BLOCK_SIZE, as nbytes > 0
-        small = size <= SMALL_SIZE
-        pool = self._pools[small]
-        entries = pool.entries  # `take_best_fit`
-        position = bisect.bisect_left(entries, (size,))
-        if position < len(entries):
-            pool.version += 1
-            block = entries.pop(position)[2]
-        else:
-            block = self._new_block(size, pool, small)
-        return self._use(block, size, nbytes, pool)
 
     def _new_block(self, size: int, pool: _Pool, small: bool) -> _Block:
         """A new segment for a request of `size` that no cached block fits: after releasing the cache and a retry if
