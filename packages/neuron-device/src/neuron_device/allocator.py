@@ -88,9 +88,10 @@ LARGE_BUFFER = 20 << 20  # segment size for large requests under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 << 20
 ROUND_LARGE = 2 << 20  # larger requests get a segment of their size rounded up to this
 # Requests (of the small pool; a larger one counts as many as its segment holds small segments) after which `track`
-# replays the queue. In the tiny Llama forward (82 results; its 4 `empty` calls replay too) the CPU time in the replays
-# was 437 us at 32 (6 replays), 371 at 64, the same at 128, 256 and no bound (4 replays, `empty`'s) (6 December)
-_QUEUE_BOUND = 64
+# replays the queue. Each replay starts cold (after kernels): in the tiny Llama forward (86 requests, 172 entries) the
+# CPU time in the replays was 402 us at 32 (2.6 replays per forward), 332 at 64, 293 at 128, 233 at 256 and 177 at
+# 1000, where an entry costs what it does in a tight loop (6 December)
+_QUEUE_BOUND = 256
 
 _POOLS = ("all", "small_pool", "large_pool")
 # The statistics kept. CUDA's "active" and "active_bytes" are reported as copies of "allocation" and

@@ -82,10 +82,11 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 def _rng_scalar(query: torch.Tensor) -> torch.Tensor:
     """An uninitialised int64 scalar on `query`'s device: the fused op's RNG seed or offset output. A real `neuron`
-    tensor comes from the allocator itself, as `torch.empty` would make it (a dispatch and a Python kernel fewer);
-    a fake or traced one (plan mode, graphs this decomposition lowers) from `torch.empty`."""
+    tensor is a host scalar adopted and charged as an op's result (a dispatch and a Python kernel fewer than
+    `torch.empty`; its allocation queued with the op results', `allocator.track`, where `allocator.empty` would
+    replay the queue); a fake or traced one (plan mode, graphs this decomposition lowers) comes from `torch.empty`."""
     if type(query) is torch.Tensor and query.device.type == "neuron":
-        return allocator.empty((), dtype=torch.long, index=query.device.index)
+        return allocator.adopt_tracked(torch.empty((), dtype=torch.long), query.device.index)
     return torch.empty((), dtype=torch.long, device=query.device)
 
 
