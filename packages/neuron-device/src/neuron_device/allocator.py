@@ -29,9 +29,9 @@ every entry point and statistic read that drains it, after `_QUEUE_BOUND` reques
 queued might not fit. `budget` counts the segments of `SMALL_BUFFER` bytes that the queued requests may still add:
 the limit minus what was reserved at the last replay, in those units (every segment size is a multiple), each request
 taking the largest segment it could add (`_segment_size` of its size: a request adds at most one segment, a free
-none); a request that would take it below zero is replayed with the queue before `track` returns. Queued requests therefore
-never release the cache, retry or fail: OutOfMemoryError, `num_alloc_retries` and `num_ooms` come at the op that
-causes them, with the same message, and every statistic, peak and segment read is what the allocation in place
+none); a request that would take it below zero is replayed with the queue before `track` returns. Queued requests
+therefore never release the cache, retry or fail: OutOfMemoryError, `num_alloc_retries` and `num_ooms` come at the op
+that causes them, with the same message, and every statistic, peak and segment read is what the allocation in place
 would give. A storage's holding keeps its request, not a block, until the replay fills it in; the request is queued
 again when the storage dies, after its allocation. Changing the limit (`fraction`) or installing a
 `segment_tracker` (which observes each new segment in its caller's context) replays the queue first, and nothing is
