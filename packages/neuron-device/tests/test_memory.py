@@ -572,24 +572,27 @@ def _read(model: DeviceAllocator, live: list) -> tuple:
                                                                      for r in live)])
 
 
+@pytest.mark.parametrize("overcommit", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_queued_allocations_read_as_allocations_made_in_place(seed):
+def test_queued_allocations_read_as_allocations_made_in_place(seed, overcommit):
     """A random program run twice, each allocation made in place (`malloc`) on one model and queued (`request`,
     as `track` does) on the other, storages dying through the queue on both: every read in between (statistics,
-    peaks, segments, the live blocks) is the same, OutOfMemoryError comes at the same request with the same message
-    and counters, and a storage may die while its allocation is still queued."""
+    peaks, segments, the live blocks) is the same, OutOfMemoryError (or with `overcommit`, plan mode's, the grant
+    past the capacity) comes at the same request with the same message and counters, and a storage may die while
+    its allocation is still queued."""
     import random
 
     rng = random.Random(seed)
     sizes = [512, 1000, 4096, 700 * KiB, MiB, MiB + 1, 3 * MiB, 9 * MiB, 12 * MiB, 19 * MiB]
     in_place, queued = DeviceAllocator(0, 64 * MiB), DeviceAllocator(0, 64 * MiB)
+    in_place.overcommit = queued.overcommit = overcommit
     live: dict[str, list] = {"in_place": [], "queued": []}
     longest = ooms = 0
     for step in range(600):
         action = rng.random()
         if action < 0.5 or not live["queued"]:
             nbytes = rng.choice(sizes[:5] if rng.random() < 0.7 else sizes) + rng.choice((0, 0, 1, 100))
-            outcomes = []
+            outcomes, counted = [], in_place.stats_as_nested_dict()["num_ooms"]
             for side, make in (("in_place", in_place.malloc), ("queued", queued.request)):
                 try:
                     live[side].append(make(nbytes))
@@ -597,7 +600,7 @@ def test_queued_allocations_read_as_allocations_made_in_place(seed):
                 except allocator.OutOfMemoryError as error:
                     outcomes.append(str(error))
             assert outcomes[0] == outcomes[1], step
-            ooms += outcomes[0] is not None
+            ooms += in_place.stats_as_nested_dict()["num_ooms"] > counted
         elif action < 0.88:
             for _ in range(rng.choice((1, 1, 2, 3))):
                 if live["queued"]:
