@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from neuron_device import allocator
-from neuron_device.allocator import DeviceAllocator
+from neuron_device.allocator import DeviceAllocator, format_size
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
@@ -560,3 +560,145 @@ def test_a_block_handed_out_again_is_judged_once_per_state_of_its_pool():
     assert model.malloc(64) is block
     assert model.judged == 2
     assert stat(model, "allocation", metric="allocated") == 9
+
+
+# -- queued allocations (`track` queues, the queue is replayed in one go) ------------------------------------------
+
+
+def _read(model: DeviceAllocator, live: list) -> tuple:
+    """Everything a program can read of `model`, and the blocks of its live storages (requests resolved)."""
+    state = (model.stats_as_nested_dict(), model.segments())
+    return (*state, [(b.address, b.size, b.requested) for b in (r if type(r) is allocator._Block else r[1]
+                                                                     for r in live)])
+
+
+@pytest.mark.parametrize("overcommit", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_queued_allocations_read_as_allocations_made_in_place(seed, overcommit):
+    """A random program run twice, each allocation made in place (`malloc`) on one model and queued (`request`,
+    as `track` does) on the other, storages dying through the queue on both: every read in between (statistics,
+    peaks, segments, the live blocks) is the same, OutOfMemoryError (or with `overcommit`, plan mode's, the grant
+    past the capacity) comes at the same request with the same message and counters, and a storage may die while
+    its allocation is still queued."""
+    import random
+
+    rng = random.Random(seed)
+    sizes = [512, 1000, 4096, 700 * KiB, MiB, MiB + 1, 3 * MiB, 9 * MiB, 12 * MiB, 19 * MiB]
+    in_place, queued = DeviceAllocator(0, 64 * MiB), DeviceAllocator(0, 64 * MiB)
+    in_place.overcommit = queued.overcommit = overcommit
+    live: dict[str, list] = {"in_place": [], "queued": []}
+    longest = ooms = 0
+    for step in range(600):
+        action = rng.random()
+        if action < 0.5 or not live["queued"]:
+            nbytes = rng.choice(sizes[:5] if rng.random() < 0.7 else sizes) + rng.choice((0, 0, 1, 100))
+            outcomes, counted = [], in_place.stats_as_nested_dict()["num_ooms"]
+            for side, make in (("in_place", in_place.malloc), ("queued", queued.request)):
+                try:
+                    live[side].append(make(nbytes))
+                    outcomes.append(None)
+                except allocator.OutOfMemoryError as error:
+                    outcomes.append(str(error))
+            assert outcomes[0] == outcomes[1], step
+            ooms += in_place.stats_as_nested_dict()["num_ooms"] > counted
+        elif action < 0.88:
+            for _ in range(rng.choice((1, 1, 2, 3))):
+                if live["queued"]:
+                    position = rng.randrange(len(live["queued"]))
+                    in_place.pending.append(live["in_place"].pop(position))
+                    queued.pending.append(live["queued"].pop(position))  # its request: perhaps still queued
+        elif action < 0.93:
+            in_place.reset_peak(), queued.reset_peak()
+        elif action < 0.95:
+            in_place.reset_accumulated(), queued.reset_accumulated()
+        elif action < 0.97:
+            in_place.empty_cache(), queued.empty_cache()
+        elif action < 0.985:
+            fraction = rng.choice((0.5, 0.75, 1.0))
+            in_place.fraction = queued.fraction = fraction
+        else:
+            assert _read(queued, live["queued"]) == _read(in_place, live["in_place"]), step
+        longest = max(longest, sum(type(e) is allocator._Request and e[1] is None for e in queued.pending))
+    assert _read(queued, live["queued"]) == _read(in_place, live["in_place"])
+    assert longest > 8 and ooms > 0  # requests were queued, and some did not fit
+
+
+def test_a_storage_dying_with_its_allocation_still_queued_is_freed_after_it():
+    """An op's result that dies before the queue is replayed: its free is queued after its allocation, and a read
+    sees both, as if made in place."""
+    x = torch.ones(4096, device="neuron:1")
+    gc.collect()
+    before = torch.neuron.memory_stats(1)
+    model = allocator.device(1)
+    y = x * 2  # 16 KiB, queued
+    request = allocator._holding_of(y.untyped_storage())[1]
+    assert type(request) is allocator._Request and request[1] is None and model.pending[-1] is request
+    del y
+    assert list(model.pending)[-2:] == [request, request]  # allocated, then freed
+    after = torch.neuron.memory_stats(1)
+    assert not model.pending and request[1] is not None and not request[1].allocated
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+    assert after["allocated_bytes.all.peak"] >= before["allocated_bytes.all.current"] + 16 * KiB
+    assert after["allocation.all.allocated"] - before["allocation.all.allocated"] == 1
+    assert after["allocation.all.freed"] - before["allocation.all.freed"] == 1
+
+
+def test_statistics_read_while_allocations_are_queued_count_them():
+    """Every statistic read replays the queue first: results still queued are counted, at their peak too."""
+    x = torch.ones(4096, device="neuron:1")
+    gc.collect()
+    torch.neuron.reset_peak_memory_stats(1)
+    base = torch.neuron.memory_allocated(1)
+    results = [x + i for i in range(5)]  # 16 KiB each
+    assert sum(type(e) is allocator._Request for e in allocator.device(1).pending) == 5
+    assert torch.neuron.memory_allocated(1) == base + 5 * 16 * KiB
+    assert torch.neuron.max_memory_allocated(1) == base + 5 * 16 * KiB
+    holdings = [allocator._holding_of(r.untyped_storage()) for r in results]
+    assert [h.block.size for h in holdings] == [16 * KiB] * 5
+    del results, holdings
+    gc.collect()
+    assert torch.neuron.memory_allocated(1) == base
+    assert torch.neuron.max_memory_allocated(1) == base + 5 * 16 * KiB
+
+
+def test_an_op_that_may_not_fit_is_allocated_at_once_and_raises_there():
+    """Queued requests could exceed what is left: the op whose result might not fit replays the queue with it, so
+    OutOfMemoryError (after the cache's release and retry) comes from that op."""
+    gc.collect()
+    torch.neuron.empty_cache()
+    total = torch.neuron.get_device_properties(1).total_memory
+    reserved = torch.neuron.memory_reserved(1)
+    torch.neuron.set_per_process_memory_fraction((reserved + 8 * MiB) / total, 1)
+    try:
+        model = allocator.device(1)
+        x = torch.ones(4096, device="neuron:1")  # a new 2 MiB segment
+        before = torch.neuron.memory_stats(1)
+        kept = [x + i for i in range(3)]  # in that segment, queued: each could still need a segment of its own
+        assert sum(type(e) is allocator._Request and e[1] is None for e in model.pending) == 3
+        with pytest.raises(torch.neuron.OutOfMemoryError) as info:
+            x.repeat(192)  # 3 MiB: a 20 MiB segment
+        assert not model.pending  # the queue was replayed with it
+        allocated = format_size(before["allocated_bytes.all.current"] + 3 * 16 * KiB)
+        assert "Tried to allocate 20.00 MiB. Neuron device 1" in str(info.value)
+        assert f"Of the allocated memory {allocated} is allocated by PyTorch" in str(info.value)
+        after = torch.neuron.memory_stats(1)
+        assert after["num_ooms"] == before["num_ooms"] + 1
+        assert after["num_alloc_retries"] == before["num_alloc_retries"] + 1
+        del kept
+    finally:
+        torch.neuron.set_per_process_memory_fraction(1.0, 1)
+
+
+def test_a_segment_tracker_sees_every_allocation_as_it_is_made():
+    """A tracker (plan mode's) reads its caller's context when a segment is made: with one installed nothing is
+    queued, and installing one first makes what was queued."""
+    model = DeviceAllocator(0, GiB)
+    first = model.request(1000)
+    assert first[1] is None
+    seen: list[int] = []
+    model.segment_tracker = seen.append
+    assert first[1] is not None and seen == []  # made before the tracker was installed: not its to see
+    second = model.request(3 * MiB)
+    assert second[1] is not None and seen == [22 * MiB]
+    model.segment_tracker = None
+    assert model.request(3 * MiB)[1] is None

@@ -112,8 +112,7 @@ def set_per_process_memory_fraction(fraction: float, device: _Device = None) -> 
         raise TypeError("Invalid type for fraction argument, must be `float`")
     if not 0 <= fraction <= 1:  # NaN too, as CUDA's allocator refuses it (`0 <= fraction && fraction <= 1`)
         raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
-    with model.lock:
-        model.fraction = fraction
+    model.fraction = fraction  # under the device's lock, after the allocations queued under the old limit
 
 
 def get_per_process_memory_fraction(device: _Device = None) -> float:

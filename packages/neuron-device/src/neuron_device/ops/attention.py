@@ -90,12 +90,14 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 def _rng_scalars(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Two uninitialised int64 scalars on `query`'s device: the fused op's RNG seed and offset outputs. A real
-    `neuron` tensor comes from the allocator itself, as `torch.empty` would make it (a dispatch and a Python kernel
-    fewer); a fake or traced one (plan mode, graphs this decomposition lowers) from `torch.empty`."""
+    `neuron` tensor is a host scalar adopted and charged as an op's result (a dispatch and a Python kernel fewer than
+    `torch.empty`; its allocation queued with the op results', `allocator.track`, where `allocator.empty` would
+    replay the queue); a fake or traced one (plan mode, graphs this decomposition lowers) comes from `torch.empty`."""
     device = query.device
     if type(query) is torch.Tensor and device.type == "neuron":
         index = device.index
-        return allocator.empty((), dtype=torch.long, index=index), allocator.empty((), dtype=torch.long, index=index)
+        return (allocator.adopt_tracked(torch.empty((), dtype=torch.long), index),
+                allocator.adopt_tracked(torch.empty((), dtype=torch.long), index))
     return torch.empty((), dtype=torch.long, device=device), torch.empty((), dtype=torch.long, device=device)
 
 
