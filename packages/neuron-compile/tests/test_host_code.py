@@ -245,3 +245,41 @@ def test_adaptive_eager_runs_call_each_op_through_one_global(monkeypatch) -> Non
     (got,) = run(a, b)
     assert torch.equal(got, (a * b).view(2, 8) + 1.5)
     assert "torch.ops" not in module.code and "torch.as_strided(" in module.code
+
+
+@pytest.mark.fixed_host_code
+@pytest.mark.parametrize("host_code", ["aten", "inductor"])
+def test_adaptive_eager_views_of_a_permuted_result_skip_the_relayout_in_aten_code(monkeypatch, host_code) -> None:
+    """A view of a queued result laid out in another order than its sizes' (a transposed input's product) reads it
+    through a relayout clone in the run's graph (`services.FUSE_RELAYOUT`): Inductor's code needs it, the aten host
+    code runs eager's kernels, whose result already has that layout, and drops the copy. Results stay bitwise
+    the CPU's."""
+    from neuron_compile import fuser
+    from neuron_device.adaptive_eager import queue as adaptive_eager
+
+    monkeypatch.setenv("NEURON_COMPILE_HOST_CODE", host_code)
+    monkeypatch.setattr(adaptive_eager, "_runs", {})  # the run is fused afresh in each host code
+    fused: list[torch.fx.GraphModule] = []
+    fuse = fuser.fuse
+    monkeypatch.setattr(fuser, "fuse", lambda module, inputs: (fused.append(module), fuse(module, inputs))[1])
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        y = x.transpose(1, 2) * 2  # the transposed input's layout: strides (12, 1, 4)
+        return y[:, 1:, ::2] + y[:, :3, 1::2].neg()
+
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0))
+    device_x = x.to("neuron")
+    previous = adaptive_eager.set_enabled(True)
+    try:
+        for _ in range(3):  # the second run is fused, the third calls the fused form
+            got = chain(device_x).cpu()
+            assert torch.equal(got, chain(x)) if host_code == "aten" else torch.allclose(got, chain(x))
+    finally:
+        adaptive_eager.set_enabled(previous)
+    (module,) = fused
+    relayouts = [node for node in module.graph.nodes if node.meta.get(services.FUSE_RELAYOUT)]
+    permutes = [node for node in module.graph.nodes if node.target is torch.ops.aten.permute.default]
+    if host_code == "aten":
+        assert not relayouts and not permutes and "clone" not in module.code
+    else:
+        assert len(relayouts) == 2 and len(permutes) == 2

@@ -5,7 +5,8 @@ run over as an FX graph of ATen ops on CPU tensors; neuron-device prices the fus
 Its host code is the one `NEURON_COMPILE_HOST_CODE` names, "aten" by default: the FX graph itself, calling the
 same CPU kernels as eager with no compile at all, which is the cheaper one for the short runs adaptive eager sees
 (Inductor's C++ compile of a run costs seconds, which a few hundred calls of saved microseconds never repay); its
-code calls each op's C function by one global name (`_direct_calls`), not through `torch.ops`.
+code calls each op's C function by one global name (`_direct_calls`), not through `torch.ops`, and reads a
+permuted result as eager's kernel laid it out instead of copying it first (`_without_relayouts`).
 "inductor" compiles the run with Inductor's C++ backend: fused loops that read the run's inputs once.
 """
 
@@ -15,6 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from neuron_device import services
 
 from . import envvars
 
@@ -29,7 +32,7 @@ def fuse(graph_module: torch.fx.GraphModule, example_inputs: Sequence[torch.Tens
         with torch.no_grad():
             compiled = compile_fx(graph_module, list(example_inputs))
     else:
-        compiled = _direct_calls(graph_module)
+        compiled = _direct_calls(_without_relayouts(graph_module))
 
     call = compiled.forward if isinstance(compiled, torch.fx.GraphModule) else compiled  # no `Module.__call__`
 
@@ -38,6 +41,21 @@ def fuse(graph_module: torch.fx.GraphModule, example_inputs: Sequence[torch.Tens
             return call(*inputs)
 
     return run
+
+
+def _without_relayouts(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`graph_module` without its relayout clones (`services.FUSE_RELAYOUT`) and their permutes: the aten host code
+    runs eager's CPU kernels, whose results already have the layout the views were recorded on, so the copy (a
+    tiny-Llama layer's key, 128 KiB) only cost time (about 25 us a forward, net of the slower copy that follows)."""
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        if node.meta.get(services.FUSE_RELAYOUT):
+            permute = node.args[0]
+            node.replace_all_uses_with(permute.args[0])
+            graph.erase_node(node)
+            if not permute.users:
+                graph.erase_node(permute)
+    return graph_module
 
 
 def _direct_calls(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:

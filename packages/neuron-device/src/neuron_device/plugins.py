@@ -19,6 +19,7 @@ from . import envvars
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "RELAYOUT",
     "PluginLoadError",
     "fuse",
     "hookimpl",
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 PROJECT = "neuron_device"
+RELAYOUT = "neuron_relayout"  # `neuron_fuse`'s graphs: the meta key of a clone that only lays a result out
 ENTRY_POINT_GROUP = "neuron_device.plugins"
 STRICT_ENV = envvars.STRICT_PLUGINS.name
 
@@ -69,7 +71,9 @@ class NeuronDeviceSpec:
         `graph_module` is an FX graph of ATen ops on CPU tensors returning a tuple; `example_inputs` are the CPU
         tensors (host aliases) of its first call. The callable is called with tensors of the same sizes, strides and
         dtypes and must return the graph's outputs (values equal to the graph's, any strides). The first plugin
-        returning a callable wins; with none, runs execute op by op.
+        returning a callable wins; with none, runs execute op by op. A `clone` node whose `meta` holds
+        `RELAYOUT` copies a permuted result only so that the `as_strided` views reading it find the layout the CPU
+        kernel gave the result: a host code calling the same CPU kernels as eager may read the permute's input.
         """
 
 

@@ -36,7 +36,8 @@ Plan mode
     charge, `charge_kernel`, and the fraction of score tiles a block mask visits, `visible_fraction`, for a planned
     call).
 Plugins
-    `hookimpl` (mark an implementation of a `neuron_device.plugins` hook), `memo` (a plugin's costly estimates by
+    `hookimpl` (mark an implementation of a `neuron_device.plugins` hook), `FUSE_RELAYOUT` (the meta key of the
+    relayout clones in `neuron_fuse`'s graphs, which a fuser running eager's own CPU kernels may skip), `memo` (a plugin's costly estimates by
     key, which a planned rank hands back to its zygote for the ranks forked after it: `memo_additions`,
     `forget_memo_additions`, `merge_memos`; `memos`).
 Process end
@@ -66,6 +67,7 @@ from .ops.registry import kernels as registered_kernels
 from .ops.registry import plugin_estimator
 from .ops.registry import register as register_kernel
 from .ops.seeded import seeded_call
+from .plugins import RELAYOUT as FUSE_RELAYOUT
 from .plugins import hookimpl
 from .simulation.costmodel import LAUNCH_SECONDS, KernelEstimate, estimate_kernel, matmul_array_flops
 from .simulation.ledger import Work, flat_tensors, record_kernel
@@ -79,6 +81,7 @@ from .timeline import set_recorder as set_charge_recorder
 from .topology import Topology, topology
 
 __all__ = [
+    "FUSE_RELAYOUT",
     "LAUNCH_SECONDS",
     "LOCAL_RANK",
     "ChargePart",

@@ -657,6 +657,8 @@ def _compile(run: _Run, queue: list[_Entry], hosts: list, live: tuple) -> None:
 
 def _graph(queue: list[_Entry], inputs: int, live: tuple) -> torch.fx.GraphModule:
     """The run as an FX graph of CPU ATen ops: inputs are the external tensors, outputs the live results."""
+    from .. import plugins
+
     graph = torch.fx.Graph()
     placeholders = [graph.placeholder(f"input_{n}") for n in range(inputs)]
     nodes: list[list[torch.fx.Node]] = []
@@ -671,10 +673,13 @@ def _graph(queue: list[_Entry], inputs: int, live: tuple) -> torch.fx.GraphModul
                 return node
             size, stride, _ = queue[value.entry].spec.outputs[value.output]
             if tuple(stride) != _contiguous(size):
-                # The view's strides count in the result's memory order: lay the result out in that order first.
+                # The view's strides count in the result's memory order: lay the result out in that order first
+                # (a host code free to lay out intermediates its own way, Inductor's, needs it; one that runs the
+                # same CPU kernels as eager reads the result as it is: `plugins.RELAYOUT`)
                 order = _memory_order(size, stride)
                 node = graph.call_function(aten.permute.default, (node, order))
                 node = graph.call_function(aten.clone.default, (node,), {"memory_format": torch.contiguous_format})
+                node.meta[plugins.RELAYOUT] = True
             return graph.call_function(aten.as_strided.default, (node, *value.view))
         if kind is list:
             return [lower(v) for v in value]
