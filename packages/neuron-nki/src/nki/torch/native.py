@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -79,7 +78,7 @@ _modes: dict[str | None, str] = {}  # the variable's text as set (None: unset) -
 def _mode() -> str:
     """``simulate``, ``1`` (on) or ``0`` (off); on and off in any spelling of a boolean. Read at every call (tests
     and users switch it at run time), parsed once per text: each native kernel call asks."""
-    raw = os.environ.get(ENV)
+    raw = envvars.NATIVE_KERNELS.raw()
     mode = _modes.get(raw)
     if mode is None:
         text = envvars.NATIVE_KERNELS.read().lower()
