@@ -35,8 +35,10 @@ class _Server:
 
     def __init__(self) -> None:
         self.environ = dict(os.environ)
-        probe = [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path))"]
-        self.path = json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout)
+        probe = [sys.executable, "-c",
+                 "import json, subprocess, sys; print(json.dumps([sys.path, subprocess._args_from_interpreter_flags()]))"]
+        self.path, self.fresh_flags = json.loads(subprocess.run(probe, capture_output=True, text=True,
+                                                                check=True).stdout)
         self.forkserver = forkserver.ForkServer()
         self.forkserver.set_forkserver_preload(["torch"])
 
@@ -57,10 +59,12 @@ class _Server:
 
     def forks(self, env: dict[str, str]) -> bool:
         """Whether a run in `env` behaves in a forked child as in a fresh interpreter: no variable read at import
-        differs from the server's, and this interpreter has no flags (the server has them, `python -c` not)."""
+        differs from the server's, and this interpreter has the flags a fresh `python -c` has (the server has this
+        interpreter's: a command-line flag such as `python -B -m pytest` is not `python -c`'s, while one the
+        environment sets, e.g. `-B` from PYTHONDONTWRITEBYTECODE, is both's)."""
         names = set(env) | set(self.environ)
         changed = [name for name in names if env.get(name) != self.environ.get(name) and _READ_AT_IMPORT.match(name)]
-        return not changed and not subprocess._args_from_interpreter_flags()
+        return not changed and subprocess._args_from_interpreter_flags() == self.fresh_flags
 
 
 _server: _Server | None = None
