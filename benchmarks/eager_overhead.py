@@ -280,15 +280,15 @@ def _print_table(report: dict[str, object]) -> None:
     for row in interleaved:  # a: the device's own kernel, b: the floor kernel
         print(f"{row['case']}: {row['neuron_us']:.1f} us / {row['cpu_us']:.1f} us = {row['ratio']:.2f}x")
     print(f"add, mul (16 elems): own kernel / floor kernel of python_kernel_floor.py (geometric mean of the two "
-          f"above) = {math.sqrt(interleaved[0]['ratio'] * interleaved[1]['ratio']):.2f}x (target <= 1.35)")
+          f"above) = {math.sqrt(interleaved[0]['ratio'] * interleaved[1]['ratio']):.3f}x (target <= 1.35)")
     rows = {row["case"]: row for row in report["results"]}
     own, floor = rows[EVICTED], rows[EVICTED + ", floor kernel"]
     own_extra, floor_extra = own["neuron_us"] - own["cpu_us"], floor["neuron_us"] - floor["cpu_us"]
     print(f"{EVICTED}: the op costs {own_extra:.1f} us more on neuron than on cpu, {floor_extra:.1f} us with the "
           f"floor kernel ({own_extra / max(floor_extra, 1e-9):.2f}x): the host path once caches are evicted")
     plain, adaptive = ratios["llama fwd (2L, h256, s128, b2)"], ratios["llama fwd, adaptive eager"]
-    print(f"llama fwd: neuron / cpu eager = {plain:.2f}x (target <= 1.25); adaptive eager: {adaptive:.2f}x, "
-          f"{adaptive / plain:.2f}x plain eager's (target <= 1.0; the two rows' ratio, each against its own CPU run)")
+    print(f"llama fwd: neuron / cpu eager = {plain:.3f}x (target <= 1.25); adaptive eager: {adaptive:.3f}x, "
+          f"{adaptive / plain:.3f}x plain eager's (target <= 1.0; the two rows' ratio, each against its own CPU run)")
     print(f"NEURON_NKI_NATIVE_KERNELS={report['nki_native_kernels']}")
     rss = report["peak_rss"]
     if rss is not None:
