@@ -1,8 +1,10 @@
 """The wheel: dependencies, and the backend registered by the plugin seam with no import of ours."""
 
 import importlib.metadata
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import neuron_distributed
 
@@ -29,3 +31,11 @@ def test_backend_registered_by_plugin_without_import():
         env={**__import__("os").environ, "NEURON_DEVICE_STRICT_PLUGINS": "1"},
     )
     assert env_run.stdout.strip() == "registered", env_run.stderr[-3000:]
+
+
+def test_the_readme_lists_every_module():
+    """The README's module table is where a newcomer starts: a module missing from it is a module nobody finds."""
+    listed = set(re.findall(r"^\| `([a-z0-9_]+\.py)` \|", (Path(__file__).parents[1] / "README.md").read_text(), re.M))
+    modules = {path.name for path in Path(neuron_distributed.__file__).parent.glob("*.py")}
+    assert modules - listed == set(), "modules missing from packages/neuron-distributed/README.md's table"
+    assert listed - modules == set(), "README.md lists modules that do not exist"
