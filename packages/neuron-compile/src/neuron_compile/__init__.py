@@ -5,7 +5,8 @@ partitioning and fusion, NKI kernel substitution) -> host code: the AOT graph's 
 or Inductor's C++ host codegen ("inductor").
 
 ================================= ================================================================================
-the backend and its contract      `backend` (Dynamo backend), `settings` (mode, options, environment per compile)
+the backend and its contract      `backend` (Dynamo backend), `settings` (mode, options, environment per compile),
+                                  `dynamo_backend_api` (what `torch_neuronx.neuron_dynamo_backend` holds)
 the pipeline                      `compiler`, `decompositions`, `passes` (kernel partitioning, fusion, cost of
                                   each fused kernel), `nki_substitution`, `rms_norm`, `rng`
 Dynamo and Inductor for `neuron`  `dynamo_device` (Dynamo's device interface, at backend import),
@@ -16,7 +17,9 @@ Dynamo and Inductor for `neuron`  `dynamo_device` (Dynamo's device interface, at
 running a compiled graph          `compiled_graph` (the callable Dynamo gets), `boundary` and `host_runtime`
                                   (device/host crossings; `host_runtime` is what generated code calls)
 adaptive eager's fuser            `fuser`
-cache, artifacts, metrics         `cache` (persistent compile cache), `artifacts` (debug dumps), `metrics`
+cache, artifacts, metrics         `cache` (persistent compile cache), `output_code` (the "aten" host code as an
+                                  `OutputCode`, which AOTAutograd's cache stores), `artifacts` (debug dumps),
+                                  `metrics`
 shape buckets                     `buckets` (`torch_neuronx.pad_to_buckets`: token inputs padded to a few shapes,
                                   masked, so serving many prompt lengths compiles one graph per bucket)
 environment variables             `envvars`
