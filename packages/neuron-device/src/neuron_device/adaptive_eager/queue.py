@@ -195,7 +195,9 @@ _runs: dict[tuple, _Run] = {}
 _counters = dict.fromkeys(("recorded", "flushes", "op_by_op_runs", "fused_runs", "compiled", "fuse_failures"), 0)
 
 aten = torch.ops.aten
-_CPU_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+_AUTOCAST_CPU = torch._C.DispatchKey.AutocastCPU
+_CPU_AUTOCAST = torch._C.DispatchKeySet(_AUTOCAST_CPU)
+_autocast_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 _Tensor = torch.Tensor
 _matmul_precision = torch._C._get_fp32_precision_getter
 _deterministic = torch._C._get_deterministic_algorithms  # `torch.are_deterministic_algorithms_enabled`, minus a frame
@@ -512,10 +514,16 @@ class _HostContext:
     be written outside it; host aliases never need autograd)."""
 
     def __enter__(self) -> None:
-        self._autocast = torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST)
-        self._autocast.__enter__()
-        self._ieee = _host_numerics.ieee_host_matmul()
-        self._ieee.__enter__()
+        # Each guard only where it changes something (a flush follows a kernel that evicted the host's caches, where
+        # each costs several microseconds): autocast's key is excluded unless a `torch.autocast("cpu")` region is
+        # open, and oneDNN's precision "none" is IEEE float32 (its getter resolves the settings it inherits; "none"
+        # only if none is set, and no `ieee_host_matmul` user is inside, which sets "ieee")
+        self._autocast = None if _autocast_excluded(_AUTOCAST_CPU) else torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST)
+        if self._autocast is not None:
+            self._autocast.__enter__()
+        self._ieee = None if _matmul_precision("mkldnn", "matmul") == "none" else _host_numerics.ieee_host_matmul()
+        if self._ieee is not None:
+            self._ieee.__enter__()
         self._inference = torch._C._InferenceMode(True)  # `torch.inference_mode()`, minus its Python frames:
         # outputs recorded in inference mode are inference tensors
         self._inference.__enter__()
@@ -530,8 +538,10 @@ class _HostContext:
         if self._modes is not None:
             self._modes.__exit__(*exc)
         self._inference.__exit__(*exc)
-        self._ieee.__exit__(*exc)
-        self._autocast.__exit__(*exc)
+        if self._ieee is not None:
+            self._ieee.__exit__(*exc)
+        if self._autocast is not None:
+            self._autocast.__exit__(*exc)
 
 
 def _execute(queue: list[_Entry], inputs: list[_Input], index: int) -> None:
