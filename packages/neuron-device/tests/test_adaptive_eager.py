@@ -513,3 +513,63 @@ def test_a_live_result_written_in_place_is_read_through_its_own_twin(adaptive):
     assert torch.equal(y.cpu(), expected)
     with pytest.raises(RuntimeError, match=r"overlap|memory location"):
         torch.add(y[:-1], 1.0, out=y[1:])
+
+
+@pytest.fixture
+def host_state(monkeypatch):
+    """Adaptive eager on, runs fused from their second time by a fuser whose callable notes, each time it runs, the
+    host's oneDNN float32 matmul precision and whether autocast's CPU key is excluded."""
+    seen: list[tuple[str, bool]] = []
+
+    def fuse(graph_module, example_inputs):
+        def run(*inputs):
+            seen.append((torch._C._get_fp32_precision_getter("mkldnn", "matmul"),
+                         torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.AutocastCPU)))
+            return graph_module(*inputs)
+
+        return run
+
+    monkeypatch.setattr(plugins, "fuse", fuse)
+    previous = adaptive_eager.set_enabled(True)
+    yield seen
+    adaptive_eager.set_enabled(previous)
+
+
+@pytest.mark.parametrize("at_flush", ["none", "bf16", "tf32"])
+def test_a_flush_runs_float32_matmuls_in_ieee_and_leaves_the_precision_as_it_was(host_state, at_flush):
+    """Queued under oneDNN's "none" (IEEE float32), flushed under `at_flush`: the run computes in IEEE ("none" needs
+    no switch, the others are switched to "ieee" for the run) and the setting is the caller's again afterwards."""
+    size = {"none": 16, "bf16": 17, "tf32": 18}[at_flush]  # a run of its own (`_runs` outlives the test's fuser)
+    a, b, na, nb = _pair(size, size)
+    leaf = torch.backends.mkldnn.matmul
+    saved = leaf.fp32_precision
+    try:
+        for _ in range(3):
+            leaf.fp32_precision = "none"
+            assert torch._C._get_fp32_precision_getter("mkldnn", "matmul") == "none"  # nothing inherited
+            y = (na @ nb).relu()
+            assert adaptive_eager.pending_ops() == 2
+            leaf.fp32_precision = at_flush
+            got = y.cpu()
+            assert torch._C._get_fp32_precision_getter("mkldnn", "matmul") == at_flush
+            leaf.fp32_precision = "none"
+            assert torch.equal(got, (a @ b).relu())
+    finally:
+        leaf.fp32_precision = saved
+    assert host_state[-1][0] == ("none" if at_flush == "none" else "ieee")
+
+
+def test_a_flush_inside_an_autocast_region_runs_the_ops_as_queued(host_state):
+    """Ops queued outside `torch.autocast("cpu")` and flushed inside it run in float32 (autocast's key is excluded
+    for the run), and the region's autocasting is intact afterwards; a flush outside a region finds it excluded."""
+    a, b, na, nb = _pair(19, 19)
+    autocast_cpu = torch._C.DispatchKey.AutocastCPU
+    for _ in range(3):
+        y = (na @ nb).relu()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = y.cpu()
+            assert not torch._C._dispatch_tls_is_dispatch_key_excluded(autocast_cpu)
+            assert (a @ b).dtype == torch.bfloat16
+        assert torch.equal(got, (a @ b).relu())
+        assert torch.equal(((na @ nb).relu()).cpu(), (a @ b).relu())  # flushed outside any region
+    assert len(host_state) == 4 and all(excluded for _, excluded in host_state)
