@@ -136,10 +136,11 @@ def _books() -> tuple:
 
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_kernel_that_raises_is_not_charged(cached):
-    """The fast path finds the charge's cache entry before the kernel runs, but charges it, and allocates the result,
-    only once the kernel has returned: a call whose kernel raises leaves the launches, cache hits, timeline and
-    memory statistics as they were, for a signature seen before (a cached entry, here an index out of range) as for
-    a new one. It is counted in `executed_ops`, as every path counts a call before running it."""
+    """The fast path charges a call, and allocates its result, only once its kernel has returned (whatever it may
+    look up before): a call whose kernel raises leaves the launches, cache hits, timeline and memory statistics as
+    they were, for a signature charged before (its cache entry exists: here an index out of range) as for a new one.
+    It is counted in `executed_ops`, as every path counts a call before running it."""
+    assert registry.kernels["aten::index_select"].__name__ == "index_select_fast"
     table = torch.randn(8, 4).to("neuron")
     good, bad = torch.tensor([1, 7]).to("neuron"), torch.tensor([1, 8]).to("neuron")
     torch_neuronx.clear_op_tracking()
