@@ -123,6 +123,38 @@ def test_the_charge_is_cached_in_the_overload_record():
     assert [(launch.name, launch.calls) for launch in ledger.launches()] == [("aten::add.Tensor", 1)]
 
 
+def _books() -> tuple:
+    """What a call may change in the ledger, the timeline and the allocator."""
+    from neuron_device import timeline
+    from neuron_device.simulation import ledger
+
+    torch.neuron.synchronize()
+    clocks = timeline.timeline(0)
+    return ([(launch.name, launch.calls) for launch in ledger.launches()], ledger.compilation_stats(),
+            dict(clocks.clocks), dict(clocks.busy), torch.neuron.memory_stats())
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_kernel_that_raises_is_not_charged(cached):
+    """The fast path charges a call, and allocates its result, only once its kernel has returned (whatever it may
+    look up before): a call whose kernel raises leaves the launches, cache hits, timeline and memory statistics as
+    they were, for a signature charged before (its cache entry exists: here an index out of range) as for a new one.
+    It is counted in `executed_ops`, as every path counts a call before running it."""
+    assert registry.kernels["aten::index_select"].__name__ == "index_select_fast"
+    table = torch.randn(8, 4).to("neuron")
+    good, bad = torch.tensor([1, 7]).to("neuron"), torch.tensor([1, 8]).to("neuron")
+    torch_neuronx.clear_op_tracking()
+    if cached:
+        torch.index_select(table, 0, good)
+    before, calls = _books(), executed_ops["aten::index_select"]
+    with pytest.raises(IndexError, match="out of range"):
+        torch.index_select(table, 0, bad)
+    assert _books() == before
+    assert executed_ops["aten::index_select"] == calls + 1
+    torch.index_select(table, 0, good)  # and the next call is charged as before
+    assert ("aten::index_select", 2 if cached else 1) in _books()[0]
+
+
 def test_walk_takes_the_common_call_only():
     """`call.walk`, shared by the fast path and adaptive eager: tensors (and tensor lists) of one `neuron` device
     converted, a number in position 1 run by the `.Scalar` overload; None for anything else."""
