@@ -117,3 +117,21 @@ def test_every_typed_variable_refuses_an_invalid_value_by_name_and_import_torch_
         assert var.name in refusals.get(var.name, ""), (var.name, refusals.get(var.name))
         assert "banana" in refusals[var.name]
     assert any(var.name in refusals["<device use>"] for var in typed), refusals["<device use>"]
+
+
+def test_raw_reads_the_process_environment_as_os_environ_get(monkeypatch):
+    """`EnvVar.raw` reads `os.environ`'s own store (a per-kernel-call read): the same text as `os.environ.get` when
+    set (blank and non-ASCII included) and unset, at every change, and another mapping put in its place is read."""
+    import os
+
+    var = EnvVar("NEURON_TEST_RAW_READ", str, "x", "test only")
+    monkeypatch.delenv(var.name, raising=False)
+    assert var.raw() is None
+    for text in ("1", "", " simulate ", "caf\u00e9"):
+        monkeypatch.setenv(var.name, text)
+        assert var.raw() == os.environ.get(var.name) == text
+    monkeypatch.delenv(var.name)
+    assert var.raw() is None
+    monkeypatch.setattr(os, "environ", {var.name: "replaced"})
+    assert var.raw() == "replaced"
+    assert var.raw({var.name: "given"}) == "given"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["BOOL_FORMS", "EnvVar", "EnvVarError", "parse_bool", "unknown_names"]
@@ -87,14 +87,28 @@ class EnvVar:
     owner: str = "device"
     choices: tuple[str, ...] = ()
     minimum: float | None = None
+    _key: Any = field(init=False, repr=False, compare=False)  # the name as `os.environ` stores it (`raw`)
 
     def __post_init__(self) -> None:
         if self.type not in _PARSERS:
             raise TypeError(f"EnvVar {self.name}: type must be one of {sorted(t.__name__ for t in _PARSERS)}")
+        object.__setattr__(self, "_key", os.environ.encodekey(self.name))
 
     def raw(self, env: Mapping[str, str] | None = None) -> str | None:
-        """The variable's text as set (blank included), or None when it is unset."""
-        return (os.environ if env is None else env).get(self.name)
+        """The variable's text as set (blank included), or None when it is unset.
+
+        The process environment is read as `os.environ.get` reads it, minus that call's generic steps (`Mapping.get`,
+        the name encoded, a KeyError raised and caught when unset): some variables are read at every call of a
+        kernel (neuron-nki's native-kernel mode, twice a tiny Llama forward), right after kernels that evicted the
+        host's caches. `os.environ` keeps the environment by encoded name in `_data`, updated at every set and unset.
+        """
+        if env is None:
+            environ = os.environ
+            if type(environ) is not os._Environ:  # a test put another mapping in its place
+                return environ.get(self.name)
+            value = environ._data.get(self._key)
+            return None if value is None else environ.decodevalue(value)
+        return env.get(self.name)
 
     def is_set(self, env: Mapping[str, str] | None = None) -> bool:
         """Whether the variable is set to a non-blank value."""

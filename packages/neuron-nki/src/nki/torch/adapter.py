@@ -23,6 +23,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from neuron_device import services
+
 from .._launch import Kernel, map_nested
 
 __all__ = ["KernelLaunch", "dry_run", "from_numpy", "kernel_log", "launch", "record_launch", "record_launches",
@@ -40,9 +42,7 @@ _FROM_NUMPY = {np_dtype: (int_dtype, torch_dtype) for torch_dtype, (int_dtype, n
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A NumPy view of a CPU or ``neuron`` tensor's memory (same shape and strides; no copy)."""
     if t.device.type == "neuron":
-        from neuron_device.services import host_alias
-
-        t = host_alias(t)
+        t = services.host_alias(t)
     elif t.device.type != "cpu":
         raise TypeError(f"NKI kernels run on 'neuron' or 'cpu' tensors, got a tensor on {t.device}")
     if t.requires_grad:
@@ -66,8 +66,6 @@ def from_numpy(a: np.ndarray, device: torch.device) -> torch.Tensor:
     else:
         t = torch.from_numpy(a)
     if device.type == "neuron":
-        from neuron_device import services
-
         return services.adopt_tracked(t, device.index if device.index is not None else 0)
     return t
 
@@ -191,9 +189,7 @@ def _bind(kernel: Kernel, grid: Any, device: torch.device) -> Kernel:
     bound = kernel[grid] if grid != () else kernel
     if device.type != "neuron" or "target" in bound.options:
         return bound
-    from neuron_device.services import topology
-
-    machine = topology()
+    machine = services.topology()
     return Kernel(bound.fn, bound.grid, **{**bound.options, "target": machine.target, "lnc": machine.lnc})
 
 
@@ -274,7 +270,5 @@ def record_launch(record: KernelLaunch, device: torch.device) -> None:
         return
     _all_launches.append(record)
     if device.type == "neuron":
-        from neuron_device import services
-
         index = device.index if device.index is not None else 0
         services.record_kernel(record.name, index, record.signature, record.latency_ns * 1e-9)
