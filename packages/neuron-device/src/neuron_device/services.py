@@ -37,9 +37,9 @@ Plan mode
     call).
 Plugins
     `hookimpl` (mark an implementation of a `neuron_device.plugins` hook), `FUSE_RELAYOUT` (the meta key of the
-    relayout clones in `neuron_fuse`'s graphs, which a fuser running eager's own CPU kernels may skip), `memo` (a plugin's costly estimates by
-    key, which a planned rank hands back to its zygote for the ranks forked after it: `memo_additions`,
-    `forget_memo_additions`, `merge_memos`; `memos`).
+    relayout clones in `neuron_fuse`'s graphs, which a fuser running eager's own CPU kernels may skip), `memo` (a
+    plugin's costly estimates by key, which a planned rank hands back to its zygote for the ranks forked after it:
+    `memo_additions`, `forget_memo_additions`, `merge_memos`; `memos`).
 Process end
     `at_exit` (a cleanup of this process's own, run at its exit, also a forked child's `os._exit` path's),
     `run_at_exit` (run them now: what such a path calls before `os._exit`).

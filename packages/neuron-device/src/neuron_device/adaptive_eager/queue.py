@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .. import allocator, envvars
+from .. import allocator, envvars, plugins
 from .. import barrier as _barrier
 from .. import numerics as _numerics
 from .. import storage as _storage
@@ -121,7 +121,8 @@ class _Entry:
     __slots__ = ("args", "call", "kwargs", "number", "outputs", "record", "spec")
 
     def __init__(self, call, args, kwargs, record: OverloadRecord, spec, number: int) -> None:
-        self.call, self.args, self.kwargs, self.record, self.spec, self.number = call, args, kwargs, record, spec, number
+        self.call, self.args, self.kwargs, self.record = call, args, kwargs, record
+        self.spec, self.number = spec, number
         self.outputs: list[tuple[torch.Tensor, weakref.ref | None]] = []  # (host buffer, ref to device storage)
 
 
@@ -408,15 +409,15 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     if kwargs:
         key.append(tuple([(k, _key(v)) for k, v in kwargs.items()]))
     key = tuple(key)
+    call = overload.op if host_call is overload.call else overload.scalar_op
     known = _numbers.get(key)
     if known is None:
-        known = _numbers[key] = (_spec_of(key, host_call, overload, args, kwargs), next(_next_number))
+        known = _numbers[key] = (_spec_of(key, call, overload, args, kwargs), next(_next_number))
     spec, number = known
     if spec is None:
         return None
     position = len(_queue)
-    entry = _Entry(overload.op if host_call is overload.call else overload.scalar_op, template, kwargs, overload,
-                   spec, number)
+    entry = _Entry(call, template, kwargs, overload, spec, number)
     outputs = entry.outputs
     results = None if spec.single else []
     spares = spec.spares
@@ -455,12 +456,12 @@ def _record(overload: OverloadRecord, args: tuple, kwargs: dict):
     return result if results is None else tuple(results)
 
 
-def _spec_of(key: tuple, host_call: Callable, overload: OverloadRecord, args: tuple, kwargs: dict) -> _Spec | None:
+def _spec_of(key: tuple, call: torch._ops.OpOverload, overload: OverloadRecord, args: tuple,
+             kwargs: dict) -> _Spec | None:
     """The spec of the op `_record`'s `key` names (probed once per signature: the key also names references)."""
     signature = _unreferenced(key)
     spec = _specs.get(signature, False)
     if spec is False:
-        call = overload.op if host_call is overload.call else overload.scalar_op
         spec = _spec(signature, call, overload.info, args, kwargs)
     return spec
 
@@ -643,8 +644,6 @@ def _op_by_op(queue: list[_Entry], hosts: list, live: tuple, index: int) -> None
 
 def _compile(run: _Run, queue: list[_Entry], hosts: list, live: tuple) -> None:
     """Build the run's FX graph and hand it to the fuser plugin; on success `run` gets the callable and its cost."""
-    from .. import plugins
-
     try:
         graph_module = _graph(queue, len(hosts), live)
     except NotImplementedError:
@@ -667,8 +666,6 @@ def _compile(run: _Run, queue: list[_Entry], hosts: list, live: tuple) -> None:
 
 def _graph(queue: list[_Entry], inputs: int, live: tuple) -> torch.fx.GraphModule:
     """The run as an FX graph of CPU ATen ops: inputs are the external tensors, outputs the live results."""
-    from .. import plugins
-
     graph = torch.fx.Graph()
     placeholders = [graph.placeholder(f"input_{n}") for n in range(inputs)]
     nodes: list[list[torch.fx.Node]] = []

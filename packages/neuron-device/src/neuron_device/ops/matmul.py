@@ -1,9 +1,10 @@
 """Direct `neuron` kernels for the matmul family, where the numerics policy (`numerics.py`) departs from the CPU.
 
 float32 under `torch.set_float32_matmul_precision("highest")` (the default) takes the plain direct call of the fast
-path (`fastpath.run_record`, straight from the kernel: every Linear comes here), so it is bit-for-bit the CPU result. Under "high"/"medium" the two matrix operands are rounded to bfloat16 first. bfloat16 and
-float16 compute in float32 from the (exactly upcast) inputs and round once. Anything else (other dtypes, mixed
-dtypes or devices, which are errors or promotions for torch to report) takes the fallback unchanged.
+path (`fastpath.run_record`, straight from the kernel: every Linear comes here), so it is bit-for-bit the CPU
+result. Under "high"/"medium" the two matrix operands are rounded to bfloat16 first. bfloat16 and float16 compute in
+float32 from the (exactly upcast) inputs and round once. Anything else (other dtypes, mixed dtypes or devices, which
+are errors or promotions for torch to report) takes the fallback unchanged.
 """
 
 from __future__ import annotations
